@@ -1,0 +1,159 @@
+package registry
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+)
+
+// ErrInvalid marks every validation failure.
+var ErrInvalid = errors.New("registry: invalid")
+
+// Limits bound what one shard may hold, so no peer can make the hub hold an unbounded amount.
+type Limits struct {
+	MaxPorts                int // service ports per shard
+	MaxEndpoints            int // endpoints per shard
+	MaxAddressesPerEndpoint int
+}
+
+// DefaultLimits are generous for real services and small enough to bound memory.
+func DefaultLimits() Limits {
+	return Limits{MaxPorts: 100, MaxEndpoints: 10_000, MaxAddressesPerEndpoint: 100}
+}
+
+// ValidationError says which service a shard was rejected for, and why.
+type ValidationError struct {
+	Service ServiceKey
+	Reason  string
+}
+
+func (e *ValidationError) Error() string {
+	return fmt.Sprintf("service %s: %s", e.Service, e.Reason)
+}
+
+// Unwrap makes errors.Is(err, ErrInvalid) true.
+func (e *ValidationError) Unwrap() error { return ErrInvalid }
+
+var (
+	dnsLabel     = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+	dns1035Label = regexp.MustCompile(`^[a-z]([-a-z0-9]*[a-z0-9])?$`)
+	dnsSubdomain = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+	// A topology label value: Kubernetes label value syntax.
+	labelValue = regexp.MustCompile(`^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$`)
+)
+
+// ValidateClusterID checks that id is a DNS label.
+func ValidateClusterID(id ClusterID) error {
+	if len(id) == 0 || len(id) > 63 || !dnsLabel.MatchString(string(id)) {
+		return fmt.Errorf("%w: cluster ID %q is not a DNS label", ErrInvalid, id)
+	}
+	return nil
+}
+
+// ValidateServiceKey checks the namespace (DNS label) and name (DNS-1035 label).
+func ValidateServiceKey(k ServiceKey) error {
+	if problem := serviceKeyProblem(k); problem != "" {
+		return fmt.Errorf("%w: %s", ErrInvalid, problem)
+	}
+	return nil
+}
+
+func serviceKeyProblem(k ServiceKey) string {
+	if len(k.Namespace) == 0 || len(k.Namespace) > 63 || !dnsLabel.MatchString(k.Namespace) {
+		return fmt.Sprintf("namespace %q is not a DNS label", k.Namespace)
+	}
+	if len(k.Name) == 0 || len(k.Name) > 63 || !dns1035Label.MatchString(k.Name) {
+		return fmt.Sprintf("name %q is not a DNS-1035 label", k.Name)
+	}
+	return ""
+}
+
+// Validate checks a shard against the rules every shard must follow and the
+// given limits. The error is a *ValidationError naming the service.
+func (s *Shard) Validate(lim Limits) error {
+	bad := func(format string, args ...any) error {
+		return &ValidationError{Service: s.Service, Reason: fmt.Sprintf(format, args...)}
+	}
+	if problem := serviceKeyProblem(s.Service); problem != "" {
+		return bad("%s", problem)
+	}
+	if err := ValidateClusterID(s.Cluster); err != nil {
+		return bad("cluster ID %q is not a DNS label", s.Cluster)
+	}
+	if len(s.Ports) == 0 {
+		return bad("no ports")
+	}
+	if len(s.Ports) > lim.MaxPorts {
+		return bad("%d ports, more than the limit of %d", len(s.Ports), lim.MaxPorts)
+	}
+	if len(s.Endpoints) > lim.MaxEndpoints {
+		return bad("%d endpoints, more than the limit of %d", len(s.Endpoints), lim.MaxEndpoints)
+	}
+	names := map[string]bool{}
+	numbers := map[string]bool{}
+	for _, p := range s.Ports {
+		if p.Port < 1 || p.Port > 65535 {
+			return bad("port %d is out of range 1-65535", p.Port)
+		}
+		switch p.Protocol {
+		case ProtocolTCP, ProtocolUDP, ProtocolSCTP:
+		default:
+			return bad("port %d: unknown protocol %q", p.Port, p.Protocol)
+		}
+		if p.Name != "" && (len(p.Name) > 63 || !dnsLabel.MatchString(p.Name)) {
+			return bad("port name %q is not a DNS label", p.Name)
+		}
+		if p.Name == "" && len(s.Ports) > 1 {
+			return bad("port %d has no name, but the service has several ports", p.Port)
+		}
+		if len(p.AppProtocol) > 253 {
+			return bad("port %d: appProtocol longer than 253 characters", p.Port)
+		}
+		if names[p.Name] {
+			return bad("duplicate port name %q", p.Name)
+		}
+		names[p.Name] = true
+		key := strconv.Itoa(int(p.Port)) + "/" + string(p.Protocol)
+		if numbers[key] {
+			return bad("duplicate port %s", key)
+		}
+		numbers[key] = true
+	}
+	seen := make(map[string]bool, len(s.Endpoints))
+	for i := range s.Endpoints {
+		e := &s.Endpoints[i]
+		if len(e.Addresses) == 0 {
+			return bad("endpoint %d has no address", i)
+		}
+		if len(e.Addresses) > lim.MaxAddressesPerEndpoint {
+			return bad("endpoint %d has %d addresses, more than the limit of %d", i, len(e.Addresses), lim.MaxAddressesPerEndpoint)
+		}
+		for _, a := range e.Addresses {
+			if !a.IsValid() || a.IsUnspecified() || a.IsMulticast() || a.Zone() != "" {
+				return bad("endpoint address %q is not a unicast IP", a)
+			}
+			if seen[a.String()] {
+				return bad("duplicate endpoint address %s", a)
+			}
+			seen[a.String()] = true
+		}
+		for _, p := range e.Ports {
+			if p.Port < 1 || p.Port > 65535 {
+				return bad("endpoint %s: port %d is out of range 1-65535", e.Addresses[0], p.Port)
+			}
+		}
+		for _, v := range []string{e.Locality.Region, e.Locality.Zone, e.Locality.Subzone} {
+			if len(v) > 63 || !labelValue.MatchString(v) {
+				return bad("endpoint %s: locality value %q is not a label value", e.Addresses[0], v)
+			}
+		}
+		if e.NodeName != "" && (len(e.NodeName) > 253 || !dnsSubdomain.MatchString(e.NodeName)) {
+			return bad("endpoint %s: node name %q is not a DNS subdomain", e.Addresses[0], e.NodeName)
+		}
+		if e.Hostname != "" && (len(e.Hostname) > 63 || !dnsLabel.MatchString(e.Hostname)) {
+			return bad("endpoint %s: hostname %q is not a DNS label", e.Addresses[0], e.Hostname)
+		}
+	}
+	return nil
+}
