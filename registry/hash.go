@@ -14,7 +14,8 @@ type Hash [16]byte
 // ZeroHash is the digest of the empty set.
 var ZeroHash Hash
 
-func (h Hash) xor(o Hash) Hash {
+// Xor combines two digests (and removes one from a combination).
+func (h Hash) Xor(o Hash) Hash {
 	for i := range h {
 		h[i] ^= o[i]
 	}
@@ -53,7 +54,7 @@ func (s *Shard) Hash() Hash {
 func Digest[S ~map[K]*Shard, K comparable](shards S) Hash {
 	var h Hash
 	for _, s := range shards {
-		h = h.xor(s.Hash())
+		h = h.Xor(s.Hash())
 	}
 	return h
 }

@@ -113,7 +113,7 @@ func (r *Registry) Apply(c Change) (*Registry, Diff) {
 	}
 	touched := map[ServiceKey]bool{}
 	drop := func(k ServiceKey, h heldShard) {
-		next.digest = next.digest.xor(h.hash)
+		next.digest = next.digest.Xor(h.hash)
 		next.endpoints -= len(h.shard.Endpoints)
 		touched[k] = true
 	}
@@ -135,7 +135,7 @@ func (r *Registry) Apply(c Change) (*Registry, Diff) {
 			drop(s.Service, prev)
 		}
 		next.shards[s.Service] = h
-		next.digest = next.digest.xor(h.hash)
+		next.digest = next.digest.Xor(h.hash)
 		next.endpoints += len(s.Endpoints)
 		touched[s.Service] = true
 	}

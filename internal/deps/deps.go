@@ -16,4 +16,5 @@ import (
 	_ "k8s.io/api/core/v1"
 	_ "k8s.io/apimachinery/pkg/runtime/serializer"
 	_ "sigs.k8s.io/yaml"
+	_ "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 )

@@ -1,0 +1,149 @@
+// Command nave runs Nave's processes: the hub, a spoke, and a self-contained demo.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/navemesh/nave/hub"
+	"github.com/navemesh/nave/registry"
+	"github.com/navemesh/nave/spoke"
+)
+
+const usage = `nave: multi-cluster service discovery.
+
+Usage:
+  nave hub   [flags]   run a hub replica (federation, xDS and admin servers)
+  nave spoke [flags]   run a spoke that publishes one cluster's services to a hub
+  nave demo  [flags]   run a hub, three spokes, backends and an xDS client on this machine
+
+Run 'nave <command> -h' for the flags of a command.
+`
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
+	switch cmd, args := os.Args[1], os.Args[2:]; cmd {
+	case "hub":
+		err = runHub(ctx, args)
+	case "spoke":
+		err = runSpoke(ctx, args)
+	case "demo":
+		err = runDemo(ctx, args)
+	case "demo-client":
+		err = runDemoClient(ctx, args)
+	case "-h", "--help", "help":
+		fmt.Print(usage)
+	default:
+		fmt.Fprintf(os.Stderr, "nave: unknown command %q\n\n%s", cmd, usage)
+		os.Exit(2)
+	}
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintf(os.Stderr, "nave %s: %v\n", os.Args[1], err)
+		os.Exit(1)
+	}
+}
+
+// logFlags are the logging flags every command has.
+type logFlags struct{ level, format string }
+
+func (l *logFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&l.level, "log-level", "info", "log level: debug, info, warn, error")
+	fs.StringVar(&l.format, "log-format", "text", "log format: text or json")
+}
+
+func (l *logFlags) logger() (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(l.level)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch l.format {
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+	default:
+		return nil, fmt.Errorf("--log-format %q: want text or json", l.format)
+	}
+}
+
+func runHub(ctx context.Context, args []string) error {
+	cfg := hub.DefaultConfig()
+	fs := flag.NewFlagSet("nave hub", flag.ContinueOnError)
+	var lf logFlags
+	lf.register(fs)
+	var etcd string
+	fs.StringVar(&cfg.ID, "id", cfg.ID, "name of this hub replica")
+	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory for the embedded etcd's data")
+	fs.StringVar(&cfg.FederationAddr, "federation-addr", cfg.FederationAddr, "listen address for spokes (gRPC)")
+	fs.StringVar(&cfg.XDSAddr, "xds-addr", cfg.XDSAddr, "listen address for xDS clients (gRPC)")
+	fs.StringVar(&cfg.AdminAddr, "admin-addr", cfg.AdminAddr, "listen address for /healthz, /readyz, /metrics and /debug (HTTP)")
+	fs.StringVar(&etcd, "etcd-endpoints", "", "comma-separated etcd endpoints; empty runs an embedded etcd in --data-dir")
+	fs.StringVar(&cfg.EtcdPrefix, "etcd-prefix", cfg.EtcdPrefix, "key prefix of the hub's data in etcd")
+	fs.StringVar(&cfg.TokensFile, "tokens", "", "YAML file of `cluster-id: token` lines; empty admits any spoke (development only)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if etcd != "" {
+		cfg.EtcdEndpoints = strings.Split(etcd, ",")
+	}
+	log, err := lf.logger()
+	if err != nil {
+		return err
+	}
+	return hub.Run(ctx, cfg, log)
+}
+
+func runSpoke(ctx context.Context, args []string) error {
+	cfg := spoke.DefaultConfig()
+	fs := flag.NewFlagSet("nave spoke", flag.ContinueOnError)
+	var lf logFlags
+	lf.register(fs)
+	var cluster, network, export string
+	fs.StringVar(&cluster, "cluster-id", "", "this cluster's ID (a DNS label, required)")
+	fs.StringVar(&network, "network", "", "the cluster's network name")
+	fs.StringVar(&cfg.HubAddr, "hub", "127.0.0.1:15010", "the hub's federation address")
+	fs.StringVar(&cfg.TokenFile, "token-file", "", "file holding this cluster's federation token")
+	fs.StringVar(&cfg.Source, "source", "", "where services come from: dir:PATH (a directory of Kubernetes manifests)")
+	fs.StringVar(&cfg.Region, "region", "", "region of endpoints whose node has no topology.kubernetes.io/region label")
+	fs.StringVar(&export, "export", "labeled", "which services federate: labeled (nave.io/export=true) or all")
+	fs.DurationVar(&cfg.PollInterval, "poll", cfg.PollInterval, "how often a dir source looks for changes")
+	fs.StringVar(&cfg.Federation.SpokeID, "spoke-id", cfg.Federation.SpokeID, "name of this spoke instance")
+	fs.DurationVar(&cfg.Federation.DigestInterval, "digest-interval", cfg.Federation.DigestInterval, "how often to compare digests with the hub")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg.Cluster, cfg.Network = registry.ClusterID(cluster), registry.Network(network)
+	switch export {
+	case "labeled":
+	case "all":
+		cfg.ExportAll = true
+	default:
+		return fmt.Errorf("--export %q: want labeled or all", export)
+	}
+	if cfg.Source == "" {
+		return errors.New("--source is required (dir:PATH)")
+	}
+	if cfg.PollInterval < 10*time.Millisecond {
+		return errors.New("--poll must be at least 10ms")
+	}
+	log, err := lf.logger()
+	if err != nil {
+		return err
+	}
+	return spoke.Run(ctx, cfg, log)
+}

@@ -1,0 +1,115 @@
+package federation
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/navemesh/nave/registry"
+)
+
+// Catalog keeps the cluster catalog and the per-cluster epoch counters in etcd.
+//
+// Keys (under prefix, default "/nave/"):
+//
+//	epochs/<cluster>    decimal counter, incremented by compare-and-swap
+//	clusters/<cluster>  JSON ClusterRecord
+type Catalog struct {
+	etcd   *clientv3.Client
+	prefix string
+}
+
+// ClusterRecord is what the catalog remembers of a cluster.
+type ClusterRecord struct {
+	Cluster   registry.ClusterID `json:"cluster"`
+	Network   registry.Network   `json:"network,omitempty"`
+	FirstSeen time.Time          `json:"firstSeen"`
+	LastSeen  time.Time          `json:"lastSeen"`
+	SpokeID   string             `json:"spokeID,omitempty"`
+	Build     string             `json:"build,omitempty"`
+	Epoch     uint64             `json:"epoch"`
+}
+
+// NewCatalog returns a catalog stored under prefix.
+func NewCatalog(etcd *clientv3.Client, prefix string) *Catalog {
+	if !strings.HasSuffix(prefix, "/") {
+		prefix += "/"
+	}
+	return &Catalog{etcd: etcd, prefix: prefix}
+}
+
+// NextEpoch increments and returns the cluster's epoch. Concurrent callers
+// (other hub replicas) each get a distinct, larger value.
+func (c *Catalog) NextEpoch(ctx context.Context, cluster registry.ClusterID) (uint64, error) {
+	key := c.prefix + "epochs/" + string(cluster)
+	for {
+		resp, err := c.etcd.Get(ctx, key)
+		if err != nil {
+			return 0, fmt.Errorf("read epoch of %s: %w", cluster, err)
+		}
+		var cur uint64
+		cmp := clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
+		if len(resp.Kvs) == 1 {
+			kv := resp.Kvs[0]
+			if cur, err = strconv.ParseUint(string(kv.Value), 10, 64); err != nil {
+				return 0, fmt.Errorf("epoch of %s is corrupt (%q): %w", cluster, kv.Value, err)
+			}
+			cmp = clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)
+		}
+		next := cur + 1
+		txn, err := c.etcd.Txn(ctx).If(cmp).Then(clientv3.OpPut(key, strconv.FormatUint(next, 10))).Commit()
+		if err != nil {
+			return 0, fmt.Errorf("write epoch of %s: %w", cluster, err)
+		}
+		if txn.Succeeded {
+			return next, nil
+		}
+	}
+}
+
+// Record stores what is known of a cluster, keeping its FirstSeen.
+func (c *Catalog) Record(ctx context.Context, r ClusterRecord) error {
+	key := c.prefix + "clusters/" + string(r.Cluster)
+	resp, err := c.etcd.Get(ctx, key)
+	if err != nil {
+		return fmt.Errorf("read catalog entry %s: %w", r.Cluster, err)
+	}
+	if len(resp.Kvs) == 1 {
+		var old ClusterRecord
+		if json.Unmarshal(resp.Kvs[0].Value, &old) == nil && !old.FirstSeen.IsZero() {
+			r.FirstSeen = old.FirstSeen
+		}
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return fmt.Errorf("encode catalog entry %s: %w", r.Cluster, err)
+	}
+	if _, err := c.etcd.Put(ctx, key, string(b)); err != nil {
+		return fmt.Errorf("write catalog entry %s: %w", r.Cluster, err)
+	}
+	return nil
+}
+
+// List returns every cluster in the catalog, sorted by ID.
+func (c *Catalog) List(ctx context.Context) ([]ClusterRecord, error) {
+	resp, err := c.etcd.Get(ctx, c.prefix+"clusters/", clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("list catalog: %w", err)
+	}
+	out := make([]ClusterRecord, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		var r ClusterRecord
+		if err := json.Unmarshal(kv.Value, &r); err != nil {
+			return nil, fmt.Errorf("catalog entry %s is corrupt: %w", kv.Key, err)
+		}
+		out = append(out, r)
+	}
+	slices.SortFunc(out, func(a, b ClusterRecord) int { return strings.Compare(string(a.Cluster), string(b.Cluster)) })
+	return out, nil
+}

@@ -1,0 +1,125 @@
+// Package federation is how Nave's parts talk: the spoke and hub sides of the
+// federation stream, validation of what arrives, credentials, and the cluster
+// catalog and epochs kept in etcd.
+package federation
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+
+	fedv1 "github.com/navemesh/nave/federation/v1"
+	"github.com/navemesh/nave/registry"
+)
+
+// ShardToProto encodes a shard for the wire (the cluster is implied by the session).
+func ShardToProto(s *registry.Shard) *fedv1.Shard {
+	out := &fedv1.Shard{
+		Service:        keyToProto(s.Service),
+		ExportedAtUnix: s.ExportedAt.Unix(),
+		Headless:       s.Headless,
+		Ports:          make([]*fedv1.ServicePort, len(s.Ports)),
+		Endpoints:      make([]*fedv1.Endpoint, len(s.Endpoints)),
+	}
+	if s.ExportedAt.IsZero() {
+		out.ExportedAtUnix = 0
+	}
+	for i, p := range s.Ports {
+		out.Ports[i] = &fedv1.ServicePort{Name: p.Name, Port: p.Port, Protocol: string(p.Protocol), AppProtocol: p.AppProtocol}
+	}
+	for i := range s.Endpoints {
+		e := &s.Endpoints[i]
+		pe := &fedv1.Endpoint{
+			Addresses:   make([]string, len(e.Addresses)),
+			Ports:       make([]*fedv1.EndpointPort, len(e.Ports)),
+			NodeName:    e.NodeName,
+			Hostname:    e.Hostname,
+			Ready:       e.Conditions.Ready,
+			Serving:     e.Conditions.Serving,
+			Terminating: e.Conditions.Terminating,
+		}
+		if !e.Locality.IsZero() {
+			pe.Locality = &fedv1.Locality{Region: e.Locality.Region, Zone: e.Locality.Zone, Subzone: e.Locality.Subzone}
+		}
+		for j, a := range e.Addresses {
+			pe.Addresses[j] = a.String()
+		}
+		for j, p := range e.Ports {
+			pe.Ports[j] = &fedv1.EndpointPort{Name: p.Name, Port: p.Port}
+		}
+		out.Endpoints[i] = pe
+	}
+	return out
+}
+
+// ShardFromProto decodes, normalizes and validates a shard received from
+// cluster. The error is a *registry.ValidationError naming the service.
+func ShardFromProto(cluster registry.ClusterID, in *fedv1.Shard, lim registry.Limits) (*registry.Shard, error) {
+	key := KeyFromProto(in.GetService())
+	bad := func(format string, args ...any) error {
+		return &registry.ValidationError{Service: key, Reason: fmt.Sprintf(format, args...)}
+	}
+	// Check sizes before allocating anything in proportion to them.
+	if len(in.GetPorts()) > lim.MaxPorts {
+		return nil, bad("%d ports, more than the limit of %d", len(in.GetPorts()), lim.MaxPorts)
+	}
+	if len(in.GetEndpoints()) > lim.MaxEndpoints {
+		return nil, bad("%d endpoints, more than the limit of %d", len(in.GetEndpoints()), lim.MaxEndpoints)
+	}
+	s := &registry.Shard{
+		Cluster:   cluster,
+		Service:   key,
+		Headless:  in.GetHeadless(),
+		Ports:     make([]registry.ServicePort, len(in.GetPorts())),
+		Endpoints: make([]registry.Endpoint, len(in.GetEndpoints())),
+	}
+	if t := in.GetExportedAtUnix(); t != 0 {
+		s.ExportedAt = time.Unix(t, 0).UTC()
+	}
+	for i, p := range in.GetPorts() {
+		s.Ports[i] = registry.ServicePort{Name: p.GetName(), Port: p.GetPort(), Protocol: registry.Protocol(p.GetProtocol()), AppProtocol: p.GetAppProtocol()}
+	}
+	for i, pe := range in.GetEndpoints() {
+		if len(pe.GetAddresses()) > lim.MaxAddressesPerEndpoint {
+			return nil, bad("endpoint %d has %d addresses, more than the limit of %d", i, len(pe.GetAddresses()), lim.MaxAddressesPerEndpoint)
+		}
+		e := registry.Endpoint{
+			Addresses: make([]netip.Addr, len(pe.GetAddresses())),
+			Ports:     make([]registry.EndpointPort, len(pe.GetPorts())),
+			Locality:  registry.Locality{Region: pe.GetLocality().GetRegion(), Zone: pe.GetLocality().GetZone(), Subzone: pe.GetLocality().GetSubzone()},
+			NodeName:  pe.GetNodeName(),
+			Hostname:  pe.GetHostname(),
+			Conditions: registry.Conditions{
+				Ready: pe.GetReady(), Serving: pe.GetServing(), Terminating: pe.GetTerminating(),
+			},
+		}
+		for j, a := range pe.GetAddresses() {
+			addr, err := netip.ParseAddr(a)
+			if err != nil {
+				return nil, bad("endpoint %d: address %q is not an IP", i, a)
+			}
+			e.Addresses[j] = addr
+		}
+		if len(pe.GetPorts()) > lim.MaxPorts {
+			return nil, bad("endpoint %d has %d ports, more than the limit of %d", i, len(pe.GetPorts()), lim.MaxPorts)
+		}
+		for j, p := range pe.GetPorts() {
+			e.Ports[j] = registry.EndpointPort{Name: p.GetName(), Port: p.GetPort()}
+		}
+		s.Endpoints[i] = e
+	}
+	s.Normalize()
+	if err := s.Validate(lim); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func keyToProto(k registry.ServiceKey) *fedv1.ServiceKey {
+	return &fedv1.ServiceKey{Namespace: k.Namespace, Name: k.Name}
+}
+
+// KeyFromProto decodes a service key (unvalidated).
+func KeyFromProto(k *fedv1.ServiceKey) registry.ServiceKey {
+	return registry.ServiceKey{Namespace: k.GetNamespace(), Name: k.GetName()}
+}

@@ -1,0 +1,462 @@
+package federation
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	fedv1 "github.com/navemesh/nave/federation/v1"
+	"github.com/navemesh/nave/registry"
+)
+
+// ErrSuperseded marks an update from a session whose epoch is no longer the cluster's newest.
+var ErrSuperseded = errors.New("federation: session superseded by a newer epoch")
+
+// Held is what the hub holds for a cluster.
+type Held struct {
+	Epoch   uint64
+	Version uint64
+	Digest  registry.Hash
+}
+
+// Session describes a live spoke session.
+type Session struct {
+	Cluster  registry.ClusterID
+	Network  registry.Network
+	SpokeID  string
+	Build    string
+	Epoch    uint64
+	Resumed  bool
+	Started  time.Time
+	RemoteIP string
+}
+
+// Store is what a hub session needs from the process that owns the merged
+// registry. Implementations serialize calls per cluster themselves.
+type Store interface {
+	// Held returns what the hub holds for the cluster.
+	Held(ctx context.Context, cluster registry.ClusterID) (Held, error)
+	// Apply applies a validated change stamped with (epoch, version) and returns
+	// the digest of what the hub then holds for the cluster. It fails with
+	// ErrSuperseded when a newer epoch of the cluster has been seen.
+	Apply(ctx context.Context, epoch, version uint64, change registry.Change) (registry.Hash, error)
+	// SessionStarted and SessionEnded report a session's life (liveness, debug).
+	SessionStarted(s Session)
+	SessionEnded(s Session)
+}
+
+// EpochIssuer issues session epochs: monotonic per cluster, across restarts and replicas.
+type EpochIssuer interface {
+	NextEpoch(ctx context.Context, cluster registry.ClusterID) (uint64, error)
+}
+
+// HubConfig configures the hub side of the federation protocol.
+type HubConfig struct {
+	HubID string
+	// Limits bound each shard; MaxServices bounds a cluster's full state.
+	Limits      registry.Limits
+	MaxServices int
+	// MaxMessageBytes is announced to spokes as their chunk budget; the gRPC
+	// server's receive limit must be above it.
+	MaxMessageBytes int
+	// HelloTimeout bounds the wait for a new stream's Hello.
+	HelloTimeout time.Duration
+}
+
+// DefaultHubConfig returns limits that fit large clusters and bound memory.
+func DefaultHubConfig() HubConfig {
+	return HubConfig{
+		HubID:           "hub",
+		Limits:          registry.DefaultLimits(),
+		MaxServices:     20_000,
+		MaxMessageBytes: 1 << 20,
+		HelloTimeout:    10 * time.Second,
+	}
+}
+
+// HubMetrics are optional observation hooks; nil fields are skipped.
+type HubMetrics struct {
+	Update func(cluster registry.ClusterID, full bool, err error)
+	Resync func(cluster registry.ClusterID, reason string)
+}
+
+// HubServer serves the Federation service: one session per spoke stream.
+type HubServer struct {
+	fedv1.UnimplementedFederationServer
+	cfg     HubConfig
+	store   Store
+	epochs  EpochIssuer
+	metrics HubMetrics
+	log     *slog.Logger
+
+	sessionsMu sync.Mutex
+	sessions   map[registry.ClusterID]*liveSession // the newest session per cluster
+}
+
+type liveSession struct {
+	epoch  uint64
+	cancel context.CancelCauseFunc
+}
+
+// NewHubServer returns a hub server that applies what spokes send to store.
+func NewHubServer(cfg HubConfig, store Store, epochs EpochIssuer, metrics HubMetrics, log *slog.Logger) *HubServer {
+	return &HubServer{
+		cfg: cfg, store: store, epochs: epochs, metrics: metrics,
+		log:      log.With("component", "federation"),
+		sessions: map[registry.ClusterID]*liveSession{},
+	}
+}
+
+// Publish implements the Federation service.
+func (h *HubServer) Publish(stream fedv1.Federation_PublishServer) error {
+	ctx, cancel := context.WithCancelCause(stream.Context())
+	defer cancel(nil)
+
+	hello, err := h.recvHello(ctx, stream)
+	if err != nil {
+		return err
+	}
+	cluster := registry.ClusterID(hello.GetClusterId())
+	if err := registry.ValidateClusterID(cluster); err != nil {
+		return status.Errorf(codes.InvalidArgument, "hello: %v", err)
+	}
+	if authed, ok := authenticatedCluster(ctx); ok && authed != cluster {
+		return status.Errorf(codes.PermissionDenied, "credential of cluster %q cannot publish for cluster %q", authed, cluster)
+	}
+	epoch, err := h.epochs.NextEpoch(ctx, cluster)
+	if err != nil {
+		return status.Errorf(codes.Unavailable, "issue epoch for cluster %s: %v", cluster, err)
+	}
+	held, err := h.store.Held(ctx, cluster)
+	if err != nil {
+		return status.Errorf(codes.Unavailable, "read state of cluster %s: %v", cluster, err)
+	}
+	resume := hello.GetAckedEpoch() != 0 && held.Epoch == hello.GetAckedEpoch() &&
+		held.Version == hello.GetAckedVersion() && held.Digest.String() == hello.GetAckedDigest()
+
+	sess := Session{
+		Cluster: cluster, Network: registry.Network(hello.GetNetwork()), SpokeID: hello.GetSpokeId(),
+		Build: hello.GetSpokeBuild(), Epoch: epoch, Resumed: resume, Started: time.Now(), RemoteIP: peerAddr(ctx),
+	}
+	log := h.log.With("cluster", cluster, "epoch", epoch, "spoke", sess.SpokeID)
+	h.supersede(cluster, epoch, cancel)
+	defer h.release(cluster, epoch)
+	h.store.SessionStarted(sess)
+	defer h.store.SessionEnded(sess)
+
+	if err := stream.Send(&fedv1.HubMessage{Kind: &fedv1.HubMessage_Welcome{Welcome: &fedv1.Welcome{
+		Epoch: epoch, Resume: resume, HubId: h.cfg.HubID, MaxMessageBytes: uint32(h.cfg.MaxMessageBytes),
+	}}}); err != nil {
+		return err
+	}
+	log.Info("spoke session started", "resume", resume, "remote", sess.RemoteIP, "build", sess.Build)
+
+	// Versions are ordered within a spoke process: a resumed session continues
+	// them, a new one (perhaps a restarted spoke) may start again from 1.
+	s := &hubSession{h: h, cluster: cluster, epoch: epoch, log: log, stream: stream}
+	if resume {
+		s.version = held.Version
+	}
+	err = s.run(ctx)
+	if cause := context.Cause(ctx); errors.Is(cause, ErrSuperseded) {
+		log.Info("spoke session superseded by a newer one")
+		return status.Error(codes.Aborted, cause.Error())
+	}
+	if err != nil && !errors.Is(err, io.EOF) && status.Code(err) != codes.Canceled {
+		log.Warn("spoke session ended", "err", err)
+		return err
+	}
+	log.Info("spoke session ended")
+	return nil
+}
+
+func (h *HubServer) recvHello(ctx context.Context, stream fedv1.Federation_PublishServer) (*fedv1.Hello, error) {
+	type result struct {
+		msg *fedv1.SpokeMessage
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		m, err := stream.Recv()
+		ch <- result{m, err}
+	}()
+	timer := time.NewTimer(h.cfg.HelloTimeout)
+	defer timer.Stop()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return nil, r.err
+		}
+		if r.msg.GetHello() == nil {
+			return nil, status.Error(codes.InvalidArgument, "the first message of a session must be a hello")
+		}
+		return r.msg.GetHello(), nil
+	case <-timer.C:
+		return nil, status.Errorf(codes.DeadlineExceeded, "no hello within %s", h.cfg.HelloTimeout)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// supersede makes (cluster, epoch) the cluster's live session and ends an older one.
+func (h *HubServer) supersede(cluster registry.ClusterID, epoch uint64, cancel context.CancelCauseFunc) {
+	h.sessionsMu.Lock()
+	defer h.sessionsMu.Unlock()
+	if old := h.sessions[cluster]; old != nil && old.epoch < epoch {
+		old.cancel(fmt.Errorf("%w (epoch %d > %d)", ErrSuperseded, epoch, old.epoch))
+	}
+	h.sessions[cluster] = &liveSession{epoch: epoch, cancel: cancel}
+}
+
+func (h *HubServer) release(cluster registry.ClusterID, epoch uint64) {
+	h.sessionsMu.Lock()
+	defer h.sessionsMu.Unlock()
+	if s := h.sessions[cluster]; s != nil && s.epoch == epoch {
+		delete(h.sessions, cluster)
+	}
+}
+
+// Connected lists the clusters with a live session on this hub and their epochs.
+func (h *HubServer) Connected() map[registry.ClusterID]uint64 {
+	h.sessionsMu.Lock()
+	defer h.sessionsMu.Unlock()
+	out := make(map[registry.ClusterID]uint64, len(h.sessions))
+	for c, s := range h.sessions {
+		out[c] = s.epoch
+	}
+	return out
+}
+
+// hubSession is one stream's state, owned by the stream's goroutine.
+type hubSession struct {
+	h       *HubServer
+	cluster registry.ClusterID
+	epoch   uint64
+	version uint64 // last applied version
+	log     *slog.Logger
+	stream  fedv1.Federation_PublishServer
+
+	// A full state in progress: its version and the chunks received so far.
+	fullVersion uint64
+	full        map[registry.ServiceKey]*registry.Shard
+	// spoiled is a full-state version one of whose chunks was rejected: its
+	// later chunks are rejected too, so a partial full state is never applied.
+	spoiled uint64
+}
+
+func (s *hubSession) run(ctx context.Context) error {
+	msgs := make(chan *fedv1.SpokeMessage)
+	errc := make(chan error, 1)
+	go func() {
+		for {
+			m, err := s.stream.Recv()
+			if err != nil {
+				errc <- err
+				return
+			}
+			select {
+			case msgs <- m:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case err := <-errc:
+			return err
+		case m := <-msgs:
+			var err error
+			switch k := m.GetKind().(type) {
+			case *fedv1.SpokeMessage_Update:
+				err = s.update(ctx, k.Update)
+			case *fedv1.SpokeMessage_Digest:
+				err = s.digest(ctx, k.Digest)
+			default:
+				return status.Errorf(codes.InvalidArgument, "unexpected %T after hello", k)
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// rejection is an update the session refuses; nothing of it is applied.
+type rejection []*fedv1.Rejection
+
+func (r rejection) Error() string {
+	if len(r) == 1 {
+		return r[0].GetReason()
+	}
+	return fmt.Sprintf("%s (and %d more)", r[0].GetReason(), len(r)-1)
+}
+
+func reject(service *registry.ServiceKey, format string, args ...any) rejection {
+	rj := &fedv1.Rejection{Reason: fmt.Sprintf(format, args...)}
+	if service != nil {
+		rj.Service = keyToProto(*service)
+	}
+	return rejection{rj}
+}
+
+func (s *hubSession) update(ctx context.Context, u *fedv1.Update) error {
+	digest, applied, err := s.apply(ctx, u)
+	if s.h.metrics.Update != nil && (applied || err != nil) {
+		s.h.metrics.Update(s.cluster, u.GetFullState(), err)
+	}
+	var rj rejection
+	switch {
+	case errors.As(err, &rj):
+		s.log.Warn("update rejected", "version", u.GetVersion(), "nonce", u.GetNonce(), "reason", rj.Error())
+		return s.send(&fedv1.HubMessage{Kind: &fedv1.HubMessage_Nack{Nack: &fedv1.Nack{
+			Nonce: u.GetNonce(), Version: u.GetVersion(), Rejections: rj,
+		}}})
+	case err != nil:
+		return err
+	}
+	ack := &fedv1.Ack{Nonce: u.GetNonce(), Version: u.GetVersion()}
+	if applied {
+		ack.Digest = digest.String()
+	}
+	return s.send(&fedv1.HubMessage{Kind: &fedv1.HubMessage_Ack{Ack: ack}})
+}
+
+// apply validates and applies an update. It returns a rejection for bad
+// input, leaving the cluster's state exactly as it was, and applied=false for
+// a full-state chunk that was only buffered.
+func (s *hubSession) apply(ctx context.Context, u *fedv1.Update) (digest registry.Hash, applied bool, err error) {
+	v := u.GetVersion()
+	if v <= s.version {
+		return digest, false, reject(nil, "version %d is not above the last applied version %d", v, s.version)
+	}
+	if u.GetFullState() && v == s.spoiled {
+		return digest, false, reject(nil, "full state %d was already rejected", v)
+	}
+	if u.GetFullState() && len(u.GetRemoves()) > 0 {
+		s.full, s.spoiled = nil, v
+		return digest, false, reject(nil, "a full state cannot remove services")
+	}
+	if s.full != nil && (!u.GetFullState() || v != s.fullVersion) {
+		s.full = nil // the spoke abandoned the full state in progress
+	}
+	var inUpdate map[registry.ServiceKey]bool
+	upserts := make([]*registry.Shard, 0, len(u.GetUpserts()))
+	if len(u.GetUpserts())+len(u.GetRemoves()) > s.h.cfg.MaxServices {
+		return digest, false, reject(nil, "%d services in one update, more than the limit of %d", len(u.GetUpserts())+len(u.GetRemoves()), s.h.cfg.MaxServices)
+	}
+	inUpdate = make(map[registry.ServiceKey]bool, len(u.GetUpserts())+len(u.GetRemoves()))
+	var rj rejection
+	for _, p := range u.GetUpserts() {
+		sh, err := ShardFromProto(s.cluster, p, s.h.cfg.Limits)
+		if err != nil {
+			var ve *registry.ValidationError
+			if errors.As(err, &ve) {
+				rj = append(rj, reject(&ve.Service, "%s", ve.Reason)...)
+			} else {
+				rj = append(rj, reject(nil, "%v", err)...)
+			}
+			continue
+		}
+		if inUpdate[sh.Service] || s.full[sh.Service] != nil {
+			rj = append(rj, reject(&sh.Service, "service %s appears twice", sh.Service)...)
+			continue
+		}
+		inUpdate[sh.Service] = true
+		upserts = append(upserts, sh)
+	}
+	removes := make([]registry.ServiceKey, 0, len(u.GetRemoves()))
+	for _, p := range u.GetRemoves() {
+		k := KeyFromProto(p)
+		if err := registry.ValidateServiceKey(k); err != nil {
+			rj = append(rj, reject(&k, "remove: %v", err)...)
+			continue
+		}
+		if inUpdate[k] {
+			rj = append(rj, reject(&k, "service %s is both upserted and removed", k)...)
+			continue
+		}
+		inUpdate[k] = true
+		removes = append(removes, k)
+	}
+	if len(rj) > 0 {
+		if u.GetFullState() {
+			s.full, s.spoiled = nil, v // a rejected chunk spoils its whole full state
+		}
+		return digest, false, rj
+	}
+
+	change := registry.Change{Cluster: s.cluster, Upserts: upserts, Removes: removes}
+	if u.GetFullState() {
+		if s.full == nil {
+			s.full, s.fullVersion = map[registry.ServiceKey]*registry.Shard{}, v
+		}
+		if len(s.full)+len(upserts) > s.h.cfg.MaxServices {
+			s.full, s.spoiled = nil, v
+			return digest, false, reject(nil, "full state has more than %d services", s.h.cfg.MaxServices)
+		}
+		for _, sh := range upserts {
+			s.full[sh.Service] = sh
+		}
+		if !u.GetLastChunk() {
+			return digest, false, nil
+		}
+		change = registry.Change{Cluster: s.cluster, Replace: true, Upserts: make([]*registry.Shard, 0, len(s.full))}
+		for _, sh := range s.full {
+			change.Upserts = append(change.Upserts, sh)
+		}
+		s.full = nil
+	}
+	digest, err = s.h.store.Apply(ctx, s.epoch, v, change)
+	if errors.Is(err, ErrSuperseded) {
+		return digest, false, status.Error(codes.Aborted, err.Error())
+	}
+	if err != nil {
+		return digest, false, status.Errorf(codes.Unavailable, "apply update: %v", err)
+	}
+	s.version = v
+	return digest, true, nil
+}
+
+func (s *hubSession) digest(ctx context.Context, d *fedv1.Digest) error {
+	if d.GetVersion() != s.version {
+		return nil // an update is in flight; the next digest will tell
+	}
+	held, err := s.h.store.Held(ctx, s.cluster)
+	if err != nil {
+		return status.Errorf(codes.Unavailable, "read state: %v", err)
+	}
+	if held.Digest.String() == d.GetDigest() {
+		return nil
+	}
+	reason := fmt.Sprintf("digest mismatch at version %d: spoke %s, hub %s", s.version, d.GetDigest(), held.Digest)
+	s.log.Warn("asking spoke for a resync", "reason", reason)
+	if s.h.metrics.Resync != nil {
+		s.h.metrics.Resync(s.cluster, "digest")
+	}
+	return s.send(&fedv1.HubMessage{Kind: &fedv1.HubMessage_Resync{Resync: &fedv1.ResyncRequest{Reason: reason}}})
+}
+
+func peerAddr(ctx context.Context) string {
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		return p.Addr.String()
+	}
+	return ""
+}
+
+func (s *hubSession) send(m *fedv1.HubMessage) error {
+	if err := s.stream.Send(m); err != nil {
+		return fmt.Errorf("send to spoke: %w", err)
+	}
+	return nil
+}

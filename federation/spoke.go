@@ -1,0 +1,461 @@
+package federation
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"runtime/debug"
+	"strconv"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	fedv1 "github.com/navemesh/nave/federation/v1"
+	"github.com/navemesh/nave/registry"
+)
+
+// State is a cluster's complete state: one shard per exported service.
+type State = map[registry.ServiceKey]*registry.Shard
+
+// SpokeConfig configures the spoke side of the federation protocol.
+type SpokeConfig struct {
+	Cluster registry.ClusterID
+	Network registry.Network
+	SpokeID string
+	Build   string
+	// DigestInterval is how often the spoke sends the digest of what the hub
+	// acknowledged, so the hub can ask for a resync when they differ.
+	DigestInterval time.Duration
+	// MinBackoff and MaxBackoff bound the exponential, jittered reconnect delay.
+	MinBackoff, MaxBackoff time.Duration
+	// HealthyAfter is how long a session must last before the backoff resets.
+	HealthyAfter time.Duration
+}
+
+// DefaultSpokeConfig returns the intervals a spoke uses in production.
+func DefaultSpokeConfig() SpokeConfig {
+	return SpokeConfig{
+		DigestInterval: 30 * time.Second,
+		MinBackoff:     200 * time.Millisecond,
+		MaxBackoff:     30 * time.Second,
+		HealthyAfter:   10 * time.Second,
+	}
+}
+
+// SessionStatus is the publisher's view of its session, for health and debug.
+type SessionStatus struct {
+	Connected    bool
+	Epoch        uint64
+	AckedVersion uint64
+	Services     int // services the hub has acknowledged
+	Rejected     int // services the hub refused in their current form
+}
+
+// Publisher streams a cluster's state to a hub: it opens a session, sends the
+// full state (or resumes), then sends each change as a delta against what the
+// hub has acknowledged, and reconnects with backoff when the session breaks.
+type Publisher struct {
+	cfg    SpokeConfig
+	client fedv1.FederationClient
+	log    *slog.Logger
+	status func(SessionStatus)
+
+	// Owned by Run's goroutine.
+	desired      State
+	acked        State // what the hub holds; valid when ackedKnown
+	ackedHashes  map[registry.ServiceKey]registry.Hash
+	ackedDigest  registry.Hash
+	ackedKnown   bool
+	ackedEpoch   uint64
+	ackedVersion uint64
+	version      uint64
+	// rejected holds the hash of each shard the hub refused; it is not sent
+	// again until it changes, and the last accepted form stays published.
+	rejected map[registry.ServiceKey]registry.Hash
+	nonce    uint64
+}
+
+// NewPublisher returns a publisher that talks to the hub over conn. status,
+// if not nil, is called (from Run's goroutine, must not block) when the
+// session's status changes.
+func NewPublisher(cfg SpokeConfig, conn grpc.ClientConnInterface, log *slog.Logger, status func(SessionStatus)) *Publisher {
+	if status == nil {
+		status = func(SessionStatus) {}
+	}
+	return &Publisher{
+		cfg: cfg, client: fedv1.NewFederationClient(conn), status: status,
+		log:         log.With("component", "publisher", "cluster", cfg.Cluster),
+		ackedHashes: map[registry.ServiceKey]registry.Hash{},
+		rejected:    map[registry.ServiceKey]registry.Hash{},
+	}
+}
+
+// Run publishes every State received on desired until ctx ends. Nothing is
+// sent before the first State arrives: the first state sent is complete.
+func (p *Publisher) Run(ctx context.Context, desired <-chan State) error {
+	select {
+	case p.desired = <-desired:
+	case <-ctx.Done():
+		return nil
+	}
+	backoff := p.cfg.MinBackoff
+	for {
+		started := time.Now()
+		err := p.safeSession(ctx, desired)
+		p.status(SessionStatus{Connected: false, Epoch: p.ackedEpoch, AckedVersion: p.ackedVersion, Services: len(p.acked), Rejected: len(p.rejected)})
+		if ctx.Err() != nil {
+			return nil
+		}
+		if time.Since(started) > p.cfg.HealthyAfter {
+			backoff = p.cfg.MinBackoff
+		}
+		// Full jitter: sleep a random time up to the current backoff.
+		wait := time.Duration(rand.Int64N(int64(backoff)) + 1)
+		p.log.Warn("hub session ended; reconnecting", "err", err, "in", wait.Round(time.Millisecond))
+		backoff = min(2*backoff, p.cfg.MaxBackoff)
+		if !p.wait(ctx, wait, desired) {
+			return nil
+		}
+	}
+}
+
+// wait sleeps for d, keeping up with new states meanwhile; false when ctx ended.
+func (p *Publisher) wait(ctx context.Context, d time.Duration, desired <-chan State) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-timer.C:
+			return true
+		case st := <-desired:
+			p.desired = st
+		}
+	}
+}
+
+func (p *Publisher) safeSession(ctx context.Context, desired <-chan State) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic in session: %v\n%s", r, debug.Stack())
+		}
+	}()
+	return p.session(ctx, desired)
+}
+
+// pending is an update sent and not yet answered.
+type pending struct {
+	nonce   string
+	version uint64
+	full    bool
+	last    bool
+	upserts []*registry.Shard
+	removes []registry.ServiceKey
+}
+
+func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := p.client.Publish(ctx)
+	if err != nil {
+		return fmt.Errorf("open session: %w", err)
+	}
+	hello := &fedv1.Hello{
+		ClusterId: string(p.cfg.Cluster), Network: string(p.cfg.Network), SpokeId: p.cfg.SpokeID,
+		SpokeBuild: p.cfg.Build, Capabilities: []string{"chunked-full-state", "digest"},
+	}
+	if p.ackedKnown {
+		hello.AckedEpoch, hello.AckedVersion, hello.AckedDigest = p.ackedEpoch, p.ackedVersion, p.ackedDigest.String()
+	}
+	if err := stream.Send(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Hello{Hello: hello}}); err != nil {
+		return fmt.Errorf("send hello: %w", err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return fmt.Errorf("await welcome: %w", err)
+	}
+	welcome := first.GetWelcome()
+	if welcome == nil {
+		return fmt.Errorf("hub answered hello with %T, not a welcome", first.GetKind())
+	}
+	maxBytes := int(welcome.GetMaxMessageBytes())
+	if maxBytes <= 0 {
+		maxBytes = 1 << 20
+	}
+	needFull := !welcome.GetResume()
+	if needFull {
+		p.ackedKnown = false
+	}
+	p.ackedEpoch = welcome.GetEpoch()
+	p.log.Info("hub session started", "epoch", welcome.GetEpoch(), "resume", welcome.GetResume(), "hub", welcome.GetHubId())
+
+	msgs := make(chan *fedv1.HubMessage)
+	errc := make(chan error, 1)
+	go func() {
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				errc <- err
+				return
+			}
+			select {
+			case msgs <- m:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	ticker := time.NewTicker(p.cfg.DigestInterval)
+	defer ticker.Stop()
+
+	var inflight []pending
+	var fullAcc State // the chunks of the full state in flight, as acknowledged
+	report := func() {
+		p.status(SessionStatus{Connected: true, Epoch: p.ackedEpoch, AckedVersion: p.ackedVersion, Services: len(p.acked), Rejected: len(p.rejected)})
+	}
+	report()
+	for {
+		if len(inflight) == 0 {
+			var batch []pending
+			if needFull {
+				batch, needFull = p.fullState(maxBytes), false
+				fullAcc = State{}
+			} else {
+				batch = p.delta(maxBytes)
+			}
+			for _, u := range batch {
+				if err := stream.Send(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Update{Update: encodeUpdate(u)}}); err != nil {
+					return fmt.Errorf("send update: %w", err)
+				}
+			}
+			inflight = batch
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-errc:
+			if status.Code(err) == codes.Aborted {
+				return fmt.Errorf("superseded: %w", err)
+			}
+			return err
+		case st := <-desired:
+			p.desired = st
+		case <-ticker.C:
+			if len(inflight) == 0 && p.ackedKnown {
+				d := &fedv1.Digest{Version: p.ackedVersion, Digest: p.ackedDigest.String(), Services: uint32(len(p.acked))}
+				if err := stream.Send(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Digest{Digest: d}}); err != nil {
+					return fmt.Errorf("send digest: %w", err)
+				}
+			}
+		case m := <-msgs:
+			switch k := m.GetKind().(type) {
+			case *fedv1.HubMessage_Resync:
+				p.log.Warn("hub asked for a resync", "reason", k.Resync.GetReason())
+				needFull = true
+			case *fedv1.HubMessage_Ack:
+				if len(inflight) == 0 || inflight[0].nonce != k.Ack.GetNonce() {
+					return fmt.Errorf("ack for nonce %q, which is not the oldest update in flight", k.Ack.GetNonce())
+				}
+				u := inflight[0]
+				inflight = inflight[1:]
+				if u.full {
+					for _, s := range u.upserts {
+						fullAcc[s.Service] = s
+					}
+					if !u.last {
+						continue
+					}
+					p.resetAcked(fullAcc)
+				} else {
+					p.applyAcked(u)
+				}
+				p.ackedVersion = u.version
+				if k.Ack.GetDigest() != p.ackedDigest.String() {
+					p.log.Warn("hub's digest differs from ours after an update; sending the full state",
+						"hub", k.Ack.GetDigest(), "spoke", p.ackedDigest)
+					needFull = true
+				}
+				report()
+			case *fedv1.HubMessage_Nack:
+				if len(inflight) == 0 || inflight[0].nonce != k.Nack.GetNonce() {
+					return fmt.Errorf("nack for nonce %q, which is not the oldest update in flight", k.Nack.GetNonce())
+				}
+				u := inflight[0]
+				inflight = inflight[1:]
+				if err := p.rejectedBy(u, k.Nack); err != nil {
+					return err
+				}
+				if u.full {
+					needFull = true // send it again without what was refused
+				}
+				report()
+			default:
+				return fmt.Errorf("unexpected %T from the hub", k)
+			}
+		}
+	}
+}
+
+// rejectedBy records the services the hub refused. A rejection that names no
+// service means the session itself is off: end it and start anew.
+func (p *Publisher) rejectedBy(u pending, n *fedv1.Nack) error {
+	sent := map[registry.ServiceKey]*registry.Shard{}
+	for _, s := range u.upserts {
+		sent[s.Service] = s
+	}
+	for _, r := range n.GetRejections() {
+		k := KeyFromProto(r.GetService())
+		p.log.Error("hub rejected a service", "service", k, "version", u.version, "reason", r.GetReason())
+		s, ok := sent[k]
+		if r.GetService() == nil || !ok {
+			return fmt.Errorf("hub rejected update %d: %s", u.version, r.GetReason())
+		}
+		p.rejected[k] = s.Hash()
+	}
+	return nil
+}
+
+func (p *Publisher) resetAcked(s State) {
+	p.acked = s
+	p.ackedHashes = make(map[registry.ServiceKey]registry.Hash, len(s))
+	p.ackedDigest = registry.ZeroHash
+	for k, sh := range s {
+		h := sh.Hash()
+		p.ackedHashes[k] = h
+		p.ackedDigest = p.ackedDigest.Xor(h)
+	}
+	p.ackedKnown = true
+}
+
+func (p *Publisher) applyAcked(u pending) {
+	next := make(State, len(p.acked)+len(u.upserts))
+	for k, s := range p.acked {
+		next[k] = s
+	}
+	drop := func(k registry.ServiceKey) {
+		if h, ok := p.ackedHashes[k]; ok {
+			p.ackedDigest = p.ackedDigest.Xor(h)
+			delete(p.ackedHashes, k)
+			delete(next, k)
+		}
+	}
+	for _, k := range u.removes {
+		drop(k)
+	}
+	for _, s := range u.upserts {
+		drop(s.Service)
+		h := s.Hash()
+		next[s.Service], p.ackedHashes[s.Service] = s, h
+		p.ackedDigest = p.ackedDigest.Xor(h)
+	}
+	p.acked = next
+}
+
+// publishable is the desired state less what the hub refused: a refused
+// shard is replaced by the form the hub last accepted (or left out).
+func (p *Publisher) publishable() State {
+	out := make(State, len(p.desired))
+	for k, s := range p.desired {
+		if h, ok := p.rejected[k]; ok {
+			if s.Hash() == h {
+				if old, ok := p.acked[k]; ok {
+					out[k] = old
+				}
+				continue
+			}
+			delete(p.rejected, k) // changed since: try again
+		}
+		out[k] = s
+	}
+	for k := range p.rejected {
+		if _, ok := p.desired[k]; !ok {
+			delete(p.rejected, k)
+		}
+	}
+	return out
+}
+
+func (p *Publisher) fullState(maxBytes int) []pending {
+	st := p.publishable()
+	shards := make([]*registry.Shard, 0, len(st))
+	for _, s := range st {
+		shards = append(shards, s)
+	}
+	p.version++
+	var out []pending
+	for _, chunk := range chunkShards(shards, maxBytes) {
+		out = append(out, pending{nonce: p.nextNonce(), version: p.version, full: true, upserts: chunk})
+	}
+	out[len(out)-1].last = true
+	return out
+}
+
+// delta returns the updates that take the hub from what it acknowledged to
+// the publishable state, or nothing when they agree.
+func (p *Publisher) delta(maxBytes int) []pending {
+	st := p.publishable()
+	var upserts []*registry.Shard
+	var removes []registry.ServiceKey
+	for k, s := range st {
+		if old, ok := p.acked[k]; !ok || (old != s && !old.Equal(s)) {
+			upserts = append(upserts, s)
+		}
+	}
+	for k := range p.acked {
+		if _, ok := st[k]; !ok {
+			removes = append(removes, k)
+		}
+	}
+	if len(upserts) == 0 && len(removes) == 0 {
+		return nil
+	}
+	var out []pending
+	for i, chunk := range chunkShards(upserts, maxBytes) {
+		p.version++
+		u := pending{nonce: p.nextNonce(), version: p.version, upserts: chunk}
+		if i == 0 {
+			u.removes = removes
+		}
+		out = append(out, u)
+	}
+	return out
+}
+
+// chunkShards splits shards into groups whose encoding stays under maxBytes
+// (with room for the envelope); there is always at least one, possibly empty, group.
+func chunkShards(shards []*registry.Shard, maxBytes int) [][]*registry.Shard {
+	budget := maxBytes * 9 / 10
+	out := [][]*registry.Shard{nil}
+	size := 0
+	for _, s := range shards {
+		n := proto.Size(ShardToProto(s)) + 8
+		if size > 0 && size+n > budget {
+			out = append(out, nil)
+			size = 0
+		}
+		out[len(out)-1] = append(out[len(out)-1], s)
+		size += n
+	}
+	return out
+}
+
+func (p *Publisher) nextNonce() string {
+	p.nonce++
+	return strconv.FormatUint(p.nonce, 36)
+}
+
+func encodeUpdate(u pending) *fedv1.Update {
+	out := &fedv1.Update{Nonce: u.nonce, Version: u.version, FullState: u.full, LastChunk: u.last}
+	for _, s := range u.upserts {
+		out.Upserts = append(out.Upserts, ShardToProto(s))
+	}
+	for _, k := range u.removes {
+		out.Removes = append(out.Removes, keyToProto(k))
+	}
+	return out
+}

@@ -1,0 +1,129 @@
+package hub
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/navemesh/nave/registry"
+	"github.com/navemesh/nave/xds"
+)
+
+// ServiceInfo is one merged service as /debug/services shows it.
+type ServiceInfo struct {
+	Service   registry.ServiceKey    `json:"service"`
+	Hostname  string                 `json:"hostname"`
+	Clusters  []registry.ClusterID   `json:"clusters"`
+	Ports     []registry.ServicePort `json:"ports"`
+	Headless  bool                   `json:"headless,omitempty"`
+	Healthy   int                    `json:"healthy"`
+	Draining  int                    `json:"draining"`
+	NotReady  int                    `json:"notReady"`
+	Conflicts []registry.Conflict    `json:"conflicts,omitempty"`
+	Revision  uint64                 `json:"revision"`
+}
+
+// EndpointsInfo is what /debug/endpoints shows: the assignment a client in
+// the given locality receives for every port of the service.
+type EndpointsInfo struct {
+	Service registry.ServiceKey `json:"service"`
+	Client  registry.Locality   `json:"client"`
+	Ports   []PortAssignment    `json:"ports"`
+}
+
+// PortAssignment is one port's xDS target and assignment.
+type PortAssignment struct {
+	Port       registry.ServicePort `json:"port"`
+	Target     string               `json:"target"`
+	Assignment xds.Assignment       `json:"assignment"`
+}
+
+// admin serves health, metrics and debug JSON.
+type admin struct {
+	state   *state
+	metrics prometheus.Gatherer
+	ready   func() error
+	log     *slog.Logger
+}
+
+func (a *admin) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := a.ready(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(a.metrics, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /debug/clusters", func(w http.ResponseWriter, _ *http.Request) {
+		a.json(w, a.state.View().clustersSorted())
+	})
+	mux.HandleFunc("GET /debug/services", func(w http.ResponseWriter, _ *http.Request) {
+		a.json(w, Services(a.state.View().Registry))
+	})
+	mux.HandleFunc("GET /debug/endpoints", func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		info, err := Endpoints(a.state.View().Registry, q.Get("service"), registry.Locality{Region: q.Get("region"), Zone: q.Get("zone")})
+		switch {
+		case errors.Is(err, registry.ErrInvalid):
+			http.Error(w, err.Error(), http.StatusBadRequest)
+		case err != nil:
+			http.Error(w, err.Error(), http.StatusNotFound)
+		default:
+			a.json(w, info)
+		}
+	})
+	return mux
+}
+
+func (a *admin) json(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		a.log.Warn("write admin response", "err", err)
+	}
+}
+
+// Services describes every merged service.
+func Services(r *registry.Registry) []ServiceInfo {
+	out := []ServiceInfo{}
+	for _, svc := range r.Services() {
+		info := ServiceInfo{
+			Service: svc.Key, Hostname: svc.Key.Hostname(), Clusters: svc.Clusters(), Ports: svc.Ports,
+			Headless: svc.Headless, Conflicts: svc.Conflicts, Revision: svc.Revision,
+		}
+		for _, sh := range svc.Shards {
+			h, d, x := sh.EndpointCount()
+			info.Healthy, info.Draining, info.NotReady = info.Healthy+h, info.Draining+d, info.NotReady+x
+		}
+		out = append(out, info)
+	}
+	return out
+}
+
+// Endpoints computes what a client in locality gets for service ("ns/name").
+func Endpoints(r *registry.Registry, service string, client registry.Locality) (EndpointsInfo, error) {
+	key, err := registry.ParseServiceKey(service)
+	if err != nil {
+		return EndpointsInfo{}, err
+	}
+	svc := r.Service(key)
+	if svc == nil {
+		return EndpointsInfo{}, fmt.Errorf("service %s is not federated", key)
+	}
+	info := EndpointsInfo{Service: key, Client: client}
+	for _, p := range xds.ServicePorts(svc) {
+		info.Ports = append(info.Ports, PortAssignment{
+			Port: p, Target: "xds:///" + xds.ListenerName(key, p.Port), Assignment: xds.Assign(svc, p, client),
+		})
+	}
+	return info, nil
+}

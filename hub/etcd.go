@@ -1,0 +1,74 @@
+package hub
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"path/filepath"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+)
+
+// startEmbeddedEtcd runs a single-node etcd whose data lives in dir, listening
+// on loopback ports of its own, and returns its client endpoint.
+func startEmbeddedEtcd(ctx context.Context, dir string, log *slog.Logger) (*embed.Etcd, string, error) {
+	clientURL, err := freeLoopbackURL()
+	if err != nil {
+		return nil, "", err
+	}
+	peerURL, err := freeLoopbackURL()
+	if err != nil {
+		return nil, "", err
+	}
+	cfg := embed.NewConfig()
+	cfg.Name = "nave-hub"
+	cfg.Dir = filepath.Join(dir, "etcd")
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*clientURL}, []url.URL{*clientURL}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*peerURL}, []url.URL{*peerURL}
+	cfg.InitialCluster = cfg.Name + "=" + peerURL.String()
+	cfg.LogLevel = "error"
+	cfg.AutoCompactionMode = "revision"
+	cfg.AutoCompactionRetention = "1000"
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		return nil, "", fmt.Errorf("start embedded etcd in %s: %w", cfg.Dir, err)
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+	case <-time.After(60 * time.Second):
+		e.Close()
+		return nil, "", fmt.Errorf("embedded etcd in %s not ready after 60s", cfg.Dir)
+	case <-ctx.Done():
+		e.Close()
+		return nil, "", ctx.Err()
+	}
+	log.Info("embedded etcd ready", "dir", cfg.Dir, "endpoint", clientURL.String())
+	return e, clientURL.String(), nil
+}
+
+// freeLoopbackURL finds a free loopback port. Another process could take it
+// before etcd binds it; StartEtcd then fails with a clear error.
+func freeLoopbackURL() (*url.URL, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("find a free port for etcd: %w", err)
+	}
+	defer l.Close()
+	return &url.URL{Scheme: "http", Host: l.Addr().String()}, nil
+}
+
+func newEtcdClient(endpoints []string) (*clientv3.Client, error) {
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   endpoints,
+		DialTimeout: 5 * time.Second,
+		Logger:      nil,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("etcd client for %v: %w", endpoints, err)
+	}
+	return cli, nil
+}

@@ -1,0 +1,243 @@
+package hub
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"runtime/debug"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/navemesh/nave/federation"
+	"github.com/navemesh/nave/registry"
+)
+
+// Publisher receives every new registry with what changed. It is called from
+// the state goroutine and must return quickly.
+type Publisher interface {
+	Update(r *registry.Registry, d registry.Diff)
+}
+
+// ClusterStatus is the hub's view of one cluster.
+type ClusterStatus struct {
+	Cluster      registry.ClusterID `json:"cluster"`
+	Network      registry.Network   `json:"network,omitempty"`
+	Connected    bool               `json:"connected"`
+	SpokeID      string             `json:"spokeID,omitempty"`
+	Build        string             `json:"build,omitempty"`
+	Remote       string             `json:"remote,omitempty"`
+	Epoch        uint64             `json:"epoch"`
+	Version      uint64             `json:"version"`
+	Digest       registry.Hash      `json:"digest"`
+	Services     int                `json:"services"`
+	Endpoints    int                `json:"endpoints"`
+	SessionStart time.Time          `json:"sessionStart,omitzero"`
+	LastUpdate   time.Time          `json:"lastUpdate,omitzero"`
+	LastSeen     time.Time          `json:"lastSeen,omitzero"`
+}
+
+// View is an immutable snapshot of the hub's state for readers (admin API, metrics).
+type View struct {
+	Registry *registry.Registry
+	Clusters map[registry.ClusterID]ClusterStatus
+}
+
+// state owns the merged registry. One goroutine (run) applies every change;
+// everything else sends it a closure and, where it needs one, awaits the answer.
+type state struct {
+	log       *slog.Logger
+	publisher Publisher
+	catalog   *federation.Catalog // nil: no catalog
+	onChange  func(View)
+	ops       chan func()
+
+	// Owned by run's goroutine.
+	reg      *registry.Registry
+	clusters map[registry.ClusterID]*ClusterStatus
+	maxEpoch map[registry.ClusterID]uint64
+
+	view atomic.Pointer[View]
+}
+
+func newState(publisher Publisher, catalog *federation.Catalog, onChange func(View), log *slog.Logger) *state {
+	s := &state{
+		log: log.With("component", "state"), publisher: publisher, catalog: catalog, onChange: onChange,
+		ops: make(chan func()), reg: registry.New(),
+		clusters: map[registry.ClusterID]*ClusterStatus{}, maxEpoch: map[registry.ClusterID]uint64{},
+	}
+	s.publish(registry.Diff{})
+	return s
+}
+
+// run applies operations until ctx ends. A panicking operation is logged and
+// the loop goes on with the state as it was before that operation.
+func (s *state) run(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case op := <-s.ops:
+			s.safely(op)
+		}
+	}
+}
+
+func (s *state) safely(op func()) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.log.Error("panic in state operation", "panic", r, "stack", string(debug.Stack()))
+		}
+	}()
+	op()
+}
+
+// do runs op on the state goroutine and waits for it.
+func (s *state) do(ctx context.Context, op func()) error {
+	done := make(chan struct{})
+	select {
+	case s.ops <- func() { defer close(done); op() }:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// View returns the latest snapshot.
+func (s *state) View() *View { return s.view.Load() }
+
+func (s *state) publish(d registry.Diff) {
+	v := &View{Registry: s.reg, Clusters: make(map[registry.ClusterID]ClusterStatus, len(s.clusters))}
+	for id, c := range s.clusters {
+		v.Clusters[id] = *c
+	}
+	s.view.Store(v)
+	if !d.Empty() && s.publisher != nil {
+		s.publisher.Update(s.reg, d)
+	}
+	if s.onChange != nil {
+		s.onChange(*v)
+	}
+}
+
+func (s *state) cluster(id registry.ClusterID) *ClusterStatus {
+	c := s.clusters[id]
+	if c == nil {
+		c = &ClusterStatus{Cluster: id}
+		s.clusters[id] = c
+	}
+	return c
+}
+
+// Held implements federation.Store.
+func (s *state) Held(ctx context.Context, id registry.ClusterID) (federation.Held, error) {
+	var h federation.Held
+	err := s.do(ctx, func() {
+		if c := s.clusters[id]; c != nil {
+			h = federation.Held{Epoch: c.Epoch, Version: c.Version, Digest: s.reg.ClusterDigest(id)}
+		}
+	})
+	return h, err
+}
+
+// Apply implements federation.Store.
+func (s *state) Apply(ctx context.Context, epoch, version uint64, ch registry.Change) (registry.Hash, error) {
+	var digest registry.Hash
+	var applyErr error
+	err := s.do(ctx, func() {
+		if max := s.maxEpoch[ch.Cluster]; epoch < max {
+			applyErr = fmt.Errorf("%w: update of epoch %d, newest is %d", federation.ErrSuperseded, epoch, max)
+			return
+		}
+		s.maxEpoch[ch.Cluster] = epoch
+		next, diff := s.reg.Apply(ch)
+		s.reg = next
+		c := s.cluster(ch.Cluster)
+		c.Epoch, c.Version, c.LastUpdate = epoch, version, time.Now()
+		c.Digest = next.ClusterDigest(ch.Cluster)
+		c.Services, c.Endpoints = 0, 0
+		for _, sum := range next.Clusters() {
+			if sum.Cluster == ch.Cluster {
+				c.Services, c.Endpoints = sum.Services, sum.Endpoints
+			}
+		}
+		digest = c.Digest
+		if !diff.Empty() {
+			s.log.Debug("registry changed", "cluster", ch.Cluster, "version", diff.Version, "services", len(diff.Services))
+		}
+		s.publish(diff)
+	})
+	if err != nil {
+		return digest, err
+	}
+	return digest, applyErr
+}
+
+// SessionStarted implements federation.Store. It records the cluster in the
+// catalog first, on the caller's goroutine, so etcd never stalls the state.
+func (s *state) SessionStarted(sess federation.Session) {
+	if s.catalog != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), etcdTimeout)
+		err := s.catalog.Record(ctx, federation.ClusterRecord{
+			Cluster: sess.Cluster, Network: sess.Network, FirstSeen: sess.Started.UTC(), LastSeen: sess.Started.UTC(),
+			SpokeID: sess.SpokeID, Build: sess.Build, Epoch: sess.Epoch,
+		})
+		cancel()
+		if err != nil {
+			s.log.Warn("record cluster in catalog", "cluster", sess.Cluster, "err", err)
+		}
+	}
+	_ = s.do(context.Background(), func() {
+		if sess.Epoch > s.maxEpoch[sess.Cluster] {
+			s.maxEpoch[sess.Cluster] = sess.Epoch
+		}
+		c := s.cluster(sess.Cluster)
+		c.Connected, c.Network, c.SpokeID, c.Build, c.Remote = true, sess.Network, sess.SpokeID, sess.Build, sess.RemoteIP
+		c.SessionStart, c.LastSeen = sess.Started, time.Now()
+		s.publish(registry.Diff{})
+	})
+}
+
+// SessionEnded implements federation.Store.
+func (s *state) SessionEnded(sess federation.Session) {
+	_ = s.do(context.Background(), func() {
+		c := s.cluster(sess.Cluster)
+		if s.maxEpoch[sess.Cluster] == sess.Epoch {
+			// Only the newest session speaks for the cluster's liveness.
+			c.Connected, c.LastSeen = false, time.Now()
+			s.publish(registry.Diff{})
+		}
+	})
+}
+
+// known adds catalog entries of clusters this hub has not seen a session of.
+func (s *state) known(ctx context.Context, records []federation.ClusterRecord) error {
+	return s.do(ctx, func() {
+		for _, r := range records {
+			if _, ok := s.clusters[r.Cluster]; ok {
+				continue
+			}
+			c := s.cluster(r.Cluster)
+			c.Network, c.SpokeID, c.Build, c.LastSeen = r.Network, r.SpokeID, r.Build, r.LastSeen
+		}
+		s.publish(registry.Diff{})
+	})
+}
+
+var _ federation.Store = (*state)(nil)
+
+// clustersSorted returns the view's clusters in ID order.
+func (v *View) clustersSorted() []ClusterStatus {
+	ids := slices.Sorted(maps.Keys(v.Clusters))
+	out := make([]ClusterStatus, 0, len(ids))
+	for _, id := range ids {
+		out = append(out, v.Clusters[id])
+	}
+	return out
+}

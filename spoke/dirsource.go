@@ -1,0 +1,354 @@
+package spoke
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+
+	"github.com/navemesh/nave/registry"
+)
+
+// State is a cluster's complete desired state: one shard per exported service.
+type State = map[registry.ServiceKey]*registry.Shard
+
+// DirSource watches a directory of Kubernetes manifests (.yaml, .yml, .json;
+// several documents per file, kind: List) and builds the cluster's state from
+// the Services, EndpointSlices and Nodes in it. It is meant for demos and
+// tests. Files whose names start with "." and subdirectories are ignored
+// (which also skips the ..data links of a mounted ConfigMap).
+type DirSource struct {
+	dir  string
+	opts BuildOptions
+	poll time.Duration
+	log  *slog.Logger
+}
+
+// racyWindow: a file modified this close to when it was read may have
+// changed again within the file system's timestamp granularity without
+// changing its size, so it is re-read (and its content compared) until it
+// is older than that.
+const racyWindow = 2 * time.Second
+
+// NewDirSource returns a source for dir, polled every poll (a second when
+// poll is not positive). A nil log means slog.Default().
+func NewDirSource(dir string, opts BuildOptions, poll time.Duration, log *slog.Logger) *DirSource {
+	if poll <= 0 {
+		poll = time.Second
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	return &DirSource{dir: dir, opts: opts, poll: poll, log: log.With("component", "dirsource", "dir", dir)}
+}
+
+// Name identifies the source in logs and status.
+func (d *DirSource) Name() string { return "dir:" + d.dir }
+
+// Run calls publish with the complete state once the directory has been
+// read, then again after every change that changes the state (never with an
+// identical state twice in a row), until ctx ends; then it returns nil.
+// publish may block (it is called from Run's goroutine and should return
+// when ctx ends); it owns the state it is given, which is never modified
+// afterwards. The directory missing at start is an error. Later, a file
+// that cannot be read or decoded is logged and its previous objects stay in
+// effect; a directory that cannot be listed keeps the whole previous state.
+func (d *DirSource) Run(ctx context.Context, publish func(State)) error {
+	fi, err := os.Stat(d.dir)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", d.dir, err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("read %s: not a directory", d.dir)
+	}
+	w := &dirWatch{src: d, files: map[string]*manifestFile{}, polled: map[string]fileStat{}}
+	ticker := time.NewTicker(d.poll)
+	defer ticker.Stop()
+	for {
+		w.pollOnce(ctx, publish)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C:
+		}
+	}
+}
+
+// dirWatch is the state of one Run, owned by its goroutine.
+type dirWatch struct {
+	src       *DirSource
+	files     map[string]*manifestFile // by file name
+	polled    map[string]fileStat      // every manifest's stat at the previous poll
+	scanned   bool                     // the directory was read once
+	published State
+	started   bool // published at least once
+	dirty     bool // rebuild even if no file changed (after a panic)
+}
+
+// fileStat is what a poll sees of a file without reading it.
+type fileStat struct {
+	modTime time.Time
+	size    int64
+}
+
+func statOf(fi os.FileInfo) fileStat { return fileStat{modTime: fi.ModTime(), size: fi.Size()} }
+
+func (s fileStat) same(o fileStat) bool { return s.modTime.Equal(o.modTime) && s.size == o.size }
+
+// manifestFile is what was last read of one file.
+type manifestFile struct {
+	stat    fileStat // when last read
+	readAt  time.Time
+	sum     [sha256.Size]byte // of the last content read, good or not; zero until then
+	objs    Objects           // from the last content that decoded
+}
+
+func (w *dirWatch) pollOnce(ctx context.Context, publish func(State)) {
+	defer func() {
+		if r := recover(); r != nil {
+			w.src.log.Error("panic while polling manifests", "panic", r, "stack", string(debug.Stack()))
+			// What was half done is unknown: decode every file again next time.
+			for _, f := range w.files {
+				f.sum = [sha256.Size]byte{}
+			}
+			w.dirty = true
+		}
+	}()
+	changed, err := w.scan()
+	if err != nil {
+		w.src.log.Warn("cannot list manifests; keeping the previous state", "error", err)
+		return
+	}
+	if !changed && !w.dirty && w.started {
+		return
+	}
+	w.dirty = false
+	state := w.build()
+	if w.started && statesEqual(state, w.published) {
+		return
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	w.started = true
+	w.published = state
+	w.src.log.Info("manifests changed", "services", len(state))
+	publish(state)
+}
+
+// scan stats every manifest, re-reads those that changed and reports whether any file's objects changed.
+func (w *dirWatch) scan() (bool, error) {
+	log := w.src.log
+	entries, err := os.ReadDir(w.src.dir)
+	if err != nil {
+		return false, fmt.Errorf("read %s: %w", w.src.dir, err)
+	}
+	changed := false
+	seen := map[string]bool{}
+	polledNow := make(map[string]fileStat, len(w.polled))
+	defer func() { w.polled, w.scanned = polledNow, true }()
+	for _, de := range entries {
+		name := de.Name()
+		if strings.HasPrefix(name, ".") || !isManifest(name) {
+			continue
+		}
+		path := filepath.Join(w.src.dir, name)
+		fi, err := os.Stat(path) // follows symlinks, as in a mounted ConfigMap
+		if errors.Is(err, os.ErrNotExist) {
+			continue // removed since listed (or a dangling link): gone
+		}
+		if err != nil {
+			log.Warn("cannot read manifest; keeping its previous objects", "file", name, "error", err)
+			if w.files[name] != nil {
+				seen[name] = true
+			}
+			continue
+		}
+		if fi.IsDir() {
+			continue
+		}
+		seen[name] = true
+		st := statOf(fi)
+		prev, polled := w.polled[name]
+		polledNow[name] = st
+		f := w.files[name]
+		statChanged := f == nil || !st.same(f.stat)
+		if statChanged && w.scanned && (!polled || !prev.same(st)) {
+			// Still being written, perhaps (truncated, half copied): read it once it
+			// has held still for a poll. Only the first scan trusts files at once.
+			continue
+		}
+		racy := f != nil && f.readAt.Sub(f.stat.modTime) < racyWindow
+		if !statChanged && !racy {
+			continue
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			log.Warn("cannot read manifest; keeping its previous objects", "file", name, "error", err)
+			continue
+		}
+		if f == nil {
+			f = &manifestFile{}
+			w.files[name] = f
+		}
+		f.stat, f.readAt = st, time.Now()
+		sum := sha256.Sum256(data)
+		if sum == f.sum {
+			if statChanged {
+				log.Debug("manifest rewritten without changes", "file", name)
+			}
+			continue
+		}
+		f.sum = sum
+		objs, err := decodeManifests(data)
+		if err != nil {
+			log.Warn("cannot decode manifest; keeping its previous objects", "file", name, "error", err)
+			continue
+		}
+		log.Debug("read manifest", "file", name,
+			"services", len(objs.Services), "endpointSlices", len(objs.EndpointSlices), "nodes", len(objs.Nodes))
+		f.objs = objs
+		changed = true
+	}
+	for name := range w.files {
+		if !seen[name] {
+			log.Debug("manifest removed", "file", name)
+			delete(w.files, name)
+			changed = true
+		}
+	}
+	return changed, nil
+}
+
+// build merges every file's objects (in file name order) and builds the state.
+func (w *dirWatch) build() State {
+	var all Objects
+	for _, name := range slices.Sorted(maps.Keys(w.files)) {
+		o := w.files[name].objs
+		all.Services = append(all.Services, o.Services...)
+		all.EndpointSlices = append(all.EndpointSlices, o.EndpointSlices...)
+		all.Nodes = append(all.Nodes, o.Nodes...)
+	}
+	state, errs := BuildShards(all, w.src.opts)
+	for _, err := range errs {
+		w.src.log.Warn("skipped service", "error", err)
+	}
+	return state
+}
+
+func statesEqual(a, b State) bool {
+	return maps.EqualFunc(a, b, (*registry.Shard).Equal)
+}
+
+func isManifest(name string) bool {
+	switch strings.ToLower(filepath.Ext(name)) {
+	case ".yaml", ".yml", ".json":
+		return true
+	}
+	return false
+}
+
+// manifestDecoder decodes the kinds a source cares about. Defaulting is not
+// registered: BuildShards applies the few defaults it needs itself.
+var manifestDecoder = func() runtime.Decoder {
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, discoveryv1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			panic(fmt.Sprintf("spoke: register scheme: %v", err))
+		}
+	}
+	return serializer.NewCodecFactory(scheme).UniversalDeserializer()
+}()
+
+// decodeManifests decodes every document of a YAML or JSON file. Objects of
+// other kinds are ignored; any document that does not decode fails the
+// whole file. Objects without a namespace are put in "default", as kubectl
+// apply would.
+func decodeManifests(data []byte) (Objects, error) {
+	var objs Objects
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	for i := 1; ; i++ {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return objs, nil
+		}
+		if err != nil {
+			return Objects{}, fmt.Errorf("document %d: %w", i, err)
+		}
+		if err := decodeDocument(doc, &objs); err != nil {
+			return Objects{}, fmt.Errorf("document %d: %w", i, err)
+		}
+	}
+}
+
+func decodeDocument(doc []byte, objs *Objects) error {
+	js, err := yaml.YAMLToJSON(doc)
+	if err != nil {
+		return err
+	}
+	if t := bytes.TrimSpace(js); len(t) == 0 || string(t) == "null" {
+		return nil // empty document, or only comments
+	}
+	obj, _, err := manifestDecoder.Decode(js, nil, nil)
+	if runtime.IsNotRegisteredError(err) {
+		return nil // a kind we do not watch
+	}
+	if err != nil {
+		return err
+	}
+	switch o := obj.(type) {
+	case *corev1.Service:
+		defaultNamespace(&o.Namespace)
+		objs.Services = append(objs.Services, o)
+	case *discoveryv1.EndpointSlice:
+		defaultNamespace(&o.Namespace)
+		objs.EndpointSlices = append(objs.EndpointSlices, o)
+	case *corev1.Node:
+		objs.Nodes = append(objs.Nodes, o)
+	case *corev1.List:
+		for i, item := range o.Items {
+			if err := decodeDocument(item.Raw, objs); err != nil {
+				return fmt.Errorf("list item %d: %w", i, err)
+			}
+		}
+	case *corev1.ServiceList:
+		for i := range o.Items {
+			defaultNamespace(&o.Items[i].Namespace)
+			objs.Services = append(objs.Services, &o.Items[i])
+		}
+	case *discoveryv1.EndpointSliceList:
+		for i := range o.Items {
+			defaultNamespace(&o.Items[i].Namespace)
+			objs.EndpointSlices = append(objs.EndpointSlices, &o.Items[i])
+		}
+	case *corev1.NodeList:
+		for i := range o.Items {
+			objs.Nodes = append(objs.Nodes, &o.Items[i])
+		}
+	}
+	return nil
+}
+
+func defaultNamespace(ns *string) {
+	if *ns == "" {
+		*ns = corev1.NamespaceDefault
+	}
+}

@@ -1,0 +1,256 @@
+package spoke
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/navemesh/nave/registry"
+)
+
+// ExportLabel marks a Service for export when its value is "true".
+const ExportLabel = "nave.io/export"
+
+// Objects is what a source knows about a cluster.
+type Objects struct {
+	Services       []*corev1.Service
+	EndpointSlices []*discoveryv1.EndpointSlice
+	Nodes          []*corev1.Node
+}
+
+// BuildOptions say how a cluster's objects become shards.
+type BuildOptions struct {
+	// Cluster is the ID every shard is stamped with.
+	Cluster registry.ClusterID
+	// DefaultRegion is the region of endpoints whose node carries no region label.
+	DefaultRegion string
+	// ExportAll exports every Service, not only those labelled ExportLabel=true.
+	ExportAll bool
+	// Limits bound each shard; the zero value means registry.DefaultLimits().
+	Limits registry.Limits
+}
+
+// BuildShards returns one normalized, validated shard per exported service,
+// and one error per service it skipped. Every error is a
+// *registry.ValidationError naming the service. The objects are not modified.
+//
+// Empty lists in the shards are empty slices, never nil, exactly as
+// federation decodes them on the hub, so both sides hash a shard equally.
+func BuildShards(objs Objects, opts BuildOptions) (map[registry.ServiceKey]*registry.Shard, []error) {
+	lim := opts.Limits
+	if lim == (registry.Limits{}) {
+		lim = registry.DefaultLimits()
+	}
+	nodes := make(map[string]*corev1.Node, len(objs.Nodes))
+	for _, n := range objs.Nodes {
+		if n != nil {
+			nodes[n.Name] = n
+		}
+	}
+	slicesOf := map[registry.ServiceKey][]*discoveryv1.EndpointSlice{}
+	for _, es := range objs.EndpointSlices {
+		if es == nil || es.Labels[discoveryv1.LabelServiceName] == "" {
+			continue
+		}
+		k := registry.ServiceKey{Namespace: es.Namespace, Name: es.Labels[discoveryv1.LabelServiceName]}
+		slicesOf[k] = append(slicesOf[k], es)
+	}
+	// Visit services and slices in a fixed order so that which duplicate wins never depends on input order.
+	services := slices.DeleteFunc(slices.Clone(objs.Services), func(s *corev1.Service) bool { return s == nil })
+	slices.SortStableFunc(services, func(a, b *corev1.Service) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+	})
+
+	out := map[registry.ServiceKey]*registry.Shard{}
+	var errs []error
+	for _, svc := range services {
+		if !opts.ExportAll && svc.Labels[ExportLabel] != "true" {
+			continue
+		}
+		if svc.Spec.Type == corev1.ServiceTypeExternalName {
+			continue
+		}
+		k := registry.ServiceKey{Namespace: svc.Namespace, Name: svc.Name}
+		if _, dup := out[k]; dup {
+			errs = append(errs, &registry.ValidationError{Service: k, Reason: "defined twice; kept the first"})
+			continue
+		}
+		es := slicesOf[k]
+		slices.SortFunc(es, func(a, b *discoveryv1.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
+		shard, err := buildShard(k, svc, es, nodes, opts)
+		if err == nil {
+			shard.Normalize()
+			err = shard.Validate(lim)
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out[k] = shard
+	}
+	return out, errs
+}
+
+func buildShard(k registry.ServiceKey, svc *corev1.Service, eslices []*discoveryv1.EndpointSlice, nodes map[string]*corev1.Node, opts BuildOptions) (*registry.Shard, error) {
+	s := &registry.Shard{
+		Cluster:    opts.Cluster,
+		Service:    k,
+		ExportedAt: svc.CreationTimestamp.Time,
+		Headless:   svc.Spec.ClusterIP == corev1.ClusterIPNone,
+		Ports:      make([]registry.ServicePort, 0, len(svc.Spec.Ports)),
+		Endpoints:  []registry.Endpoint{},
+	}
+	for _, p := range svc.Spec.Ports {
+		sp := registry.ServicePort{Name: p.Name, Port: p.Port, Protocol: registry.Protocol(p.Protocol)}
+		if sp.Protocol == "" {
+			sp.Protocol = registry.ProtocolTCP
+		}
+		if p.AppProtocol != nil {
+			sp.AppProtocol = *p.AppProtocol
+		}
+		s.Ports = append(s.Ports, sp)
+	}
+
+	var eps endpointSet
+	for _, es := range eslices {
+		var family func(netip.Addr) bool
+		switch es.AddressType {
+		case discoveryv1.AddressTypeIPv4:
+			family = netip.Addr.Is4
+		case discoveryv1.AddressTypeIPv6:
+			family = netip.Addr.Is6
+		default:
+			continue // FQDN (deprecated) and anything newer name no IP we can hand out
+		}
+		ports := make([]registry.EndpointPort, 0, len(es.Ports))
+		for _, p := range es.Ports {
+			if p.Port == nil {
+				continue // "all ports": nothing a proxy can dial
+			}
+			ep := registry.EndpointPort{Port: *p.Port}
+			if p.Name != nil {
+				ep.Name = *p.Name
+			}
+			ports = append(ports, ep)
+		}
+		for _, e := range es.Endpoints {
+			re := registry.Endpoint{
+				Addresses:  make([]netip.Addr, 0, len(e.Addresses)),
+				Ports:      slices.Clone(ports),
+				Conditions: conditions(e.Conditions),
+			}
+			for _, a := range e.Addresses {
+				addr, err := netip.ParseAddr(a)
+				if err != nil || !family(addr) {
+					return nil, &registry.ValidationError{Service: k, Reason: fmt.Sprintf(
+						"endpointslice %s: address %q is not an %s address", es.Name, a, es.AddressType)}
+				}
+				if !slices.Contains(re.Addresses, addr) {
+					re.Addresses = append(re.Addresses, addr)
+				}
+			}
+			if len(re.Addresses) == 0 {
+				continue
+			}
+			var node *corev1.Node
+			if e.NodeName != nil {
+				re.NodeName = *e.NodeName
+				node = nodes[re.NodeName]
+			}
+			if e.Hostname != nil {
+				re.Hostname = *e.Hostname
+			}
+			re.Locality = locality(e.Zone, node, opts.DefaultRegion)
+			eps.add(re)
+		}
+	}
+	s.Endpoints = eps.list()
+	return s, nil
+}
+
+// conditions applies the EndpointSlice API's rules for unset conditions:
+// unknown readiness counts as ready, unknown serving as whatever ready is,
+// unknown terminating as not terminating.
+func conditions(c discoveryv1.EndpointConditions) registry.Conditions {
+	out := registry.Conditions{Ready: true}
+	if c.Ready != nil {
+		out.Ready = *c.Ready
+	}
+	out.Serving = out.Ready
+	if c.Serving != nil {
+		out.Serving = *c.Serving
+	}
+	if c.Terminating != nil {
+		out.Terminating = *c.Terminating
+	}
+	return out
+}
+
+// locality takes the zone from the endpoint, else from its node, and the region from the node, else the default.
+func locality(zone *string, node *corev1.Node, defaultRegion string) registry.Locality {
+	l := registry.Locality{Region: defaultRegion}
+	if zone != nil {
+		l.Zone = *zone
+	}
+	if node != nil {
+		if r := node.Labels[corev1.LabelTopologyRegion]; r != "" {
+			l.Region = r
+		}
+		if l.Zone == "" {
+			l.Zone = node.Labels[corev1.LabelTopologyZone]
+		}
+	}
+	return l
+}
+
+// endpointSet collects a service's endpoints, merging those that share an
+// address: while an endpoint moves between slices it is briefly listed in
+// both, and the registry allows each address once per shard.
+type endpointSet struct {
+	eps    []registry.Endpoint
+	byAddr map[netip.Addr]int // index into eps
+}
+
+func (s *endpointSet) add(e registry.Endpoint) {
+	if s.byAddr == nil {
+		s.byAddr = map[netip.Addr]int{}
+	}
+	for _, a := range e.Addresses {
+		i, ok := s.byAddr[a]
+		if !ok {
+			continue
+		}
+		// The healthier copy wins; on a tie the one seen first stays, so the result
+		// only depends on slice names.
+		if e.Health() < s.eps[i].Health() {
+			s.eps[i] = e
+			for _, b := range e.Addresses {
+				if _, taken := s.byAddr[b]; !taken {
+					s.byAddr[b] = i
+				}
+			}
+		}
+		return
+	}
+	for _, a := range e.Addresses {
+		s.byAddr[a] = len(s.eps)
+	}
+	s.eps = append(s.eps, e)
+}
+
+// list returns the endpoints with every address kept only by its first
+// holder (a replacement may have brought an address another endpoint owns).
+func (s *endpointSet) list() []registry.Endpoint {
+	out := make([]registry.Endpoint, 0, len(s.eps))
+	for i, e := range s.eps {
+		e.Addresses = slices.DeleteFunc(e.Addresses, func(a netip.Addr) bool { return s.byAddr[a] != i })
+		if len(e.Addresses) > 0 {
+			out = append(out, e)
+		}
+	}
+	return out
+}

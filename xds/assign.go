@@ -1,0 +1,159 @@
+package xds
+
+import (
+	"cmp"
+	"net/netip"
+	"slices"
+
+	"github.com/navemesh/nave/registry"
+)
+
+// HealthStatus is what an endpoint tells a client, named as xDS names it.
+type HealthStatus string
+
+// The health statuses Nave hands out. Excluded endpoints are never sent.
+const (
+	StatusHealthy  HealthStatus = "HEALTHY"
+	StatusDraining HealthStatus = "DRAINING"
+)
+
+// Assignment is the endpoint assignment of one service port as seen by
+// clients of one locality group: the plain-data form of a
+// ClusterLoadAssignment, shown by the hub's admin API and navectl.
+type Assignment struct {
+	Service registry.ServiceKey `json:"service"`
+	Port    int32               `json:"port"`
+	// ClusterName is the ClusterLoadAssignment's cluster_name (the Cluster's EDS service name).
+	ClusterName string `json:"clusterName"`
+	// Client is the locality group the assignment was computed for (zero: no locality).
+	Client registry.Locality `json:"client"`
+	// Priorities are contiguous from 0; tiers without endpoints are skipped.
+	Priorities []Priority `json:"priorities"`
+	// Skipped lists the localities left out because none of their endpoints is healthy.
+	Skipped []registry.Locality `json:"skipped,omitempty"`
+}
+
+// Priority is one failover tier.
+type Priority struct {
+	Priority   uint32              `json:"priority"`
+	Localities []LocalityEndpoints `json:"localities"`
+}
+
+// LocalityEndpoints are the endpoints of one locality within a priority.
+type LocalityEndpoints struct {
+	Locality registry.Locality `json:"locality"`
+	// Weight is the number of healthy endpoints in the locality (always > 0).
+	Weight    uint32     `json:"weight"`
+	Endpoints []Endpoint `json:"endpoints"`
+}
+
+// Endpoint is one address:port handed to clients.
+type Endpoint struct {
+	Cluster registry.ClusterID `json:"cluster"`
+	Address netip.Addr         `json:"address"`
+	Port    int32              `json:"port"`
+	Health  HealthStatus       `json:"health"`
+	// Weight is the endpoint's weight within its locality (1 for a plain endpoint).
+	Weight uint32 `json:"weight"`
+}
+
+// Priority tiers, before empty ones are skipped.
+const (
+	tierSameZone = iota
+	tierSameRegion
+	tierElsewhere
+	tierCount
+)
+
+// Assign computes the endpoint assignment of svc's port for clients in the
+// client locality (only its region and zone matter):
+//
+//   - priority 0 holds the endpoints in the client's region and zone, 1 the rest
+//     of its region, 2 everything else; empty tiers are skipped so priorities
+//     stay contiguous from 0 (grpc-go NACKs an assignment without priority 0).
+//     A client without locality gets every endpoint at priority 0.
+//   - endpoints are grouped per endpoint locality; a locality's weight is its
+//     number of healthy endpoints.
+//   - a locality without any healthy endpoint is left out entirely (and listed in
+//     Skipped): grpc-go ignores a locality of weight 0, and a priority made only of
+//     DRAINING endpoints would take the traffic and send it nowhere, so failover
+//     to the next tier is what clients need. Draining endpoints of a locality that
+//     still has healthy ones are kept, as DRAINING, so Envoy can finish their work.
+//
+// Everything is sorted: localities by region/zone/subzone, endpoints by
+// cluster, address, port. Assign is pure and safe for concurrent use.
+func Assign(svc *registry.Service, port registry.ServicePort, client registry.Locality) Assignment {
+	a := Assignment{Service: svc.Key, Port: port.Port, ClusterName: ClusterName(svc.Key, port.Port), Client: client}
+	byLocality := map[registry.Locality]*LocalityEndpoints{}
+	for _, pe := range svc.Endpoints(port) {
+		le := byLocality[pe.Locality]
+		if le == nil {
+			le = &LocalityEndpoints{Locality: pe.Locality}
+			byLocality[pe.Locality] = le
+		}
+		status := StatusDraining
+		if pe.Health == registry.Healthy {
+			status = StatusHealthy
+			le.Weight++
+		}
+		le.Endpoints = append(le.Endpoints, Endpoint{Cluster: pe.Cluster, Address: pe.Address, Port: pe.Port, Health: status, Weight: 1})
+	}
+	var tiers [tierCount][]LocalityEndpoints
+	for loc, le := range byLocality {
+		if le.Weight == 0 {
+			a.Skipped = append(a.Skipped, loc)
+			continue
+		}
+		slices.SortFunc(le.Endpoints, compareEndpoints)
+		t := tier(client, loc)
+		tiers[t] = append(tiers[t], *le)
+	}
+	for _, localities := range tiers {
+		if len(localities) == 0 {
+			continue
+		}
+		slices.SortFunc(localities, func(x, y LocalityEndpoints) int { return x.Locality.Compare(y.Locality) })
+		a.Priorities = append(a.Priorities, Priority{Priority: uint32(len(a.Priorities)), Localities: localities})
+	}
+	slices.SortFunc(a.Skipped, registry.Locality.Compare)
+	return a
+}
+
+func tier(client, endpoint registry.Locality) int {
+	switch {
+	case client.IsZero():
+		return tierSameZone
+	case client.Region == endpoint.Region && client.Zone == endpoint.Zone:
+		return tierSameZone
+	case client.Region == endpoint.Region:
+		return tierSameRegion
+	default:
+		return tierElsewhere
+	}
+}
+
+func compareEndpoints(x, y Endpoint) int {
+	return cmp.Or(cmp.Compare(x.Cluster, y.Cluster), x.Address.Compare(y.Address), cmp.Compare(x.Port, y.Port))
+}
+
+// Endpoints counts the endpoints handed out, by health.
+func (a *Assignment) Endpoints() (healthy, draining int) {
+	for _, p := range a.Priorities {
+		for _, l := range p.Localities {
+			for _, e := range l.Endpoints {
+				if e.Health == StatusHealthy {
+					healthy++
+				} else {
+					draining++
+				}
+			}
+		}
+	}
+	return healthy, draining
+}
+
+// groupOf is the locality group of a client locality: the region and zone
+// that Assign looks at. Clients of one group share their assignments.
+func groupOf(l registry.Locality) registry.Locality {
+	return registry.Locality{Region: l.Region, Zone: l.Zone}
+}

@@ -1,0 +1,181 @@
+package xds
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	cache "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/navemesh/nave/registry"
+)
+
+// resourceCache is one LinearCache (one type, one audience) plus what we
+// published in it. LinearCache versions every resource separately, answers a
+// sotw EDS/RDS watch with only the changed resources and serves delta xDS.
+//
+// Its fields other than linear are owned by whoever holds Server.stateMu.
+type resourceCache struct {
+	typeURL string
+	label   string
+	prefix  string
+	linear  *cache.LinearCache
+	// published is what the LinearCache holds, to skip no-op updates: with sotw,
+	// re-setting an equal resource would still bump its version and resend it.
+	published map[string]types.Resource
+	// version mirrors the LinearCache's version counter (we are its only writer).
+	version uint64
+	// staged changes, flushed together in one UpdateResources call.
+	upserts map[string]types.Resource
+	deletes map[string]bool
+}
+
+func newResourceCache(typeURL, prefix string, logger *slog.Logger, initial map[string]types.Resource) *resourceCache {
+	if initial == nil {
+		initial = map[string]types.Resource{}
+	}
+	return &resourceCache{
+		typeURL:   typeURL,
+		label:     typeLabel(typeURL),
+		prefix:    prefix,
+		linear:    cache.NewLinearCache(typeURL, cache.WithVersionPrefix(prefix), cache.WithInitialResources(initial), cache.WithLogger(cacheLogger(logger))),
+		published: initial,
+		upserts:   map[string]types.Resource{},
+		deletes:   map[string]bool{},
+	}
+}
+
+// stage records that name should hold res, unless res is what is published.
+func (c *resourceCache) stage(name string, res types.Resource) {
+	delete(c.deletes, name)
+	if old, ok := c.published[name]; ok && proto.Equal(old, res) {
+		delete(c.upserts, name)
+		return
+	}
+	c.upserts[name] = res
+}
+
+// stageDelete records that name should go.
+func (c *resourceCache) stageDelete(name string) {
+	delete(c.upserts, name)
+	if _, ok := c.published[name]; ok {
+		c.deletes[name] = true
+	}
+}
+
+// flush publishes the staged changes in one cache update and returns the new
+// version, or "" when nothing changed.
+func (c *resourceCache) flush() (version string, changed int, err error) {
+	if len(c.upserts) == 0 && len(c.deletes) == 0 {
+		return "", 0, nil
+	}
+	deletes := make([]string, 0, len(c.deletes))
+	for name := range c.deletes {
+		deletes = append(deletes, name)
+		delete(c.published, name)
+	}
+	for name, res := range c.upserts {
+		c.published[name] = res
+	}
+	upserts := c.upserts
+	changed = len(upserts) + len(deletes)
+	c.upserts, c.deletes = map[string]types.Resource{}, map[string]bool{}
+	c.version++
+	if err := c.linear.UpdateResources(upserts, deletes); err != nil {
+		return "", changed, fmt.Errorf("update %s cache: %w", c.label, err)
+	}
+	return c.prefix + strconv.FormatUint(c.version, 10), changed, nil
+}
+
+// errFetchUnsupported answers REST fetches: Nave serves streams only.
+var errFetchUnsupported = errors.New("xds: fetch is not supported, use a stream")
+
+// dispatchCache is the cache.Cache the go-control-plane server talks to. It
+// sends listeners, routes and clusters to shared caches (they do not depend on
+// the client's locality) and endpoints to the cache of the client's locality
+// group, created on first use.
+type dispatchCache struct {
+	lds, rds, cds *resourceCache
+	// eds returns the EDS cache of the group of a client locality, creating it if needed.
+	eds func(registry.Locality) *resourceCache
+	log *slog.Logger
+}
+
+var _ cache.Cache = (*dispatchCache)(nil)
+
+// CreateWatch implements cache.ConfigWatcher.
+func (d *dispatchCache) CreateWatch(req *cache.Request, sub cache.Subscription, out chan cache.Response) (func(), error) {
+	c := d.cacheFor(req.GetTypeUrl(), req.GetNode().GetLocality())
+	if c == nil {
+		return d.unknownType(req.GetTypeUrl()), nil
+	}
+	return c.CreateWatch(req, sub, out)
+}
+
+// CreateDeltaWatch implements cache.ConfigWatcher.
+func (d *dispatchCache) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subscription, out chan cache.DeltaResponse) (func(), error) {
+	c := d.cacheFor(req.GetTypeUrl(), req.GetNode().GetLocality())
+	if c == nil {
+		return d.unknownType(req.GetTypeUrl()), nil
+	}
+	return c.CreateDeltaWatch(req, sub, out)
+}
+
+// Fetch implements cache.ConfigFetcher.
+func (d *dispatchCache) Fetch(context.Context, *cache.Request) (cache.Response, error) {
+	return nil, errFetchUnsupported
+}
+
+func (d *dispatchCache) cacheFor(typeURL string, l *core.Locality) *cache.LinearCache {
+	switch typeURL {
+	case resource.ListenerType:
+		return d.lds.linear
+	case resource.RouteType:
+		return d.rds.linear
+	case resource.ClusterType:
+		return d.cds.linear
+	case resource.EndpointType:
+		return d.eds(registry.Locality{Region: l.GetRegion(), Zone: l.GetZone(), Subzone: l.GetSubZone()}).linear
+	default:
+		return nil
+	}
+}
+
+// unknownType leaves a watch for a type Nave does not serve (secrets, runtime,
+// ...) open and unanswered: an error would end the whole ADS stream.
+func (d *dispatchCache) unknownType(typeURL string) func() {
+	d.log.Debug("watch for a type Nave does not serve", "type", typeURL)
+	return func() {}
+}
+
+// cacheLogger routes go-control-plane's cache logs into slog; its Info is chatty per watch, so it becomes Debug.
+func cacheLogger(l *slog.Logger) logFuncs {
+	return logFuncs{l: l}
+}
+
+type logFuncs struct{ l *slog.Logger }
+
+func (f logFuncs) Debugf(format string, args ...any) { f.log(slog.LevelDebug, format, args...) }
+func (f logFuncs) Infof(format string, args ...any)  { f.log(slog.LevelDebug, format, args...) }
+func (f logFuncs) Warnf(format string, args ...any)  { f.log(slog.LevelWarn, format, args...) }
+func (f logFuncs) Errorf(format string, args ...any) { f.log(slog.LevelError, format, args...) }
+
+func (f logFuncs) log(level slog.Level, format string, args ...any) {
+	if !f.l.Enabled(context.Background(), level) {
+		return
+	}
+	f.l.Log(context.Background(), level, fmt.Sprintf(format, args...))
+}
+
+// pushStamp is when the Update that produced a cache version started.
+type pushStamp struct {
+	version string
+	at      time.Time
+}

@@ -1,0 +1,367 @@
+package xds
+
+import (
+	"context"
+	"log/slog"
+	"maps"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	clusterservice "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
+	listenerservice "github.com/envoyproxy/go-control-plane/envoy/service/listener/v3"
+	routeservice "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/server/sotw/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+
+	"github.com/navemesh/nave/registry"
+)
+
+// Config configures the xDS server.
+type Config struct {
+	// VersionPrefix starts every version the server sends. Give each hub replica
+	// its own, so a client that reconnects to another replica never mistakes
+	// that replica's counters for the ones it acknowledged.
+	VersionPrefix string
+	// MaxLocalityGroups bounds how many locality groups get their own EDS cache
+	// (clients choose their locality, so this bounds memory). Clients of further
+	// groups are served the default group: every endpoint at priority 0.
+	MaxLocalityGroups int
+}
+
+// DefaultConfig is a single replica's configuration: version prefix "nave-"
+// and up to 1024 locality groups (a large multi-region fleet has tens).
+func DefaultConfig() Config {
+	return Config{VersionPrefix: "nave-", MaxLocalityGroups: 1024}
+}
+
+// Server serves the registry over xDS (ADS and the separate LDS, RDS, CDS and
+// EDS services; state of the world and delta). Listeners, routes and clusters
+// live in caches shared by every client; endpoints in one cache per client
+// locality group, created when the first client of the group asks. Every cache
+// versions each resource separately, so a change resends only the resources it
+// changed.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	metrics *metrics
+	xds     serverv3.Server
+
+	// The shared caches. Their staged state is guarded by stateMu.
+	lds, rds, cds *resourceCache
+	// groups maps a locality group to its EDS cache. Copy-on-write under
+	// stateMu, so a watch finds its group's cache without waiting for Update.
+	groups atomic.Pointer[map[registry.Locality]*resourceCache]
+
+	// stateMu guards what was last translated: Update holds it, and so does the
+	// creation of a locality group's EDS cache.
+	stateMu sync.Mutex
+	reg     *registry.Registry
+	built   bool
+	// ports are the service ports published per service.
+	ports map[registry.ServiceKey][]registry.ServicePort
+
+	// pushMu guards the push-latency bookkeeping.
+	pushMu sync.Mutex
+	// pushes holds, per cache version prefix, the latest version and when the Update that made it started.
+	pushes map[string]pushStamp
+	// requests holds when each stream last asked for each type.
+	requests map[streamKey]map[string]time.Time
+}
+
+// streamKey names a stream: sotw and delta streams are numbered separately.
+type streamKey struct {
+	delta bool
+	id    int64
+}
+
+// NewServer returns a server with empty caches; call Update to fill them and
+// Register to serve them. Metrics are registered on reg (nil: not registered).
+func NewServer(cfg Config, log *slog.Logger, reg prometheus.Registerer) *Server {
+	def := DefaultConfig()
+	if cfg.MaxLocalityGroups <= 0 {
+		cfg.MaxLocalityGroups = def.MaxLocalityGroups
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log = log.With("component", "xds")
+	s := &Server{
+		cfg:      cfg,
+		log:      log,
+		metrics:  newMetrics(reg),
+		ports:    map[registry.ServiceKey][]registry.ServicePort{},
+		pushes:   map[string]pushStamp{},
+		requests: map[streamKey]map[string]time.Time{},
+	}
+	s.lds = newResourceCache(resource.ListenerType, cfg.VersionPrefix+"lds-", log, nil)
+	s.rds = newResourceCache(resource.RouteType, cfg.VersionPrefix+"rds-", log, nil)
+	s.cds = newResourceCache(resource.ClusterType, cfg.VersionPrefix+"cds-", log, nil)
+	s.groups.Store(&map[registry.Locality]*resourceCache{})
+	dispatch := &dispatchCache{lds: s.lds, rds: s.rds, cds: s.cds, eds: s.edsCache, log: log}
+	// The streams end when the gRPC server stops; nothing else needs to end them.
+	s.xds = serverv3.NewServer(context.Background(), dispatch, s.callbacks(), sotw.WithLogger(cacheLogger(log)))
+	return s
+}
+
+// Register registers the aggregated discovery service and the separate LDS,
+// RDS, CDS and EDS services on g.
+func (s *Server) Register(g *grpc.Server) {
+	discovery.RegisterAggregatedDiscoveryServiceServer(g, s.xds)
+	listenerservice.RegisterListenerDiscoveryServiceServer(g, s.xds)
+	routeservice.RegisterRouteDiscoveryServiceServer(g, s.xds)
+	clusterservice.RegisterClusterDiscoveryServiceServer(g, s.xds)
+	endpointservice.RegisterEndpointDiscoveryServiceServer(g, s.xds)
+}
+
+// Update publishes registry r, which differs from the registry of the
+// previous call by d. Call it from one goroutine after every registry change
+// (a caller that coalesces changes must merge their diffs). The first call
+// rebuilds everything whatever d says, so it may pass an empty diff.
+//
+// Only what d names is translated again: an endpoint change recomputes the
+// ClusterLoadAssignments of that service, in every locality group, and sends
+// only those whose content changed; listeners, routes and clusters follow
+// only shape changes. Update does not wait for clients.
+func (s *Server) Update(r *registry.Registry, d registry.Diff) {
+	start := time.Now()
+	s.stateMu.Lock()
+	defer s.stateMu.Unlock()
+
+	changes := d.Services
+	if !s.built {
+		changes = s.everything(r)
+		s.built = true
+	}
+	s.reg = r
+	if len(changes) == 0 {
+		return
+	}
+	groups := *s.groups.Load()
+	for _, c := range changes {
+		svc := r.Service(c.Key)
+		ports := ServicePorts(svc)
+		for _, old := range s.ports[c.Key] {
+			if !hasPort(ports, old.Port) {
+				s.deletePort(c.Key, old.Port, groups)
+			}
+		}
+		if c.ShapeChanged {
+			for _, p := range ports {
+				name := ListenerName(c.Key, p.Port)
+				s.stage(s.lds, name, Listener(c.Key, p))
+				s.stage(s.rds, name, RouteConfiguration(c.Key, p))
+				s.stage(s.cds, ClusterName(c.Key, p.Port), Cluster(c.Key, p))
+			}
+		}
+		if c.ShapeChanged || c.EndpointsChanged {
+			for group, eds := range groups {
+				for _, p := range ports {
+					s.stage(eds, ClusterName(c.Key, p.Port), ClusterLoadAssignment(Assign(svc, p, group)))
+				}
+			}
+		}
+		if len(ports) == 0 {
+			delete(s.ports, c.Key)
+		} else {
+			s.ports[c.Key] = ports
+		}
+	}
+	// Endpoints and clusters before routes and listeners: a client that learns of
+	// a new listener finds what it points to already there.
+	for _, eds := range groups {
+		s.flush(eds, start)
+	}
+	s.flush(s.cds, start)
+	s.flush(s.rds, start)
+	s.flush(s.lds, start)
+	s.metrics.updateDuration.Observe(time.Since(start).Seconds())
+}
+
+// everything is a diff that touches every service in r and every service published so far.
+func (s *Server) everything(r *registry.Registry) []registry.ServiceDiff {
+	var out []registry.ServiceDiff
+	seen := map[registry.ServiceKey]bool{}
+	for _, svc := range r.Services() {
+		seen[svc.Key] = true
+		out = append(out, registry.ServiceDiff{Key: svc.Key, Kind: registry.Updated, ShapeChanged: true, EndpointsChanged: true})
+	}
+	for k := range s.ports {
+		if !seen[k] {
+			out = append(out, registry.ServiceDiff{Key: k, Kind: registry.Removed, ShapeChanged: true, EndpointsChanged: true})
+		}
+	}
+	return out
+}
+
+func hasPort(ports []registry.ServicePort, number int32) bool {
+	for _, p := range ports {
+		if p.Port == number {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Server) deletePort(k registry.ServiceKey, port int32, groups map[registry.Locality]*resourceCache) {
+	name, cluster := ListenerName(k, port), ClusterName(k, port)
+	s.lds.stageDelete(name)
+	s.rds.stageDelete(name)
+	s.cds.stageDelete(cluster)
+	for _, eds := range groups {
+		eds.stageDelete(cluster)
+	}
+}
+
+// stage validates res and stages it; an invalid resource is logged, counted
+// and not published (the last valid version, if any, stays served).
+func (s *Server) stage(c *resourceCache, name string, res types.Resource) {
+	if err := Validate(res); err != nil {
+		s.metrics.invalid.WithLabelValues(c.label).Inc()
+		s.log.Warn("generated resource is invalid; not publishing it", "type", c.label, "name", name, "err", err)
+		return
+	}
+	c.stage(name, res)
+}
+
+func (s *Server) flush(c *resourceCache, start time.Time) {
+	version, changed, err := c.flush()
+	if changed > 0 {
+		s.metrics.updates.WithLabelValues(c.label).Add(float64(changed))
+	}
+	if err != nil {
+		s.log.Error("publish resources", "type", c.label, "err", err)
+		return
+	}
+	if version == "" {
+		return
+	}
+	s.pushMu.Lock()
+	s.pushes[c.prefix] = pushStamp{version: version, at: start}
+	s.pushMu.Unlock()
+}
+
+// edsCache returns the EDS cache of the locality group of a client, creating
+// and filling it on first use.
+func (s *Server) edsCache(l registry.Locality) *resourceCache {
+	group := groupOf(l)
+	if c := (*s.groups.Load())[group]; c != nil {
+		return c
+	}
+	s.stateMu.Lock()
+	defer s.stateMu.Unlock()
+	groups := *s.groups.Load()
+	if c := groups[group]; c != nil {
+		return c
+	}
+	if len(groups) >= s.cfg.MaxLocalityGroups {
+		s.log.Warn("too many locality groups; serving the client the default group",
+			"region", group.Region, "zone", group.Zone, "limit", s.cfg.MaxLocalityGroups)
+		group = registry.Locality{}
+		if c := groups[group]; c != nil {
+			return c
+		}
+	}
+	initial := map[string]types.Resource{}
+	if s.reg != nil {
+		for _, svc := range s.reg.Services() {
+			for _, p := range ServicePorts(svc) {
+				cla := ClusterLoadAssignment(Assign(svc, p, group))
+				if err := Validate(cla); err != nil {
+					s.metrics.invalid.WithLabelValues(typeEDS).Inc()
+					s.log.Warn("generated resource is invalid; not publishing it", "type", typeEDS, "name", cla.GetClusterName(), "err", err)
+					continue
+				}
+				initial[cla.GetClusterName()] = cla
+			}
+		}
+	}
+	c := newResourceCache(resource.EndpointType, s.cfg.VersionPrefix+"eds-"+group.Region+"/"+group.Zone+"-", s.log, initial)
+	next := maps.Clone(groups)
+	next[group] = c
+	s.groups.Store(&next)
+	s.metrics.groups.Set(float64(len(next)))
+	s.log.Info("new locality group", "region", group.Region, "zone", group.Zone, "assignments", len(initial))
+	return c
+}
+
+func (s *Server) callbacks() serverv3.CallbackFuncs {
+	return serverv3.CallbackFuncs{
+		StreamOpenFunc: func(context.Context, int64, string) error {
+			s.metrics.connected.Inc()
+			return nil
+		},
+		StreamClosedFunc: func(id int64, _ *core.Node) {
+			s.metrics.connected.Dec()
+			s.forgetStream(false, id)
+		},
+		DeltaStreamOpenFunc: func(context.Context, int64, string) error {
+			s.metrics.connected.Inc()
+			return nil
+		},
+		DeltaStreamClosedFunc: func(id int64, _ *core.Node) {
+			s.metrics.connected.Dec()
+			s.forgetStream(true, id)
+		},
+		StreamRequestFunc: func(id int64, req *discovery.DiscoveryRequest) error {
+			s.onRequest(false, id, req.GetTypeUrl(), req.GetNode(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, req.GetResponseNonce())
+			return nil
+		},
+		StreamDeltaRequestFunc: func(id int64, req *discovery.DeltaDiscoveryRequest) error {
+			s.onRequest(true, id, req.GetTypeUrl(), req.GetNode(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, req.GetResponseNonce())
+			return nil
+		},
+		StreamResponseFunc: func(_ context.Context, id int64, req *discovery.DiscoveryRequest, resp *discovery.DiscoveryResponse) {
+			s.onResponse(false, id, req.GetTypeUrl(), resp.GetVersionInfo())
+		},
+		StreamDeltaResponseFunc: func(id int64, req *discovery.DeltaDiscoveryRequest, resp *discovery.DeltaDiscoveryResponse) {
+			s.onResponse(true, id, req.GetTypeUrl(), resp.GetSystemVersionInfo())
+		},
+	}
+}
+
+func (s *Server) onRequest(delta bool, id int64, typeURL string, node *core.Node, nackDetail string, nack bool, nonce string) {
+	now := time.Now()
+	s.pushMu.Lock()
+	asked := s.requests[streamKey{delta, id}]
+	if asked == nil {
+		asked = map[string]time.Time{}
+		s.requests[streamKey{delta, id}] = asked
+	}
+	asked[typeURL] = now
+	s.pushMu.Unlock()
+	if nack {
+		s.metrics.nacks.WithLabelValues(typeLabel(typeURL)).Inc()
+		s.log.Warn("client rejected a response (NACK)", "type", typeLabel(typeURL), "node", node.GetId(),
+			"locality", node.GetLocality().String(), "nonce", nonce, "delta", delta, "detail", nackDetail)
+	}
+}
+
+func (s *Server) onResponse(delta bool, id int64, typeURL, version string) {
+	label := typeLabel(typeURL)
+	s.metrics.responses.WithLabelValues(label).Inc()
+	prefix := strings.TrimRight(version, "0123456789")
+	s.pushMu.Lock()
+	stamp, ok := s.pushes[prefix]
+	asked := s.requests[streamKey{delta, id}][typeURL]
+	s.pushMu.Unlock()
+	// A push is a response to a change made after the client last asked; a reply
+	// to a fresh request measures the client, not the push, and is not counted.
+	if ok && stamp.version == version && asked.Before(stamp.at) {
+		s.metrics.pushLatency.WithLabelValues(label).Observe(time.Since(stamp.at).Seconds())
+	}
+}
+
+func (s *Server) forgetStream(delta bool, id int64) {
+	s.pushMu.Lock()
+	defer s.pushMu.Unlock()
+	delete(s.requests, streamKey{delta, id})
+}

@@ -1,0 +1,280 @@
+// Package xds translates Nave's merged registry into xDS resources (LDS, RDS,
+// CDS and per-client-locality EDS) for proxyless gRPC clients and Envoy, and
+// serves them with envoyproxy/go-control-plane.
+package xds
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listener "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	route "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	router "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	hcm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/wellknown"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/navemesh/nave/registry"
+)
+
+// ErrInvalidResource marks a generated resource that failed validation; it is never published.
+var ErrInvalidResource = errors.New("xds: invalid resource")
+
+// connectTimeout is the Cluster connect timeout (Envoy uses it; grpc-go ignores it).
+const connectTimeout = 5 * time.Second
+
+// ListenerName is the name of the Listener (and RouteConfiguration) of a
+// service port: exactly what follows xds:/// in a gRPC target.
+func ListenerName(k registry.ServiceKey, port int32) string {
+	return k.Hostname() + ":" + strconv.Itoa(int(port))
+}
+
+// ClusterName is the name of the Cluster of a service port, which is also its
+// EDS service name and its ClusterLoadAssignment's cluster_name.
+func ClusterName(k registry.ServiceKey, port int32) string {
+	return "outbound|" + strconv.Itoa(int(port)) + "||" + k.Hostname()
+}
+
+// ServicePorts returns the ports of svc that become xDS resources: TCP only,
+// in the service's order (by number).
+func ServicePorts(svc *registry.Service) []registry.ServicePort {
+	if svc == nil {
+		return nil
+	}
+	out := make([]registry.ServicePort, 0, len(svc.Ports))
+	for _, p := range svc.Ports {
+		if p.Protocol == registry.ProtocolTCP {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Listener builds the API listener a proxyless gRPC client resolves for the
+// service port: an HttpConnectionManager that fetches its routes by RDS over ADS.
+func Listener(k registry.ServiceKey, port registry.ServicePort) *listener.Listener {
+	name := ListenerName(k, port.Port)
+	manager := &hcm.HttpConnectionManager{
+		CodecType:  hcm.HttpConnectionManager_AUTO,
+		StatPrefix: statPrefix(k, port.Port),
+		RouteSpecifier: &hcm.HttpConnectionManager_Rds{Rds: &hcm.Rds{
+			ConfigSource:    adsSource(),
+			RouteConfigName: name,
+		}},
+		// grpc-go requires the router last, recognised by the type of its typed_config.
+		HttpFilters: []*hcm.HttpFilter{{
+			Name:       wellknown.Router,
+			ConfigType: &hcm.HttpFilter_TypedConfig{TypedConfig: mustAny(&router.Router{})},
+		}},
+	}
+	return &listener.Listener{
+		Name:        name,
+		ApiListener: &listener.ApiListener{ApiListener: mustAny(manager)},
+	}
+}
+
+// RouteConfiguration builds the routes of the service port: one virtual host
+// for host:port (what grpc-go matches, the channel authority) and host,
+// sending everything to the port's Cluster.
+func RouteConfiguration(k registry.ServiceKey, port registry.ServicePort) *route.RouteConfiguration {
+	name := ListenerName(k, port.Port)
+	return &route.RouteConfiguration{
+		Name: name,
+		VirtualHosts: []*route.VirtualHost{{
+			Name:    name,
+			Domains: []string{name, k.Hostname()},
+			Routes: []*route.Route{{
+				Match: &route.RouteMatch{PathSpecifier: &route.RouteMatch_Prefix{Prefix: "/"}},
+				Action: &route.Route_Route{Route: &route.RouteAction{
+					ClusterSpecifier: &route.RouteAction_Cluster{Cluster: ClusterName(k, port.Port)},
+				}},
+			}},
+		}},
+	}
+}
+
+// Cluster builds the EDS Cluster of the service port; its endpoints come over ADS.
+func Cluster(k registry.ServiceKey, port registry.ServicePort) *cluster.Cluster {
+	name := ClusterName(k, port.Port)
+	return &cluster.Cluster{
+		Name:                 name,
+		ClusterDiscoveryType: &cluster.Cluster_Type{Type: cluster.Cluster_EDS},
+		EdsClusterConfig: &cluster.Cluster_EdsClusterConfig{
+			EdsConfig:   adsSource(),
+			ServiceName: name,
+		},
+		ConnectTimeout: durationpb.New(connectTimeout),
+		LbPolicy:       cluster.Cluster_ROUND_ROBIN,
+	}
+}
+
+// ClusterLoadAssignment turns an Assignment into its xDS form.
+func ClusterLoadAssignment(a Assignment) *endpoint.ClusterLoadAssignment {
+	cla := &endpoint.ClusterLoadAssignment{ClusterName: a.ClusterName, Endpoints: []*endpoint.LocalityLbEndpoints{}}
+	for _, p := range a.Priorities {
+		for _, l := range p.Localities {
+			lle := &endpoint.LocalityLbEndpoints{
+				Locality:            &core.Locality{Region: l.Locality.Region, Zone: l.Locality.Zone, SubZone: l.Locality.Subzone},
+				LoadBalancingWeight: wrapperspb.UInt32(l.Weight),
+				Priority:            p.Priority,
+				LbEndpoints:         make([]*endpoint.LbEndpoint, 0, len(l.Endpoints)),
+			}
+			for _, e := range l.Endpoints {
+				health := core.HealthStatus_HEALTHY
+				if e.Health == StatusDraining {
+					health = core.HealthStatus_DRAINING
+				}
+				lle.LbEndpoints = append(lle.LbEndpoints, &endpoint.LbEndpoint{
+					HostIdentifier: &endpoint.LbEndpoint_Endpoint{Endpoint: &endpoint.Endpoint{
+						Address: socketAddress(e.Address.String(), e.Port),
+					}},
+					HealthStatus:        health,
+					LoadBalancingWeight: wrapperspb.UInt32(e.Weight),
+				})
+			}
+			cla.Endpoints = append(cla.Endpoints, lle)
+		}
+	}
+	return cla
+}
+
+// Resources is everything one locality group of clients is served, each
+// list sorted by name.
+type Resources struct {
+	Listeners   []*listener.Listener
+	Routes      []*route.RouteConfiguration
+	Clusters    []*cluster.Cluster
+	Assignments []*endpoint.ClusterLoadAssignment
+}
+
+// Translate builds every resource of the registry for clients in the client
+// locality. Resources that fail validation are left out and reported in the
+// error (errors.Is(err, ErrInvalidResource)).
+func Translate(r *registry.Registry, client registry.Locality) (Resources, error) {
+	var out Resources
+	var errs []error
+	keep := func(m proto.Message) bool {
+		if err := Validate(m); err != nil {
+			errs = append(errs, err)
+			return false
+		}
+		return true
+	}
+	for _, svc := range r.Services() {
+		for _, p := range ServicePorts(svc) {
+			if l := Listener(svc.Key, p); keep(l) {
+				out.Listeners = append(out.Listeners, l)
+			}
+			if rc := RouteConfiguration(svc.Key, p); keep(rc) {
+				out.Routes = append(out.Routes, rc)
+			}
+			if c := Cluster(svc.Key, p); keep(c) {
+				out.Clusters = append(out.Clusters, c)
+			}
+			if cla := ClusterLoadAssignment(Assign(svc, p, groupOf(client))); keep(cla) {
+				out.Assignments = append(out.Assignments, cla)
+			}
+		}
+	}
+	sortByName(out.Listeners)
+	sortByName(out.Routes)
+	sortByName(out.Clusters)
+	sortByName(out.Assignments)
+	return out, errors.Join(errs...)
+}
+
+type named interface{ GetName() string }
+
+func sortByName[T proto.Message](list []T) {
+	slices.SortFunc(list, func(a, b T) int { return cmp.Compare(resourceName(a), resourceName(b)) })
+}
+
+// Validate checks a resource before it is published: the protoc-gen-validate
+// rules of the Envoy API, plus what grpc-go requires of a ClusterLoadAssignment
+// (priorities contiguous from 0, locality weights > 0). A client NACKs an
+// invalid resource and go-control-plane would resend it forever, so nothing
+// invalid may reach a cache.
+func Validate(m proto.Message) error {
+	v, ok := m.(interface{ ValidateAll() error })
+	if !ok {
+		return fmt.Errorf("%w: %T has no validation", ErrInvalidResource, m)
+	}
+	if err := v.ValidateAll(); err != nil {
+		return fmt.Errorf("%w: %s %q: %v", ErrInvalidResource, typeName(m), resourceName(m), err)
+	}
+	if cla, ok := m.(*endpoint.ClusterLoadAssignment); ok {
+		if err := validateAssignment(cla); err != nil {
+			return fmt.Errorf("%w: ClusterLoadAssignment %q: %v", ErrInvalidResource, cla.GetClusterName(), err)
+		}
+	}
+	return nil
+}
+
+func validateAssignment(cla *endpoint.ClusterLoadAssignment) error {
+	seen := map[uint32]bool{}
+	for _, l := range cla.GetEndpoints() {
+		if l.GetLoadBalancingWeight().GetValue() == 0 {
+			return fmt.Errorf("locality %v has no load_balancing_weight (grpc-go would ignore it)", l.GetLocality())
+		}
+		if len(l.GetLbEndpoints()) == 0 {
+			return fmt.Errorf("locality %v has no endpoints", l.GetLocality())
+		}
+		seen[l.GetPriority()] = true
+	}
+	for p := range uint32(len(seen)) {
+		if !seen[p] {
+			return fmt.Errorf("priorities are not contiguous from 0: priority %d missing", p)
+		}
+	}
+	return nil
+}
+
+func resourceName(m proto.Message) string {
+	if n, ok := m.(named); ok {
+		return n.GetName()
+	}
+	if c, ok := m.(*endpoint.ClusterLoadAssignment); ok {
+		return c.GetClusterName()
+	}
+	return ""
+}
+
+func typeName(m proto.Message) string { return string(m.ProtoReflect().Descriptor().Name()) }
+
+func statPrefix(k registry.ServiceKey, port int32) string {
+	return k.Namespace + "." + k.Name + "." + strconv.Itoa(int(port))
+}
+
+func adsSource() *core.ConfigSource {
+	return &core.ConfigSource{
+		ConfigSourceSpecifier: &core.ConfigSource_Ads{Ads: &core.AggregatedConfigSource{}},
+		ResourceApiVersion:    core.ApiVersion_V3,
+	}
+}
+
+func socketAddress(addr string, port int32) *core.Address {
+	return &core.Address{Address: &core.Address_SocketAddress{SocketAddress: &core.SocketAddress{
+		Protocol:      core.SocketAddress_TCP,
+		Address:       addr,
+		PortSpecifier: &core.SocketAddress_PortValue{PortValue: uint32(port)},
+	}}}
+}
+
+// mustAny packs a message we built ourselves; it cannot fail for a registered type.
+func mustAny(m proto.Message) *anypb.Any {
+	a, err := anypb.New(m)
+	if err != nil {
+		panic(fmt.Sprintf("xds: pack %T: %v", m, err))
+	}
+	return a
+}

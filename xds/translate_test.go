@@ -1,0 +1,125 @@
+package xds
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/navemesh/nave/registry"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata")
+
+// goldenRegistry is a small multi-cluster registry: echo is exported by east
+// (two zones of r1) and west (r2) with per-cluster port names, a draining and
+// an excluded endpoint and a UDP port; cart only by west.
+func goldenRegistry(t *testing.T) *registry.Registry {
+	t.Helper()
+	cart := registry.ServiceKey{Namespace: "shop", Name: "cart"}
+	r, _ := apply(t, registry.New(),
+		shard("east", echo, []registry.ServicePort{tcp("grpc", 8080), tcp("metrics", 9000), {Name: "dns", Port: 53, Protocol: registry.ProtocolUDP}},
+			ep("10.0.0.1", loc("r1", "z1"), ready, eport("grpc", 9090), eport("metrics", 9100), eport("dns", 53)),
+			ep("10.0.0.2", loc("r1", "z1"), draining, eport("grpc", 9090), eport("metrics", 9100), eport("dns", 53)),
+			ep("10.0.0.3", loc("r1", "z1"), notReady, eport("grpc", 9090), eport("metrics", 9100), eport("dns", 53)),
+			ep("10.0.1.1", loc("r1", "z2"), ready, eport("grpc", 9090), eport("metrics", 9100), eport("dns", 53)),
+			ep("10.0.1.2", registry.Locality{Region: "r1", Zone: "z2", Subzone: "rack1"}, ready, eport("grpc", 9090), eport("metrics", 9100), eport("dns", 53))),
+		shard("west", echo, []registry.ServicePort{tcp("api", 8080)},
+			ep("10.1.0.1", loc("r2", "z3"), ready, eport("api", 7070)),
+			ep("2001:db8::1", loc("r2", "z3"), ready, eport("api", 7070))),
+		shard("west", cart, []registry.ServicePort{tcp("", 80)},
+			ep("10.1.1.1", loc("r2", "z3"), ready, eport("", 8080)),
+			ep("10.1.1.2", loc("r2", "z4"), ready, eport("", 8080))),
+	)
+	return r
+}
+
+func TestTranslateGolden(t *testing.T) {
+	r := goldenRegistry(t)
+	clients := map[string]registry.Locality{
+		"default": {},
+		"r1-z1":   loc("r1", "z1"),
+		"r1-z2":   loc("r1", "z2"),
+		"r2-z3":   loc("r2", "z3"),
+	}
+	var shared Resources
+	for name, client := range clients {
+		res, err := Translate(r, client)
+		if err != nil {
+			t.Fatalf("Translate(%s): %v", name, err)
+		}
+		golden(t, "endpoints-"+name, res.Assignments)
+		shared = res
+	}
+	golden(t, "listeners", shared.Listeners)
+	golden(t, "routes", shared.Routes)
+	golden(t, "clusters", shared.Clusters)
+}
+
+// golden compares the resources, rendered as sorted, indented protojson,
+// with testdata/<name>.golden (rewritten with -update).
+func golden[T proto.Message](t *testing.T, name string, resources []T) {
+	t.Helper()
+	list := make([]any, 0, len(resources))
+	for _, m := range resources {
+		b, err := protojson.Marshal(m)
+		if err != nil {
+			t.Fatalf("%s: marshal: %v", name, err)
+		}
+		var v any // re-decoded so encoding/json sorts keys and fixes the spacing protojson randomizes
+		if err := json.Unmarshal(b, &v); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		list = append(list, v)
+	}
+	got, err := json.MarshalIndent(list, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = append(got, '\n')
+	path := filepath.Join("testdata", name+".golden")
+	if *update {
+		if err := os.MkdirAll("testdata", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test ./xds -update to create it)", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s differs from %s (run go test ./xds -update and review the diff):\n%s", name, path, got)
+	}
+}
+
+func TestTranslateLeavesOutInvalid(t *testing.T) {
+	// A service whose only endpoints are draining yields an empty (valid) assignment,
+	// not a locality of weight 0.
+	r, _ := apply(t, registry.New(), shard("east", echo, []registry.ServicePort{tcp("grpc", 8080)},
+		ep("10.0.0.1", loc("r1", "z1"), draining, eport("grpc", 9090))))
+	res, err := Translate(r, loc("r1", "z1"))
+	if err != nil {
+		t.Fatalf("Translate: %v", err)
+	}
+	if len(res.Assignments) != 1 || len(res.Assignments[0].GetEndpoints()) != 0 {
+		t.Fatalf("want one empty assignment, got %v", res.Assignments)
+	}
+	if err := Validate(res.Listeners[0]); err != nil {
+		t.Fatalf("listener: %v", err)
+	}
+	bad := res.Clusters[0]
+	bad.Name = ""
+	if err := Validate(bad); !errors.Is(err, ErrInvalidResource) {
+		t.Fatalf("Validate(cluster without name) = %v, want ErrInvalidResource", err)
+	}
+}
