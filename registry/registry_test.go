@@ -422,8 +422,8 @@ func TestApplyRandomSequences(t *testing.T) {
 				}
 				for i := range rng.IntN(4) {
 					e := Endpoint{
-						Addresses: ips(fmt.Sprintf("10.%d.%d.%d", slices.Index(clusters, c), rng.IntN(3), i)),
-						Locality:  Locality{Region: "r", Zone: fmt.Sprint("z", rng.IntN(2))},
+						Addresses:  ips(fmt.Sprintf("10.%d.%d.%d", slices.Index(clusters, c), rng.IntN(3), i)),
+						Locality:   Locality{Region: "r", Zone: fmt.Sprint("z", rng.IntN(2))},
 						Conditions: []Conditions{ready(), draining(), notReady()}[rng.IntN(3)],
 					}
 					for _, p := range s.Ports {

@@ -115,10 +115,10 @@ func (s fileStat) same(o fileStat) bool { return s.modTime.Equal(o.modTime) && s
 
 // manifestFile is what was last read of one file.
 type manifestFile struct {
-	stat    fileStat // when last read
-	readAt  time.Time
-	sum     [sha256.Size]byte // of the last content read, good or not; zero until then
-	objs    Objects           // from the last content that decoded
+	stat   fileStat // when last read
+	readAt time.Time
+	sum    [sha256.Size]byte // of the last content read, good or not; zero until then
+	objs   Objects           // from the last content that decoded
 }
 
 func (w *dirWatch) pollOnce(ctx context.Context, publish func(State)) {
@@ -200,9 +200,14 @@ func (w *dirWatch) scan() (bool, error) {
 		if !statChanged && !racy {
 			continue
 		}
-		data, err := os.ReadFile(path)
+		data, readStat, err := readFile(path)
 		if err != nil {
 			log.Warn("cannot read manifest; keeping its previous objects", "file", name, "error", err)
+			continue
+		}
+		if !readStat.same(st) || int64(len(data)) != readStat.size {
+			// Written to since the stat above: what was read may be half of it.
+			polledNow[name] = readStat
 			continue
 		}
 		if f == nil {
@@ -236,6 +241,25 @@ func (w *dirWatch) scan() (bool, error) {
 		}
 	}
 	return changed, nil
+}
+
+// readFile reads a file and stats it after reading, so the caller can tell
+// whether it changed since an earlier stat.
+func readFile(path string) ([]byte, fileStat, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fileStat{}, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(f)
+	if err != nil {
+		return nil, fileStat{}, fmt.Errorf("read %s: %w", path, err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fileStat{}, err
+	}
+	return data, statOf(fi), nil
 }
 
 // build merges every file's objects (in file name order) and builds the state.

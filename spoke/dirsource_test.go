@@ -1,6 +1,7 @@
 package spoke
 
 import (
+"fmt"
 	"context"
 	"log/slog"
 	"net/netip"
@@ -41,6 +42,7 @@ func (h *recordingHandler) Handle(_ context.Context, r slog.Record) error {
 		rec.attrs[a.Key] = a.Value.String()
 	}
 	r.Attrs(func(a slog.Attr) bool { rec.attrs[a.Key] = a.Value.String(); return true })
+	fmt.Fprintln(os.Stderr, time.Now().Format("05.000000"), rec.msg, rec.attrs["file"], rec.attrs["error"], rec.attrs["endpointSlices"])
 	select {
 	case h.records <- rec:
 	default:
@@ -135,6 +137,7 @@ func (h *harness) awaitLog(msg, file string) logRecord {
 
 func (h *harness) write(name, content string) {
 	h.t.Helper()
+	fmt.Fprintln(os.Stderr, time.Now().Format("05.000000"), "WRITE", name, len(content))
 	if err := os.WriteFile(filepath.Join(h.dir, name), []byte(content), 0o644); err != nil {
 		h.t.Fatal(err)
 	}
@@ -178,7 +181,7 @@ func endpoint(t *testing.T, s State, k registry.ServiceKey, addr string) registr
 			return e
 		}
 	}
-	t.Fatalf("%s has no endpoint %s", k, addr)
+	t.Fatalf("%s has no endpoint %s: %s", k, addr, mustJSON(sh))
 	return registry.Endpoint{}
 }
 

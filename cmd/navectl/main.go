@@ -1,0 +1,222 @@
+// Command navectl shows what a Nave hub knows, through its admin API.
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/navemesh/nave/hub"
+)
+
+const usage = `navectl: what a Nave hub knows.
+
+Usage:
+  navectl [--hub URL] [-o table|json] clusters
+  navectl [--hub URL] [-o table|json] services
+  navectl [--hub URL] [-o table|json] endpoints NAMESPACE/NAME [--region R] [--zone Z]
+
+endpoints shows what an xDS client in that locality receives, priority by priority.
+`
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "navectl:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("navectl", flag.ContinueOnError)
+	fs.Usage = func() { fmt.Fprint(fs.Output(), usage); fs.PrintDefaults() }
+	hubURL := fs.String("hub", envOr("NAVE_HUB", "http://127.0.0.1:15012"), "the hub's admin URL (or $NAVE_HUB)")
+	output := fs.String("o", "table", "output: table or json")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *output != "table" && *output != "json" {
+		return fmt.Errorf("-o %q: want table or json", *output)
+	}
+	rest := fs.Args()
+	if len(rest) == 0 {
+		fs.Usage()
+		return errors.New("missing command")
+	}
+	c := client{base: strings.TrimSuffix(*hubURL, "/"), json: *output == "json", out: out}
+	switch rest[0] {
+	case "clusters":
+		return c.clusters()
+	case "services":
+		return c.services()
+	case "endpoints":
+		efs := flag.NewFlagSet("navectl endpoints", flag.ContinueOnError)
+		region := efs.String("region", "", "the client's region")
+		zone := efs.String("zone", "", "the client's zone")
+		// Accept flags before or after the service name.
+		var service string
+		args := rest[1:]
+		for len(args) > 0 {
+			if err := efs.Parse(args); err != nil {
+				return err
+			}
+			if efs.NArg() == 0 {
+				break
+			}
+			if service != "" {
+				return fmt.Errorf("endpoints takes one service, got %q and %q", service, efs.Arg(0))
+			}
+			service, args = efs.Arg(0), efs.Args()[1:]
+		}
+		if service == "" {
+			return errors.New("endpoints needs a service: navectl endpoints NAMESPACE/NAME")
+		}
+		return c.endpoints(service, *region, *zone)
+	default:
+		return fmt.Errorf("unknown command %q (clusters, services, endpoints)", rest[0])
+	}
+}
+
+type client struct {
+	base string
+	json bool
+	out  io.Writer
+}
+
+// get fetches path into v and, with -o json, prints the hub's JSON as it came.
+func (c client) get(path string, v any) error {
+	hc := http.Client{Timeout: 10 * time.Second}
+	resp, err := hc.Get(c.base + path)
+	if err != nil {
+		return fmt.Errorf("ask the hub: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
+	if err != nil {
+		return fmt.Errorf("read the hub's answer: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("hub answered %s: %s", resp.Status, strings.TrimSpace(string(body)))
+	}
+	if c.json {
+		_, err := c.out.Write(body)
+		return err
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		return fmt.Errorf("decode the hub's answer: %w", err)
+	}
+	return nil
+}
+
+func (c client) clusters() error {
+	var clusters []hub.ClusterStatus
+	if err := c.get("/debug/clusters", &clusters); err != nil || c.json {
+		return err
+	}
+	w := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "CLUSTER\tSTATUS\tNETWORK\tSERVICES\tENDPOINTS\tEPOCH\tVERSION\tLAST UPDATE\tSPOKE")
+	for _, cl := range clusters {
+		st := "disconnected"
+		if cl.Connected {
+			st = "connected"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", cl.Cluster, st, dash(string(cl.Network)), cl.Services, cl.Endpoints,
+			cl.Epoch, cl.Version, ago(cl.LastUpdate), dash(cl.SpokeID))
+	}
+	return w.Flush()
+}
+
+func (c client) services() error {
+	var services []hub.ServiceInfo
+	if err := c.get("/debug/services", &services); err != nil || c.json {
+		return err
+	}
+	w := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "SERVICE\tCLUSTERS\tPORTS\tHEALTHY\tDRAINING\tNOT READY\tCONFLICTS")
+	for _, s := range services {
+		var ports, clusters []string
+		for _, p := range s.Ports {
+			ports = append(ports, fmt.Sprintf("%d/%s", p.Port, p.Protocol))
+		}
+		for _, cl := range s.Clusters {
+			clusters = append(clusters, string(cl))
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%d\t%d\n", s.Service, strings.Join(clusters, ","), strings.Join(ports, ","),
+			s.Healthy, s.Draining, s.NotReady, len(s.Conflicts))
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	for _, s := range services {
+		for _, cf := range s.Conflicts {
+			fmt.Fprintf(c.out, "conflict in %s: %s\n", s.Service, cf)
+		}
+	}
+	return nil
+}
+
+func (c client) endpoints(service, region, zone string) error {
+	q := url.Values{"service": {service}, "region": {region}, "zone": {zone}}
+	var info hub.EndpointsInfo
+	if err := c.get("/debug/endpoints?"+q.Encode(), &info); err != nil || c.json {
+		return err
+	}
+	loc := "no locality (every endpoint at priority 0)"
+	if !info.Client.IsZero() {
+		loc = info.Client.String()
+	}
+	fmt.Fprintf(c.out, "%s for a client in %s\n", info.Service, loc)
+	for _, p := range info.Ports {
+		fmt.Fprintf(c.out, "\n%s  (port %d/%s)\n", p.Target, p.Port.Port, p.Port.Protocol)
+		w := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "PRIORITY\tLOCALITY\tWEIGHT\tCLUSTER\tENDPOINT\tHEALTH")
+		for _, pr := range p.Assignment.Priorities {
+			for _, l := range pr.Localities {
+				for _, e := range l.Endpoints {
+					fmt.Fprintf(w, "%d\t%s\t%d\t%s\t%s:%d\t%s\n", pr.Priority, l.Locality, l.Weight, e.Cluster, e.Address, e.Port, e.Health)
+				}
+			}
+		}
+		if err := w.Flush(); err != nil {
+			return err
+		}
+		if len(p.Assignment.Priorities) == 0 {
+			fmt.Fprintln(c.out, "(no healthy endpoint: clients of this port get nothing)")
+		}
+		for _, l := range p.Assignment.Skipped {
+			fmt.Fprintf(c.out, "left out: %s has no healthy endpoint\n", l)
+		}
+	}
+	return nil
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func ago(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return time.Since(t).Round(time.Second).String() + " ago"
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
