@@ -37,7 +37,8 @@ func (h *Hash) UnmarshalText(b []byte) error {
 	return err
 }
 
-// Hash is the digest of a normalized shard.
+// Hash is the digest of a normalized shard. nil and empty slices hash alike
+// (the encoding omits both), as Equal treats them alike.
 func (s *Shard) Hash() Hash {
 	b, err := json.Marshal(s)
 	if err != nil {

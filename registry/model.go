@@ -113,8 +113,8 @@ const (
 
 // Endpoint is one backend of a service in one cluster.
 type Endpoint struct {
-	Addresses  []netip.Addr   `json:"addresses"`
-	Ports      []EndpointPort `json:"ports"`
+	Addresses  []netip.Addr   `json:"addresses,omitempty"`
+	Ports      []EndpointPort `json:"ports,omitempty"`
 	Locality   Locality       `json:"locality"`
 	NodeName   string         `json:"nodeName,omitempty"`
 	Hostname   string         `json:"hostname,omitempty"`
@@ -150,8 +150,8 @@ type Shard struct {
 	// ExportedAt is when the cluster started exporting the service; the oldest export wins a conflict.
 	ExportedAt time.Time     `json:"exportedAt"`
 	Headless   bool          `json:"headless,omitempty"`
-	Ports      []ServicePort `json:"ports"`
-	Endpoints  []Endpoint    `json:"endpoints"`
+	Ports      []ServicePort `json:"ports,omitempty"`
+	Endpoints  []Endpoint    `json:"endpoints,omitempty"`
 }
 
 // Normalize sorts a shard's ports, endpoints and addresses so that equal
