@@ -34,7 +34,9 @@ type State = map[registry.ServiceKey]*registry.Shard
 // several documents per file, kind: List) and builds the cluster's state from
 // the Services, EndpointSlices and Nodes in it. It is meant for demos and
 // tests. Files whose names start with "." and subdirectories are ignored
-// (which also skips the ..data links of a mounted ConfigMap).
+// (which also skips the ..data links of a mounted ConfigMap). Objects
+// without a namespace are in "default"; a Service defined in two files is
+// taken from the first by file name.
 type DirSource struct {
 	dir  string
 	opts BuildOptions
@@ -48,8 +50,16 @@ type DirSource struct {
 // is older than that.
 const racyWindow = 2 * time.Second
 
+// minSettle is the least time a changed file must keep its size and
+// modification time before it is read: a file rewritten in place is briefly
+// empty or half written, and must not be taken for its new content. (Writers
+// that rename a complete file into place are never seen half written.)
+const minSettle = 100 * time.Millisecond
+
 // NewDirSource returns a source for dir, polled every poll (a second when
-// poll is not positive). A nil log means slog.Default().
+// poll is not positive). A changed file is read once its size and
+// modification time have held still for a poll interval (and at least
+// 100ms). A nil log means slog.Default().
 func NewDirSource(dir string, opts BuildOptions, poll time.Duration, log *slog.Logger) *DirSource {
 	if poll <= 0 {
 		poll = time.Second
@@ -79,7 +89,7 @@ func (d *DirSource) Run(ctx context.Context, publish func(State)) error {
 	if !fi.IsDir() {
 		return fmt.Errorf("read %s: not a directory", d.dir)
 	}
-	w := &dirWatch{src: d, files: map[string]*manifestFile{}, polled: map[string]fileStat{}}
+	w := &dirWatch{src: d, files: map[string]*manifestFile{}, polled: map[string]polledStat{}, settle: max(d.poll, minSettle)}
 	ticker := time.NewTicker(d.poll)
 	defer ticker.Stop()
 	for {
@@ -96,11 +106,18 @@ func (d *DirSource) Run(ctx context.Context, publish func(State)) error {
 type dirWatch struct {
 	src       *DirSource
 	files     map[string]*manifestFile // by file name
-	polled    map[string]fileStat      // every manifest's stat at the previous poll
+	polled    map[string]polledStat    // every manifest's stat at the previous poll
 	scanned   bool                     // the directory was read once
+	settle    time.Duration            // how long a changed file must hold still before it is read
 	published State
 	started   bool // published at least once
 	dirty     bool // rebuild even if no file changed (after a panic)
+}
+
+// polledStat is a file's stat and since when it has not changed.
+type polledStat struct {
+	stat  fileStat
+	since time.Time
 }
 
 // fileStat is what a poll sees of a file without reading it.
@@ -163,7 +180,7 @@ func (w *dirWatch) scan() (bool, error) {
 	}
 	changed := false
 	seen := map[string]bool{}
-	polledNow := make(map[string]fileStat, len(w.polled))
+	polledNow := make(map[string]polledStat, len(w.polled))
 	defer func() { w.polled, w.scanned = polledNow, true }()
 	for _, de := range entries {
 		name := de.Name()
@@ -187,13 +204,17 @@ func (w *dirWatch) scan() (bool, error) {
 		}
 		seen[name] = true
 		st := statOf(fi)
-		prev, polled := w.polled[name]
-		polledNow[name] = st
+		now := time.Now()
+		ps, polled := w.polled[name]
+		if !polled || !ps.stat.same(st) {
+			ps = polledStat{stat: st, since: now}
+		}
+		polledNow[name] = ps
 		f := w.files[name]
 		statChanged := f == nil || !st.same(f.stat)
-		if statChanged && w.scanned && (!polled || !prev.same(st)) {
-			// Still being written, perhaps (truncated, half copied): read it once it
-			// has held still for a poll. Only the first scan trusts files at once.
+		if statChanged && w.scanned && now.Sub(ps.since) < w.settle {
+			// Perhaps still being written (truncated, half copied): read it once it
+			// has held still a while. Only the first scan trusts files at once.
 			continue
 		}
 		racy := f != nil && f.readAt.Sub(f.stat.modTime) < racyWindow
@@ -207,7 +228,7 @@ func (w *dirWatch) scan() (bool, error) {
 		}
 		if !readStat.same(st) || int64(len(data)) != readStat.size {
 			// Written to since the stat above: what was read may be half of it.
-			polledNow[name] = readStat
+			polledNow[name] = polledStat{stat: readStat, since: time.Now()}
 			continue
 		}
 		if f == nil {

@@ -1,7 +1,6 @@
 package spoke
 
 import (
-"fmt"
 	"context"
 	"log/slog"
 	"net/netip"
@@ -42,7 +41,6 @@ func (h *recordingHandler) Handle(_ context.Context, r slog.Record) error {
 		rec.attrs[a.Key] = a.Value.String()
 	}
 	r.Attrs(func(a slog.Attr) bool { rec.attrs[a.Key] = a.Value.String(); return true })
-	fmt.Fprintln(os.Stderr, time.Now().Format("05.000000"), rec.msg, rec.attrs["file"], rec.attrs["error"], rec.attrs["endpointSlices"])
 	select {
 	case h.records <- rec:
 	default:
@@ -137,7 +135,6 @@ func (h *harness) awaitLog(msg, file string) logRecord {
 
 func (h *harness) write(name, content string) {
 	h.t.Helper()
-	fmt.Fprintln(os.Stderr, time.Now().Format("05.000000"), "WRITE", name, len(content))
 	if err := os.WriteFile(filepath.Join(h.dir, name), []byte(content), 0o644); err != nil {
 		h.t.Fatal(err)
 	}

@@ -37,9 +37,8 @@ type BuildOptions struct {
 // BuildShards returns one normalized, validated shard per exported service,
 // and one error per service it skipped. Every error is a
 // *registry.ValidationError naming the service. The objects are not modified.
-//
-// Empty lists in the shards are empty slices, never nil, exactly as
-// federation decodes them on the hub, so both sides hash a shard equally.
+// Empty lists in the shards are empty slices, never nil, as federation
+// decodes them on the hub.
 func BuildShards(objs Objects, opts BuildOptions) (map[registry.ServiceKey]*registry.Shard, []error) {
 	lim := opts.Limits
 	if lim == (registry.Limits{}) {

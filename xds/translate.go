@@ -1,6 +1,3 @@
-// Package xds translates Nave's merged registry into xDS resources (LDS, RDS,
-// CDS and per-client-locality EDS) for proxyless gRPC clients and Envoy, and
-// serves them with envoyproxy/go-control-plane.
 package xds
 
 import (

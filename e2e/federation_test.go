@@ -1,0 +1,289 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/navemesh/nave/federation"
+	fedv1 "github.com/navemesh/nave/federation/v1"
+	"github.com/navemesh/nave/hub"
+	"github.com/navemesh/nave/internal/xdstest"
+	"github.com/navemesh/nave/registry"
+)
+
+const echoTarget = "echo.default.svc.clusterset.local:8080"
+
+// Three clusters in two regions; clients in two zones fail over zone ->
+// region -> elsewhere and back, and not one RPC fails on the way.
+func TestLocalityFailoverAcrossClusters(t *testing.T) {
+	ctx := testContext(t)
+	h := startHub(t)
+	root := t.TempDir()
+	e1a := xdstest.StartBackend(t, "east/us-east-1a", "127.0.0.1")
+	e1b := xdstest.StartBackend(t, "east/us-east-1b", "127.0.0.1")
+	n1c := xdstest.StartBackend(t, "north/us-east-1c", "127.0.0.1")
+	w1a := xdstest.StartBackend(t, "west/us-west-1a", "127.0.0.1")
+	east, north, west := filepath.Join(root, "east"), filepath.Join(root, "north"), filepath.Join(root, "west")
+	for _, d := range []string{east, north, west} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeService(t, east, "echo", endpoint{e1a, "us-east-1a", true}, endpoint{e1b, "us-east-1b", true})
+	writeService(t, north, "echo", endpoint{n1c, "us-east-1c", true})
+	writeService(t, west, "echo", endpoint{w1a, "us-west-1a", true})
+	startSpoke(t, h, "east", east, "us-east")
+	startSpoke(t, h, "north", north, "us-east")
+	startSpoke(t, h, "west", west, "us-west")
+	await(t, "echo from three clusters", func() bool { return len(h.clustersOf("default/echo")) == 3 })
+
+	xdsAddr := h.XDSAddr.String()
+	pollCtx, stopPolling := context.WithCancel(ctx)
+	defer stopPolling()
+	inEast := xdstest.StartPoller(pollCtx, t, "client us-east-1a", xdstest.NewClient(t, xdsAddr, "c-east", locality("us-east", "us-east-1a"), echoTarget))
+	inWest := xdstest.StartPoller(pollCtx, t, "client us-west-1a", xdstest.NewClient(t, xdsAddr, "c-west", locality("us-west", "us-west-1a"), echoTarget))
+
+	inEast.AwaitOnly(ctx, t, e1a.Name)
+	inWest.AwaitOnly(ctx, t, w1a.Name)
+
+	// The client's zone goes away: the rest of its region takes over.
+	writeService(t, east, "echo", endpoint{e1a, "us-east-1a", false}, endpoint{e1b, "us-east-1b", true})
+	inEast.AwaitOnly(ctx, t, e1b.Name, n1c.Name)
+	inEast.Await(ctx, t, "both same-region backends", func(recent []string, _ map[string]bool) bool {
+		return slices.Contains(recent, e1b.Name) && slices.Contains(recent, n1c.Name)
+	})
+
+	// The whole region goes away: the other region takes over.
+	writeService(t, east, "echo", endpoint{e1a, "us-east-1a", false}, endpoint{e1b, "us-east-1b", false})
+	writeService(t, north, "echo", endpoint{n1c, "us-east-1c", false})
+	inEast.AwaitOnly(ctx, t, w1a.Name)
+
+	// Everything comes back: so does the traffic, to the client's own zone.
+	writeService(t, east, "echo", endpoint{e1a, "us-east-1a", true}, endpoint{e1b, "us-east-1b", true})
+	writeService(t, north, "echo", endpoint{n1c, "us-east-1c", true})
+	inEast.AwaitOnly(ctx, t, e1a.Name)
+	inWest.AwaitOnly(ctx, t, w1a.Name)
+
+	stopPolling()
+	for _, p := range []*xdstest.Poller{inEast, inWest} {
+		calls, failed := p.Failures()
+		if len(failed) > 0 {
+			t.Errorf("%d of %d RPCs failed, first: %v", len(failed), calls, failed[0])
+		}
+	}
+
+	// The admin API tells the same story as the clients.
+	var info hub.EndpointsInfo
+	h.getJSON(t, "/debug/endpoints?service=default/echo&region=us-east&zone=us-east-1a", &info)
+	a := info.Ports[0].Assignment
+	if len(a.Priorities) != 3 || a.Priorities[0].Localities[0].Locality.Zone != "us-east-1a" || a.Priorities[2].Localities[0].Locality.Region != "us-west" {
+		t.Errorf("assignment for us-east-1a = %+v, want zone, region, elsewhere", a.Priorities)
+	}
+}
+
+// A service exported by two clusters merges; removing it from one leaves the
+// other's endpoints; removing it everywhere removes the service.
+func TestServiceInTwoClustersMergesAndDeletes(t *testing.T) {
+	ctx := testContext(t)
+	h := startHub(t)
+	root := t.TempDir()
+	be := xdstest.StartBackend(t, "east", "127.0.0.1")
+	bw := xdstest.StartBackend(t, "west", "127.0.0.1")
+	east, west := filepath.Join(root, "east"), filepath.Join(root, "west")
+	for _, d := range []string{east, west} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeService(t, east, "echo", endpoint{be, "z1", true})
+	writeService(t, west, "echo", endpoint{bw, "z2", true})
+	startSpoke(t, h, "east", east, "r1")
+	startSpoke(t, h, "west", west, "r2")
+	await(t, "echo from both clusters", func() bool { return len(h.clustersOf("default/echo")) == 2 })
+
+	var services []hub.ServiceInfo
+	h.getJSON(t, "/debug/services", &services)
+	if len(services) != 1 || services[0].Healthy != 2 || len(services[0].Conflicts) != 0 {
+		t.Fatalf("/debug/services = %+v, want one service with 2 healthy endpoints and no conflict", services)
+	}
+
+	// A client without locality spreads over both clusters.
+	pollCtx, stopPolling := context.WithCancel(ctx)
+	defer stopPolling()
+	p := xdstest.StartPoller(pollCtx, t, "client", xdstest.NewClient(t, h.XDSAddr.String(), "c", registry.Locality{}, echoTarget))
+	p.Await(ctx, t, "both clusters", func(_ []string, seen map[string]bool) bool { return seen["east"] && seen["west"] })
+
+	if err := os.Remove(filepath.Join(east, "echo.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	await(t, "echo only from west", func() bool { return slices.Equal(h.clustersOf("default/echo"), []registry.ClusterID{"west"}) })
+	p.AwaitOnly(ctx, t, "west")
+	stopPolling()
+	if calls, failed := p.Failures(); len(failed) > 0 {
+		t.Errorf("%d of %d RPCs failed while east withdrew, first: %v", len(failed), calls, failed[0])
+	}
+
+	if err := os.Remove(filepath.Join(west, "echo.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	await(t, "echo gone", func() bool { return h.View().Registry.Len() == 0 })
+}
+
+// Garbled manifests, malicious shards and wrong credentials are refused
+// with a clear error, and nothing already served changes.
+func TestBadInputChangesNothing(t *testing.T) {
+	ctx := testContext(t)
+	h := startHub(t)
+	dir := filepath.Join(t.TempDir(), "east")
+	b := xdstest.StartBackend(t, "east", "127.0.0.1")
+	other := xdstest.StartBackend(t, "other", "127.0.0.1")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeService(t, dir, "echo", endpoint{b, "z1", true})
+	startSpoke(t, h, "east", dir, "r1")
+	await(t, "echo", func() bool { return len(h.clustersOf("default/echo")) == 1 })
+	pollCtx, stopPolling := context.WithCancel(ctx)
+	defer stopPolling()
+	p := xdstest.StartPoller(pollCtx, t, "client", xdstest.NewClient(t, h.XDSAddr.String(), "c", locality("r1", "z1"), echoTarget))
+	p.AwaitOnly(ctx, t, "east")
+	echo := h.View().Registry.Service(registry.ServiceKey{Namespace: "default", Name: "echo"})
+
+	// 1. A garbled manifest: the spoke reports and skips it. A later good change
+	//    in another file shows the spoke has read the garbled one meanwhile.
+	writeFile(t, filepath.Join(dir, "echo.yaml"), "apiVersion: v1\nkind: Service\nmetadata: [this is not\n")
+	writeService(t, dir, "other", endpoint{other, "z1", true})
+	await(t, "other", func() bool { return len(h.clustersOf("default/other")) == 1 })
+	if got := h.View().Registry.Service(echo.Key); got != echo {
+		t.Fatalf("a garbled manifest changed echo: %+v", got)
+	}
+
+	// 2. A malicious shard, sent with east's own credential: NACKed, naming the service.
+	before := h.View().Registry
+	conn, err := grpc.NewClient(h.FederationAddr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithPerRPCCredentials(federation.TokenCredentials{Token: tokens["east"], AllowInsecure: true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	stream, err := fedv1.NewFederationClient(conn).Publish(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustSend(t, stream, &fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Hello{Hello: &fedv1.Hello{ClusterId: "east"}}})
+	if m, err := stream.Recv(); err != nil || m.GetWelcome() == nil {
+		t.Fatalf("hello answered %v, %v", m, err)
+	}
+	evil := &fedv1.Shard{
+		Service: &fedv1.ServiceKey{Namespace: "default", Name: "echo"},
+		Ports:   []*fedv1.ServicePort{{Name: "grpc", Port: 8080, Protocol: "TCP"}},
+		Endpoints: []*fedv1.Endpoint{{Addresses: []string{"0.0.0.0"}, Ready: true,
+			Ports: []*fedv1.EndpointPort{{Name: "grpc", Port: 1}}}},
+	}
+	mustSend(t, stream, &fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Update{Update: &fedv1.Update{
+		Nonce: "x", Version: 1, FullState: true, LastChunk: true, Upserts: []*fedv1.Shard{evil},
+	}}})
+	m, err := stream.Recv()
+	if err != nil || m.GetNack() == nil {
+		t.Fatalf("malicious shard answered %v, %v; want a nack", m, err)
+	}
+	if rj := m.GetNack().GetRejections()[0]; rj.GetService().GetName() != "echo" {
+		t.Errorf("rejection %v does not name the service", rj)
+	}
+	if h.View().Registry != before {
+		t.Fatal("a NACKed shard changed the registry")
+	}
+	_ = stream.CloseSend()
+
+	// 3. A message larger than the hub accepts is refused before it is read.
+	stream2, err := fedv1.NewFederationClient(conn).Publish(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	huge := &fedv1.Hello{ClusterId: "east", SpokeBuild: string(make([]byte, 5<<20))}
+	_ = stream2.Send(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Hello{Hello: huge}})
+	if _, err := stream2.Recv(); status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("huge message answered %v, want ResourceExhausted", err)
+	}
+
+	// 4. Wrong credentials: another cluster's token, and a made-up one.
+	for _, tc := range []struct {
+		token string
+		code  codes.Code
+	}{{tokens["west"], codes.PermissionDenied}, {"made-up-token-0123456789", codes.Unauthenticated}} {
+		c, err := grpc.NewClient(h.FederationAddr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithPerRPCCredentials(federation.TokenCredentials{Token: tc.token, AllowInsecure: true}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := fedv1.NewFederationClient(c).Publish(ctx)
+		if err == nil {
+			_ = s.Send(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Hello{Hello: &fedv1.Hello{ClusterId: "east"}}})
+			_, err = s.Recv()
+		}
+		if status.Code(err) != tc.code {
+			t.Errorf("token %q: %v, want %s", tc.token, err, tc.code)
+		}
+		c.Close()
+	}
+	if h.View().Registry != before {
+		t.Fatal("refused input changed the registry")
+	}
+	stopPolling()
+	if calls, failed := p.Failures(); len(failed) > 0 {
+		t.Errorf("%d of %d RPCs failed during bad input, first: %v", len(failed), calls, failed[0])
+	}
+}
+
+// A spoke restart sends the full state again; the hub diffs it against what
+// it holds, so nothing is removed and re-added and clients see no change.
+func TestSpokeRestartCausesNoChurn(t *testing.T) {
+	ctx := testContext(t)
+	h := startHub(t)
+	dir := filepath.Join(t.TempDir(), "east")
+	b := xdstest.StartBackend(t, "east", "127.0.0.1")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeService(t, dir, "echo", endpoint{b, "z1", true})
+	first := startSpoke(t, h, "east", dir, "r1")
+	await(t, "echo", func() bool { return len(h.clustersOf("default/echo")) == 1 })
+	pollCtx, stopPolling := context.WithCancel(ctx)
+	defer stopPolling()
+	p := xdstest.StartPoller(pollCtx, t, "client", xdstest.NewClient(t, h.XDSAddr.String(), "c", locality("r1", "z1"), echoTarget))
+	p.AwaitOnly(ctx, t, "east")
+
+	before := h.View()
+	epoch := before.Clusters["east"].Epoch
+	first.stop()
+	await(t, "east disconnected", func() bool { return !h.View().Clusters["east"].Connected })
+	startSpoke(t, h, "east", dir, "r1")
+	await(t, "east's new session to publish its full state", func() bool {
+		c := h.View().Clusters["east"]
+		return c.Connected && c.Epoch > epoch && c.Version > 0
+	})
+	if after := h.View().Registry; after.Version() != before.Registry.Version() {
+		t.Errorf("registry version went from %d to %d across a spoke restart: something was removed and re-added",
+			before.Registry.Version(), after.Version())
+	}
+	p.AwaitOnly(ctx, t, "east")
+	stopPolling()
+	if calls, failed := p.Failures(); len(failed) > 0 {
+		t.Errorf("%d of %d RPCs failed across a spoke restart, first: %v", len(failed), calls, failed[0])
+	}
+}
+
+func mustSend(t *testing.T, s fedv1.Federation_PublishClient, m *fedv1.SpokeMessage) {
+	t.Helper()
+	if err := s.Send(m); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,164 @@
+// Package xdstest has the real parts that tests of Nave's xDS paths share:
+// gRPC backends that name themselves, grpc-go xDS clients with a locality of
+// their own, and a poller that calls a client continuously and counts failures.
+package xdstest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	grpcxds "google.golang.org/grpc/xds"
+
+	"github.com/navemesh/nave/registry"
+)
+
+// BackendHeader is the response header in which a Backend says its name.
+const BackendHeader = "x-backend"
+
+// Backend is a real gRPC server answering health checks and naming itself in a response header.
+type Backend struct {
+	Name string
+	Addr *net.TCPAddr
+}
+
+// StartBackend serves a backend on ip:0 until the test ends.
+func StartBackend(t testing.TB, name, ip string) Backend {
+	t.Helper()
+	lis, err := net.Listen("tcp", ip+":0")
+	if err != nil {
+		t.Fatalf("backend %s: %v", name, err)
+	}
+	g := grpc.NewServer(grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		if err := grpc.SetHeader(ctx, metadata.Pairs(BackendHeader, name)); err != nil {
+			return nil, err
+		}
+		return h(ctx, req)
+	}))
+	healthpb.RegisterHealthServer(g, health.NewServer())
+	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop)
+	return Backend{Name: name, Addr: lis.Addr().(*net.TCPAddr)}
+}
+
+// Bootstrap is a grpc-go xDS bootstrap for a node with the given locality (zero: none).
+func Bootstrap(xdsAddr, node string, l registry.Locality) string {
+	locality := ""
+	if !l.IsZero() {
+		locality = fmt.Sprintf(`,"locality":{"region":%q,"zone":%q}`, l.Region, l.Zone)
+	}
+	return fmt.Sprintf(`{"xds_servers":[{"server_uri":%q,"channel_creds":[{"type":"insecure"}],"server_features":["xds_v3"]}],"node":{"id":%q%s}}`,
+		xdsAddr, node, locality)
+}
+
+// NewClient dials xds:///target through its own grpc-go xDS client, whose node has locality l.
+func NewClient(t testing.TB, xdsAddr, node string, l registry.Locality, target string) healthpb.HealthClient {
+	t.Helper()
+	resolver, err := grpcxds.NewXDSResolverWithConfigForTesting([]byte(Bootstrap(xdsAddr, node, l)))
+	if err != nil {
+		t.Fatalf("xDS resolver: %v", err)
+	}
+	conn, err := grpc.NewClient("xds:///"+target, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(resolver))
+	if err != nil {
+		t.Fatalf("dial %s: %v", target, err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return healthpb.NewHealthClient(conn)
+}
+
+// Streak is how many consecutive answers AwaitOnly wants to see.
+const Streak = 10
+
+// Poller calls a client continuously and remembers who answered and what failed.
+type Poller struct {
+	name   string
+	mu     sync.Mutex
+	cond   *sync.Cond
+	recent []string // the last answers, newest last
+	seen   map[string]bool
+	calls  int
+	failed []error
+	done   chan struct{}
+}
+
+// StartPoller waits for the client's first answer, then calls it in a loop
+// until ctx ends. Failures count from the first answer on.
+func StartPoller(ctx context.Context, t testing.TB, name string, c healthpb.HealthClient) *Poller {
+	t.Helper()
+	if _, err := c.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true)); err != nil {
+		t.Fatalf("%s: first call: %v", name, err)
+	}
+	p := &Poller{name: name, seen: map[string]bool{}, done: make(chan struct{})}
+	p.cond = sync.NewCond(&p.mu)
+	go func() {
+		defer close(p.done)
+		defer p.cond.Broadcast()
+		for ctx.Err() == nil {
+			var md metadata.MD
+			_, err := c.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Header(&md))
+			if ctx.Err() != nil {
+				return
+			}
+			p.mu.Lock()
+			p.calls++
+			if err != nil {
+				p.failed = append(p.failed, err)
+			} else if v := md.Get(BackendHeader); len(v) == 1 {
+				p.seen[v[0]] = true
+				p.recent = append(p.recent, v[0])
+				if len(p.recent) > Streak {
+					p.recent = p.recent[1:]
+				}
+			}
+			p.mu.Unlock()
+			p.cond.Broadcast()
+		}
+	}()
+	t.Cleanup(func() { <-p.done })
+	return p
+}
+
+// Await blocks until cond holds over what the poller saw; it fails the test when ctx ends first.
+func (p *Poller) Await(ctx context.Context, t testing.TB, what string, cond func(recent []string, seen map[string]bool) bool) {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for !cond(p.recent, p.seen) {
+		if ctx.Err() != nil {
+			t.Fatalf("%s: never saw %s; last answers %v", p.name, what, p.recent)
+		}
+		p.cond.Wait()
+	}
+}
+
+// AwaitOnly waits until the last Streak answers all came from the given backends.
+func (p *Poller) AwaitOnly(ctx context.Context, t testing.TB, backends ...string) {
+	t.Helper()
+	p.Await(ctx, t, "only "+strings.Join(backends, ","), func(recent []string, _ map[string]bool) bool {
+		if len(recent) < Streak {
+			return false
+		}
+		for _, b := range recent {
+			if !slices.Contains(backends, b) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// Failures returns how many calls were made and the errors of those that failed.
+func (p *Poller) Failures() (int, []error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.calls, slices.Clone(p.failed)
+}
