@@ -1,5 +1,7 @@
 package registry
 
+import "fmt"
+
 // ChangeKind says what happened to a service.
 type ChangeKind int
 
@@ -11,7 +13,15 @@ const (
 )
 
 func (k ChangeKind) String() string {
-	return [...]string{"added", "updated", "removed"}[k]
+	switch k {
+	case Added:
+		return "added"
+	case Updated:
+		return "updated"
+	case Removed:
+		return "removed"
+	}
+	return fmt.Sprintf("ChangeKind(%d)", int(k))
 }
 
 // ServiceDiff is what changed about one merged service.

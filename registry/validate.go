@@ -81,8 +81,8 @@ func (s *Shard) Validate(lim Limits) error {
 	if err := ValidateClusterID(s.Cluster); err != nil {
 		return bad("cluster ID %q is not a DNS label", s.Cluster)
 	}
-	if len(s.Ports) == 0 {
-		return bad("no ports")
+	if len(s.Ports) == 0 && !s.Headless {
+		return bad("no ports") // only a headless service may have none (it names pods, not ports)
 	}
 	if len(s.Ports) > lim.MaxPorts {
 		return bad("%d ports, more than the limit of %d", len(s.Ports), lim.MaxPorts)
@@ -133,10 +133,11 @@ func (s *Shard) Validate(lim Limits) error {
 			if !a.IsValid() || a.IsUnspecified() || a.IsMulticast() || a.Zone() != "" {
 				return bad("endpoint address %q is not a unicast IP", a)
 			}
-			if seen[a.String()] {
+			key := a.Unmap().String() // ::ffff:10.0.0.1 is 10.0.0.1
+			if seen[key] {
 				return bad("duplicate endpoint address %s", a)
 			}
-			seen[a.String()] = true
+			seen[key] = true
 		}
 		for _, p := range e.Ports {
 			if p.Port < 1 || p.Port > 65535 {

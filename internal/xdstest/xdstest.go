@@ -162,3 +162,6 @@ func (p *Poller) Failures() (int, []error) {
 	defer p.mu.Unlock()
 	return p.calls, slices.Clone(p.failed)
 }
+
+// Name is the name the poller was started with.
+func (p *Poller) Name() string { return p.name }
