@@ -170,12 +170,17 @@ func (h *HubServer) Publish(stream fedv1.Federation_PublishServer) error {
 		log.Info("spoke session superseded by a newer one")
 		return status.Error(codes.Aborted, cause.Error())
 	}
-	if err != nil && !errors.Is(err, io.EOF) && status.Code(err) != codes.Canceled {
-		log.Warn("spoke session ended", "err", err)
+	switch {
+	case err == nil || errors.Is(err, io.EOF):
+		log.Info("spoke session ended")
+		return nil
+	case errors.Is(err, context.Canceled) || status.Code(err) == codes.Canceled:
+		log.Info("spoke went away")
+		return status.Error(codes.Canceled, "spoke went away")
+	default:
+		log.Warn("spoke session failed", "err", err)
 		return err
 	}
-	log.Info("spoke session ended")
-	return nil
 }
 
 func (h *HubServer) recvHello(ctx context.Context, stream fedv1.Federation_PublishServer) (*fedv1.Hello, error) {

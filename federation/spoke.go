@@ -88,7 +88,7 @@ func NewPublisher(cfg SpokeConfig, conn grpc.ClientConnInterface, log *slog.Logg
 	}
 	return &Publisher{
 		cfg: cfg, client: fedv1.NewFederationClient(conn), status: status,
-		log:         log.With("component", "publisher", "cluster", cfg.Cluster),
+		log:         log.With("component", "publisher"),
 		ackedHashes: map[registry.ServiceKey]registry.Hash{},
 		rejected:    map[registry.ServiceKey]registry.Hash{},
 	}

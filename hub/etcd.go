@@ -30,7 +30,9 @@ func startEmbeddedEtcd(ctx context.Context, dir string, log *slog.Logger) (*embe
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*clientURL}, []url.URL{*clientURL}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*peerURL}, []url.URL{*peerURL}
 	cfg.InitialCluster = cfg.Name + "=" + peerURL.String()
-	cfg.LogLevel = "error"
+	// etcd logs through zap; keep its log in the data dir, out of the hub's.
+	cfg.LogLevel = "warn"
+	cfg.LogOutputs = []string{filepath.Join(dir, "etcd.log")}
 	cfg.AutoCompactionMode = "revision"
 	cfg.AutoCompactionRetention = "1000"
 	e, err := embed.StartEtcd(cfg)

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"sync"
 	"time"
 
@@ -103,6 +104,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 		}
 	}()
 	cfg.Federation.HubID = cfg.ID
+	// xDS versions unique to this process: a client that reconnects after a
+	// restart, or to another replica, never takes new content for what it acked.
+	cfg.XDS.VersionPrefix = cfg.ID + "-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
 
 	// 1. Credentials: a spoke may only publish for the cluster its token names.
 	var tokens federation.Tokens

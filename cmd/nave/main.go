@@ -24,6 +24,7 @@ Usage:
   nave hub   [flags]   run a hub replica (federation, xDS and admin servers)
   nave spoke [flags]   run a spoke that publishes one cluster's services to a hub
   nave demo  [flags]   run a hub, three spokes, backends and an xDS client on this machine
+  nave version         print the build
 
 Run 'nave <command> -h' for the flags of a command.
 `
@@ -45,6 +46,8 @@ func main() {
 		err = runDemo(ctx, args)
 	case "demo-client":
 		err = runDemoClient(ctx, args)
+	case "version":
+		fmt.Println(buildVersion())
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 	default:
@@ -128,6 +131,7 @@ func runSpoke(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg.Cluster, cfg.Network = registry.ClusterID(cluster), registry.Network(network)
+	cfg.Federation.Build = buildVersion()
 	switch export {
 	case "labeled":
 	case "all":

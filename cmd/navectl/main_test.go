@@ -1,0 +1,132 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/navemesh/nave/hub"
+	"github.com/navemesh/nave/registry"
+	"github.com/navemesh/nave/spoke"
+)
+
+// startDemoHub runs a real hub and the demo's east and west spokes.
+func startDemoHub(t *testing.T) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	log := slog.New(slog.DiscardHandler)
+	cfg := hub.DefaultConfig()
+	cfg.DataDir = t.TempDir()
+	cfg.FederationAddr, cfg.XDSAddr, cfg.AdminAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	h, err := hub.Start(ctx, cfg, log)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	var spokes []chan error
+	for _, c := range []struct{ id, region string }{{"east", "us-east"}, {"west", "us-west"}} {
+		sc := spoke.DefaultConfig()
+		sc.Cluster, sc.Region, sc.HubAddr = registry.ClusterID(c.id), c.region, h.FederationAddr.String()
+		sc.Source = "dir:" + filepath.Join("..", "..", "deploy", "demo", c.id)
+		done := make(chan error, 1)
+		go func() { done <- spoke.Run(ctx, sc, log) }()
+		spokes = append(spokes, done)
+	}
+	t.Cleanup(func() {
+		cancel()
+		for _, s := range spokes {
+			<-s
+		}
+		_ = h.Wait()
+	})
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if svc := h.View().Registry.Services(); len(svc) == 1 && len(svc[0].Shards) == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("demo/echo never arrived from east and west")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return "http://" + h.AdminAddr.String()
+}
+
+func navectl(t *testing.T, args ...string) string {
+	t.Helper()
+	var out bytes.Buffer
+	if err := run(args, &out); err != nil {
+		t.Fatalf("navectl %s: %v", strings.Join(args, " "), err)
+	}
+	return out.String()
+}
+
+func TestNavectlAgainstARealHub(t *testing.T) {
+	url := startDemoHub(t)
+
+	clusters := navectl(t, "--hub", url, "clusters")
+	for _, want := range []string{"CLUSTER", "east", "west", "connected"} {
+		if !strings.Contains(clusters, want) {
+			t.Errorf("clusters output lacks %q:\n%s", want, clusters)
+		}
+	}
+
+	services := navectl(t, "--hub", url, "services")
+	if !strings.Contains(services, "demo/echo") || !strings.Contains(services, "east,west") || !strings.Contains(services, "8080/TCP") {
+		t.Errorf("services output:\n%s", services)
+	}
+
+	// Flags after the service name work too.
+	eps := navectl(t, "--hub", url, "endpoints", "demo/echo", "--region", "us-east", "--zone", "us-east-1a")
+	lines := strings.Split(eps, "\n")
+	var rows []string
+	for _, l := range lines {
+		if strings.HasPrefix(l, "0 ") || strings.HasPrefix(l, "1 ") || strings.HasPrefix(l, "2 ") {
+			rows = append(rows, strings.Join(strings.Fields(l), " "))
+		}
+	}
+	want := []string{
+		"0 us-east/us-east-1a 1 east 127.0.1.1:50051 HEALTHY",
+		"1 us-east/us-east-1b 1 east 127.0.1.2:50051 HEALTHY",
+		"2 us-west/us-west-1a 1 west 127.0.2.1:50051 HEALTHY",
+	}
+	if strings.Join(rows, "\n") != strings.Join(want, "\n") {
+		t.Errorf("endpoints rows:\n%s\nwant:\n%s\nfull output:\n%s", strings.Join(rows, "\n"), strings.Join(want, "\n"), eps)
+	}
+	if !strings.Contains(eps, "xds:///echo.demo.svc.clusterset.local:8080") {
+		t.Errorf("endpoints output does not name the xDS target:\n%s", eps)
+	}
+
+	var info hub.EndpointsInfo
+	if err := json.Unmarshal([]byte(navectl(t, "--hub", url, "-o", "json", "endpoints", "demo/echo")), &info); err != nil {
+		t.Fatalf("-o json is not JSON: %v", err)
+	}
+	if len(info.Ports) != 1 || len(info.Ports[0].Assignment.Priorities) != 1 {
+		t.Errorf("a client without locality should get one priority: %+v", info)
+	}
+}
+
+func TestNavectlErrors(t *testing.T) {
+	url := startDemoHub(t)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--hub", url, "endpoints", "demo/missing"}, "not federated"},
+		{[]string{"--hub", url, "endpoints", "not-a-key"}, "not namespace/name"},
+		{[]string{"--hub", url, "frobnicate"}, "unknown command"},
+		{[]string{"--hub", url, "-o", "yaml", "clusters"}, "want table or json"},
+		{[]string{"--hub", "http://127.0.0.1:1", "clusters"}, "ask the hub"},
+	} {
+		var out bytes.Buffer
+		err := run(tc.args, &out)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("navectl %v: err %v, want one saying %q", tc.args, err, tc.want)
+		}
+	}
+}
