@@ -1,0 +1,138 @@
+package hub_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	fedv1 "github.com/navemesh/nave/federation/v1"
+	"github.com/navemesh/nave/hub"
+)
+
+func startHub(t *testing.T, dataDir string) (*hub.Hub, func()) {
+	t.Helper()
+	cfg := hub.DefaultConfig()
+	cfg.ID, cfg.DataDir = "test", dataDir
+	cfg.FederationAddr, cfg.XDSAddr, cfg.AdminAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	ctx, cancel := context.WithCancel(context.Background())
+	h, err := hub.Start(ctx, cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	stop := func() { cancel(); _ = h.Wait() }
+	t.Cleanup(stop)
+	return h, stop
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// hello opens a spoke session for cluster, which lasts until the test ends, and returns its epoch.
+func hello(t *testing.T, h *hub.Hub, cluster string) uint64 {
+	t.Helper()
+	conn, err := grpc.NewClient(h.FederationAddr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	stream, err := fedv1.NewFederationClient(conn).Publish(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Hello{Hello: &fedv1.Hello{ClusterId: cluster, Network: "n1", SpokeId: "s1"}}}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := stream.Recv()
+	if err != nil || m.GetWelcome() == nil {
+		t.Fatalf("hello answered %v, %v", m, err)
+	}
+	// A full state with nothing in it: the cluster is known and publishes no service.
+	if err := stream.Send(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Update{Update: &fedv1.Update{Nonce: "1", Version: 1, FullState: true, LastChunk: true}}}); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := stream.Recv(); err != nil || m.GetAck() == nil {
+		t.Fatalf("empty full state answered %v, %v", m, err)
+	}
+	return m.GetWelcome().GetEpoch()
+}
+
+func TestAdminAPI(t *testing.T) {
+	h, _ := startHub(t, t.TempDir())
+	admin := "http://" + h.AdminAddr.String()
+	hello(t, h, "east")
+
+	for _, path := range []string{"/healthz", "/readyz"} {
+		if code, body := get(t, admin+path); code != http.StatusOK || strings.TrimSpace(body) != "ok" {
+			t.Errorf("%s = %d %q", path, code, body)
+		}
+	}
+	code, metrics := get(t, admin+"/metrics")
+	if code != http.StatusOK {
+		t.Fatalf("/metrics = %d", code)
+	}
+	for _, want := range []string{
+		"nave_hub_clusters_connected 1", "nave_hub_services 0", `nave_federation_updates_total{cluster="east",kind="full",result="ack"} 1`,
+		"nave_xds_connected_clients", "grpc_server_started_total", "go_goroutines",
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+
+	code, body := get(t, admin+"/debug/clusters")
+	var clusters []hub.ClusterStatus
+	if code != http.StatusOK || json.Unmarshal([]byte(body), &clusters) != nil || len(clusters) != 1 ||
+		clusters[0].Cluster != "east" || clusters[0].Network != "n1" || clusters[0].Epoch != 1 {
+		t.Errorf("/debug/clusters = %d %s", code, body)
+	}
+	for _, tc := range []struct {
+		query string
+		code  int
+	}{
+		{"", http.StatusBadRequest},
+		{"?service=nope", http.StatusBadRequest},
+		{"?service=default/missing", http.StatusNotFound},
+	} {
+		if code, body := get(t, admin+"/debug/endpoints"+tc.query); code != tc.code {
+			t.Errorf("/debug/endpoints%s = %d %s, want %d", tc.query, code, body, tc.code)
+		}
+	}
+}
+
+// The embedded etcd keeps the catalog and the epochs across a restart.
+func TestRestartKeepsCatalogAndEpochs(t *testing.T) {
+	dir := t.TempDir()
+	h, stop := startHub(t, dir)
+	if e := hello(t, h, "east"); e != 1 {
+		t.Fatalf("first epoch %d, want 1", e)
+	}
+	stop()
+
+	h, _ = startHub(t, dir)
+	st, ok := h.View().Clusters["east"]
+	if !ok || st.Connected || st.Network != "n1" {
+		t.Fatalf("after a restart east is %+v, want known and disconnected", st)
+	}
+	if e := hello(t, h, "east"); e != 2 {
+		t.Fatalf("epoch after restart %d, want 2: epochs must never repeat", e)
+	}
+}
