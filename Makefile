@@ -4,7 +4,7 @@ GO ?= go
 PROTOC ?= protoc
 BIN := bin
 
-.PHONY: all build test test-unit demo generate generate-check lint tools protoc clean
+.PHONY: all build test bench demo generate generate-check lint protoc clean
 
 all: build
 
@@ -14,6 +14,10 @@ build:
 ## test: everything CI runs: generated code current, vet, gofmt, and every test with -race.
 test: generate-check lint
 	$(GO) test -race -count=1 -timeout 20m ./...
+
+## bench: benchmarks print numbers; nothing is asserted.
+bench:
+	$(GO) test -run='^$$' -bench=. -benchmem ./...
 
 ## demo: a hub, three clusters' spokes, real gRPC backends and an xDS client; watch it fail over.
 demo: build
