@@ -84,7 +84,8 @@ func DefaultHubConfig() HubConfig {
 
 // HubMetrics are optional observation hooks; nil fields are skipped.
 type HubMetrics struct {
-	Update func(cluster registry.ClusterID, full bool, err error)
+	// Update reports an applied or refused update; result is "ack", "nack" (bad input) or "error" (the hub's own trouble).
+	Update func(cluster registry.ClusterID, full bool, result string)
 	Resync func(cluster registry.ClusterID, reason string)
 }
 
@@ -317,10 +318,17 @@ func reject(service *registry.ServiceKey, format string, args ...any) rejection 
 
 func (s *hubSession) update(ctx context.Context, u *fedv1.Update) error {
 	digest, applied, err := s.apply(ctx, u)
-	if s.h.metrics.Update != nil && (applied || err != nil) {
-		s.h.metrics.Update(s.cluster, u.GetFullState(), err)
-	}
 	var rj rejection
+	if s.h.metrics.Update != nil && (applied || err != nil) {
+		result := "ack"
+		switch {
+		case errors.As(err, &rj):
+			result = "nack"
+		case err != nil:
+			result = "error"
+		}
+		s.h.metrics.Update(s.cluster, u.GetFullState(), result)
+	}
 	switch {
 	case errors.As(err, &rj):
 		s.log.Warn("update rejected", "version", u.GetVersion(), "nonce", u.GetNonce(), "reason", rj.Error())

@@ -66,13 +66,10 @@ func (m *metrics) observe(v View) {
 
 func (m *metrics) federationHooks() federation.HubMetrics {
 	return federation.HubMetrics{
-		Update: func(c registry.ClusterID, full bool, err error) {
-			kind, result := "delta", "ack"
+		Update: func(c registry.ClusterID, full bool, result string) {
+			kind := "delta"
 			if full {
 				kind = "full"
-			}
-			if err != nil {
-				result = "nack"
 			}
 			m.updates.WithLabelValues(string(c), kind, result).Inc()
 		},
