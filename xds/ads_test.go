@@ -87,6 +87,7 @@ func TestEndpointChangeResendsOnlyItsAssignment(t *testing.T) {
 		}
 	}
 	ack(resp)
+	acked := resp.GetVersionInfo()
 
 	// A change that does not change what clients see (a not-ready endpoint appears)
 	// publishes nothing.
@@ -129,9 +130,16 @@ func TestEndpointChangeResendsOnlyItsAssignment(t *testing.T) {
 	// The client rejects that push. The server answers nothing until the next
 	// change, and that answer proves the NACK was processed (and counted) first:
 	// after a response no watch is open until the next request.
+	// Like a real client, it NACKs with the version it last accepted.
 	if err := stream.Send(&discovery.DiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNames: names,
-		VersionInfo: "previous", ResponseNonce: resp.GetNonce(), ErrorDetail: &status.Status{Message: "test says no"}}); err != nil {
+		VersionInfo: acked, ResponseNonce: resp.GetNonce(), ErrorDetail: &status.Status{Message: "test says no"}}); err != nil {
 		t.Fatal(err)
+	}
+	for metricValue(t, metrics, MetricNACKs, typeEDS) != 1 {
+		if ctx.Err() != nil {
+			t.Fatal("the NACK was never counted")
+		}
+		time.Sleep(time.Millisecond)
 	}
 	r4, d := apply(t, r3, shard("west", otherKey, []registry.ServicePort{tcp("grpc", 8080)},
 		ep("10.1.0.2", loc("r2", "z3"), ready, eport("grpc", 9090))))
