@@ -123,38 +123,50 @@ func (s *Shard) Validate(lim Limits) error {
 	seen := make(map[string]bool, len(s.Endpoints))
 	for i := range s.Endpoints {
 		e := &s.Endpoints[i]
-		if len(e.Addresses) == 0 {
-			return bad("endpoint %d has no address", i)
-		}
-		if len(e.Addresses) > lim.MaxAddressesPerEndpoint {
-			return bad("endpoint %d has %d addresses, more than the limit of %d", i, len(e.Addresses), lim.MaxAddressesPerEndpoint)
+		if err := e.Validate(lim); err != nil {
+			return bad("endpoint %d: %v", i, err)
 		}
 		for _, a := range e.Addresses {
-			if !a.IsValid() || a.IsUnspecified() || a.IsMulticast() || a.Zone() != "" {
-				return bad("endpoint address %q is not a unicast IP", a)
-			}
 			key := a.Unmap().String() // ::ffff:10.0.0.1 is 10.0.0.1
 			if seen[key] {
 				return bad("duplicate endpoint address %s", a)
 			}
 			seen[key] = true
 		}
-		for _, p := range e.Ports {
-			if p.Port < 1 || p.Port > 65535 {
-				return bad("endpoint %s: port %d is out of range 1-65535", e.Addresses[0], p.Port)
-			}
+	}
+	return nil
+}
+
+// Validate checks one endpoint on its own (Shard.Validate also checks that
+// no address appears twice in a shard). A source can use it to leave out one
+// bad endpoint rather than lose the whole service.
+func (e *Endpoint) Validate(lim Limits) error {
+	if len(e.Addresses) == 0 {
+		return errors.New("no address")
+	}
+	if len(e.Addresses) > lim.MaxAddressesPerEndpoint {
+		return fmt.Errorf("%d addresses, more than the limit of %d", len(e.Addresses), lim.MaxAddressesPerEndpoint)
+	}
+	for _, a := range e.Addresses {
+		if !a.IsValid() || a.IsUnspecified() || a.IsMulticast() || a.Zone() != "" {
+			return fmt.Errorf("address %q is not a unicast IP", a)
 		}
-		for _, v := range []string{e.Locality.Region, e.Locality.Zone, e.Locality.Subzone} {
-			if len(v) > 63 || !labelValue.MatchString(v) {
-				return bad("endpoint %s: locality value %q is not a label value", e.Addresses[0], v)
-			}
+	}
+	for _, p := range e.Ports {
+		if p.Port < 1 || p.Port > 65535 {
+			return fmt.Errorf("%s: port %d is out of range 1-65535", e.Addresses[0], p.Port)
 		}
-		if e.NodeName != "" && (len(e.NodeName) > 253 || !dnsSubdomain.MatchString(e.NodeName)) {
-			return bad("endpoint %s: node name %q is not a DNS subdomain", e.Addresses[0], e.NodeName)
+	}
+	for _, v := range []string{e.Locality.Region, e.Locality.Zone, e.Locality.Subzone} {
+		if len(v) > 63 || !labelValue.MatchString(v) {
+			return fmt.Errorf("%s: locality value %q is not a label value", e.Addresses[0], v)
 		}
-		if e.Hostname != "" && (len(e.Hostname) > 63 || !dnsLabel.MatchString(e.Hostname)) {
-			return bad("endpoint %s: hostname %q is not a DNS label", e.Addresses[0], e.Hostname)
-		}
+	}
+	if e.NodeName != "" && (len(e.NodeName) > 253 || !dnsSubdomain.MatchString(e.NodeName)) {
+		return fmt.Errorf("%s: node name %q is not a DNS subdomain", e.Addresses[0], e.NodeName)
+	}
+	if e.Hostname != "" && (len(e.Hostname) > 63 || !dnsLabel.MatchString(e.Hostname)) {
+		return fmt.Errorf("%s: hostname %q is not a DNS label", e.Addresses[0], e.Hostname)
 	}
 	return nil
 }
