@@ -171,10 +171,11 @@ func TestBadInputChangesNothing(t *testing.T) {
 		t.Fatalf("a garbled manifest changed echo: %+v", got)
 	}
 
-	// 2. A malicious shard, sent with east's own credential: NACKed, naming the service.
+	// 2. A malicious shard, sent with a valid credential (west's: a session for
+	//    east would supersede east's live spoke): NACKed, naming the service.
 	before := h.View().Registry
 	conn, err := grpc.NewClient(h.FederationAddr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithPerRPCCredentials(federation.TokenCredentials{Token: tokens["east"], AllowInsecure: true}))
+		grpc.WithPerRPCCredentials(federation.TokenCredentials{Token: tokens["west"], AllowInsecure: true}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +184,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mustSend(t, stream, &fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Hello{Hello: &fedv1.Hello{ClusterId: "east"}}})
+	mustSend(t, stream, &fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Hello{Hello: &fedv1.Hello{ClusterId: "west"}}})
 	if m, err := stream.Recv(); err != nil || m.GetWelcome() == nil {
 		t.Fatalf("hello answered %v, %v", m, err)
 	}
@@ -213,7 +214,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	huge := &fedv1.Hello{ClusterId: "east", SpokeBuild: string(make([]byte, 5<<20))}
+	huge := &fedv1.Hello{ClusterId: "west", SpokeBuild: string(make([]byte, 9<<20))}
 	_ = stream2.Send(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Hello{Hello: huge}})
 	if _, err := stream2.Recv(); status.Code(err) != codes.ResourceExhausted {
 		t.Errorf("huge message answered %v, want ResourceExhausted", err)
@@ -223,7 +224,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 	for _, tc := range []struct {
 		token string
 		code  codes.Code
-	}{{tokens["west"], codes.PermissionDenied}, {"made-up-token-0123456789", codes.Unauthenticated}} {
+	}{{tokens["north"], codes.PermissionDenied}, {"made-up-token-0123456789", codes.Unauthenticated}} {
 		c, err := grpc.NewClient(h.FederationAddr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithPerRPCCredentials(federation.TokenCredentials{Token: tc.token, AllowInsecure: true}))
 		if err != nil {

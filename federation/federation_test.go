@@ -2,6 +2,7 @@ package federation
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -54,12 +55,20 @@ func (m *memStore) Apply(_ context.Context, epoch, version uint64, ch registry.C
 	return m.reg.ClusterDigest(ch.Cluster), nil
 }
 
-func (m *memStore) SessionStarted(s Session) {
+func (m *memStore) Begin(_ context.Context, s Session) (Held, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.maxEpoch[s.Cluster] = max(m.maxEpoch[s.Cluster], s.Epoch)
+	return m.held[s.Cluster], nil
 }
-func (m *memStore) SessionEnded(Session) {}
+
+func (m *memStore) End(Session) {}
+
+func (m *memStore) appliedCount() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.applied
+}
 
 func (m *memStore) registry() *registry.Registry {
 	m.mu.Lock()
@@ -98,7 +107,7 @@ func startHub(t *testing.T, cfg HubConfig) *testHub {
 	}
 	h := &testHub{store: newMemStore(), addr: lis.Addr().String()}
 	h.srv = NewHubServer(cfg, h.store, &counterEpochs{}, HubMetrics{}, slog.New(slog.DiscardHandler))
-	g := grpc.NewServer(grpc.MaxRecvMsgSize(4*cfg.MaxMessageBytes), grpc.StreamInterceptor(AuthInterceptor(testTokens)))
+	g := grpc.NewServer(grpc.MaxRecvMsgSize(2*cfg.MaxMessageBytes), grpc.StreamInterceptor(AuthInterceptor(testTokens)))
 	fedv1.RegisterFederationServer(g, h.srv)
 	go func() { _ = g.Serve(lis) }()
 	t.Cleanup(g.Stop)
@@ -227,8 +236,8 @@ func TestFullStateIsChunkedAndAppliedAtomically(t *testing.T) {
 	if got := h.store.registry().Len(); got != 200 {
 		t.Fatalf("hub holds %d services, want 200", got)
 	}
-	if h.store.applied != 1 {
-		t.Errorf("full state was applied in %d steps, want 1 (atomic)", h.store.applied)
+	if n := h.store.appliedCount(); n != 1 {
+		t.Errorf("full state was applied in %d steps, want 1 (atomic)", n)
 	}
 }
 
@@ -241,7 +250,8 @@ func rawSession(t *testing.T, conn *grpc.ClientConn, cluster string) (fedv1.Fede
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := stream.Send(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Hello{Hello: &fedv1.Hello{ClusterId: cluster}}}); err != nil {
+	// A refused stream may already be closed: Send then says io.EOF, and Recv says why.
+	if err := stream.Send(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Hello{Hello: &fedv1.Hello{ClusterId: cluster}}}); err != nil && err != io.EOF {
 		t.Fatal(err)
 	}
 	m, err := stream.Recv()
@@ -430,7 +440,7 @@ func TestReconnectResumesWithoutFullState(t *testing.T) {
 	p := startPublisher(t, conn, "east", fastSpoke())
 	p.states <- stateOf(testShard("east", "a", "10.0.0.1"))
 	first := p.awaitAcked(t, 1)
-	applied := h.store.applied
+	applied := h.store.appliedCount()
 
 	// Break the session from the hub side: a newer session of the same
 	// cluster supersedes it, then goes away; the publisher reconnects.
@@ -446,9 +456,94 @@ func TestReconnectResumesWithoutFullState(t *testing.T) {
 	if next.Epoch <= first.Epoch {
 		t.Fatalf("epoch went from %d to %d", first.Epoch, next.Epoch)
 	}
+	if !next.Resumed {
+		t.Error("the session did not resume")
+	}
 	// Resumed: the hub's state was what the spoke had acknowledged, so nothing was sent again.
-	if h.store.applied != applied {
-		t.Errorf("the hub applied %d more updates after a resume, want 0", h.store.applied-applied)
+	if n := h.store.appliedCount(); n != applied {
+		t.Errorf("the hub applied %d more updates after a resume, want 0", n-applied)
+	}
+
+	// And again: a resumed session that sent nothing can be resumed too.
+	stream, welcome = rawSession(t, dial(t, h.addr, testTokens["east"]), "east")
+	_ = stream.CloseSend()
+	again := p.awaitAcked(t, 1)
+	for again.Epoch <= welcome.GetEpoch() {
+		again = p.awaitAcked(t, 1)
+	}
+	if !again.Resumed {
+		t.Error("the second reconnect did not resume")
+	}
+	if n := h.store.appliedCount(); n != applied {
+		t.Errorf("the second resume applied %d updates, want 0", n-applied)
+	}
+}
+
+func TestNewestSessionWinsARace(t *testing.T) {
+	h := startHub(t, DefaultHubConfig())
+	newer := false
+	if err := h.srv.supersede("east", 8, func(error) { newer = true }); err != nil {
+		t.Fatal(err)
+	}
+	// The older session arrives late: it is refused, and the newer one lives on.
+	if err := h.srv.supersede("east", 7, func(error) {}); !errors.Is(err, ErrSuperseded) {
+		t.Fatalf("late older session: %v, want ErrSuperseded", err)
+	}
+	if newer {
+		t.Fatal("the newer session was cancelled by an older one")
+	}
+	h.srv.release("east", 7)
+	if err := h.srv.supersede("east", 9, func(error) {}); err != nil || !newer {
+		t.Fatalf("a newest session must end epoch 8: err %v, cancelled %v", err, newer)
+	}
+}
+
+func TestOversizedShardKeepsItsLastGoodFormAndNothingStalls(t *testing.T) {
+	cfg := DefaultHubConfig()
+	cfg.MaxMessageBytes = 8 << 10
+	h := startHub(t, cfg)
+	p := startPublisher(t, dial(t, h.addr, testTokens["east"]), "east", fastSpoke())
+	small := testShard("east", "big", "10.0.0.1")
+	p.states <- stateOf(small)
+	first := p.awaitAcked(t, 1)
+
+	var addrs []string
+	for i := range 500 {
+		addrs = append(addrs, fmt.Sprintf("10.1.%d.%d", i/250, i%250+1))
+	}
+	huge := testShard("east", "big", addrs...)
+	other := testShard("east", "other", "10.0.0.2")
+	p.states <- stateOf(huge, other)
+	for st := p.awaitAcked(t, 2); st.Rejected != 1; st = p.awaitAcked(t, 2) {
+		if st.Epoch != first.Epoch {
+			t.Fatalf("the session broke (epoch %d -> %d): an oversized shard was sent", first.Epoch, st.Epoch)
+		}
+	}
+	if h.store.registry().Service(other.Service) == nil {
+		t.Fatal("the other service never arrived")
+	}
+	if got := h.store.registry().Service(small.Service); got == nil || !got.Shards[0].Equal(small) {
+		t.Fatal("the hub lost the last good form of the oversized service")
+	}
+}
+
+func TestRefusedShardInAChunkedFullStateNeedsNoReconnect(t *testing.T) {
+	cfg := DefaultHubConfig()
+	cfg.MaxMessageBytes = 4 << 10 // several chunks
+	h := startHub(t, cfg)
+	p := startPublisher(t, dial(t, h.addr, testTokens["east"]), "east", fastSpoke())
+	st := State{}
+	for i := range 60 {
+		s := testShard("east", fmt.Sprintf("svc-%d", i), fmt.Sprintf("10.0.0.%d", i+1))
+		st[s.Service] = s
+	}
+	bad := testShard("east", "svc-7", "10.0.0.8")
+	bad.Ports[0].Protocol = "QUIC"
+	st[bad.Service] = bad
+	p.states <- st
+	got := p.awaitAcked(t, 59)
+	if got.Epoch != 1 || got.Rejected != 1 {
+		t.Fatalf("status %+v, want the first session with one refused service", got)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/registry"
@@ -20,7 +21,11 @@ import (
 // ErrSuperseded marks an update from a session whose epoch is no longer the cluster's newest.
 var ErrSuperseded = errors.New("federation: session superseded by a newer epoch")
 
-// Held is what the hub holds for a cluster.
+// ErrOverLimit marks a change that would make a cluster hold more than its limits allow.
+var ErrOverLimit = errors.New("federation: over the cluster's limits")
+
+// Held is what the hub holds for a cluster: the (epoch, version) of the last
+// update applied, and the digest of the cluster's shards.
 type Held struct {
 	Epoch   uint64
 	Version uint64
@@ -34,7 +39,6 @@ type Session struct {
 	SpokeID  string
 	Build    string
 	Epoch    uint64
-	Resumed  bool
 	Started  time.Time
 	RemoteIP string
 }
@@ -42,15 +46,19 @@ type Session struct {
 // Store is what a hub session needs from the process that owns the merged
 // registry. Implementations serialize calls per cluster themselves.
 type Store interface {
+	// Begin starts session s: from then on Apply fails with ErrSuperseded for
+	// every older epoch of the cluster. It returns what the hub holds, read
+	// after that fence, so no older session can change it afterwards.
+	Begin(ctx context.Context, s Session) (Held, error)
 	// Held returns what the hub holds for the cluster.
 	Held(ctx context.Context, cluster registry.ClusterID) (Held, error)
 	// Apply applies a validated change stamped with (epoch, version) and returns
 	// the digest of what the hub then holds for the cluster. It fails with
-	// ErrSuperseded when a newer epoch of the cluster has been seen.
+	// ErrSuperseded when a newer epoch of the cluster has begun, and with
+	// ErrOverLimit (changing nothing) when the cluster would exceed its limits.
 	Apply(ctx context.Context, epoch, version uint64, change registry.Change) (registry.Hash, error)
-	// SessionStarted and SessionEnded report a session's life (liveness, debug).
-	SessionStarted(s Session)
-	SessionEnded(s Session)
+	// End reports that session s is over.
+	End(s Session)
 }
 
 // EpochIssuer issues session epochs: monotonic per cluster, across restarts and replicas.
@@ -61,12 +69,13 @@ type EpochIssuer interface {
 // HubConfig configures the hub side of the federation protocol.
 type HubConfig struct {
 	HubID string
-	// Limits bound each shard; MaxServices bounds a cluster's full state.
-	Limits      registry.Limits
-	MaxServices int
+	// Limits bound each shard and each cluster.
+	Limits registry.Limits
 	// MaxMessageBytes is announced to spokes as their chunk budget; the gRPC
-	// server's receive limit must be above it.
+	// server's receive limit must be above it (a shard alone may reach it).
 	MaxMessageBytes int
+	// MaxFullStateBytes bounds the chunks of one full state buffered until its last chunk.
+	MaxFullStateBytes int
 	// HelloTimeout bounds the wait for a new stream's Hello.
 	HelloTimeout time.Duration
 }
@@ -74,11 +83,11 @@ type HubConfig struct {
 // DefaultHubConfig returns limits that fit large clusters and bound memory.
 func DefaultHubConfig() HubConfig {
 	return HubConfig{
-		HubID:           "hub",
-		Limits:          registry.DefaultLimits(),
-		MaxServices:     20_000,
-		MaxMessageBytes: 1 << 20,
-		HelloTimeout:    10 * time.Second,
+		HubID:             "hub",
+		Limits:            registry.DefaultLimits(),
+		MaxMessageBytes:   4 << 20,
+		MaxFullStateBytes: 256 << 20,
+		HelloTimeout:      10 * time.Second,
 	}
 }
 
@@ -136,22 +145,24 @@ func (h *HubServer) Publish(stream fedv1.Federation_PublishServer) error {
 	if err != nil {
 		return status.Errorf(codes.Unavailable, "issue epoch for cluster %s: %v", cluster, err)
 	}
-	held, err := h.store.Held(ctx, cluster)
-	if err != nil {
-		return status.Errorf(codes.Unavailable, "read state of cluster %s: %v", cluster, err)
-	}
-	resume := hello.GetAckedEpoch() != 0 && held.Epoch == hello.GetAckedEpoch() &&
-		held.Version == hello.GetAckedVersion() && held.Digest.String() == hello.GetAckedDigest()
-
 	sess := Session{
 		Cluster: cluster, Network: registry.Network(hello.GetNetwork()), SpokeID: hello.GetSpokeId(),
-		Build: hello.GetSpokeBuild(), Epoch: epoch, Resumed: resume, Started: time.Now(), RemoteIP: peerAddr(ctx),
+		Build: hello.GetSpokeBuild(), Epoch: epoch, Started: time.Now(), RemoteIP: peerAddr(ctx),
 	}
 	log := h.log.With("cluster", cluster, "epoch", epoch, "spoke", sess.SpokeID)
-	h.supersede(cluster, epoch, cancel)
+	// Fence first, then read what the hub holds: an older session of the
+	// cluster can no longer change it between that read and the resume decision.
+	if err := h.supersede(cluster, epoch, cancel); err != nil {
+		return status.Error(codes.Aborted, err.Error())
+	}
 	defer h.release(cluster, epoch)
-	h.store.SessionStarted(sess)
-	defer h.store.SessionEnded(sess)
+	held, err := h.store.Begin(ctx, sess)
+	if err != nil {
+		return status.Errorf(codes.Unavailable, "start session of cluster %s: %v", cluster, err)
+	}
+	defer h.store.End(sess)
+	resume := hello.GetAckedEpoch() != 0 && held.Epoch == hello.GetAckedEpoch() &&
+		held.Version == hello.GetAckedVersion() && held.Digest.String() == hello.GetAckedDigest()
 
 	if err := stream.Send(&fedv1.HubMessage{Kind: &fedv1.HubMessage_Welcome{Welcome: &fedv1.Welcome{
 		Epoch: epoch, Resume: resume, HubId: h.cfg.HubID, MaxMessageBytes: uint32(h.cfg.MaxMessageBytes),
@@ -212,14 +223,20 @@ func (h *HubServer) recvHello(ctx context.Context, stream fedv1.Federation_Publi
 	}
 }
 
-// supersede makes (cluster, epoch) the cluster's live session and ends an older one.
-func (h *HubServer) supersede(cluster registry.ClusterID, epoch uint64, cancel context.CancelCauseFunc) {
+// supersede makes (cluster, epoch) the cluster's live session and ends an
+// older one. It fails when a newer session has already begun (two spokes of
+// one cluster racing): the newest epoch always wins.
+func (h *HubServer) supersede(cluster registry.ClusterID, epoch uint64, cancel context.CancelCauseFunc) error {
 	h.sessionsMu.Lock()
 	defer h.sessionsMu.Unlock()
-	if old := h.sessions[cluster]; old != nil && old.epoch < epoch {
+	if old := h.sessions[cluster]; old != nil {
+		if old.epoch > epoch {
+			return fmt.Errorf("%w (epoch %d > %d)", ErrSuperseded, old.epoch, epoch)
+		}
 		old.cancel(fmt.Errorf("%w (epoch %d > %d)", ErrSuperseded, epoch, old.epoch))
 	}
 	h.sessions[cluster] = &liveSession{epoch: epoch, cancel: cancel}
+	return nil
 }
 
 func (h *HubServer) release(cluster registry.ClusterID, epoch uint64) {
@@ -228,17 +245,6 @@ func (h *HubServer) release(cluster registry.ClusterID, epoch uint64) {
 	if s := h.sessions[cluster]; s != nil && s.epoch == epoch {
 		delete(h.sessions, cluster)
 	}
-}
-
-// Connected lists the clusters with a live session on this hub and their epochs.
-func (h *HubServer) Connected() map[registry.ClusterID]uint64 {
-	h.sessionsMu.Lock()
-	defer h.sessionsMu.Unlock()
-	out := make(map[registry.ClusterID]uint64, len(h.sessions))
-	for c, s := range h.sessions {
-		out[c] = s.epoch
-	}
-	return out
 }
 
 // hubSession is one stream's state, owned by the stream's goroutine.
@@ -250,9 +256,10 @@ type hubSession struct {
 	log     *slog.Logger
 	stream  fedv1.Federation_PublishServer
 
-	// A full state in progress: its version and the chunks received so far.
+	// A full state in progress: its version, the chunks received so far and their size.
 	fullVersion uint64
 	full        map[registry.ServiceKey]*registry.Shard
+	fullBytes   int
 	// spoiled is a full-state version one of whose chunks was rejected: its
 	// later chunks are rejected too, so a partial full state is never applied.
 	spoiled uint64
@@ -363,12 +370,12 @@ func (s *hubSession) apply(ctx context.Context, u *fedv1.Update) (digest registr
 	if s.full != nil && (!u.GetFullState() || v != s.fullVersion) {
 		s.full = nil // the spoke abandoned the full state in progress
 	}
-	var inUpdate map[registry.ServiceKey]bool
-	upserts := make([]*registry.Shard, 0, len(u.GetUpserts()))
-	if len(u.GetUpserts())+len(u.GetRemoves()) > s.h.cfg.MaxServices {
-		return digest, false, reject(nil, "%d services in one update, more than the limit of %d", len(u.GetUpserts())+len(u.GetRemoves()), s.h.cfg.MaxServices)
+	lim := s.h.cfg.Limits
+	if n := len(u.GetUpserts()) + len(u.GetRemoves()); n > lim.MaxServicesPerCluster {
+		return digest, false, reject(nil, "%d services in one update, more than the limit of %d", n, lim.MaxServicesPerCluster)
 	}
-	inUpdate = make(map[registry.ServiceKey]bool, len(u.GetUpserts())+len(u.GetRemoves()))
+	upserts := make([]*registry.Shard, 0, len(u.GetUpserts()))
+	inUpdate := make(map[registry.ServiceKey]bool, len(u.GetUpserts())+len(u.GetRemoves()))
 	var rj rejection
 	for _, p := range u.GetUpserts() {
 		sh, err := ShardFromProto(s.cluster, p, s.h.cfg.Limits)
@@ -412,11 +419,12 @@ func (s *hubSession) apply(ctx context.Context, u *fedv1.Update) (digest registr
 	change := registry.Change{Cluster: s.cluster, Upserts: upserts, Removes: removes}
 	if u.GetFullState() {
 		if s.full == nil {
-			s.full, s.fullVersion = map[registry.ServiceKey]*registry.Shard{}, v
+			s.full, s.fullVersion, s.fullBytes = map[registry.ServiceKey]*registry.Shard{}, v, 0
 		}
-		if len(s.full)+len(upserts) > s.h.cfg.MaxServices {
+		s.fullBytes += proto.Size(u)
+		if len(s.full)+len(upserts) > lim.MaxServicesPerCluster || s.fullBytes > s.h.cfg.MaxFullStateBytes {
 			s.full, s.spoiled = nil, v
-			return digest, false, reject(nil, "full state has more than %d services", s.h.cfg.MaxServices)
+			return digest, false, reject(nil, "full state has more than %d services or %d bytes", lim.MaxServicesPerCluster, s.h.cfg.MaxFullStateBytes)
 		}
 		for _, sh := range upserts {
 			s.full[sh.Service] = sh
@@ -433,6 +441,9 @@ func (s *hubSession) apply(ctx context.Context, u *fedv1.Update) (digest registr
 	digest, err = s.h.store.Apply(ctx, s.epoch, v, change)
 	if errors.Is(err, ErrSuperseded) {
 		return digest, false, status.Error(codes.Aborted, err.Error())
+	}
+	if errors.Is(err, ErrOverLimit) {
+		return digest, false, reject(nil, "%v", err)
 	}
 	if err != nil {
 		return digest, false, status.Errorf(codes.Unavailable, "apply update: %v", err)

@@ -49,6 +49,7 @@ func DefaultSpokeConfig() SpokeConfig {
 // SessionStatus is the publisher's view of its session, for health and debug.
 type SessionStatus struct {
 	Connected    bool
+	Resumed      bool // the session continued where the last one left off (no full state)
 	Epoch        uint64
 	AckedVersion uint64
 	Services     int // services the hub has acknowledged
@@ -65,14 +66,19 @@ type Publisher struct {
 	status func(SessionStatus)
 
 	// Owned by Run's goroutine.
-	desired      State
-	acked        State // what the hub holds; valid when ackedKnown
-	ackedHashes  map[registry.ServiceKey]registry.Hash
-	ackedDigest  registry.Hash
-	ackedKnown   bool
+	desired     State
+	acked       State // what the hub holds; valid when ackedKnown
+	ackedHashes map[registry.ServiceKey]registry.Hash
+	ackedDigest registry.Hash
+	ackedKnown  bool
+	// ackedEpoch is the epoch of the session in which the hub last applied an
+	// update: what the hub reports as its held epoch, and so what lets a
+	// later session resume.
 	ackedEpoch   uint64
 	ackedVersion uint64
-	version      uint64
+	// maxBytes is the hub's message budget, from the welcome.
+	maxBytes int
+	version  uint64
 	// rejected holds the hash of each shard the hub refused; it is not sent
 	// again until it changes, and the last accepted form stays published.
 	rejected map[registry.ServiceKey]registry.Hash
@@ -183,16 +189,16 @@ func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
 	if welcome == nil {
 		return fmt.Errorf("hub answered hello with %T, not a welcome", first.GetKind())
 	}
-	maxBytes := int(welcome.GetMaxMessageBytes())
-	if maxBytes <= 0 {
-		maxBytes = 1 << 20
+	p.maxBytes = int(welcome.GetMaxMessageBytes())
+	if p.maxBytes <= 0 {
+		p.maxBytes = 1 << 20
 	}
+	epoch := welcome.GetEpoch()
 	needFull := !welcome.GetResume()
 	if needFull {
 		p.ackedKnown = false
 	}
-	p.ackedEpoch = welcome.GetEpoch()
-	p.log.Info("hub session started", "epoch", welcome.GetEpoch(), "resume", welcome.GetResume(), "hub", welcome.GetHubId())
+	p.log.Info("hub session started", "epoch", epoch, "resume", welcome.GetResume(), "hub", welcome.GetHubId())
 
 	msgs := make(chan *fedv1.HubMessage)
 	errc := make(chan error, 1)
@@ -214,19 +220,20 @@ func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
 	defer ticker.Stop()
 
 	var inflight []pending
-	var fullAcc State // the chunks of the full state in flight, as acknowledged
+	var fullAcc State  // the chunks of the full state in flight, as acknowledged
+	var spoiled uint64 // a full-state version the hub refused: its later chunks are refused too
 	report := func() {
-		p.status(SessionStatus{Connected: true, Epoch: p.ackedEpoch, AckedVersion: p.ackedVersion, Services: len(p.acked), Rejected: len(p.rejected)})
+		p.status(SessionStatus{Connected: true, Resumed: welcome.GetResume(), Epoch: epoch, AckedVersion: p.ackedVersion, Services: len(p.acked), Rejected: len(p.rejected)})
 	}
 	report()
 	for {
 		if len(inflight) == 0 {
 			var batch []pending
 			if needFull {
-				batch, needFull = p.fullState(maxBytes), false
+				batch, needFull = p.fullState(), false
 				fullAcc = State{}
 			} else {
-				batch = p.delta(maxBytes)
+				batch = p.delta()
 			}
 			for _, u := range batch {
 				if err := stream.Send(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Update{Update: encodeUpdate(u)}}); err != nil {
@@ -274,7 +281,7 @@ func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
 				} else {
 					p.applyAcked(u)
 				}
-				p.ackedVersion = u.version
+				p.ackedEpoch, p.ackedVersion = epoch, u.version
 				if k.Ack.GetDigest() != p.ackedDigest.String() {
 					p.log.Warn("hub's digest differs from ours after an update; sending the full state",
 						"hub", k.Ack.GetDigest(), "spoke", p.ackedDigest)
@@ -287,10 +294,14 @@ func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
 				}
 				u := inflight[0]
 				inflight = inflight[1:]
+				if u.full && u.version == spoiled {
+					continue // the rest of a full state the hub already refused
+				}
 				if err := p.rejectedBy(u, k.Nack); err != nil {
 					return err
 				}
 				if u.full {
+					spoiled = u.version
 					needFull = true // send it again without what was refused
 				}
 				report()
@@ -356,8 +367,9 @@ func (p *Publisher) applyAcked(u pending) {
 	p.acked = next
 }
 
-// publishable is the desired state less what the hub refused: a refused
-// shard is replaced by the form the hub last accepted (or left out).
+// publishable is the desired state less what the hub refused, or would
+// refuse for its size: such a shard is replaced by the form the hub last
+// accepted (or left out).
 func (p *Publisher) publishable() State {
 	out := make(State, len(p.desired))
 	for k, s := range p.desired {
@@ -370,6 +382,13 @@ func (p *Publisher) publishable() State {
 			}
 			delete(p.rejected, k) // changed since: try again
 		}
+		if old := p.acked[k]; old != s && p.tooLarge(s) {
+			p.rejected[k] = s.Hash()
+			if old != nil {
+				out[k] = old
+			}
+			continue
+		}
 		out[k] = s
 	}
 	for k := range p.rejected {
@@ -380,7 +399,21 @@ func (p *Publisher) publishable() State {
 	return out
 }
 
-func (p *Publisher) fullState(maxBytes int) []pending {
+// tooLarge reports (and logs) a shard whose encoding alone exceeds the hub's message budget.
+func (p *Publisher) tooLarge(s *registry.Shard) bool {
+	n := proto.Size(ShardToProto(s))
+	if n <= p.maxBytes-envelopeBytes {
+		return false
+	}
+	p.log.Error("service too large to publish; the hub keeps its last accepted form", "service", s.Service,
+		"bytes", n, "limit", p.maxBytes-envelopeBytes, "endpoints", len(s.Endpoints))
+	return true
+}
+
+// envelopeBytes is room left in every message for what surrounds the shards.
+const envelopeBytes = 1 << 10
+
+func (p *Publisher) fullState() []pending {
 	st := p.publishable()
 	shards := make([]*registry.Shard, 0, len(st))
 	for _, s := range st {
@@ -388,7 +421,7 @@ func (p *Publisher) fullState(maxBytes int) []pending {
 	}
 	p.version++
 	var out []pending
-	for _, chunk := range chunkShards(shards, maxBytes) {
+	for _, chunk := range chunkShards(shards, p.maxBytes-envelopeBytes) {
 		out = append(out, pending{nonce: p.nextNonce(), version: p.version, full: true, upserts: chunk})
 	}
 	out[len(out)-1].last = true
@@ -397,7 +430,7 @@ func (p *Publisher) fullState(maxBytes int) []pending {
 
 // delta returns the updates that take the hub from what it acknowledged to
 // the publishable state, or nothing when they agree.
-func (p *Publisher) delta(maxBytes int) []pending {
+func (p *Publisher) delta() []pending {
 	st := p.publishable()
 	var upserts []*registry.Shard
 	var removes []registry.ServiceKey
@@ -415,7 +448,7 @@ func (p *Publisher) delta(maxBytes int) []pending {
 		return nil
 	}
 	var out []pending
-	for i, chunk := range chunkShards(upserts, maxBytes) {
+	for i, chunk := range chunkShards(upserts, p.maxBytes-envelopeBytes) {
 		p.version++
 		u := pending{nonce: p.nextNonce(), version: p.version, upserts: chunk}
 		if i == 0 {
@@ -426,10 +459,10 @@ func (p *Publisher) delta(maxBytes int) []pending {
 	return out
 }
 
-// chunkShards splits shards into groups whose encoding stays under maxBytes
-// (with room for the envelope); there is always at least one, possibly empty, group.
-func chunkShards(shards []*registry.Shard, maxBytes int) [][]*registry.Shard {
-	budget := maxBytes * 9 / 10
+// chunkShards splits shards into groups whose encoding stays under budget
+// (every shard fits alone: publishable saw to that); there is always at least
+// one, possibly empty, group.
+func chunkShards(shards []*registry.Shard, budget int) [][]*registry.Shard {
 	out := [][]*registry.Shard{nil}
 	size := 0
 	for _, s := range shards {

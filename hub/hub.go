@@ -147,7 +147,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 
 	// 4. The xDS server and the state that feeds it.
 	xdsServer := xds.NewServer(cfg.XDS, log, metricsReg)
-	st := newState(xdsServer, catalog, m.observe, log)
+	st := newState(xdsServer, catalog, cfg.Federation.Limits, m.observe, log)
 
 	// 5. gRPC servers: federation (authenticated) and xDS, with recovery, logging and metrics.
 	recoveryOpt := recovery.WithRecoveryHandler(func(p any) error {
@@ -156,7 +156,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 	})
 	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall)}
 	fedServer := grpc.NewServer(
-		grpc.MaxRecvMsgSize(4*cfg.Federation.MaxMessageBytes),
+		grpc.MaxRecvMsgSize(2*cfg.Federation.MaxMessageBytes), // a chunk, plus the removes that ride with it
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.ChainStreamInterceptor(

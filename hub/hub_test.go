@@ -3,6 +3,7 @@ package hub_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -17,10 +18,13 @@ import (
 	"github.com/navemesh/nave/hub"
 )
 
-func startHub(t *testing.T, dataDir string) (*hub.Hub, func()) {
+func startHub(t *testing.T, dataDir string, tune ...func(*hub.Config)) (*hub.Hub, func()) {
 	t.Helper()
 	cfg := hub.DefaultConfig()
 	cfg.ID, cfg.DataDir = "test", dataDir
+	for _, f := range tune {
+		f(&cfg)
+	}
 	cfg.FederationAddr, cfg.XDSAddr, cfg.AdminAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
 	ctx, cancel := context.WithCancel(context.Background())
 	h, err := hub.Start(ctx, cfg, slog.New(slog.DiscardHandler))
@@ -47,6 +51,13 @@ func get(t *testing.T, url string) (int, string) {
 // hello opens a spoke session for cluster, which lasts until the test ends, and returns its epoch.
 func hello(t *testing.T, h *hub.Hub, cluster string) uint64 {
 	t.Helper()
+	_, epoch := session(t, h, cluster)
+	return epoch
+}
+
+// session opens a spoke session for cluster, publishes an empty full state and returns the stream.
+func session(t *testing.T, h *hub.Hub, cluster string) (fedv1.Federation_PublishClient, uint64) {
+	t.Helper()
 	conn, err := grpc.NewClient(h.FederationAddr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -72,7 +83,49 @@ func hello(t *testing.T, h *hub.Hub, cluster string) uint64 {
 	if m, err := stream.Recv(); err != nil || m.GetAck() == nil {
 		t.Fatalf("empty full state answered %v, %v", m, err)
 	}
-	return m.GetWelcome().GetEpoch()
+	return stream, m.GetWelcome().GetEpoch()
+}
+
+func shard(name string) *fedv1.Shard {
+	return &fedv1.Shard{
+		Service: &fedv1.ServiceKey{Namespace: "default", Name: name},
+		Ports:   []*fedv1.ServicePort{{Name: "grpc", Port: 8080, Protocol: "TCP"}},
+	}
+}
+
+// A cluster cannot grow past its limits one delta at a time.
+func TestClusterLimitsHoldAcrossDeltas(t *testing.T) {
+	h, _ := startHub(t, t.TempDir(), func(c *hub.Config) { c.Federation.Limits.MaxServicesPerCluster = 2 })
+	stream, _ := session(t, h, "east")
+	send := func(version uint64, names ...string) *fedv1.HubMessage {
+		t.Helper()
+		u := &fedv1.Update{Nonce: fmt.Sprint(version), Version: version}
+		for _, n := range names {
+			u.Upserts = append(u.Upserts, shard(n))
+		}
+		if err := stream.Send(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Update{Update: u}}); err != nil {
+			t.Fatal(err)
+		}
+		m, err := stream.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	if m := send(2, "a", "b"); m.GetAck() == nil {
+		t.Fatalf("two services answered %v", m)
+	}
+	before := h.View().Registry
+	m := send(3, "c")
+	if m.GetNack() == nil || !strings.Contains(m.GetNack().GetRejections()[0].GetReason(), "limits") {
+		t.Fatalf("a third service answered %v, want a nack about the limits", m)
+	}
+	if h.View().Registry != before {
+		t.Fatal("an update over the limits changed the registry")
+	}
+	if m := send(4, "a"); m.GetAck() == nil {
+		t.Fatalf("updating a held service answered %v", m)
+	}
 }
 
 func TestAdminAPI(t *testing.T) {

@@ -2,6 +2,7 @@ package hub
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -50,8 +51,10 @@ type state struct {
 	log       *slog.Logger
 	publisher Publisher
 	catalog   *federation.Catalog // nil: no catalog
+	limits    registry.Limits
 	onChange  func(View)
 	ops       chan func()
+	done      chan struct{} // closed when run returns
 
 	// Owned by run's goroutine.
 	reg      *registry.Registry
@@ -61,10 +64,10 @@ type state struct {
 	view atomic.Pointer[View]
 }
 
-func newState(publisher Publisher, catalog *federation.Catalog, onChange func(View), log *slog.Logger) *state {
+func newState(publisher Publisher, catalog *federation.Catalog, limits registry.Limits, onChange func(View), log *slog.Logger) *state {
 	s := &state{
-		log: log.With("component", "state"), publisher: publisher, catalog: catalog, onChange: onChange,
-		ops: make(chan func()), reg: registry.New(),
+		log: log.With("component", "state"), publisher: publisher, catalog: catalog, limits: limits, onChange: onChange,
+		ops: make(chan func()), done: make(chan struct{}), reg: registry.New(),
 		clusters: map[registry.ClusterID]*ClusterStatus{}, maxEpoch: map[registry.ClusterID]uint64{},
 	}
 	s.publish(registry.Diff{})
@@ -74,6 +77,7 @@ func newState(publisher Publisher, catalog *federation.Catalog, onChange func(Vi
 // run applies operations until ctx ends. A panicking operation is logged and
 // the loop goes on with the state as it was before that operation.
 func (s *state) run(ctx context.Context) {
+	defer close(s.done)
 	for {
 		select {
 		case <-ctx.Done():
@@ -93,6 +97,9 @@ func (s *state) safely(op func()) {
 	op()
 }
 
+// errStopped is returned by operations sent after the state stopped.
+var errStopped = errors.New("hub state stopped")
+
 // do runs op on the state goroutine and waits for it.
 func (s *state) do(ctx context.Context, op func()) error {
 	done := make(chan struct{})
@@ -100,12 +107,16 @@ func (s *state) do(ctx context.Context, op func()) error {
 	case s.ops <- func() { defer close(done); op() }:
 	case <-ctx.Done():
 		return ctx.Err()
+	case <-s.done:
+		return errStopped
 	}
 	select {
 	case <-done:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
+	case <-s.done:
+		return errStopped
 	}
 }
 
@@ -155,18 +166,17 @@ func (s *state) Apply(ctx context.Context, epoch, version uint64, ch registry.Ch
 			applyErr = fmt.Errorf("%w: update of epoch %d, newest is %d", federation.ErrSuperseded, epoch, max)
 			return
 		}
-		s.maxEpoch[ch.Cluster] = epoch
 		next, diff := s.reg.Apply(ch)
+		sum := next.Cluster(ch.Cluster)
+		if sum.Services > s.limits.MaxServicesPerCluster || sum.Endpoints > s.limits.MaxEndpointsPerCluster {
+			applyErr = fmt.Errorf("%w: cluster %s would hold %d services and %d endpoints; the limits are %d and %d",
+				federation.ErrOverLimit, ch.Cluster, sum.Services, sum.Endpoints, s.limits.MaxServicesPerCluster, s.limits.MaxEndpointsPerCluster)
+			return
+		}
 		s.reg = next
 		c := s.cluster(ch.Cluster)
 		c.Epoch, c.Version, c.LastUpdate = epoch, version, time.Now()
-		c.Digest = next.ClusterDigest(ch.Cluster)
-		c.Services, c.Endpoints = 0, 0
-		for _, sum := range next.Clusters() {
-			if sum.Cluster == ch.Cluster {
-				c.Services, c.Endpoints = sum.Services, sum.Endpoints
-			}
-		}
+		c.Digest, c.Services, c.Endpoints = sum.Digest, sum.Services, sum.Endpoints
 		digest = c.Digest
 		if !diff.Empty() {
 			s.log.Debug("registry changed", "cluster", ch.Cluster, "version", diff.Version, "services", len(diff.Services))
@@ -179,9 +189,9 @@ func (s *state) Apply(ctx context.Context, epoch, version uint64, ch registry.Ch
 	return digest, applyErr
 }
 
-// SessionStarted implements federation.Store. It records the cluster in the
-// catalog first, on the caller's goroutine, so etcd never stalls the state.
-func (s *state) SessionStarted(sess federation.Session) {
+// Begin implements federation.Store. It records the cluster in the catalog
+// first, on the caller's goroutine, so etcd never stalls the state.
+func (s *state) Begin(ctx context.Context, sess federation.Session) (federation.Held, error) {
 	if s.catalog != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), etcdTimeout)
 		err := s.catalog.Record(ctx, federation.ClusterRecord{
@@ -193,19 +203,22 @@ func (s *state) SessionStarted(sess federation.Session) {
 			s.log.Warn("record cluster in catalog", "cluster", sess.Cluster, "err", err)
 		}
 	}
-	_ = s.do(context.Background(), func() {
+	var held federation.Held
+	err := s.do(ctx, func() {
 		if sess.Epoch > s.maxEpoch[sess.Cluster] {
 			s.maxEpoch[sess.Cluster] = sess.Epoch
 		}
 		c := s.cluster(sess.Cluster)
 		c.Connected, c.Network, c.SpokeID, c.Build, c.Remote = true, sess.Network, sess.SpokeID, sess.Build, sess.RemoteIP
 		c.SessionStart, c.LastSeen = sess.Started, time.Now()
+		held = federation.Held{Epoch: c.Epoch, Version: c.Version, Digest: s.reg.ClusterDigest(sess.Cluster)}
 		s.publish(registry.Diff{})
 	})
+	return held, err
 }
 
-// SessionEnded implements federation.Store.
-func (s *state) SessionEnded(sess federation.Session) {
+// End implements federation.Store.
+func (s *state) End(sess federation.Session) {
 	_ = s.do(context.Background(), func() {
 		c := s.cluster(sess.Cluster)
 		if s.maxEpoch[sess.Cluster] == sess.Epoch {

@@ -66,6 +66,15 @@ func (r *Registry) Clusters() []ClusterSummary {
 	return out
 }
 
+// Cluster summarizes what one cluster contributes (zero counts and ZeroHash for nothing).
+func (r *Registry) Cluster(id ClusterID) ClusterSummary {
+	c := r.clusters[id]
+	if c == nil {
+		return ClusterSummary{Cluster: id}
+	}
+	return ClusterSummary{Cluster: id, Services: len(c.shards), Endpoints: c.endpoints, Digest: c.digest}
+}
+
 // ClusterDigest is the digest of everything the cluster published (ZeroHash for nothing).
 func (r *Registry) ClusterDigest(id ClusterID) Hash {
 	if c := r.clusters[id]; c != nil {

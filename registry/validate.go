@@ -10,16 +10,22 @@ import (
 // ErrInvalid marks every validation failure.
 var ErrInvalid = errors.New("registry: invalid")
 
-// Limits bound what one shard may hold, so no peer can make the hub hold an unbounded amount.
+// Limits bound what one shard, and one cluster, may hold, so no peer can make
+// the hub hold an unbounded amount.
 type Limits struct {
 	MaxPorts                int // service ports per shard
 	MaxEndpoints            int // endpoints per shard
 	MaxAddressesPerEndpoint int
+	MaxServicesPerCluster   int
+	MaxEndpointsPerCluster  int
 }
 
 // DefaultLimits are generous for real services and small enough to bound memory.
 func DefaultLimits() Limits {
-	return Limits{MaxPorts: 100, MaxEndpoints: 10_000, MaxAddressesPerEndpoint: 100}
+	return Limits{
+		MaxPorts: 100, MaxEndpoints: 10_000, MaxAddressesPerEndpoint: 100,
+		MaxServicesPerCluster: 20_000, MaxEndpointsPerCluster: 500_000,
+	}
 }
 
 // ValidationError says which service a shard was rejected for, and why.

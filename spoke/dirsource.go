@@ -24,11 +24,12 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
+	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/registry"
 )
 
 // State is a cluster's complete desired state: one shard per exported service.
-type State = map[registry.ServiceKey]*registry.Shard
+type State = federation.State
 
 // DirSource watches a directory of Kubernetes manifests (.yaml, .yml, .json;
 // several documents per file, kind: List) and builds the cluster's state from
@@ -37,12 +38,27 @@ type State = map[registry.ServiceKey]*registry.Shard
 // (which also skips the ..data links of a mounted ConfigMap). Objects
 // without a namespace are in "default"; a Service defined in two files is
 // taken from the first by file name.
+//
+// Bad input never removes what was good: a file that stops decoding keeps its
+// previous objects, an invalid endpoint is left out of its service, and a
+// service that turns invalid keeps the last good shard published for it.
 type DirSource struct {
+	// StartupGrace is how long the first publish waits for every manifest
+	// to decode once: a spoke restarting while a file is garbled would
+	// otherwise publish a state without that file's services, and the hub,
+	// which replaces the whole state, would drop what the previous process
+	// published. After the grace, the state is published without those
+	// files. Zero or less publishes at once. Set it before Run.
+	StartupGrace time.Duration
+
 	dir  string
 	opts BuildOptions
 	poll time.Duration
 	log  *slog.Logger
 }
+
+// DefaultStartupGrace is DirSource.StartupGrace unless changed.
+const DefaultStartupGrace = 30 * time.Second
 
 // racyWindow: a file modified this close to when it was read may have
 // changed again within the file system's timestamp granularity without
@@ -67,15 +83,22 @@ func NewDirSource(dir string, opts BuildOptions, poll time.Duration, log *slog.L
 	if log == nil {
 		log = slog.Default()
 	}
-	return &DirSource{dir: dir, opts: opts, poll: poll, log: log.With("component", "dirsource", "dir", dir)}
+	return &DirSource{
+		StartupGrace: DefaultStartupGrace,
+		dir:          dir,
+		opts:         opts,
+		poll:         poll,
+		log:          log.With("component", "dirsource", "dir", dir),
+	}
 }
 
 // Name identifies the source in logs and status.
 func (d *DirSource) Name() string { return "dir:" + d.dir }
 
 // Run calls publish with the complete state once the directory has been
-// read, then again after every change that changes the state (never with an
-// identical state twice in a row), until ctx ends; then it returns nil.
+// read (and every manifest in it decoded, or StartupGrace passed), then
+// again after every change that changes the state (never with an identical
+// state twice in a row), until ctx ends; then it returns nil.
 // publish may block (it is called from Run's goroutine and should return
 // when ctx ends); it owns the state it is given, which is never modified
 // afterwards. The directory missing at start is an error. Later, a file
@@ -89,7 +112,10 @@ func (d *DirSource) Run(ctx context.Context, publish func(State)) error {
 	if !fi.IsDir() {
 		return fmt.Errorf("read %s: not a directory", d.dir)
 	}
-	w := &dirWatch{src: d, files: map[string]*manifestFile{}, polled: map[string]polledStat{}, settle: max(d.poll, minSettle)}
+	w := &dirWatch{
+		src: d, files: map[string]*manifestFile{}, polled: map[string]polledStat{}, settle: max(d.poll, minSettle),
+		begun: time.Now(),
+	}
 	ticker := time.NewTicker(d.poll)
 	defer ticker.Stop()
 	for {
@@ -110,8 +136,10 @@ type dirWatch struct {
 	scanned   bool                     // the directory was read once
 	settle    time.Duration            // how long a changed file must hold still before it is read
 	published State
-	started   bool // published at least once
-	dirty     bool // rebuild even if no file changed (after a panic)
+	started   bool      // published at least once
+	dirty     bool      // rebuild even if no file changed (after a panic)
+	begun     time.Time // when Run started, for StartupGrace
+	heldBack  bool      // the first publish was held back (and that logged)
 }
 
 // polledStat is a file's stat and since when it has not changed.
@@ -132,10 +160,11 @@ func (s fileStat) same(o fileStat) bool { return s.modTime.Equal(o.modTime) && s
 
 // manifestFile is what was last read of one file.
 type manifestFile struct {
-	stat   fileStat // when last read
-	readAt time.Time
-	sum    [sha256.Size]byte // of the last content read, good or not; zero until then
-	objs   Objects           // from the last content that decoded
+	stat    fileStat // when last read
+	readAt  time.Time
+	sum     [sha256.Size]byte // of the last content read, good or not; zero until then
+	objs    Objects           // from the last content that decoded
+	decoded bool              // some content decoded
 }
 
 func (w *dirWatch) pollOnce(ctx context.Context, publish func(State)) {
@@ -155,6 +184,9 @@ func (w *dirWatch) pollOnce(ctx context.Context, publish func(State)) {
 		return
 	}
 	if !changed && !w.dirty && w.started {
+		return
+	}
+	if !w.started && w.holdBack() {
 		return
 	}
 	w.dirty = false
@@ -251,7 +283,7 @@ func (w *dirWatch) scan() (bool, error) {
 		}
 		log.Debug("read manifest", "file", name,
 			"services", len(objs.Services), "endpointSlices", len(objs.EndpointSlices), "nodes", len(objs.Nodes))
-		f.objs = objs
+		f.objs, f.decoded = objs, true
 		changed = true
 	}
 	for name := range w.files {
@@ -283,7 +315,36 @@ func readFile(path string) ([]byte, fileStat, error) {
 	return data, statOf(fi), nil
 }
 
-// build merges every file's objects (in file name order) and builds the state.
+// holdBack reports whether the first publish must wait: some manifest has
+// never decoded and the startup grace is not over.
+func (w *dirWatch) holdBack() bool {
+	var pending []string
+	for name := range w.polled {
+		if f := w.files[name]; f == nil || !f.decoded {
+			pending = append(pending, name)
+		}
+	}
+	if len(pending) == 0 {
+		return false
+	}
+	slices.Sort(pending)
+	grace := w.src.StartupGrace
+	if time.Since(w.begun) < grace {
+		if !w.heldBack {
+			w.heldBack = true
+			w.src.log.Warn("holding back the first state until every manifest decodes",
+				"files", pending, "grace", grace)
+		}
+		return true
+	}
+	w.src.log.Warn("publishing the first state without manifests that never decoded", "files", pending, "grace", grace)
+	return false
+}
+
+// build merges every file's objects (in file name order) and builds the
+// state. A service that is invalid keeps the shard last published for it.
+// It runs only when some file's objects changed, so problems are logged
+// again after each change, not at every poll.
 func (w *dirWatch) build() State {
 	var all Objects
 	for _, name := range slices.Sorted(maps.Keys(w.files)) {
@@ -292,9 +353,17 @@ func (w *dirWatch) build() State {
 		all.EndpointSlices = append(all.EndpointSlices, o.EndpointSlices...)
 		all.Nodes = append(all.Nodes, o.Nodes...)
 	}
-	state, errs := BuildShards(all, w.src.opts)
+	state, invalid, errs := BuildShards(all, w.src.opts)
+	for _, k := range slices.SortedFunc(maps.Keys(invalid), registry.ServiceKey.Compare) {
+		if last := w.published[k]; last != nil {
+			state[k] = last
+			w.src.log.Warn("invalid service; still publishing its last good form", "error", invalid[k])
+		} else {
+			w.src.log.Warn("invalid service; not published", "error", invalid[k])
+		}
+	}
 	for _, err := range errs {
-		w.src.log.Warn("skipped service", "error", err)
+		w.src.log.Warn("ignored invalid input; the rest of the service is published", "error", err)
 	}
 	return state
 }

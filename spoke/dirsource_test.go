@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -64,9 +65,18 @@ type harness struct {
 
 func startDirSource(t *testing.T, dir string, publish func(h *harness, s State)) *harness {
 	t.Helper()
+	return startDirSourceWith(t, dir, nil, publish)
+}
+
+// startDirSourceWith is startDirSource with setup applied to the source before it runs.
+func startDirSourceWith(t *testing.T, dir string, setup func(*DirSource), publish func(h *harness, s State)) *harness {
+	t.Helper()
 	h := &harness{t: t, dir: dir, states: make(chan State), logs: make(chan logRecord, 10_000)}
 	src := NewDirSource(dir, BuildOptions{Cluster: "east", DefaultRegion: "dc1"}, 5*time.Millisecond,
 		slog.New(&recordingHandler{records: h.logs}))
+	if setup != nil {
+		setup(src)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() {
@@ -101,6 +111,36 @@ func copyTestdata(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return dir
+}
+
+// editFile replaces the first old in a file by new, before a source runs.
+func editFile(t *testing.T, path, old, new string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), old) {
+		t.Fatalf("%s does not contain %q", path, old)
+	}
+	if err := os.WriteFile(path, []byte(strings.Replace(string(b), old, new, 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// logged drains the records logged so far and returns those with this message.
+func (h *harness) logged(msg string) []logRecord {
+	var out []logRecord
+	for {
+		select {
+		case r := <-h.logs:
+			if r.msg == msg {
+				out = append(out, r)
+			}
+		default:
+			return out
+		}
+	}
 }
 
 // next returns the next published state.
@@ -410,4 +450,123 @@ items:
 func hasPort(e registry.Endpoint, name string, number int32) bool {
 	got, ok := e.PortNumber(name)
 	return ok && got == number
+}
+
+func TestDirSourceInvalidEndpointLeavesTheRest(t *testing.T) {
+	h := startDirSource(t, copyTestdata(t), nil)
+	h.next()
+	h.edit("slices.yaml", "zone: us-east-1a", "zone: us east 1a")
+	s := h.next()
+	if got := describe(s); got["shop/web"] != 2 || got["shop/db"] != 1 {
+		t.Fatalf("state = %v, want web without 10.0.1.1 and db as before", got)
+	}
+	endpoint(t, s, webKey, "10.0.2.1")
+	endpoint(t, s, webKey, "fd00::1:1")
+	recs := h.logged("ignored invalid input; the rest of the service is published")
+	if len(recs) != 1 || !strings.Contains(recs[0].attrs["error"], "service shop/web: endpointslice web-ipv4, endpoint 0 left out") ||
+		recs[0].level != slog.LevelWarn {
+		t.Errorf("logs = %+v, want one warning naming the endpoint", recs)
+	}
+}
+
+func TestDirSourceInvalidServiceKeepsLastGoodShard(t *testing.T) {
+	h := startDirSource(t, copyTestdata(t), nil)
+	before := h.next()
+
+	// awaitLog fails on any publish: the invalid form changes nothing.
+	h.edit("services.yaml", "name: grpc", "name: GRPC")
+	rec := h.awaitLog("invalid service; still publishing its last good form", "")
+	if !strings.Contains(rec.attrs["error"], `service shop/web: port name "GRPC"`) || rec.level != slog.LevelWarn {
+		t.Errorf("log = %+v", rec)
+	}
+
+	// Other changes are published, with web's last good shard; the error is
+	// reported again for this change only, not at every poll in between.
+	h.edit("db-slice.yml", "10.0.1.5", "10.0.1.6")
+	s := h.next()
+	endpoint(t, s, dbKey, "10.0.1.6")
+	if !s[webKey].Equal(before[webKey]) {
+		t.Errorf("web = %s, want its last good form %s", mustJSON(s[webKey]), mustJSON(before[webKey]))
+	}
+	if recs := h.logged("invalid service; still publishing its last good form"); len(recs) != 1 {
+		t.Errorf("reported %d times after one change: %+v", len(recs), recs)
+	}
+
+	// The fixed form is published.
+	h.edit("services.yaml", "name: GRPC", "name: rpc")
+	s = h.next()
+	if !slices.ContainsFunc(s[webKey].Ports, func(p registry.ServicePort) bool { return p.Name == "rpc" }) {
+		t.Errorf("web ports = %v, want the fixed form", s[webKey].Ports)
+	}
+	if len(s[webKey].Endpoints) != 3 {
+		t.Errorf("state = %v", describe(s))
+	}
+}
+
+func TestDirSourceInvalidServiceFromStartIsNotPublished(t *testing.T) {
+	dir := copyTestdata(t)
+	editFile(t, filepath.Join(dir, "services.yaml"), "name: grpc", "name: GRPC")
+	h := startDirSource(t, dir, nil)
+	s := h.next()
+	if got := describe(s); len(got) != 1 || s[dbKey] == nil {
+		t.Fatalf("state = %v, want only shop/db", got)
+	}
+	if recs := h.logged("invalid service; not published"); len(recs) != 1 || !strings.Contains(recs[0].attrs["error"], "service shop/web") {
+		t.Errorf("logs = %+v, want one warning naming shop/web", recs)
+	}
+	h.edit("services.yaml", "name: GRPC", "name: rpc")
+	s = h.next()
+	if web := s[webKey]; web == nil || len(web.Endpoints) != 3 {
+		t.Fatalf("after the fix: %v", describe(s))
+	}
+}
+
+func TestDirSourceHoldsBackFirstStateWhileAFileNeverDecoded(t *testing.T) {
+	dir := copyTestdata(t)
+	path := filepath.Join(dir, "slices.yaml")
+	original, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(string(original)+"\n- : [unclosed\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h := startDirSourceWith(t, dir, func(d *DirSource) { d.StartupGrace = time.Hour }, nil)
+	rec := h.awaitLog("holding back the first state until every manifest decodes", "")
+	if rec.level != slog.LevelWarn || rec.attrs["files"] != "[slices.yaml]" {
+		t.Errorf("log = %+v", rec)
+	}
+	// The first state published is the complete one.
+	h.write("slices.yaml", string(original))
+	if s := h.next(); len(s) != 2 || len(s[webKey].Endpoints) != 3 {
+		t.Fatalf("first state = %v, want web with its 3 endpoints", describe(s))
+	}
+	if recs := h.logged("holding back the first state until every manifest decodes"); len(recs) != 0 {
+		t.Errorf("hold-back logged again: %+v", recs)
+	}
+}
+
+func TestDirSourceStartupGraceExpires(t *testing.T) {
+	dir := copyTestdata(t)
+	editFile(t, filepath.Join(dir, "slices.yaml"), "kind: List", "kind: [List")
+	const grace = 200 * time.Millisecond
+	begun := time.Now()
+	h := startDirSourceWith(t, dir, func(d *DirSource) { d.StartupGrace = grace }, nil)
+	h.awaitLog("holding back the first state until every manifest decodes", "")
+	s := h.next()
+	if waited := time.Since(begun); waited < grace {
+		t.Errorf("published after %v, before the grace of %v", waited, grace)
+	}
+	if got := describe(s); len(got) != 2 || got["shop/web"] != 0 {
+		t.Fatalf("state = %v, want web without the garbled file's endpoints", got)
+	}
+	if recs := h.logged("publishing the first state without manifests that never decoded"); len(recs) != 1 ||
+		recs[0].attrs["files"] != "[slices.yaml]" || recs[0].level != slog.LevelWarn {
+		t.Errorf("logs = %+v", recs)
+	}
+	// From then on the file is read as usual.
+	h.edit("slices.yaml", "kind: [List", "kind: List")
+	if s := h.next(); len(s[webKey].Endpoints) != 3 {
+		t.Fatalf("after the fix: %v", describe(s))
+	}
 }

@@ -34,12 +34,15 @@ type BuildOptions struct {
 	Limits registry.Limits
 }
 
-// BuildShards returns one normalized, validated shard per exported service,
-// and one error per service it skipped. Every error is a
-// *registry.ValidationError naming the service. The objects are not modified.
-// Empty lists in the shards are empty slices, never nil, as federation
-// decodes them on the hub.
-func BuildShards(objs Objects, opts BuildOptions) (map[registry.ServiceKey]*registry.Shard, []error) {
+// BuildShards returns one normalized, validated shard per exported service.
+// A service whose shard is invalid as a whole (its name, its ports, too many
+// endpoints...) has no shard; invalid holds its error instead. errs reports
+// what was left out of the services that were built: each endpoint that
+// fails validation (the rest of its service is kept) and each second
+// definition of a service. Every error is a *registry.ValidationError naming
+// the service. The objects are not modified. Empty lists in the shards are
+// empty slices, never nil, as federation decodes them on the hub.
+func BuildShards(objs Objects, opts BuildOptions) (shards map[registry.ServiceKey]*registry.Shard, invalid map[registry.ServiceKey]error, errs []error) {
 	lim := opts.Limits
 	if lim == (registry.Limits{}) {
 		lim = registry.DefaultLimits()
@@ -64,8 +67,9 @@ func BuildShards(objs Objects, opts BuildOptions) (map[registry.ServiceKey]*regi
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 	})
 
-	out := map[registry.ServiceKey]*registry.Shard{}
-	var errs []error
+	shards = map[registry.ServiceKey]*registry.Shard{}
+	invalid = map[registry.ServiceKey]error{}
+	seen := map[registry.ServiceKey]bool{}
 	for _, svc := range services {
 		if !opts.ExportAll && svc.Labels[ExportLabel] != "true" {
 			continue
@@ -74,27 +78,30 @@ func BuildShards(objs Objects, opts BuildOptions) (map[registry.ServiceKey]*regi
 			continue
 		}
 		k := registry.ServiceKey{Namespace: svc.Namespace, Name: svc.Name}
-		if _, dup := out[k]; dup {
+		if seen[k] {
+			// Even when the first is invalid: a later definition must not stand in for it.
 			errs = append(errs, &registry.ValidationError{Service: k, Reason: "defined twice; kept the first"})
 			continue
 		}
+		seen[k] = true
 		es := slicesOf[k]
 		slices.SortFunc(es, func(a, b *discoveryv1.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
-		shard, err := buildShard(k, svc, es, nodes, opts)
-		if err == nil {
-			shard.Normalize()
-			err = shard.Validate(lim)
-		}
-		if err != nil {
-			errs = append(errs, err)
+		shard, epErrs := buildShard(k, svc, es, nodes, opts, lim)
+		shard.Normalize()
+		if err := shard.Validate(lim); err != nil {
+			invalid[k] = err
 			continue
 		}
-		out[k] = shard
+		errs = append(errs, epErrs...)
+		shards[k] = shard
 	}
-	return out, errs
+	return shards, invalid, errs
 }
 
-func buildShard(k registry.ServiceKey, svc *corev1.Service, eslices []*discoveryv1.EndpointSlice, nodes map[string]*corev1.Node, opts BuildOptions) (*registry.Shard, error) {
+// buildShard builds a service's shard, leaving out (and reporting) each
+// endpoint that is not valid on its own, so that one bad endpoint never costs
+// the service its other endpoints.
+func buildShard(k registry.ServiceKey, svc *corev1.Service, eslices []*discoveryv1.EndpointSlice, nodes map[string]*corev1.Node, opts BuildOptions, lim registry.Limits) (*registry.Shard, []error) {
 	s := &registry.Shard{
 		Cluster:    opts.Cluster,
 		Service:    k,
@@ -114,6 +121,7 @@ func buildShard(k registry.ServiceKey, svc *corev1.Service, eslices []*discovery
 		s.Ports = append(s.Ports, sp)
 	}
 
+	var errs []error
 	var eps endpointSet
 	for _, es := range eslices {
 		var family func(netip.Addr) bool
@@ -121,7 +129,8 @@ func buildShard(k registry.ServiceKey, svc *corev1.Service, eslices []*discovery
 		case discoveryv1.AddressTypeIPv4:
 			family = netip.Addr.Is4
 		case discoveryv1.AddressTypeIPv6:
-			family = netip.Addr.Is6
+			// Kubernetes does not take IPv4-mapped addresses as IPv6 either; they would alias IPv4 ones.
+			family = func(a netip.Addr) bool { return a.Is6() && !a.Is4In6() }
 		default:
 			continue // FQDN (deprecated) and anything newer name no IP we can hand out
 		}
@@ -136,23 +145,29 @@ func buildShard(k registry.ServiceKey, svc *corev1.Service, eslices []*discovery
 			}
 			ports = append(ports, ep)
 		}
-		for _, e := range es.Endpoints {
+		for i, e := range es.Endpoints {
+			leftOut := func(format string, args ...any) {
+				errs = append(errs, &registry.ValidationError{Service: k, Reason: fmt.Sprintf(
+					"endpointslice %s, endpoint %d left out: %s", es.Name, i, fmt.Sprintf(format, args...))})
+			}
 			re := registry.Endpoint{
 				Addresses:  make([]netip.Addr, 0, len(e.Addresses)),
 				Ports:      slices.Clone(ports),
 				Conditions: conditions(e.Conditions),
 			}
+			bad := false
 			for _, a := range e.Addresses {
 				addr, err := netip.ParseAddr(a)
 				if err != nil || !family(addr) {
-					return nil, &registry.ValidationError{Service: k, Reason: fmt.Sprintf(
-						"endpointslice %s: address %q is not an %s address", es.Name, a, es.AddressType)}
+					leftOut("address %q is not an %s address", a, es.AddressType)
+					bad = true
+					break
 				}
 				if !slices.Contains(re.Addresses, addr) {
 					re.Addresses = append(re.Addresses, addr)
 				}
 			}
-			if len(re.Addresses) == 0 {
+			if bad || len(re.Addresses) == 0 {
 				continue
 			}
 			var node *corev1.Node
@@ -164,11 +179,16 @@ func buildShard(k registry.ServiceKey, svc *corev1.Service, eslices []*discovery
 				re.Hostname = *e.Hostname
 			}
 			re.Locality = locality(e.Zone, node, opts.DefaultRegion)
+			// Checked before merging, so that a bad copy never replaces a good one.
+			if err := re.Validate(lim); err != nil {
+				leftOut("%v", err)
+				continue
+			}
 			eps.add(re)
 		}
 	}
 	s.Endpoints = eps.list()
-	return s, nil
+	return s, errs
 }
 
 // conditions applies the EndpointSlice API's rules for unset conditions:

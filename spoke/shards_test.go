@@ -112,11 +112,12 @@ func TestBuildShards(t *testing.T) {
 	many, manyWant := manyEndpoints()
 
 	tests := []struct {
-		name     string
-		objs     Objects
-		opts     BuildOptions
-		want     []*registry.Shard
-		wantErrs []string // substrings, one per error, in order
+		name        string
+		objs        Objects
+		opts        BuildOptions
+		want        []*registry.Shard
+		wantInvalid map[string]string // service name: a substring of its error
+		wantErrs    []string          // substrings, one per error, in order
 	}{
 		{
 			name: "multi-port with protocol default and appProtocol",
@@ -296,30 +297,64 @@ func TestBuildShards(t *testing.T) {
 			want: []*registry.Shard{shard("hidden", httpPort)},
 		},
 		{
-			name: "invalid services are skipped with an error naming them; the rest is built",
+			name: "invalid services are reported as invalid, with no shard; the rest is built",
 			objs: Objects{
 				Services: []*corev1.Service{
 					svc("a-noports"),
 					svc("b-badport", port("Not_A_Label", 80)),
-					svc("c-badaddr", port("http", 80)),
-					svc("d-family", port("http", 80)),
 					svc("e-unnamed", port("", 80), port("", 81)),
+					svc("f-dup", port("Bad_", 80)),
+					svc("f-dup", port("http", 80)), // must not stand in for the invalid first definition
 					svc("ok", port("http", 80)),
 					svc("ok", port("http", 81)),
 				},
-				EndpointSlices: []*discoveryv1.EndpointSlice{
-					slice("c-1", "c-badaddr", discoveryv1.AddressTypeIPv4, http, ep("10.0.0.300", true)),
-					slice("d-1", "d-family", discoveryv1.AddressTypeIPv4, http, ep("fd00::1", true)),
-				},
 			},
 			want: []*registry.Shard{shard("ok", httpPort)},
+			wantInvalid: map[string]string{
+				"a-noports": "service shop/a-noports: no ports",
+				"b-badport": `service shop/b-badport: port name "Not_A_Label"`,
+				"e-unnamed": "service shop/e-unnamed: port 80 has no name",
+				"f-dup":     `service shop/f-dup: port name "Bad_"`,
+			},
 			wantErrs: []string{
-				"service shop/a-noports: no ports",
-				`service shop/b-badport: port name "Not_A_Label"`,
-				`service shop/c-badaddr: endpointslice c-1: address "10.0.0.300"`,
-				`service shop/d-family: endpointslice d-1: address "fd00::1" is not an IPv4 address`,
-				"service shop/e-unnamed: port 80 has no name",
+				"service shop/f-dup: defined twice",
 				"service shop/ok: defined twice",
+			},
+		},
+		{
+			name: "an invalid endpoint is left out with an error naming it; the rest of the service stays",
+			objs: Objects{
+				Services: []*corev1.Service{svc("web", port("http", 80))},
+				EndpointSlices: []*discoveryv1.EndpointSlice{
+					slice("web-a", "web", discoveryv1.AddressTypeIPv4, http,
+						ep("10.0.0.1", false),
+						with(ep("10.0.0.2", true), func(e *discoveryv1.Endpoint) { e.Hostname = ptr("Web_1") }),
+						ep("0.0.0.0", true),
+						ep("224.0.0.1", true),
+						with(ep("10.0.0.3", true), func(e *discoveryv1.Endpoint) { e.Zone = ptr("us east") }),
+						ep("fd00::1", true),
+						ep("10.0.0.300", true),
+						ep("10.0.0.4", true),
+					),
+					// A ready but invalid copy of 10.0.0.1 must not replace the valid one.
+					slice("web-b", "web", discoveryv1.AddressTypeIPv4, http,
+						with(ep("10.0.0.1", true), func(e *discoveryv1.Endpoint) { e.NodeName = ptr("Node_A") })),
+					slice("web-v6", "web", discoveryv1.AddressTypeIPv6, http, ep("::ffff:10.0.0.4", true), ep("fd00::2", true)),
+				},
+			},
+			want: []*registry.Shard{shard("web", httpPort,
+				rep("10.0.0.1", notReady, inDC1, httpTarget),
+				rep("10.0.0.4", ready, inDC1, httpTarget),
+				rep("fd00::2", ready, inDC1, httpTarget))},
+			wantErrs: []string{
+				`service shop/web: endpointslice web-a, endpoint 1 left out: 10.0.0.2: hostname "Web_1" is not a DNS label`,
+				`service shop/web: endpointslice web-a, endpoint 2 left out: address "0.0.0.0" is not a unicast IP`,
+				`service shop/web: endpointslice web-a, endpoint 3 left out: address "224.0.0.1" is not a unicast IP`,
+				`service shop/web: endpointslice web-a, endpoint 4 left out: 10.0.0.3: locality value "us east"`,
+				`service shop/web: endpointslice web-a, endpoint 5 left out: address "fd00::1" is not an IPv4 address`,
+				`service shop/web: endpointslice web-a, endpoint 6 left out: address "10.0.0.300" is not an IPv4 address`,
+				`service shop/web: endpointslice web-b, endpoint 0 left out: 10.0.0.1: node name "Node_A"`,
+				`service shop/web: endpointslice web-v6, endpoint 0 left out: address "::ffff:10.0.0.4" is not an IPv6 address`,
 			},
 		},
 		{
@@ -328,8 +363,8 @@ func TestBuildShards(t *testing.T) {
 				Services:       []*corev1.Service{svc("web", port("http", 80))},
 				EndpointSlices: []*discoveryv1.EndpointSlice{slice("web-a", "web", discoveryv1.AddressTypeIPv4, http, many...)},
 			},
-			opts:     BuildOptions{Cluster: "east", Limits: registry.Limits{MaxPorts: 10, MaxEndpoints: 100, MaxAddressesPerEndpoint: 1}},
-			wantErrs: []string{"service shop/web: 600 endpoints, more than the limit of 100"},
+			opts:        BuildOptions{Cluster: "east", Limits: registry.Limits{MaxPorts: 10, MaxEndpoints: 100, MaxAddressesPerEndpoint: 1}},
+			wantInvalid: map[string]string{"web": "service shop/web: 600 endpoints, more than the limit of 100"},
 		},
 		{
 			name: "several hundred endpoints over several slices",
@@ -350,7 +385,23 @@ func TestBuildShards(t *testing.T) {
 			if opts.Cluster == "" {
 				opts = defaultOpts
 			}
-			got, errs := BuildShards(tt.objs, opts)
+			got, invalid, errs := BuildShards(tt.objs, opts)
+			if len(invalid) != len(tt.wantInvalid) {
+				t.Errorf("invalid = %v, want %d matching %q", invalid, len(tt.wantInvalid), tt.wantInvalid)
+			}
+			for name, want := range tt.wantInvalid {
+				err := invalid[registry.ServiceKey{Namespace: "shop", Name: name}]
+				if err == nil || !strings.Contains(err.Error(), want) {
+					t.Errorf("invalid[%s] = %v, want an error containing %q", name, err, want)
+				}
+				if _, built := got[registry.ServiceKey{Namespace: "shop", Name: name}]; built {
+					t.Errorf("invalid service %s has a shard", name)
+				}
+				var ve *registry.ValidationError
+				if !errors.As(err, &ve) || !errors.Is(err, registry.ErrInvalid) {
+					t.Errorf("invalid[%s] = %#v, want a *registry.ValidationError", name, err)
+				}
+			}
 			if len(errs) != len(tt.wantErrs) {
 				t.Fatalf("errors = %v, want %d matching %q", errs, len(tt.wantErrs), tt.wantErrs)
 			}
@@ -392,11 +443,11 @@ func TestBuildShardsCanonical(t *testing.T) {
 	}
 	reversed := Objects{Services: []*corev1.Service{objs.Services[1], objs.Services[0]},
 		EndpointSlices: []*discoveryv1.EndpointSlice{objs.EndpointSlices[1], objs.EndpointSlices[0]}}
-	a, errs := BuildShards(objs, defaultOpts)
-	if errs != nil {
-		t.Fatal(errs)
+	a, invalid, errs := BuildShards(objs, defaultOpts)
+	if len(invalid) != 0 || errs != nil {
+		t.Fatal(invalid, errs)
 	}
-	b, _ := BuildShards(reversed, defaultOpts)
+	b, _, _ := BuildShards(reversed, defaultOpts)
 	for k, s := range a {
 		if !s.Equal(b[k]) || s.Hash() != b[k].Hash() {
 			t.Errorf("%s depends on input order:\n%s\n%s", k, mustJSON(s), mustJSON(b[k]))

@@ -31,6 +31,11 @@ type Assignment struct {
 	Priorities []Priority `json:"priorities"`
 	// Skipped lists the localities left out because none of their endpoints is healthy.
 	Skipped []registry.Locality `json:"skipped,omitempty"`
+	// Shadowed lists endpoints left out because another cluster names the same
+	// address and port (overlapping pod networks): grpc-go rejects an assignment
+	// that repeats an address, so only one of them, the healthiest, then the
+	// one of the lowest cluster ID, is handed out.
+	Shadowed []Endpoint `json:"shadowed,omitempty"`
 }
 
 // Priority is one failover tier.
@@ -85,7 +90,7 @@ const (
 func Assign(svc *registry.Service, port registry.ServicePort, client registry.Locality) Assignment {
 	a := Assignment{Service: svc.Key, Port: port.Port, ClusterName: ClusterName(svc.Key, port.Port), Client: client}
 	byLocality := map[registry.Locality]*LocalityEndpoints{}
-	for _, pe := range svc.Endpoints(port) {
+	for _, pe := range a.unique(svc.Endpoints(port)) {
 		le := byLocality[pe.Locality]
 		if le == nil {
 			le = &LocalityEndpoints{Locality: pe.Locality}
@@ -117,6 +122,35 @@ func Assign(svc *registry.Service, port registry.ServicePort, client registry.Lo
 	}
 	slices.SortFunc(a.Skipped, registry.Locality.Compare)
 	return a
+}
+
+// unique keeps one endpoint per address:port, recording the others in
+// a.Shadowed. eps come sorted by cluster, so the first seen has the lowest cluster ID.
+func (a *Assignment) unique(eps []registry.PortEndpoint) []registry.PortEndpoint {
+	at := make(map[netip.AddrPort]int, len(eps))
+	out := eps[:0:0]
+	shadow := func(pe registry.PortEndpoint) {
+		status := StatusDraining
+		if pe.Health == registry.Healthy {
+			status = StatusHealthy
+		}
+		a.Shadowed = append(a.Shadowed, Endpoint{Cluster: pe.Cluster, Address: pe.Address, Port: pe.Port, Health: status, Weight: 1})
+	}
+	for _, pe := range eps {
+		key := netip.AddrPortFrom(pe.Address.Unmap(), uint16(pe.Port))
+		i, dup := at[key]
+		switch {
+		case !dup:
+			at[key] = len(out)
+			out = append(out, pe)
+		case pe.Health < out[i].Health: // healthier wins
+			shadow(out[i])
+			out[i] = pe
+		default:
+			shadow(pe)
+		}
+	}
+	return out
 }
 
 func tier(client, endpoint registry.Locality) int {

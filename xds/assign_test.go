@@ -26,6 +26,9 @@ func render(a Assignment) []string {
 	for _, l := range a.Skipped {
 		out = append(out, "skipped "+l.String())
 	}
+	for _, e := range a.Shadowed {
+		out = append(out, fmt.Sprintf("shadowed %s/%s:%d/%s", e.Cluster, e.Address, e.Port, e.Health))
+	}
 	return out
 }
 
@@ -156,6 +159,27 @@ func TestAssign(t *testing.T) {
 		},
 		port: tcp("metrics", 9000), client: r2z3,
 		want: []string{"p0 r1/z1 w1: east/10.0.0.1:9100/HEALTHY"},
+	}, {
+		name: "the same address in two clusters is handed out once: the lower cluster ID wins a tie",
+		shards: []*registry.Shard{
+			shard("east", echo, []registry.ServicePort{grpcPort}, ep("10.244.0.5", r1z1, ready, eport("grpc", 9090))),
+			shard("west", echo, []registry.ServicePort{grpcPort}, ep("10.244.0.5", r2z3, ready, eport("grpc", 9090))),
+		},
+		port: grpcPort, client: r1z1,
+		want: []string{"p0 r1/z1 w1: east/10.244.0.5:9090/HEALTHY", "shadowed west/10.244.0.5:9090/HEALTHY"},
+	}, {
+		name: "the same address in two clusters is handed out once: the healthier wins",
+		shards: []*registry.Shard{
+			shard("east", echo, []registry.ServicePort{grpcPort},
+				ep("10.244.0.5", r1z1, draining, eport("grpc", 9090)), ep("10.244.0.6", r1z1, ready, eport("grpc", 9090))),
+			shard("west", echo, []registry.ServicePort{grpcPort}, ep("10.244.0.5", r2z3, ready, eport("grpc", 9090))),
+		},
+		port: grpcPort, client: r1z1,
+		want: []string{
+			"p0 r1/z1 w1: east/10.244.0.6:9090/HEALTHY",
+			"p1 r2/z3 w1: west/10.244.0.5:9090/HEALTHY",
+			"shadowed east/10.244.0.5:9090/DRAINING",
+		},
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

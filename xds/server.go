@@ -61,6 +61,9 @@ type Server struct {
 	// stateMu, so a watch finds its group's cache without waiting for Update.
 	groups atomic.Pointer[map[registry.Locality]*resourceCache]
 
+	// overLimitWarned is when (unix ns) the last too-many-groups warning was logged.
+	overLimitWarned atomic.Int64
+
 	// stateMu guards what was last translated: Update holds it, and so does the
 	// creation of a locality group's EDS cache.
 	stateMu sync.Mutex
@@ -263,8 +266,12 @@ func (s *Server) edsCache(l registry.Locality) *resourceCache {
 		return c
 	}
 	if len(groups) >= s.cfg.MaxLocalityGroups {
-		s.log.Warn("too many locality groups; serving the client the default group",
-			"region", group.Region, "zone", group.Zone, "limit", s.cfg.MaxLocalityGroups)
+		// Clients choose their locality: warn at most once a minute, not per request.
+		if now := time.Now().UnixNano(); now-s.overLimitWarned.Load() > int64(time.Minute) {
+			s.overLimitWarned.Store(now)
+			s.log.Warn("too many locality groups; serving clients of new groups the default group",
+				"region", group.Region, "zone", group.Zone, "limit", s.cfg.MaxLocalityGroups)
+		}
 		group = registry.Locality{}
 		if c := groups[group]; c != nil {
 			return c

@@ -1,10 +1,9 @@
 package xds
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
-	"slices"
+	"net"
 	"strconv"
 	"time"
 
@@ -145,56 +144,7 @@ func ClusterLoadAssignment(a Assignment) *endpoint.ClusterLoadAssignment {
 	return cla
 }
 
-// Resources is everything one locality group of clients is served, each
-// list sorted by name.
-type Resources struct {
-	Listeners   []*listener.Listener
-	Routes      []*route.RouteConfiguration
-	Clusters    []*cluster.Cluster
-	Assignments []*endpoint.ClusterLoadAssignment
-}
-
-// Translate builds every resource of the registry for clients in the client
-// locality. Resources that fail validation are left out and reported in the
-// error (errors.Is(err, ErrInvalidResource)).
-func Translate(r *registry.Registry, client registry.Locality) (Resources, error) {
-	var out Resources
-	var errs []error
-	keep := func(m proto.Message) bool {
-		if err := Validate(m); err != nil {
-			errs = append(errs, err)
-			return false
-		}
-		return true
-	}
-	for _, svc := range r.Services() {
-		for _, p := range ServicePorts(svc) {
-			if l := Listener(svc.Key, p); keep(l) {
-				out.Listeners = append(out.Listeners, l)
-			}
-			if rc := RouteConfiguration(svc.Key, p); keep(rc) {
-				out.Routes = append(out.Routes, rc)
-			}
-			if c := Cluster(svc.Key, p); keep(c) {
-				out.Clusters = append(out.Clusters, c)
-			}
-			if cla := ClusterLoadAssignment(Assign(svc, p, groupOf(client))); keep(cla) {
-				out.Assignments = append(out.Assignments, cla)
-			}
-		}
-	}
-	sortByName(out.Listeners)
-	sortByName(out.Routes)
-	sortByName(out.Clusters)
-	sortByName(out.Assignments)
-	return out, errors.Join(errs...)
-}
-
 type named interface{ GetName() string }
-
-func sortByName[T proto.Message](list []T) {
-	slices.SortFunc(list, func(a, b T) int { return cmp.Compare(resourceName(a), resourceName(b)) })
-}
 
 // Validate checks a resource before it is published: the protoc-gen-validate
 // rules of the Envoy API, plus what grpc-go requires of a ClusterLoadAssignment
@@ -219,7 +169,16 @@ func Validate(m proto.Message) error {
 
 func validateAssignment(cla *endpoint.ClusterLoadAssignment) error {
 	seen := map[uint32]bool{}
+	addrs := map[string]bool{}
 	for _, l := range cla.GetEndpoints() {
+		for _, e := range l.GetLbEndpoints() {
+			sa := e.GetEndpoint().GetAddress().GetSocketAddress()
+			key := net.JoinHostPort(sa.GetAddress(), strconv.Itoa(int(sa.GetPortValue())))
+			if addrs[key] {
+				return fmt.Errorf("endpoint %s appears twice (grpc-go rejects the assignment)", key)
+			}
+			addrs[key] = true
+		}
 		if l.GetLoadBalancingWeight().GetValue() == 0 {
 			return fmt.Errorf("locality %v has no load_balancing_weight (grpc-go would ignore it)", l.GetLocality())
 		}

@@ -2,13 +2,19 @@ package xds
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
+	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listener "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	route "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
@@ -122,4 +128,56 @@ func TestTranslateLeavesOutInvalid(t *testing.T) {
 	if err := Validate(bad); !errors.Is(err, ErrInvalidResource) {
 		t.Fatalf("Validate(cluster without name) = %v, want ErrInvalidResource", err)
 	}
+}
+
+// The golden files show what one locality group of clients is served, built
+// from the same pieces the server publishes.
+
+// Resources is everything one locality group of clients is served, each
+// list sorted by name.
+type Resources struct {
+	Listeners   []*listener.Listener
+	Routes      []*route.RouteConfiguration
+	Clusters    []*cluster.Cluster
+	Assignments []*endpoint.ClusterLoadAssignment
+}
+
+// Translate builds every resource of the registry for clients in the client
+// locality. Resources that fail validation are left out and reported in the
+// error (errors.Is(err, ErrInvalidResource)).
+func Translate(r *registry.Registry, client registry.Locality) (Resources, error) {
+	var out Resources
+	var errs []error
+	keep := func(m proto.Message) bool {
+		if err := Validate(m); err != nil {
+			errs = append(errs, err)
+			return false
+		}
+		return true
+	}
+	for _, svc := range r.Services() {
+		for _, p := range ServicePorts(svc) {
+			if l := Listener(svc.Key, p); keep(l) {
+				out.Listeners = append(out.Listeners, l)
+			}
+			if rc := RouteConfiguration(svc.Key, p); keep(rc) {
+				out.Routes = append(out.Routes, rc)
+			}
+			if c := Cluster(svc.Key, p); keep(c) {
+				out.Clusters = append(out.Clusters, c)
+			}
+			if cla := ClusterLoadAssignment(Assign(svc, p, groupOf(client))); keep(cla) {
+				out.Assignments = append(out.Assignments, cla)
+			}
+		}
+	}
+	sortByName(out.Listeners)
+	sortByName(out.Routes)
+	sortByName(out.Clusters)
+	sortByName(out.Assignments)
+	return out, errors.Join(errs...)
+}
+
+func sortByName[T proto.Message](list []T) {
+	slices.SortFunc(list, func(a, b T) int { return cmp.Compare(resourceName(a), resourceName(b)) })
 }
