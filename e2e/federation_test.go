@@ -2,9 +2,11 @@ package e2e
 
 import (
 	"context"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,6 +20,7 @@ import (
 	"github.com/navemesh/nave/hub"
 	"github.com/navemesh/nave/internal/xdstest"
 	"github.com/navemesh/nave/registry"
+	"github.com/navemesh/nave/spoke"
 )
 
 const echoTarget = "echo.default.svc.clusterset.local:8080"
@@ -291,5 +294,28 @@ func mustSend(t *testing.T, s fedv1.Federation_PublishClient, m *fedv1.SpokeMess
 	t.Helper()
 	if err := s.Send(m); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A spoke shows whether its hub session is up, and what the hub acknowledged,
+// so a stalled sync pages someone instead of going unnoticed.
+func TestSpokeAdminShowsSessionHealth(t *testing.T) {
+	h := startHub(t)
+	dir := filepath.Join(t.TempDir(), "east")
+	b := xdstest.StartBackend(t, "east", "127.0.0.1")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeService(t, dir, "echo", endpoint{b, "z1", true})
+	admin := freeAddr(t)
+	startSpoke(t, h, "east", dir, "r1", func(c *spoke.Config) { c.AdminAddr = admin })
+
+	await(t, "spoke ready", func() bool { return httpStatus("http://"+admin+"/readyz") == http.StatusOK })
+	await(t, "acknowledged service in the spoke's metrics", func() bool {
+		m := httpBody("http://" + admin + "/metrics")
+		return strings.Contains(m, "nave_spoke_acked_services 1") && strings.Contains(m, "nave_spoke_connected 1")
+	})
+	if got := httpStatus("http://" + admin + "/healthz"); got != http.StatusOK {
+		t.Errorf("/healthz = %d", got)
 	}
 }

@@ -6,7 +6,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -77,7 +79,7 @@ type testSpoke struct {
 }
 
 // startSpoke runs a spoke for cluster over dir (created if needed).
-func startSpoke(t *testing.T, h *testHub, cluster registry.ClusterID, dir, region string) *testSpoke {
+func startSpoke(t *testing.T, h *testHub, cluster registry.ClusterID, dir, region string, tune ...func(*spoke.Config)) *testSpoke {
 	t.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -91,6 +93,9 @@ func startSpoke(t *testing.T, h *testHub, cluster registry.ClusterID, dir, regio
 	cfg.HubAddr, cfg.TokenFile, cfg.Source = h.FederationAddr.String(), tokenFile, "dir:"+dir
 	cfg.PollInterval = 20 * time.Millisecond
 	cfg.Federation.MinBackoff, cfg.Federation.MaxBackoff = 10*time.Millisecond, 200*time.Millisecond
+	for _, f := range tune {
+		f(&cfg)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &testSpoke{cluster: cluster, dir: dir, cancel: cancel, done: make(chan error, 1)}
 	go func() { s.done <- spoke.Run(ctx, cfg, testLogger(t, "spoke-"+string(cluster))) }()
@@ -212,4 +217,34 @@ func testContext(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// freeAddr returns a loopback address nothing listens on (for servers that take an address, not a listener).
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func httpStatus(url string) int {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func httpBody(url string) string {
+	resp, err := http.Get(url)
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
 }

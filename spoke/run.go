@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"strings"
 	"time"
@@ -40,7 +41,9 @@ type Config struct {
 	ExportAll bool
 	// PollInterval is how often a dir source looks for changes.
 	PollInterval time.Duration
-	Federation   federation.SpokeConfig
+	// AdminAddr serves /healthz, /readyz and /metrics; empty serves nothing.
+	AdminAddr  string
+	Federation federation.SpokeConfig
 }
 
 // DefaultConfig returns the configuration `nave spoke` starts with.
@@ -79,13 +82,23 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	defer conn.Close()
 
+	mon := newMonitor()
+	var adminLis net.Listener
+	if cfg.AdminAddr != "" {
+		if adminLis, err = net.Listen("tcp", cfg.AdminAddr); err != nil {
+			return fmt.Errorf("listen admin: %w", err)
+		}
+		defer adminLis.Close()
+	}
+
 	fc := cfg.Federation
 	fc.Cluster, fc.Network = cfg.Cluster, cfg.Network
-	pub := federation.NewPublisher(fc, conn, log, nil)
+	pub := federation.NewPublisher(fc, conn, log, mon.observe)
 
 	// The source hands each complete state to the publisher; only the latest matters.
 	states := make(chan State, 1)
 	publish := func(st State) {
+		mon.states.Inc()
 		select {
 		case <-states: // drop the state the publisher has not taken yet
 		default:
@@ -99,6 +112,17 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		defer cancel()
 		srcErr <- src.Run(ctx, publish)
 	}()
+	adminDone := make(chan struct{})
+	go func() {
+		defer close(adminDone)
+		if adminLis == nil {
+			return
+		}
+		if err := mon.serve(ctx, adminLis, log); err != nil {
+			log.Error("spoke admin server failed", "err", err)
+		}
+	}()
+	defer func() { cancel(); <-adminDone }()
 	log.Info("spoke running", "source", src.Name(), "hub", cfg.HubAddr)
 	_ = pub.Run(ctx, states)
 	// The publisher returns only once ctx ends: because the caller is done, or the source failed.

@@ -125,6 +125,7 @@ func runSpoke(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.Region, "region", "", "region of endpoints whose node has no topology.kubernetes.io/region label")
 	fs.StringVar(&export, "export", "labeled", "which services federate: labeled (nave.io/export=true) or all")
 	fs.DurationVar(&cfg.PollInterval, "poll", cfg.PollInterval, "how often a dir source looks for changes")
+	fs.StringVar(&cfg.AdminAddr, "admin-addr", "", "listen address for /healthz, /readyz and /metrics (HTTP); empty serves none")
 	fs.StringVar(&cfg.Federation.SpokeID, "spoke-id", cfg.Federation.SpokeID, "name of this spoke instance")
 	fs.DurationVar(&cfg.Federation.DigestInterval, "digest-interval", cfg.Federation.DigestInterval, "how often to compare digests with the hub")
 	if err := fs.Parse(args); err != nil {

@@ -1,0 +1,107 @@
+package spoke
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/navemesh/nave/federation"
+)
+
+// Metric names of the spoke.
+const (
+	metricConnected     = "nave_spoke_connected"
+	metricEpoch         = "nave_spoke_epoch"
+	metricAckedVersion  = "nave_spoke_acked_version"
+	metricAckedServices = "nave_spoke_acked_services"
+	metricRefused       = "nave_spoke_refused_services"
+	metricLastAck       = "nave_spoke_last_ack_timestamp_seconds"
+	metricStates        = "nave_spoke_source_states_total"
+)
+
+// monitor turns the publisher's session status into metrics and readiness.
+type monitor struct {
+	reg       *prometheus.Registry
+	connected atomic.Bool
+
+	connectedGauge, epoch, ackedVersion, ackedServices, refused, lastAck prometheus.Gauge
+	states                                                               prometheus.Counter
+	lastVersion                                                          uint64 // owned by the publisher's goroutine
+}
+
+func newMonitor() *monitor {
+	gauge := func(name, help string) prometheus.Gauge {
+		return prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help})
+	}
+	m := &monitor{
+		reg:            prometheus.NewRegistry(),
+		connectedGauge: gauge(metricConnected, "1 while the spoke has a session with the hub."),
+		epoch:          gauge(metricEpoch, "Epoch of the current (or last) hub session."),
+		ackedVersion:   gauge(metricAckedVersion, "Version of the last update the hub acknowledged."),
+		ackedServices:  gauge(metricAckedServices, "Services the hub holds for this cluster, as acknowledged."),
+		refused:        gauge(metricRefused, "Services the hub refused (or that are too large) in their current form."),
+		lastAck:        gauge(metricLastAck, "When the hub last acknowledged an update (unix seconds); a stall shows as an old value while the source changes."),
+		states: prometheus.NewCounter(prometheus.CounterOpts{Name: metricStates,
+			Help: "Complete states the source produced (each change of the cluster's exported services)."}),
+	}
+	m.reg.MustRegister(m.connectedGauge, m.epoch, m.ackedVersion, m.ackedServices, m.refused, m.lastAck, m.states,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// observe is the publisher's status callback (its goroutine; must not block).
+func (m *monitor) observe(s federation.SessionStatus) {
+	m.connected.Store(s.Connected)
+	m.connectedGauge.Set(b2f(s.Connected))
+	m.epoch.Set(float64(s.Epoch))
+	m.ackedVersion.Set(float64(s.AckedVersion))
+	m.ackedServices.Set(float64(s.Services))
+	m.refused.Set(float64(s.Rejected))
+	if s.AckedVersion != m.lastVersion {
+		m.lastVersion = s.AckedVersion
+		m.lastAck.Set(float64(time.Now().Unix()))
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// serve runs the admin HTTP server on lis until ctx ends: /healthz (alive),
+// /readyz (a session with the hub is up) and /metrics.
+func (m *monitor) serve(ctx context.Context, lis net.Listener, log *slog.Logger) error {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !m.connected.Load() {
+			http.Error(w, "not ready: no session with the hub", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		shutdown, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdown)
+	}()
+	log.Info("spoke admin serving", "addr", lis.Addr().String())
+	if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("admin server: %w", err)
+	}
+	return nil
+}
