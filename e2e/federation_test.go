@@ -319,3 +319,79 @@ func TestSpokeAdminShowsSessionHealth(t *testing.T) {
 		t.Errorf("/healthz = %d", got)
 	}
 }
+
+// A spoke that restarts while one of its services is invalid keeps the form
+// the hub already holds (it asks the hub to retain it) instead of removing it.
+func TestSpokeRestartKeepsAnInvalidServicesLastGoodForm(t *testing.T) {
+	h := startHub(t)
+	dir := filepath.Join(t.TempDir(), "east")
+	b := xdstest.StartBackend(t, "east", "127.0.0.1")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeService(t, dir, "echo", endpoint{b, "z1", true})
+	first := startSpoke(t, h, "east", dir, "r1")
+	await(t, "echo", func() bool { return len(h.clustersOf("default/echo")) == 1 })
+	good := h.View().Registry.Service(registry.ServiceKey{Namespace: "default", Name: "echo"})
+	epoch := h.View().Clusters["east"].Epoch
+	first.stop()
+
+	// While no spoke runs, the Service's port name turns invalid (upper case).
+	path := filepath.Join(dir, "echo.yaml")
+	content, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, path, strings.Replace(string(content), "name: grpc", "name: GRPC", 1))
+	startSpoke(t, h, "east", dir, "r1")
+	await(t, "the new spoke's full state", func() bool {
+		c := h.View().Clusters["east"]
+		return c.Connected && c.Epoch > epoch && c.Version > 0
+	})
+	if got := h.View().Registry.Service(good.Key); got != good {
+		t.Fatalf("echo after a restart with an invalid manifest: %+v, want the last good form", got)
+	}
+
+	// Gone for good is still gone: deleting the manifest removes the service.
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	await(t, "echo removed", func() bool { return h.View().Registry.Len() == 0 })
+}
+
+// A cluster over the hub's limits gets as much as fits; the services past the
+// limit are refused by name, and the session carries on for the rest.
+func TestClusterOverLimitKeepsPublishingWhatFits(t *testing.T) {
+	h := startHub(t, func(c *hub.Config) { c.Federation.Limits.MaxServicesPerCluster = 2 })
+	dir := filepath.Join(t.TempDir(), "east")
+	b := xdstest.StartBackend(t, "east", "127.0.0.1")
+	other := xdstest.StartBackend(t, "other", "127.0.0.2")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"aa", "bb", "cc"} {
+		writeService(t, dir, name, endpoint{b, "z1", true})
+	}
+	admin := freeAddr(t)
+	startSpoke(t, h, "east", dir, "r1", func(c *spoke.Config) { c.AdminAddr = admin })
+	await(t, "aa and bb", func() bool {
+		return len(h.clustersOf("default/aa")) == 1 && len(h.clustersOf("default/bb")) == 1
+	})
+	await(t, "cc refused", func() bool {
+		return strings.Contains(httpBody("http://"+admin+"/metrics"), "nave_spoke_refused_services 1")
+	})
+	if h.View().Registry.Len() != 2 {
+		t.Fatalf("hub holds %d services, want 2", h.View().Registry.Len())
+	}
+	epoch := h.View().Clusters["east"].Epoch
+
+	// Changes to what fits still flow, in the same session.
+	writeService(t, dir, "aa", endpoint{b, "z1", true}, endpoint{other, "z1", true})
+	await(t, "aa's second endpoint", func() bool {
+		svc := h.View().Registry.Service(registry.ServiceKey{Namespace: "default", Name: "aa"})
+		return svc != nil && len(svc.Shards[0].Endpoints) == 2
+	})
+	if got := h.View().Clusters["east"].Epoch; got != epoch {
+		t.Errorf("the session was restarted (epoch %d -> %d)", epoch, got)
+	}
+}

@@ -49,7 +49,7 @@ type testHub struct {
 }
 
 // startHub runs a hub with its embedded etcd in a temporary data dir.
-func startHub(t *testing.T) *testHub {
+func startHub(t *testing.T, tune ...func(*hub.Config)) *testHub {
 	t.Helper()
 	dir := t.TempDir()
 	tb, _ := yaml.Marshal(tokens)
@@ -60,6 +60,9 @@ func startHub(t *testing.T) *testHub {
 	cfg := hub.DefaultConfig()
 	cfg.ID, cfg.DataDir, cfg.TokensFile = "test-hub", filepath.Join(dir, "data"), tokensFile
 	cfg.FederationAddr, cfg.XDSAddr, cfg.AdminAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	for _, f := range tune {
+		f(&cfg)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	h, err := hub.Start(ctx, cfg, testLogger(t, "hub"))
 	if err != nil {

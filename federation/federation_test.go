@@ -58,7 +58,10 @@ func (m *memStore) Apply(_ context.Context, epoch, version uint64, ch registry.C
 func (m *memStore) Begin(_ context.Context, s Session) (Held, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.maxEpoch[s.Cluster] = max(m.maxEpoch[s.Cluster], s.Epoch)
+	if s.Epoch < m.maxEpoch[s.Cluster] {
+		return Held{}, ErrSuperseded
+	}
+	m.maxEpoch[s.Cluster] = s.Epoch
 	return m.held[s.Cluster], nil
 }
 
@@ -537,11 +540,11 @@ func TestRefusedShardInAChunkedFullStateNeedsNoReconnect(t *testing.T) {
 		s := testShard("east", fmt.Sprintf("svc-%d", i), fmt.Sprintf("10.0.0.%d", i+1))
 		st[s.Service] = s
 	}
-	bad := testShard("east", "svc-7", "10.0.0.8")
+	bad := testShard("east", "aaa-first", "10.0.0.200") // sorts first: its chunk is not the last
 	bad.Ports[0].Protocol = "QUIC"
 	st[bad.Service] = bad
 	p.states <- st
-	got := p.awaitAcked(t, 59)
+	got := p.awaitAcked(t, 60)
 	if got.Epoch != 1 || got.Rejected != 1 {
 		t.Fatalf("status %+v, want the first session with one refused service", got)
 	}

@@ -24,6 +24,19 @@ var ErrSuperseded = errors.New("federation: session superseded by a newer epoch"
 // ErrOverLimit marks a change that would make a cluster hold more than its limits allow.
 var ErrOverLimit = errors.New("federation: over the cluster's limits")
 
+// LimitError refuses a change that would take a cluster over its limits. It
+// names the services that would grow the cluster, so the spoke can hold just
+// those back and everything else still flows.
+type LimitError struct {
+	Services []registry.ServiceKey
+	Reason   string
+}
+
+func (e *LimitError) Error() string { return e.Reason }
+
+// Unwrap makes errors.Is(err, ErrOverLimit) true.
+func (e *LimitError) Unwrap() error { return ErrOverLimit }
+
 // Held is what the hub holds for a cluster: the (epoch, version) of the last
 // update applied, and the digest of the cluster's shards.
 type Held struct {
@@ -48,14 +61,15 @@ type Session struct {
 type Store interface {
 	// Begin starts session s: from then on Apply fails with ErrSuperseded for
 	// every older epoch of the cluster. It returns what the hub holds, read
-	// after that fence, so no older session can change it afterwards.
+	// after that fence, so no older session can change it afterwards. It fails
+	// with ErrSuperseded when a newer session of the cluster has begun.
 	Begin(ctx context.Context, s Session) (Held, error)
 	// Held returns what the hub holds for the cluster.
 	Held(ctx context.Context, cluster registry.ClusterID) (Held, error)
 	// Apply applies a validated change stamped with (epoch, version) and returns
 	// the digest of what the hub then holds for the cluster. It fails with
-	// ErrSuperseded when a newer epoch of the cluster has begun, and with
-	// ErrOverLimit (changing nothing) when the cluster would exceed its limits.
+	// ErrSuperseded when a newer epoch of the cluster has begun, and with a
+	// *LimitError (changing nothing) when the cluster would exceed its limits.
 	Apply(ctx context.Context, epoch, version uint64, change registry.Change) (registry.Hash, error)
 	// End reports that session s is over.
 	End(s Session)
@@ -156,11 +170,14 @@ func (h *HubServer) Publish(stream fedv1.Federation_PublishServer) error {
 		return status.Error(codes.Aborted, err.Error())
 	}
 	defer h.release(cluster, epoch)
+	defer h.store.End(sess) // even when Begin fails: it may have begun before it failed
 	held, err := h.store.Begin(ctx, sess)
+	if errors.Is(err, ErrSuperseded) {
+		return status.Error(codes.Aborted, err.Error())
+	}
 	if err != nil {
 		return status.Errorf(codes.Unavailable, "start session of cluster %s: %v", cluster, err)
 	}
-	defer h.store.End(sess)
 	resume := hello.GetAckedEpoch() != 0 && held.Epoch == hello.GetAckedEpoch() &&
 		held.Version == hello.GetAckedVersion() && held.Digest.String() == hello.GetAckedDigest()
 
@@ -259,6 +276,7 @@ type hubSession struct {
 	// A full state in progress: its version, the chunks received so far and their size.
 	fullVersion uint64
 	full        map[registry.ServiceKey]*registry.Shard
+	fullRetain  []registry.ServiceKey
 	fullBytes   int
 	// spoiled is a full-state version one of whose chunks was rejected: its
 	// later chunks are rejected too, so a partial full state is never applied.
@@ -370,10 +388,10 @@ func (s *hubSession) apply(ctx context.Context, u *fedv1.Update) (digest registr
 	if s.full != nil && (!u.GetFullState() || v != s.fullVersion) {
 		s.full = nil // the spoke abandoned the full state in progress
 	}
-	lim := s.h.cfg.Limits
-	if n := len(u.GetUpserts()) + len(u.GetRemoves()); n > lim.MaxServicesPerCluster {
-		return digest, false, reject(nil, "%d services in one update, more than the limit of %d", n, lim.MaxServicesPerCluster)
+	if !u.GetFullState() && len(u.GetRetain()) > 0 {
+		return digest, false, reject(nil, "only a full state can retain services")
 	}
+	lim := s.h.cfg.Limits
 	upserts := make([]*registry.Shard, 0, len(u.GetUpserts()))
 	inUpdate := make(map[registry.ServiceKey]bool, len(u.GetUpserts())+len(u.GetRemoves()))
 	var rj rejection
@@ -409,6 +427,20 @@ func (s *hubSession) apply(ctx context.Context, u *fedv1.Update) (digest registr
 		inUpdate[k] = true
 		removes = append(removes, k)
 	}
+	retain := make([]registry.ServiceKey, 0, len(u.GetRetain()))
+	for _, p := range u.GetRetain() {
+		k := KeyFromProto(p)
+		if err := registry.ValidateServiceKey(k); err != nil {
+			rj = append(rj, reject(&k, "retain: %v", err)...)
+			continue
+		}
+		if inUpdate[k] || s.full[k] != nil {
+			rj = append(rj, reject(&k, "service %s is both sent and retained", k)...)
+			continue
+		}
+		inUpdate[k] = true
+		retain = append(retain, k)
+	}
 	if len(rj) > 0 {
 		if u.GetFullState() {
 			s.full, s.spoiled = nil, v // a rejected chunk spoils its whole full state
@@ -419,31 +451,48 @@ func (s *hubSession) apply(ctx context.Context, u *fedv1.Update) (digest registr
 	change := registry.Change{Cluster: s.cluster, Upserts: upserts, Removes: removes}
 	if u.GetFullState() {
 		if s.full == nil {
-			s.full, s.fullVersion, s.fullBytes = map[registry.ServiceKey]*registry.Shard{}, v, 0
+			s.full, s.fullVersion, s.fullRetain, s.fullBytes = map[registry.ServiceKey]*registry.Shard{}, v, nil, 0
 		}
 		s.fullBytes += proto.Size(u)
-		if len(s.full)+len(upserts) > lim.MaxServicesPerCluster || s.fullBytes > s.h.cfg.MaxFullStateBytes {
+		if s.fullBytes > s.h.cfg.MaxFullStateBytes {
 			s.full, s.spoiled = nil, v
-			return digest, false, reject(nil, "full state has more than %d services or %d bytes", lim.MaxServicesPerCluster, s.h.cfg.MaxFullStateBytes)
+			return digest, false, reject(nil, "full state is larger than %d bytes", s.h.cfg.MaxFullStateBytes)
+		}
+		if room := lim.MaxServicesPerCluster - len(s.full); len(upserts) > room {
+			// Name the services past the limit: the spoke holds those back and sends the rest again.
+			s.full, s.spoiled = nil, v
+			var over rejection
+			for _, sh := range upserts[max(room, 0):] {
+				over = append(over, reject(&sh.Service, "the cluster would hold more than %d services", lim.MaxServicesPerCluster)...)
+			}
+			return digest, false, over
 		}
 		for _, sh := range upserts {
 			s.full[sh.Service] = sh
 		}
+		s.fullRetain = append(s.fullRetain, retain...)
 		if !u.GetLastChunk() {
 			return digest, false, nil
 		}
-		change = registry.Change{Cluster: s.cluster, Replace: true, Upserts: make([]*registry.Shard, 0, len(s.full))}
+		change = registry.Change{Cluster: s.cluster, Replace: true, Upserts: make([]*registry.Shard, 0, len(s.full)), Retain: s.fullRetain}
 		for _, sh := range s.full {
 			change.Upserts = append(change.Upserts, sh)
 		}
-		s.full = nil
+		s.full, s.fullRetain = nil, nil
 	}
 	digest, err = s.h.store.Apply(ctx, s.epoch, v, change)
 	if errors.Is(err, ErrSuperseded) {
 		return digest, false, status.Error(codes.Aborted, err.Error())
 	}
-	if errors.Is(err, ErrOverLimit) {
-		return digest, false, reject(nil, "%v", err)
+	if le := (*LimitError)(nil); errors.As(err, &le) {
+		var over rejection
+		for _, k := range le.Services {
+			over = append(over, reject(&k, "%s", le.Reason)...)
+		}
+		if len(over) == 0 {
+			over = reject(nil, "%s", le.Reason)
+		}
+		return digest, false, over
 	}
 	if err != nil {
 		return digest, false, status.Errorf(codes.Unavailable, "apply update: %v", err)

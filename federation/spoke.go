@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"time"
 
@@ -18,7 +19,9 @@ import (
 	"github.com/navemesh/nave/registry"
 )
 
-// State is a cluster's complete state: one shard per exported service.
+// State is a cluster's complete state: one shard per exported service. A nil
+// shard names a service the cluster has but cannot publish in its current
+// form (invalid): the hub keeps whatever it holds for it.
 type State = map[registry.ServiceKey]*registry.Shard
 
 // SpokeConfig configures the spoke side of the federation protocol.
@@ -48,8 +51,10 @@ func DefaultSpokeConfig() SpokeConfig {
 
 // SessionStatus is the publisher's view of its session, for health and debug.
 type SessionStatus struct {
-	Connected    bool
-	Resumed      bool // the session continued where the last one left off (no full state)
+	Connected bool
+	Resumed   bool // the session continued where the last one left off (no full state)
+	// Synced: the hub has acknowledged this session's state (its full state, or the resume).
+	Synced       bool
 	Epoch        uint64
 	AckedVersion uint64
 	Services     int // services the hub has acknowledged
@@ -78,10 +83,18 @@ type Publisher struct {
 	ackedVersion uint64
 	// maxBytes is the hub's message budget, from the welcome.
 	maxBytes int
-	version  uint64
+	// sessionEpoch is the epoch of the current (or last) session.
+	sessionEpoch uint64
+	version      uint64
 	// rejected holds the hash of each shard the hub refused; it is not sent
 	// again until it changes, and the last accepted form stays published.
 	rejected map[registry.ServiceKey]registry.Hash
+	// tooBig holds the hash of each shard too large for the current hub's
+	// message budget (forgotten with each session: the budget may change).
+	tooBig map[registry.ServiceKey]registry.Hash
+	// retained names services a full state asked the hub to retain and that
+	// have not been sent since: the hub may hold a shard the spoke never saw.
+	retained map[registry.ServiceKey]bool
 	nonce    uint64
 }
 
@@ -97,6 +110,7 @@ func NewPublisher(cfg SpokeConfig, conn grpc.ClientConnInterface, log *slog.Logg
 		log:         log.With("component", "publisher"),
 		ackedHashes: map[registry.ServiceKey]registry.Hash{},
 		rejected:    map[registry.ServiceKey]registry.Hash{},
+		tooBig:      map[registry.ServiceKey]registry.Hash{},
 	}
 }
 
@@ -112,7 +126,7 @@ func (p *Publisher) Run(ctx context.Context, desired <-chan State) error {
 	for {
 		started := time.Now()
 		err := p.safeSession(ctx, desired)
-		p.status(SessionStatus{Connected: false, Epoch: p.ackedEpoch, AckedVersion: p.ackedVersion, Services: len(p.acked), Rejected: len(p.rejected)})
+		p.status(SessionStatus{Connected: false, Epoch: p.sessionEpoch, AckedVersion: p.ackedVersion, Services: len(p.acked), Rejected: len(p.rejected) + len(p.tooBig)})
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -162,6 +176,7 @@ type pending struct {
 	last    bool
 	upserts []*registry.Shard
 	removes []registry.ServiceKey
+	retain  []registry.ServiceKey
 }
 
 func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
@@ -194,7 +209,10 @@ func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
 		p.maxBytes = 1 << 20
 	}
 	epoch := welcome.GetEpoch()
+	p.sessionEpoch = epoch
+	clear(p.tooBig)
 	needFull := !welcome.GetResume()
+	synced := welcome.GetResume()
 	if needFull {
 		p.ackedKnown = false
 	}
@@ -223,7 +241,8 @@ func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
 	var fullAcc State  // the chunks of the full state in flight, as acknowledged
 	var spoiled uint64 // a full-state version the hub refused: its later chunks are refused too
 	report := func() {
-		p.status(SessionStatus{Connected: true, Resumed: welcome.GetResume(), Epoch: epoch, AckedVersion: p.ackedVersion, Services: len(p.acked), Rejected: len(p.rejected)})
+		p.status(SessionStatus{Connected: true, Resumed: welcome.GetResume(), Synced: synced, Epoch: epoch,
+			AckedVersion: p.ackedVersion, Services: len(p.acked), Rejected: len(p.rejected) + len(p.tooBig)})
 	}
 	report()
 	for {
@@ -270,6 +289,7 @@ func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
 				}
 				u := inflight[0]
 				inflight = inflight[1:]
+				hadRetained := len(p.retained) > 0
 				if u.full {
 					for _, s := range u.upserts {
 						fullAcc[s.Service] = s
@@ -278,11 +298,22 @@ func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
 						continue
 					}
 					p.resetAcked(fullAcc)
+					p.retained = make(map[registry.ServiceKey]bool, len(u.retain))
+					for _, k := range u.retain {
+						p.retained[k] = true
+					}
+					synced = true
 				} else {
 					p.applyAcked(u)
 				}
 				p.ackedEpoch, p.ackedVersion = epoch, u.version
-				if k.Ack.GetDigest() != p.ackedDigest.String() {
+				if hadRetained || len(p.retained) > 0 {
+					// The hub holds shards of retained services that the spoke does
+					// not know, so only the hub can compute the digest.
+					if err := p.ackedDigest.UnmarshalText([]byte(k.Ack.GetDigest())); err != nil {
+						return fmt.Errorf("hub acked with digest %q: %w", k.Ack.GetDigest(), err)
+					}
+				} else if k.Ack.GetDigest() != p.ackedDigest.String() {
 					p.log.Warn("hub's digest differs from ours after an update; sending the full state",
 						"hub", k.Ack.GetDigest(), "spoke", p.ackedDigest)
 					needFull = true
@@ -356,9 +387,11 @@ func (p *Publisher) applyAcked(u pending) {
 		}
 	}
 	for _, k := range u.removes {
+		delete(p.retained, k)
 		drop(k)
 	}
 	for _, s := range u.upserts {
+		delete(p.retained, s.Service)
 		drop(s.Service)
 		h := s.Hash()
 		next[s.Service], p.ackedHashes[s.Service] = s, h
@@ -367,44 +400,51 @@ func (p *Publisher) applyAcked(u pending) {
 	p.acked = next
 }
 
-// publishable is the desired state less what the hub refused, or would
-// refuse for its size: such a shard is replaced by the form the hub last
-// accepted (or left out).
-func (p *Publisher) publishable() State {
-	out := make(State, len(p.desired))
+// publishable is what may be sent for each service: its desired shard, or,
+// where the hub refused that form, the spoke withholds it (invalid) or it is
+// too large, the form the hub last accepted. Services with no such form are
+// returned apart: a full state asks the hub to retain them.
+func (p *Publisher) publishable() (st State, withheld []registry.ServiceKey) {
+	st = make(State, len(p.desired))
 	for k, s := range p.desired {
-		if h, ok := p.rejected[k]; ok {
-			if s.Hash() == h {
-				if old, ok := p.acked[k]; ok {
-					out[k] = old
+		if s != nil {
+			if h, ok := p.rejected[k]; ok {
+				if s.Hash() == h {
+					s = nil
+				} else {
+					delete(p.rejected, k) // changed since: try again
 				}
-				continue
 			}
-			delete(p.rejected, k) // changed since: try again
 		}
-		if old := p.acked[k]; old != s && p.tooLarge(s) {
-			p.rejected[k] = s.Hash()
-			if old != nil {
-				out[k] = old
+		if h, ok := p.tooBig[k]; ok && s != nil && s.Hash() == h {
+			s = nil
+		}
+		if s == nil {
+			if old, ok := p.acked[k]; ok {
+				st[k] = old
+			} else {
+				withheld = append(withheld, k)
 			}
 			continue
 		}
-		out[k] = s
+		st[k] = s
 	}
 	for k := range p.rejected {
 		if _, ok := p.desired[k]; !ok {
 			delete(p.rejected, k)
 		}
 	}
-	return out
+	return st, withheld
 }
 
-// tooLarge reports (and logs) a shard whose encoding alone exceeds the hub's message budget.
+// tooLarge reports (and logs, and remembers) a shard whose encoding alone
+// exceeds the hub's message budget: it is never sent.
 func (p *Publisher) tooLarge(s *registry.Shard) bool {
 	n := proto.Size(ShardToProto(s))
 	if n <= p.maxBytes-envelopeBytes {
 		return false
 	}
+	p.tooBig[s.Service] = s.Hash()
 	p.log.Error("service too large to publish; the hub keeps its last accepted form", "service", s.Service,
 		"bytes", n, "limit", p.maxBytes-envelopeBytes, "endpoints", len(s.Endpoints))
 	return true
@@ -413,35 +453,53 @@ func (p *Publisher) tooLarge(s *registry.Shard) bool {
 // envelopeBytes is room left in every message for what surrounds the shards.
 const envelopeBytes = 1 << 10
 
+// fullState returns the chunks of the whole publishable state, in service
+// order, the last one naming the services the hub should retain.
 func (p *Publisher) fullState() []pending {
-	st := p.publishable()
+	st, withheld := p.publishable()
 	shards := make([]*registry.Shard, 0, len(st))
-	for _, s := range st {
+	for k, s := range st {
+		if s != p.acked[k] && p.tooLarge(s) {
+			withheld = append(withheld, k)
+			continue
+		}
 		shards = append(shards, s)
 	}
+	slices.SortFunc(shards, func(a, b *registry.Shard) int { return a.Service.Compare(b.Service) })
 	p.version++
 	var out []pending
 	for _, chunk := range chunkShards(shards, p.maxBytes-envelopeBytes) {
 		out = append(out, pending{nonce: p.nextNonce(), version: p.version, full: true, upserts: chunk})
 	}
 	out[len(out)-1].last = true
+	out[len(out)-1].retain = withheld
 	return out
 }
 
 // delta returns the updates that take the hub from what it acknowledged to
-// the publishable state, or nothing when they agree.
+// the publishable state, or nothing when they agree. Withheld services are
+// neither sent nor removed.
 func (p *Publisher) delta() []pending {
-	st := p.publishable()
+	st, _ := p.publishable()
 	var upserts []*registry.Shard
 	var removes []registry.ServiceKey
 	for k, s := range st {
-		if old, ok := p.acked[k]; !ok || (old != s && !old.Equal(s)) {
-			upserts = append(upserts, s)
+		if old, ok := p.acked[k]; ok && (old == s || old.Equal(s)) {
+			continue
 		}
+		if p.tooLarge(s) {
+			continue // the hub keeps what it has
+		}
+		upserts = append(upserts, s)
 	}
 	for k := range p.acked {
 		if _, ok := st[k]; !ok {
 			removes = append(removes, k)
+		}
+	}
+	for k := range p.retained {
+		if _, ok := p.desired[k]; !ok {
+			removes = append(removes, k) // gone for good: the hub may still hold a shard of it
 		}
 	}
 	if len(upserts) == 0 && len(removes) == 0 {
@@ -489,6 +547,9 @@ func encodeUpdate(u pending) *fedv1.Update {
 	}
 	for _, k := range u.removes {
 		out.Removes = append(out.Removes, keyToProto(k))
+	}
+	for _, k := range u.retain {
+		out.Retain = append(out.Retain, keyToProto(k))
 	}
 	return out
 }

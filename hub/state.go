@@ -169,8 +169,11 @@ func (s *state) Apply(ctx context.Context, epoch, version uint64, ch registry.Ch
 		next, diff := s.reg.Apply(ch)
 		sum := next.Cluster(ch.Cluster)
 		if sum.Services > s.limits.MaxServicesPerCluster || sum.Endpoints > s.limits.MaxEndpointsPerCluster {
-			applyErr = fmt.Errorf("%w: cluster %s would hold %d services and %d endpoints; the limits are %d and %d",
-				federation.ErrOverLimit, ch.Cluster, sum.Services, sum.Endpoints, s.limits.MaxServicesPerCluster, s.limits.MaxEndpointsPerCluster)
+			applyErr = &federation.LimitError{
+				Services: growing(s.reg.ClusterShards(ch.Cluster), ch.Upserts),
+				Reason: fmt.Sprintf("cluster %s would hold %d services and %d endpoints; the limits are %d and %d",
+					ch.Cluster, sum.Services, sum.Endpoints, s.limits.MaxServicesPerCluster, s.limits.MaxEndpointsPerCluster),
+			}
 			return
 		}
 		s.reg = next
@@ -204,17 +207,31 @@ func (s *state) Begin(ctx context.Context, sess federation.Session) (federation.
 		}
 	}
 	var held federation.Held
+	var beginErr error
 	err := s.do(ctx, func() {
-		if sess.Epoch > s.maxEpoch[sess.Cluster] {
-			s.maxEpoch[sess.Cluster] = sess.Epoch
+		if max := s.maxEpoch[sess.Cluster]; sess.Epoch < max {
+			beginErr = fmt.Errorf("%w: session of epoch %d, newest is %d", federation.ErrSuperseded, sess.Epoch, max)
+			return
 		}
+		s.maxEpoch[sess.Cluster] = sess.Epoch
 		c := s.cluster(sess.Cluster)
 		c.Connected, c.Network, c.SpokeID, c.Build, c.Remote = true, sess.Network, sess.SpokeID, sess.Build, sess.RemoteIP
 		c.SessionStart, c.LastSeen = sess.Started, time.Now()
 		held = federation.Held{Epoch: c.Epoch, Version: c.Version, Digest: s.reg.ClusterDigest(sess.Cluster)}
 		s.publish(registry.Diff{})
 	})
-	return held, err
+	return held, errors.Join(err, beginErr)
+}
+
+// growing names the upserts that add a service or endpoints to what the cluster holds.
+func growing(held map[registry.ServiceKey]*registry.Shard, upserts []*registry.Shard) []registry.ServiceKey {
+	var out []registry.ServiceKey
+	for _, sh := range upserts {
+		if old, ok := held[sh.Service]; !ok || len(sh.Endpoints) > len(old.Endpoints) {
+			out = append(out, sh.Service)
+		}
+	}
+	return out
 }
 
 // End implements federation.Store.

@@ -98,12 +98,14 @@ func (r *Registry) ClusterShards(id ClusterID) map[ServiceKey]*Shard {
 
 // Change is one cluster's update: shards to upsert and services to remove.
 // With Replace, the upserts are the cluster's full state and every other
-// service of the cluster is removed. Shards must be valid and normalized.
+// service of the cluster is removed, except those named in Retain, which keep
+// whatever shard they have. Shards must be valid and normalized.
 type Change struct {
 	Cluster ClusterID
 	Replace bool
 	Upserts []*Shard
 	Removes []ServiceKey
+	Retain  []ServiceKey
 }
 
 // Apply returns the registry with the change applied and what changed. An
@@ -127,8 +129,17 @@ func (r *Registry) Apply(c Change) (*Registry, Diff) {
 		touched[k] = true
 	}
 	if c.Replace && old != nil {
-		// Start from nothing: every held shard counts as dropped unless re-upserted unchanged below.
+		// Start from nothing: every held shard counts as dropped unless re-upserted
+		// unchanged below, or retained.
+		retain := make(map[ServiceKey]bool, len(c.Retain))
+		for _, k := range c.Retain {
+			retain[k] = true
+		}
 		for k, h := range old.shards {
+			if retain[k] {
+				next.shards[k] = h
+				continue
+			}
 			drop(k, h)
 		}
 	}

@@ -590,3 +590,18 @@ func sameEndpoints(prev, now *Service) bool {
 	}
 	return true
 }
+
+// A full state keeps, for the services it retains, whatever shard the cluster had.
+func TestReplaceRetains(t *testing.T) {
+	r, _ := mustApply(t, New(), upsert("east", dbShard("east")))
+	before := r.Service(keyDB)
+	r2, d := r.Apply(Change{Cluster: "east", Replace: true, Retain: []ServiceKey{keyDB}})
+	if !d.Empty() || r2.Service(keyDB) != before {
+		t.Fatalf("a retained service changed: diff %+v", d)
+	}
+	r3, _ := r.Apply(Change{Cluster: "east", Replace: true})
+	if r3.Service(keyDB) != nil {
+		t.Fatal("a service neither sent nor retained survived a full state")
+	}
+	checkInvariants(t, r2)
+}

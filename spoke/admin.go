@@ -30,8 +30,8 @@ const (
 
 // monitor turns the publisher's session status into metrics and readiness.
 type monitor struct {
-	reg       *prometheus.Registry
-	connected atomic.Bool
+	reg    *prometheus.Registry
+	synced atomic.Bool // a hub session is up and has acknowledged this spoke's state
 
 	connectedGauge, epoch, ackedVersion, ackedServices, refused, lastAck prometheus.Gauge
 	states                                                               prometheus.Counter
@@ -60,7 +60,7 @@ func newMonitor() *monitor {
 
 // observe is the publisher's status callback (its goroutine; must not block).
 func (m *monitor) observe(s federation.SessionStatus) {
-	m.connected.Store(s.Connected)
+	m.synced.Store(s.Connected && s.Synced)
 	m.connectedGauge.Set(b2f(s.Connected))
 	m.epoch.Set(float64(s.Epoch))
 	m.ackedVersion.Set(float64(s.AckedVersion))
@@ -80,13 +80,13 @@ func b2f(b bool) float64 {
 }
 
 // serve runs the admin HTTP server on lis until ctx ends: /healthz (alive),
-// /readyz (a session with the hub is up) and /metrics.
+// /readyz (a hub session is up and has acknowledged the spoke's state) and /metrics.
 func (m *monitor) serve(ctx context.Context, lis net.Listener, log *slog.Logger) error {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !m.connected.Load() {
-			http.Error(w, "not ready: no session with the hub", http.StatusServiceUnavailable)
+		if !m.synced.Load() {
+			http.Error(w, "not ready: the hub has not acknowledged this spoke's state", http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ok")

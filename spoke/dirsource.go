@@ -342,7 +342,8 @@ func (w *dirWatch) holdBack() bool {
 }
 
 // build merges every file's objects (in file name order) and builds the
-// state. A service that is invalid keeps the shard last published for it.
+// state. A service that is invalid keeps the shard last published for it, or,
+// with none, a nil shard (the hub keeps what it holds).
 // It runs only when some file's objects changed, so problems are logged
 // again after each change, not at every poll.
 func (w *dirWatch) build() State {
@@ -359,7 +360,10 @@ func (w *dirWatch) build() State {
 			state[k] = last
 			w.src.log.Warn("invalid service; still publishing its last good form", "error", invalid[k])
 		} else {
-			w.src.log.Warn("invalid service; not published", "error", invalid[k])
+			// nil: the service exists but cannot be sent; a hub that holds a form
+			// of it from an earlier spoke keeps that form.
+			state[k] = nil
+			w.src.log.Warn("invalid service; the hub keeps whatever it holds for it", "error", invalid[k])
 		}
 	}
 	for _, err := range errs {

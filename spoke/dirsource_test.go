@@ -202,6 +202,10 @@ func (h *harness) edit(name, old, new string) {
 func describe(s State) map[string]int {
 	out := map[string]int{}
 	for k, sh := range s {
+		if sh == nil {
+			out[k.String()] = -1 // withheld
+			continue
+		}
 		out[k.String()] = len(sh.Endpoints)
 	}
 	return out
@@ -503,15 +507,17 @@ func TestDirSourceInvalidServiceKeepsLastGoodShard(t *testing.T) {
 	}
 }
 
-func TestDirSourceInvalidServiceFromStartIsNotPublished(t *testing.T) {
+// An invalid service with no good form yet is published as withheld (nil):
+// the hub keeps what an earlier spoke gave it, and nothing else is sent.
+func TestDirSourceInvalidServiceFromStartIsWithheld(t *testing.T) {
 	dir := copyTestdata(t)
 	editFile(t, filepath.Join(dir, "services.yaml"), "name: grpc", "name: GRPC")
 	h := startDirSource(t, dir, nil)
 	s := h.next()
-	if got := describe(s); len(got) != 1 || s[dbKey] == nil {
-		t.Fatalf("state = %v, want only shop/db", got)
+	if web, ok := s[webKey]; len(s) != 2 || s[dbKey] == nil || !ok || web != nil {
+		t.Fatalf("state = %v, want shop/db and shop/web withheld", describe(s))
 	}
-	if recs := h.logged("invalid service; not published"); len(recs) != 1 || !strings.Contains(recs[0].attrs["error"], "service shop/web") {
+	if recs := h.logged("invalid service; the hub keeps whatever it holds for it"); len(recs) != 1 || !strings.Contains(recs[0].attrs["error"], "service shop/web") {
 		t.Errorf("logs = %+v, want one warning naming shop/web", recs)
 	}
 	h.edit("services.yaml", "name: GRPC", "name: rpc")

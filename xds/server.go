@@ -267,8 +267,7 @@ func (s *Server) edsCache(l registry.Locality) *resourceCache {
 	}
 	if len(groups) >= s.cfg.MaxLocalityGroups {
 		// Clients choose their locality: warn at most once a minute, not per request.
-		if now := time.Now().UnixNano(); now-s.overLimitWarned.Load() > int64(time.Minute) {
-			s.overLimitWarned.Store(now)
+		if now, last := time.Now().UnixNano(), s.overLimitWarned.Load(); now-last > int64(time.Minute) && s.overLimitWarned.CompareAndSwap(last, now) {
 			s.log.Warn("too many locality groups; serving clients of new groups the default group",
 				"region", group.Region, "zone", group.Zone, "limit", s.cfg.MaxLocalityGroups)
 		}

@@ -425,10 +425,14 @@ type Update struct {
 	// full_state: this update is one chunk of the cluster's whole state; the
 	// chunks of one version are applied together, atomically, once the one with
 	// last_chunk arrives. Services the full state does not name are removed.
-	FullState     bool          `protobuf:"varint,3,opt,name=full_state,json=fullState,proto3" json:"full_state,omitempty"`
-	LastChunk     bool          `protobuf:"varint,4,opt,name=last_chunk,json=lastChunk,proto3" json:"last_chunk,omitempty"`
-	Upserts       []*Shard      `protobuf:"bytes,5,rep,name=upserts,proto3" json:"upserts,omitempty"`
-	Removes       []*ServiceKey `protobuf:"bytes,6,rep,name=removes,proto3" json:"removes,omitempty"`
+	FullState bool          `protobuf:"varint,3,opt,name=full_state,json=fullState,proto3" json:"full_state,omitempty"`
+	LastChunk bool          `protobuf:"varint,4,opt,name=last_chunk,json=lastChunk,proto3" json:"last_chunk,omitempty"`
+	Upserts   []*Shard      `protobuf:"bytes,5,rep,name=upserts,proto3" json:"upserts,omitempty"`
+	Removes   []*ServiceKey `protobuf:"bytes,6,rep,name=removes,proto3" json:"removes,omitempty"`
+	// retain names services the spoke has but cannot send in their current form
+	// (refused, too large, invalid): a full state keeps whatever the hub holds
+	// for them instead of removing them.
+	Retain        []*ServiceKey `protobuf:"bytes,7,rep,name=retain,proto3" json:"retain,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -501,6 +505,13 @@ func (x *Update) GetUpserts() []*Shard {
 func (x *Update) GetRemoves() []*ServiceKey {
 	if x != nil {
 		return x.Removes
+	}
+	return nil
+}
+
+func (x *Update) GetRetain() []*ServiceKey {
+	if x != nil {
+		return x.Retain
 	}
 	return nil
 }
@@ -1233,7 +1244,7 @@ const file_federation_v1_federation_proto_rawDesc = "" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x16\n" +
 	"\x06resume\x18\x02 \x01(\bR\x06resume\x12\x15\n" +
 	"\x06hub_id\x18\x03 \x01(\tR\x05hubId\x12*\n" +
-	"\x11max_message_bytes\x18\x04 \x01(\rR\x0fmaxMessageBytes\"\xe5\x01\n" +
+	"\x11max_message_bytes\x18\x04 \x01(\rR\x0fmaxMessageBytes\"\x9d\x02\n" +
 	"\x06Update\x12\x14\n" +
 	"\x05nonce\x18\x01 \x01(\tR\x05nonce\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x1d\n" +
@@ -1242,7 +1253,8 @@ const file_federation_v1_federation_proto_rawDesc = "" +
 	"\n" +
 	"last_chunk\x18\x04 \x01(\bR\tlastChunk\x123\n" +
 	"\aupserts\x18\x05 \x03(\v2\x19.nave.federation.v1.ShardR\aupserts\x128\n" +
-	"\aremoves\x18\x06 \x03(\v2\x1e.nave.federation.v1.ServiceKeyR\aremoves\"M\n" +
+	"\aremoves\x18\x06 \x03(\v2\x1e.nave.federation.v1.ServiceKeyR\aremoves\x126\n" +
+	"\x06retain\x18\a \x03(\v2\x1e.nave.federation.v1.ServiceKeyR\x06retain\"M\n" +
 	"\x03Ack\x12\x14\n" +
 	"\x05nonce\x18\x01 \x01(\tR\x05nonce\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x16\n" +
@@ -1338,20 +1350,21 @@ var file_federation_v1_federation_proto_depIdxs = []int32{
 	9,  // 6: nave.federation.v1.HubMessage.resync:type_name -> nave.federation.v1.ResyncRequest
 	11, // 7: nave.federation.v1.Update.upserts:type_name -> nave.federation.v1.Shard
 	10, // 8: nave.federation.v1.Update.removes:type_name -> nave.federation.v1.ServiceKey
-	7,  // 9: nave.federation.v1.Nack.rejections:type_name -> nave.federation.v1.Rejection
-	10, // 10: nave.federation.v1.Rejection.service:type_name -> nave.federation.v1.ServiceKey
-	10, // 11: nave.federation.v1.Shard.service:type_name -> nave.federation.v1.ServiceKey
-	12, // 12: nave.federation.v1.Shard.ports:type_name -> nave.federation.v1.ServicePort
-	13, // 13: nave.federation.v1.Shard.endpoints:type_name -> nave.federation.v1.Endpoint
-	14, // 14: nave.federation.v1.Endpoint.ports:type_name -> nave.federation.v1.EndpointPort
-	15, // 15: nave.federation.v1.Endpoint.locality:type_name -> nave.federation.v1.Locality
-	0,  // 16: nave.federation.v1.Federation.Publish:input_type -> nave.federation.v1.SpokeMessage
-	1,  // 17: nave.federation.v1.Federation.Publish:output_type -> nave.federation.v1.HubMessage
-	17, // [17:18] is the sub-list for method output_type
-	16, // [16:17] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	10, // 9: nave.federation.v1.Update.retain:type_name -> nave.federation.v1.ServiceKey
+	7,  // 10: nave.federation.v1.Nack.rejections:type_name -> nave.federation.v1.Rejection
+	10, // 11: nave.federation.v1.Rejection.service:type_name -> nave.federation.v1.ServiceKey
+	10, // 12: nave.federation.v1.Shard.service:type_name -> nave.federation.v1.ServiceKey
+	12, // 13: nave.federation.v1.Shard.ports:type_name -> nave.federation.v1.ServicePort
+	13, // 14: nave.federation.v1.Shard.endpoints:type_name -> nave.federation.v1.Endpoint
+	14, // 15: nave.federation.v1.Endpoint.ports:type_name -> nave.federation.v1.EndpointPort
+	15, // 16: nave.federation.v1.Endpoint.locality:type_name -> nave.federation.v1.Locality
+	0,  // 17: nave.federation.v1.Federation.Publish:input_type -> nave.federation.v1.SpokeMessage
+	1,  // 18: nave.federation.v1.Federation.Publish:output_type -> nave.federation.v1.HubMessage
+	18, // [18:19] is the sub-list for method output_type
+	17, // [17:18] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_federation_v1_federation_proto_init() }
