@@ -21,6 +21,7 @@ import (
 	"github.com/navemesh/nave/internal/xdstest"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/spoke"
+	"github.com/navemesh/nave/xds"
 )
 
 const echoTarget = "echo.default.svc.clusterset.local:8080"
@@ -31,10 +32,11 @@ func TestLocalityFailoverAcrossClusters(t *testing.T) {
 	ctx := testContext(t)
 	h := startHub(t)
 	root := t.TempDir()
+	// One address each: two endpoints of one service never share an IP (a spoke merges them).
 	e1a := xdstest.StartBackend(t, "east/us-east-1a", "127.0.0.1")
-	e1b := xdstest.StartBackend(t, "east/us-east-1b", "127.0.0.1")
-	n1c := xdstest.StartBackend(t, "north/us-east-1c", "127.0.0.1")
-	w1a := xdstest.StartBackend(t, "west/us-west-1a", "127.0.0.1")
+	e1b := xdstest.StartBackend(t, "east/us-east-1b", "127.0.0.2")
+	n1c := xdstest.StartBackend(t, "north/us-east-1c", "127.0.0.3")
+	w1a := xdstest.StartBackend(t, "west/us-west-1a", "127.0.0.4")
 	east, north, west := filepath.Join(root, "east"), filepath.Join(root, "north"), filepath.Join(root, "west")
 	for _, d := range []string{east, north, west} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -88,12 +90,17 @@ func TestLocalityFailoverAcrossClusters(t *testing.T) {
 		}
 	}
 
-	// The admin API tells the same story as the clients.
-	var info hub.EndpointsInfo
-	h.getJSON(t, "/debug/endpoints?service=default/echo&region=us-east&zone=us-east-1a", &info)
-	a := info.Ports[0].Assignment
-	if len(a.Priorities) != 3 || a.Priorities[0].Localities[0].Locality.Zone != "us-east-1a" || a.Priorities[2].Localities[0].Locality.Region != "us-west" {
-		t.Errorf("assignment for us-east-1a = %+v, want zone, region, elsewhere", a.Priorities)
+	// The admin API tells the same story as the clients, once north's change
+	// (written after east's, which the client already followed) has arrived too.
+	var a xds.Assignment
+	await(t, "us-east-1a's assignment: zone, region, elsewhere", func() bool {
+		var info hub.EndpointsInfo
+		h.getJSON(t, "/debug/endpoints?service=default/echo&region=us-east&zone=us-east-1a", &info)
+		a = info.Ports[0].Assignment
+		return len(a.Priorities) == 3 && len(a.Priorities[1].Localities) == 2
+	})
+	if a.Priorities[0].Localities[0].Locality.Zone != "us-east-1a" || a.Priorities[2].Localities[0].Locality.Region != "us-west" {
+		t.Errorf("assignment for us-east-1a = %+v, want zone, region (two zones), elsewhere", a.Priorities)
 	}
 }
 
