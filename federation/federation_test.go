@@ -596,3 +596,25 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+func TestSessionWithoutHelloTimesOut(t *testing.T) {
+	cfg := DefaultHubConfig()
+	cfg.HelloTimeout = 50 * time.Millisecond
+	h := startHub(t, cfg)
+	stream, err := fedv1.NewFederationClient(dial(t, h.addr, testTokens["east"])).Publish(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("a silent stream ended with %v, want DeadlineExceeded", err)
+	}
+	// An update before the hello is refused too.
+	stream, err = fedv1.NewFederationClient(dial(t, h.addr, testTokens["east"])).Publish(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = stream.Send(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Update{Update: &fedv1.Update{Version: 1}}})
+	if _, err := stream.Recv(); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("an update before the hello ended with %v, want InvalidArgument", err)
+	}
+}

@@ -144,7 +144,8 @@ func (h *HubServer) Publish(stream fedv1.Federation_PublishServer) error {
 	ctx, cancel := context.WithCancelCause(stream.Context())
 	defer cancel(nil)
 
-	hello, err := h.recvHello(ctx, stream)
+	msgs, errc := receive(ctx, stream.Recv)
+	hello, err := h.recvHello(ctx, msgs, errc)
 	if err != nil {
 		return err
 	}
@@ -194,7 +195,7 @@ func (h *HubServer) Publish(stream fedv1.Federation_PublishServer) error {
 	if resume {
 		s.version = held.Version
 	}
-	err = s.run(ctx)
+	err = s.run(ctx, msgs, errc)
 	if cause := context.Cause(ctx); errors.Is(cause, ErrSuperseded) {
 		log.Info("spoke session superseded by a newer one")
 		return status.Error(codes.Aborted, cause.Error())
@@ -212,27 +213,17 @@ func (h *HubServer) Publish(stream fedv1.Federation_PublishServer) error {
 	}
 }
 
-func (h *HubServer) recvHello(ctx context.Context, stream fedv1.Federation_PublishServer) (*fedv1.Hello, error) {
-	type result struct {
-		msg *fedv1.SpokeMessage
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		m, err := stream.Recv()
-		ch <- result{m, err}
-	}()
+func (h *HubServer) recvHello(ctx context.Context, msgs <-chan *fedv1.SpokeMessage, errc <-chan error) (*fedv1.Hello, error) {
 	timer := time.NewTimer(h.cfg.HelloTimeout)
 	defer timer.Stop()
 	select {
-	case r := <-ch:
-		if r.err != nil {
-			return nil, r.err
-		}
-		if r.msg.GetHello() == nil {
+	case m := <-msgs:
+		if m.GetHello() == nil {
 			return nil, status.Error(codes.InvalidArgument, "the first message of a session must be a hello")
 		}
-		return r.msg.GetHello(), nil
+		return m.GetHello(), nil
+	case err := <-errc:
+		return nil, err
 	case <-timer.C:
 		return nil, status.Errorf(codes.DeadlineExceeded, "no hello within %s", h.cfg.HelloTimeout)
 	case <-ctx.Done():
@@ -283,23 +274,7 @@ type hubSession struct {
 	spoiled uint64
 }
 
-func (s *hubSession) run(ctx context.Context) error {
-	msgs := make(chan *fedv1.SpokeMessage)
-	errc := make(chan error, 1)
-	go func() {
-		for {
-			m, err := s.stream.Recv()
-			if err != nil {
-				errc <- err
-				return
-			}
-			select {
-			case msgs <- m:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
+func (s *hubSession) run(ctx context.Context, msgs <-chan *fedv1.SpokeMessage, errc <-chan error) error {
 	for {
 		select {
 		case <-ctx.Done():

@@ -218,22 +218,7 @@ func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
 	}
 	p.log.Info("hub session started", "epoch", epoch, "resume", welcome.GetResume(), "hub", welcome.GetHubId())
 
-	msgs := make(chan *fedv1.HubMessage)
-	errc := make(chan error, 1)
-	go func() {
-		for {
-			m, err := stream.Recv()
-			if err != nil {
-				errc <- err
-				return
-			}
-			select {
-			case msgs <- m:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
+	msgs, errc := receive(ctx, stream.Recv)
 	ticker := time.NewTicker(p.cfg.DigestInterval)
 	defer ticker.Stop()
 
