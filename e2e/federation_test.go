@@ -38,11 +38,6 @@ func TestLocalityFailoverAcrossClusters(t *testing.T) {
 	n1c := xdstest.StartBackend(t, "north/us-east-1c", "127.0.0.3")
 	w1a := xdstest.StartBackend(t, "west/us-west-1a", "127.0.0.4")
 	east, north, west := filepath.Join(root, "east"), filepath.Join(root, "north"), filepath.Join(root, "west")
-	for _, d := range []string{east, north, west} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
 	writeService(t, east, "echo", endpoint{e1a, "us-east-1a", true}, endpoint{e1b, "us-east-1b", true})
 	writeService(t, north, "echo", endpoint{n1c, "us-east-1c", true})
 	writeService(t, west, "echo", endpoint{w1a, "us-west-1a", true})
@@ -113,11 +108,6 @@ func TestServiceInTwoClustersMergesAndDeletes(t *testing.T) {
 	be := xdstest.StartBackend(t, "east", "127.0.0.1")
 	bw := xdstest.StartBackend(t, "west", "127.0.0.1")
 	east, west := filepath.Join(root, "east"), filepath.Join(root, "west")
-	for _, d := range []string{east, west} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
 	writeService(t, east, "echo", endpoint{be, "z1", true})
 	writeService(t, west, "echo", endpoint{bw, "z2", true})
 	startSpoke(t, h, "east", east, "r1")
@@ -160,9 +150,6 @@ func TestBadInputChangesNothing(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "east")
 	b := xdstest.StartBackend(t, "east", "127.0.0.1")
 	other := xdstest.StartBackend(t, "other", "127.0.0.1")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	writeService(t, dir, "echo", endpoint{b, "z1", true})
 	startSpoke(t, h, "east", dir, "r1")
 	await(t, "echo", func() bool { return len(h.clustersOf("default/echo")) == 1 })
@@ -266,9 +253,6 @@ func TestSpokeRestartCausesNoChurn(t *testing.T) {
 	h := startHub(t)
 	dir := filepath.Join(t.TempDir(), "east")
 	b := xdstest.StartBackend(t, "east", "127.0.0.1")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	writeService(t, dir, "echo", endpoint{b, "z1", true})
 	first := startSpoke(t, h, "east", dir, "r1")
 	await(t, "echo", func() bool { return len(h.clustersOf("default/echo")) == 1 })
@@ -310,9 +294,6 @@ func TestSpokeAdminShowsSessionHealth(t *testing.T) {
 	h := startHub(t)
 	dir := filepath.Join(t.TempDir(), "east")
 	b := xdstest.StartBackend(t, "east", "127.0.0.1")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	writeService(t, dir, "echo", endpoint{b, "z1", true})
 	admin := freeAddr(t)
 	startSpoke(t, h, "east", dir, "r1", func(c *spoke.Config) { c.AdminAddr = admin })
@@ -333,9 +314,6 @@ func TestSpokeRestartKeepsAnInvalidServicesLastGoodForm(t *testing.T) {
 	h := startHub(t)
 	dir := filepath.Join(t.TempDir(), "east")
 	b := xdstest.StartBackend(t, "east", "127.0.0.1")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	writeService(t, dir, "echo", endpoint{b, "z1", true})
 	first := startSpoke(t, h, "east", dir, "r1")
 	await(t, "echo", func() bool { return len(h.clustersOf("default/echo")) == 1 })
@@ -373,9 +351,6 @@ func TestClusterOverLimitKeepsPublishingWhatFits(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "east")
 	b := xdstest.StartBackend(t, "east", "127.0.0.1")
 	other := xdstest.StartBackend(t, "other", "127.0.0.2")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	for _, name := range []string{"aa", "bb", "cc"} {
 		writeService(t, dir, name, endpoint{b, "z1", true})
 	}

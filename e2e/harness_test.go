@@ -161,9 +161,13 @@ func writeService(t *testing.T, dir, name string, eps ...endpoint) {
 	writeFile(t, filepath.Join(dir, name+".yaml"), strings.Join(parts, "---\n"))
 }
 
-// writeFile replaces a file atomically, so a spoke never reads half of it.
+// writeFile replaces a file atomically, so a spoke never reads half of it
+// (creating its directory if needed).
 func writeFile(t *testing.T, path, content string) {
 	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
 		t.Fatal(err)
