@@ -21,6 +21,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
@@ -44,6 +46,9 @@ type Config struct {
 	EtcdPrefix string
 	// TokensFile maps cluster IDs to spoke tokens; empty admits every spoke (development only).
 	TokensFile string
+	// TLSCertFile and TLSKeyFile make the federation server speak TLS (PEM
+	// files); without them spokes connect in plaintext and tokens travel in clear.
+	TLSCertFile, TLSKeyFile string
 	Federation federation.HubConfig
 	XDS        xds.Config
 }
@@ -117,6 +122,14 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 	} else {
 		log.Warn("no --tokens file: any spoke may publish for any cluster (development only)")
 	}
+	fedCreds := insecure.NewCredentials()
+	if cfg.TLSCertFile != "" || cfg.TLSKeyFile != "" {
+		if fedCreds, err = credentials.NewServerTLSFromFile(cfg.TLSCertFile, cfg.TLSKeyFile); err != nil {
+			return nil, fmt.Errorf("federation TLS: %w", err)
+		}
+	} else if tokens != nil {
+		log.Warn("federation without TLS: spoke tokens travel in clear (set --tls-cert and --tls-key)")
+	}
 
 	// 2. etcd: external, or embedded in the data dir.
 	endpoints := cfg.EtcdEndpoints
@@ -156,6 +169,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 	})
 	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall)}
 	fedServer := grpc.NewServer(
+		grpc.Creds(fedCreds),
 		grpc.MaxRecvMsgSize(2*cfg.Federation.MaxMessageBytes), // a chunk, plus the removes that ride with it
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),

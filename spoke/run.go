@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 
@@ -33,6 +34,9 @@ type Config struct {
 	HubAddr string
 	// TokenFile holds the cluster's federation token; empty sends none.
 	TokenFile string
+	// HubCAFile, when set, makes the spoke connect over TLS and trust the hub
+	// certificates it signed (PEM); HubServerName overrides the name checked.
+	HubCAFile, HubServerName string
 	// Source is "dir:PATH" (a directory of manifests).
 	Source string
 	// Region is the region of endpoints whose node carries none.
@@ -65,8 +69,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	transport := insecure.NewCredentials()
+	if cfg.HubCAFile != "" {
+		if transport, err = credentials.NewClientTLSFromFile(cfg.HubCAFile, cfg.HubServerName); err != nil {
+			return fmt.Errorf("hub TLS: %w", err)
+		}
+	}
 	opts := []grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(transport),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 	}
 	if cfg.TokenFile != "" {
@@ -74,7 +84,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		if err != nil {
 			return err
 		}
-		opts = append(opts, grpc.WithPerRPCCredentials(federation.TokenCredentials{Token: tok, AllowInsecure: true}))
+		// Over TLS the token is protected; without it, sending it anyway is the operator's choice (loopback, demos).
+		opts = append(opts, grpc.WithPerRPCCredentials(federation.TokenCredentials{Token: tok, AllowInsecure: cfg.HubCAFile == ""}))
 	}
 	conn, err := grpc.NewClient(cfg.HubAddr, opts...)
 	if err != nil {

@@ -98,6 +98,8 @@ func runHub(ctx context.Context, args []string) error {
 	fs.StringVar(&etcd, "etcd-endpoints", "", "comma-separated etcd endpoints; empty runs an embedded etcd in --data-dir")
 	fs.StringVar(&cfg.EtcdPrefix, "etcd-prefix", cfg.EtcdPrefix, "key prefix of the hub's data in etcd")
 	fs.StringVar(&cfg.TokensFile, "tokens", "", "YAML file of `cluster-id: token` lines; empty admits any spoke (development only)")
+	fs.StringVar(&cfg.TLSCertFile, "tls-cert", "", "PEM certificate of the federation server (with --tls-key: spokes connect over TLS)")
+	fs.StringVar(&cfg.TLSKeyFile, "tls-key", "", "PEM private key of the federation server")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -121,6 +123,8 @@ func runSpoke(ctx context.Context, args []string) error {
 	fs.StringVar(&network, "network", "", "the cluster's network name")
 	fs.StringVar(&cfg.HubAddr, "hub", "127.0.0.1:15010", "the hub's federation address")
 	fs.StringVar(&cfg.TokenFile, "token-file", "", "file holding this cluster's federation token")
+	fs.StringVar(&cfg.HubCAFile, "hub-ca", "", "PEM CA that signed the hub's certificate: connect over TLS")
+	fs.StringVar(&cfg.HubServerName, "hub-server-name", "", "name to expect in the hub's certificate (default: the --hub host)")
 	fs.StringVar(&cfg.Source, "source", "", "where services come from: dir:PATH (a directory of Kubernetes manifests)")
 	fs.StringVar(&cfg.Region, "region", "", "region of endpoints whose node has no topology.kubernetes.io/region label")
 	fs.StringVar(&export, "export", "labeled", "which services federate: labeled (nave.io/export=true) or all")
