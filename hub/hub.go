@@ -49,8 +49,8 @@ type Config struct {
 	// TLSCertFile and TLSKeyFile make the federation server speak TLS (PEM
 	// files); without them spokes connect in plaintext and tokens travel in clear.
 	TLSCertFile, TLSKeyFile string
-	Federation federation.HubConfig
-	XDS        xds.Config
+	Federation              federation.HubConfig
+	XDS                     xds.Config
 }
 
 // DefaultConfig returns the configuration `nave hub` starts with.
