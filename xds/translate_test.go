@@ -2,10 +2,10 @@ package xds
 
 import (
 	"bytes"
-	"cmp"
 	"encoding/json"
 	"errors"
 	"flag"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -46,7 +46,7 @@ func goldenRegistry(t *testing.T) *registry.Registry {
 	return r
 }
 
-func TestTranslateGolden(t *testing.T) {
+func TestServedResourcesGolden(t *testing.T) {
 	r := goldenRegistry(t)
 	clients := map[string]registry.Locality{
 		"default": {},
@@ -56,10 +56,7 @@ func TestTranslateGolden(t *testing.T) {
 	}
 	var shared Resources
 	for name, client := range clients {
-		res, err := Translate(r, client)
-		if err != nil {
-			t.Fatalf("Translate(%s): %v", name, err)
-		}
+		res := served(t, r, client)
 		golden(t, "endpoints-"+name, res.Assignments)
 		shared = res
 	}
@@ -113,10 +110,7 @@ func TestTranslateLeavesOutInvalid(t *testing.T) {
 	// not a locality of weight 0.
 	r, _ := apply(t, registry.New(), shard("east", echo, []registry.ServicePort{tcp("grpc", 8080)},
 		ep("10.0.0.1", loc("r1", "z1"), draining, eport("grpc", 9090))))
-	res, err := Translate(r, loc("r1", "z1"))
-	if err != nil {
-		t.Fatalf("Translate: %v", err)
-	}
+	res := served(t, r, loc("r1", "z1"))
 	if len(res.Assignments) != 1 || len(res.Assignments[0].GetEndpoints()) != 0 {
 		t.Fatalf("want one empty assignment, got %v", res.Assignments)
 	}
@@ -130,11 +124,8 @@ func TestTranslateLeavesOutInvalid(t *testing.T) {
 	}
 }
 
-// The golden files show what one locality group of clients is served, built
-// from the same pieces the server publishes.
-
-// Resources is everything one locality group of clients is served, each
-// list sorted by name.
+// Resources is everything the server publishes for one locality group of
+// clients, each list sorted by name: what the golden files show.
 type Resources struct {
 	Listeners   []*listener.Listener
 	Routes      []*route.RouteConfiguration
@@ -142,42 +133,32 @@ type Resources struct {
 	Assignments []*endpoint.ClusterLoadAssignment
 }
 
-// Translate builds every resource of the registry for clients in the client
-// locality. Resources that fail validation are left out and reported in the
-// error (errors.Is(err, ErrInvalidResource)).
-func Translate(r *registry.Registry, client registry.Locality) (Resources, error) {
-	var out Resources
-	var errs []error
-	keep := func(m proto.Message) bool {
-		if err := Validate(m); err != nil {
-			errs = append(errs, err)
-			return false
-		}
-		return true
+// served publishes r on a fresh server and reads back what its caches hold
+// for clients in the client locality.
+func served(t *testing.T, r *registry.Registry, client registry.Locality) Resources {
+	t.Helper()
+	srv := NewServer(DefaultConfig(), nil, nil)
+	srv.Update(r, registry.Diff{})
+	eds := srv.edsCache(client)
+	srv.stateMu.Lock()
+	defer srv.stateMu.Unlock()
+	return Resources{
+		Listeners:   publishedOf[*listener.Listener](t, srv.lds),
+		Routes:      publishedOf[*route.RouteConfiguration](t, srv.rds),
+		Clusters:    publishedOf[*cluster.Cluster](t, srv.cds),
+		Assignments: publishedOf[*endpoint.ClusterLoadAssignment](t, eds),
 	}
-	for _, svc := range r.Services() {
-		for _, p := range ServicePorts(svc) {
-			if l := Listener(svc.Key, p); keep(l) {
-				out.Listeners = append(out.Listeners, l)
-			}
-			if rc := RouteConfiguration(svc.Key, p); keep(rc) {
-				out.Routes = append(out.Routes, rc)
-			}
-			if c := Cluster(svc.Key, p); keep(c) {
-				out.Clusters = append(out.Clusters, c)
-			}
-			if cla := ClusterLoadAssignment(Assign(svc, p, groupOf(client))); keep(cla) {
-				out.Assignments = append(out.Assignments, cla)
-			}
-		}
-	}
-	sortByName(out.Listeners)
-	sortByName(out.Routes)
-	sortByName(out.Clusters)
-	sortByName(out.Assignments)
-	return out, errors.Join(errs...)
 }
 
-func sortByName[T proto.Message](list []T) {
-	slices.SortFunc(list, func(a, b T) int { return cmp.Compare(resourceName(a), resourceName(b)) })
+func publishedOf[T proto.Message](t *testing.T, c *resourceCache) []T {
+	t.Helper()
+	out := make([]T, 0, len(c.published))
+	for _, name := range slices.Sorted(maps.Keys(c.published)) {
+		m, ok := c.published[name].(T)
+		if !ok {
+			t.Fatalf("%s cache holds %T", c.label, c.published[name])
+		}
+		out = append(out, m)
+	}
+	return out
 }
