@@ -367,55 +367,7 @@ func (s *hubSession) apply(ctx context.Context, u *fedv1.Update) (digest registr
 		return digest, false, reject(nil, "only a full state can retain services")
 	}
 	lim := s.h.cfg.Limits
-	upserts := make([]*registry.Shard, 0, len(u.GetUpserts()))
-	inUpdate := make(map[registry.ServiceKey]bool, len(u.GetUpserts())+len(u.GetRemoves()))
-	var rj rejection
-	for _, p := range u.GetUpserts() {
-		sh, err := ShardFromProto(s.cluster, p, s.h.cfg.Limits)
-		if err != nil {
-			var ve *registry.ValidationError
-			if errors.As(err, &ve) {
-				rj = append(rj, reject(&ve.Service, "%s", ve.Reason)...)
-			} else {
-				rj = append(rj, reject(nil, "%v", err)...)
-			}
-			continue
-		}
-		if inUpdate[sh.Service] || s.full[sh.Service] != nil {
-			rj = append(rj, reject(&sh.Service, "service %s appears twice", sh.Service)...)
-			continue
-		}
-		inUpdate[sh.Service] = true
-		upserts = append(upserts, sh)
-	}
-	removes := make([]registry.ServiceKey, 0, len(u.GetRemoves()))
-	for _, p := range u.GetRemoves() {
-		k := KeyFromProto(p)
-		if err := registry.ValidateServiceKey(k); err != nil {
-			rj = append(rj, reject(&k, "remove: %v", err)...)
-			continue
-		}
-		if inUpdate[k] {
-			rj = append(rj, reject(&k, "service %s is both upserted and removed", k)...)
-			continue
-		}
-		inUpdate[k] = true
-		removes = append(removes, k)
-	}
-	retain := make([]registry.ServiceKey, 0, len(u.GetRetain()))
-	for _, p := range u.GetRetain() {
-		k := KeyFromProto(p)
-		if err := registry.ValidateServiceKey(k); err != nil {
-			rj = append(rj, reject(&k, "retain: %v", err)...)
-			continue
-		}
-		if inUpdate[k] || s.full[k] != nil {
-			rj = append(rj, reject(&k, "service %s is both sent and retained", k)...)
-			continue
-		}
-		inUpdate[k] = true
-		retain = append(retain, k)
-	}
+	upserts, removes, retain, rj := s.decode(u)
 	if len(rj) > 0 {
 		if u.GetFullState() {
 			s.full, s.spoiled = nil, v // a rejected chunk spoils its whole full state
@@ -474,6 +426,52 @@ func (s *hubSession) apply(ctx context.Context, u *fedv1.Update) (digest registr
 	}
 	s.version = v
 	return digest, true, nil
+}
+
+// decode turns an update's upserts, removes and retains into model values. It
+// collects a rejection for each one that is invalid, or that names a service
+// already named in the update or in the full state in progress.
+func (s *hubSession) decode(u *fedv1.Update) (upserts []*registry.Shard, removes, retain []registry.ServiceKey, rj rejection) {
+	seen := make(map[registry.ServiceKey]bool, len(u.GetUpserts())+len(u.GetRemoves())+len(u.GetRetain()))
+	again := func(k registry.ServiceKey) bool {
+		if seen[k] || s.full[k] != nil {
+			return true
+		}
+		seen[k] = true
+		return false
+	}
+	upserts = make([]*registry.Shard, 0, len(u.GetUpserts()))
+	for _, p := range u.GetUpserts() {
+		sh, err := ShardFromProto(s.cluster, p, s.h.cfg.Limits)
+		var ve *registry.ValidationError
+		switch {
+		case errors.As(err, &ve):
+			rj = append(rj, reject(&ve.Service, "%s", ve.Reason)...)
+		case err != nil:
+			rj = append(rj, reject(nil, "%v", err)...)
+		case again(sh.Service):
+			rj = append(rj, reject(&sh.Service, "service %s appears twice", sh.Service)...)
+		default:
+			upserts = append(upserts, sh)
+		}
+	}
+	keys := func(list []*fedv1.ServiceKey, what, twice string) []registry.ServiceKey {
+		out := make([]registry.ServiceKey, 0, len(list))
+		for _, p := range list {
+			k := KeyFromProto(p)
+			if err := registry.ValidateServiceKey(k); err != nil {
+				rj = append(rj, reject(&k, "%s: %v", what, err)...)
+			} else if again(k) {
+				rj = append(rj, reject(&k, twice, k)...)
+			} else {
+				out = append(out, k)
+			}
+		}
+		return out
+	}
+	removes = keys(u.GetRemoves(), "remove", "service %s is both upserted and removed")
+	retain = keys(u.GetRetain(), "retain", "service %s is both sent and retained")
+	return upserts, removes, retain, rj
 }
 
 func (s *hubSession) digest(ctx context.Context, d *fedv1.Digest) error {

@@ -126,7 +126,7 @@ func (p *Publisher) Run(ctx context.Context, desired <-chan State) error {
 	for {
 		started := time.Now()
 		err := p.safeSession(ctx, desired)
-		p.status(SessionStatus{Connected: false, Epoch: p.sessionEpoch, AckedVersion: p.ackedVersion, Services: len(p.acked), Rejected: len(p.rejected) + len(p.tooBig)})
+		p.report(false, false, false)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -208,43 +208,24 @@ func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
 	if p.maxBytes <= 0 {
 		p.maxBytes = 1 << 20
 	}
-	epoch := welcome.GetEpoch()
-	p.sessionEpoch = epoch
+	p.sessionEpoch = welcome.GetEpoch()
 	clear(p.tooBig)
-	needFull := !welcome.GetResume()
-	synced := welcome.GetResume()
-	if needFull {
+	s := &spokeSession{p: p, stream: stream, epoch: welcome.GetEpoch(), resumed: welcome.GetResume()}
+	s.needFull, s.synced = !s.resumed, s.resumed
+	if s.needFull {
 		p.ackedKnown = false
 	}
-	p.log.Info("hub session started", "epoch", epoch, "resume", welcome.GetResume(), "hub", welcome.GetHubId())
+	p.log.Info("hub session started", "epoch", s.epoch, "resume", s.resumed, "hub", welcome.GetHubId())
 
 	msgs, errc := receive(ctx, stream.Recv)
 	ticker := time.NewTicker(p.cfg.DigestInterval)
 	defer ticker.Stop()
-
-	var inflight []pending
-	var fullAcc State  // the chunks of the full state in flight, as acknowledged
-	var spoiled uint64 // a full-state version the hub refused: its later chunks are refused too
-	report := func() {
-		p.status(SessionStatus{Connected: true, Resumed: welcome.GetResume(), Synced: synced, Epoch: epoch,
-			AckedVersion: p.ackedVersion, Services: len(p.acked), Rejected: len(p.rejected) + len(p.tooBig)})
-	}
-	report()
+	s.report()
 	for {
-		if len(inflight) == 0 {
-			var batch []pending
-			if needFull {
-				batch, needFull = p.fullState(), false
-				fullAcc = State{}
-			} else {
-				batch = p.delta()
+		if len(s.inflight) == 0 {
+			if err := s.sendNext(); err != nil {
+				return err
 			}
-			for _, u := range batch {
-				if err := stream.Send(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Update{Update: encodeUpdate(u)}}); err != nil {
-					return fmt.Errorf("send update: %w", err)
-				}
-			}
-			inflight = batch
 		}
 		select {
 		case <-ctx.Done():
@@ -257,75 +238,151 @@ func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
 		case st := <-desired:
 			p.desired = st
 		case <-ticker.C:
-			if len(inflight) == 0 && p.ackedKnown {
-				d := &fedv1.Digest{Version: p.ackedVersion, Digest: p.ackedDigest.String(), Services: uint32(len(p.acked))}
-				if err := stream.Send(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Digest{Digest: d}}); err != nil {
-					return fmt.Errorf("send digest: %w", err)
-				}
+			if err := s.sendDigest(); err != nil {
+				return err
 			}
 		case m := <-msgs:
-			switch k := m.GetKind().(type) {
-			case *fedv1.HubMessage_Resync:
-				p.log.Warn("hub asked for a resync", "reason", k.Resync.GetReason())
-				needFull = true
-			case *fedv1.HubMessage_Ack:
-				if len(inflight) == 0 || inflight[0].nonce != k.Ack.GetNonce() {
-					return fmt.Errorf("ack for nonce %q, which is not the oldest update in flight", k.Ack.GetNonce())
-				}
-				u := inflight[0]
-				inflight = inflight[1:]
-				hadRetained := len(p.retained) > 0
-				if u.full {
-					for _, s := range u.upserts {
-						fullAcc[s.Service] = s
-					}
-					if !u.last {
-						continue
-					}
-					p.resetAcked(fullAcc)
-					p.retained = make(map[registry.ServiceKey]bool, len(u.retain))
-					for _, k := range u.retain {
-						p.retained[k] = true
-					}
-					synced = true
-				} else {
-					p.applyAcked(u)
-				}
-				p.ackedEpoch, p.ackedVersion = epoch, u.version
-				if hadRetained || len(p.retained) > 0 {
-					// The hub holds shards of retained services that the spoke does
-					// not know, so only the hub can compute the digest.
-					if err := p.ackedDigest.UnmarshalText([]byte(k.Ack.GetDigest())); err != nil {
-						return fmt.Errorf("hub acked with digest %q: %w", k.Ack.GetDigest(), err)
-					}
-				} else if k.Ack.GetDigest() != p.ackedDigest.String() {
-					p.log.Warn("hub's digest differs from ours after an update; sending the full state",
-						"hub", k.Ack.GetDigest(), "spoke", p.ackedDigest)
-					needFull = true
-				}
-				report()
-			case *fedv1.HubMessage_Nack:
-				if len(inflight) == 0 || inflight[0].nonce != k.Nack.GetNonce() {
-					return fmt.Errorf("nack for nonce %q, which is not the oldest update in flight", k.Nack.GetNonce())
-				}
-				u := inflight[0]
-				inflight = inflight[1:]
-				if u.full && u.version == spoiled {
-					continue // the rest of a full state the hub already refused
-				}
-				if err := p.rejectedBy(u, k.Nack); err != nil {
-					return err
-				}
-				if u.full {
-					spoiled = u.version
-					needFull = true // send it again without what was refused
-				}
-				report()
-			default:
-				return fmt.Errorf("unexpected %T from the hub", k)
+			if err := s.handle(m); err != nil {
+				return err
 			}
 		}
 	}
+}
+
+// spokeSession is one hub session's state, owned by Run's goroutine.
+type spokeSession struct {
+	p       *Publisher
+	stream  fedv1.Federation_PublishClient
+	epoch   uint64
+	resumed bool
+	// synced: the hub has acknowledged this session's state (its full state, or the resume).
+	synced   bool
+	needFull bool
+	inflight []pending
+	fullAcc  State  // the chunks of the full state in flight, as acknowledged
+	spoiled  uint64 // a full-state version the hub refused: its later chunks are refused too
+}
+
+func (s *spokeSession) report() { s.p.report(true, s.resumed, s.synced) }
+
+// report tells the status callback where the session stands.
+func (p *Publisher) report(connected, resumed, synced bool) {
+	p.status(SessionStatus{Connected: connected, Resumed: resumed, Synced: synced, Epoch: p.sessionEpoch,
+		AckedVersion: p.ackedVersion, Services: len(p.acked), Rejected: len(p.rejected) + len(p.tooBig)})
+}
+
+// sendNext sends the full state, if the session needs one, or the delta
+// between the publishable state and what the hub acknowledged.
+func (s *spokeSession) sendNext() error {
+	var batch []pending
+	if s.needFull {
+		batch, s.needFull, s.fullAcc = s.p.fullState(), false, State{}
+	} else {
+		batch = s.p.delta()
+	}
+	for _, u := range batch {
+		if err := s.stream.Send(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Update{Update: encodeUpdate(u)}}); err != nil {
+			return fmt.Errorf("send update: %w", err)
+		}
+	}
+	s.inflight = batch
+	return nil
+}
+
+// sendDigest sends the digest of what the hub acknowledged, when nothing is in flight.
+func (s *spokeSession) sendDigest() error {
+	p := s.p
+	if len(s.inflight) > 0 || !p.ackedKnown {
+		return nil
+	}
+	d := &fedv1.Digest{Version: p.ackedVersion, Digest: p.ackedDigest.String(), Services: uint32(len(p.acked))}
+	if err := s.stream.Send(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Digest{Digest: d}}); err != nil {
+		return fmt.Errorf("send digest: %w", err)
+	}
+	return nil
+}
+
+func (s *spokeSession) handle(m *fedv1.HubMessage) error {
+	switch k := m.GetKind().(type) {
+	case *fedv1.HubMessage_Resync:
+		s.p.log.Warn("hub asked for a resync", "reason", k.Resync.GetReason())
+		s.needFull = true
+		return nil
+	case *fedv1.HubMessage_Ack:
+		u, err := s.answered(k.Ack.GetNonce())
+		if err != nil {
+			return err
+		}
+		return s.acked(u, k.Ack.GetDigest())
+	case *fedv1.HubMessage_Nack:
+		u, err := s.answered(k.Nack.GetNonce())
+		if err != nil {
+			return err
+		}
+		return s.refused(u, k.Nack)
+	default:
+		return fmt.Errorf("unexpected %T from the hub", k)
+	}
+}
+
+// answered takes the oldest update in flight, which the hub answers in order.
+func (s *spokeSession) answered(nonce string) (pending, error) {
+	if len(s.inflight) == 0 || s.inflight[0].nonce != nonce {
+		return pending{}, fmt.Errorf("answer for nonce %q, which is not the oldest update in flight", nonce)
+	}
+	u := s.inflight[0]
+	s.inflight = s.inflight[1:]
+	return u, nil
+}
+
+// acked records what the hub applied and checks its digest against ours.
+func (s *spokeSession) acked(u pending, hubDigest string) error {
+	p := s.p
+	hadRetained := len(p.retained) > 0
+	if u.full {
+		for _, sh := range u.upserts {
+			s.fullAcc[sh.Service] = sh
+		}
+		if !u.last {
+			return nil // applied with the last chunk
+		}
+		p.resetAcked(s.fullAcc)
+		p.retained = make(map[registry.ServiceKey]bool, len(u.retain))
+		for _, k := range u.retain {
+			p.retained[k] = true
+		}
+		s.synced = true
+	} else {
+		p.applyAcked(u)
+	}
+	p.ackedEpoch, p.ackedVersion = s.epoch, u.version
+	if hadRetained || len(p.retained) > 0 {
+		// The hub holds shards of retained services that the spoke does not
+		// know, so only the hub can compute the digest.
+		if err := p.ackedDigest.UnmarshalText([]byte(hubDigest)); err != nil {
+			return fmt.Errorf("hub acked with digest %q: %w", hubDigest, err)
+		}
+	} else if hubDigest != p.ackedDigest.String() {
+		p.log.Warn("hub's digest differs from ours after an update; sending the full state", "hub", hubDigest, "spoke", p.ackedDigest)
+		s.needFull = true
+	}
+	s.report()
+	return nil
+}
+
+// refused records what the hub refused; a refused full state is sent again without it.
+func (s *spokeSession) refused(u pending, n *fedv1.Nack) error {
+	if u.full && u.version == s.spoiled {
+		return nil // the rest of a full state the hub already refused
+	}
+	if err := s.p.rejectedBy(u, n); err != nil {
+		return err
+	}
+	if u.full {
+		s.spoiled, s.needFull = u.version, true
+	}
+	s.report()
+	return nil
 }
 
 // rejectedBy records the services the hub refused. A rejection that names no
@@ -360,29 +417,26 @@ func (p *Publisher) resetAcked(s State) {
 }
 
 func (p *Publisher) applyAcked(u pending) {
-	next := make(State, len(p.acked)+len(u.upserts))
-	for k, s := range p.acked {
-		next[k] = s
+	if p.acked == nil {
+		p.acked = State{}
 	}
 	drop := func(k registry.ServiceKey) {
+		delete(p.retained, k)
 		if h, ok := p.ackedHashes[k]; ok {
 			p.ackedDigest = p.ackedDigest.Xor(h)
 			delete(p.ackedHashes, k)
-			delete(next, k)
+			delete(p.acked, k)
 		}
 	}
 	for _, k := range u.removes {
-		delete(p.retained, k)
 		drop(k)
 	}
 	for _, s := range u.upserts {
-		delete(p.retained, s.Service)
 		drop(s.Service)
 		h := s.Hash()
-		next[s.Service], p.ackedHashes[s.Service] = s, h
+		p.acked[s.Service], p.ackedHashes[s.Service] = s, h
 		p.ackedDigest = p.ackedDigest.Xor(h)
 	}
-	p.acked = next
 }
 
 // publishable is what may be sent for each service: its desired shard, or,
