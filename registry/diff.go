@@ -43,16 +43,6 @@ type Diff struct {
 // Empty reports whether nothing changed.
 func (d Diff) Empty() bool { return len(d.Services) == 0 }
 
-// ShapeChanged reports whether any service was added, removed or changed shape.
-func (d Diff) ShapeChanged() bool {
-	for _, s := range d.Services {
-		if s.ShapeChanged {
-			return true
-		}
-	}
-	return false
-}
-
 func serviceDiff(prev, next *Service) ServiceDiff {
 	switch {
 	case prev == nil:

@@ -56,16 +56,6 @@ type ClusterSummary struct {
 	Digest    Hash      `json:"digest"`
 }
 
-// Clusters summarizes every cluster that has at least one shard, sorted by ID.
-func (r *Registry) Clusters() []ClusterSummary {
-	out := make([]ClusterSummary, 0, len(r.clusters))
-	for id, c := range r.clusters {
-		out = append(out, ClusterSummary{Cluster: id, Services: len(c.shards), Endpoints: c.endpoints, Digest: c.digest})
-	}
-	slices.SortFunc(out, func(a, b ClusterSummary) int { return cmp.Compare(a.Cluster, b.Cluster) })
-	return out
-}
-
 // Cluster summarizes what one cluster contributes (zero counts and ZeroHash for nothing).
 func (r *Registry) Cluster(id ClusterID) ClusterSummary {
 	c := r.clusters[id]

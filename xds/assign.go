@@ -170,22 +170,6 @@ func compareEndpoints(x, y Endpoint) int {
 	return cmp.Or(cmp.Compare(x.Cluster, y.Cluster), x.Address.Compare(y.Address), cmp.Compare(x.Port, y.Port))
 }
 
-// Endpoints counts the endpoints handed out, by health.
-func (a *Assignment) Endpoints() (healthy, draining int) {
-	for _, p := range a.Priorities {
-		for _, l := range p.Localities {
-			for _, e := range l.Endpoints {
-				if e.Health == StatusHealthy {
-					healthy++
-				} else {
-					draining++
-				}
-			}
-		}
-	}
-	return healthy, draining
-}
-
 // groupOf is the locality group of a client locality: the region and zone
 // that Assign looks at. Clients of one group share their assignments.
 func groupOf(l registry.Locality) registry.Locality {
