@@ -30,10 +30,27 @@ type memStore struct {
 	maxEpoch map[registry.ClusterID]uint64
 	applied  int
 	changed  chan struct{}
+	// conflictsChanged is closed and replaced by every Apply: a broadcast
+	// that wakes every session, whose cluster's conflicts changed or not.
+	conflictsChanged chan struct{}
 }
 
 func newMemStore() *memStore {
-	return &memStore{reg: registry.New(), held: map[registry.ClusterID]Held{}, maxEpoch: map[registry.ClusterID]uint64{}, changed: make(chan struct{}, 1000)}
+	return &memStore{reg: registry.New(), held: map[registry.ClusterID]Held{}, maxEpoch: map[registry.ClusterID]uint64{},
+		changed: make(chan struct{}, 1000), conflictsChanged: make(chan struct{})}
+}
+
+// Conflicts computes the cluster's conflicts from the whole registry.
+func (m *memStore) Conflicts(c registry.ClusterID) (Conflicts, <-chan struct{}) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	set := Conflicts{}
+	for _, svc := range m.reg.Services() {
+		if texts := ExplainConflicts(svc)[c]; len(texts) > 0 {
+			set[svc.Key] = texts
+		}
+	}
+	return set, m.conflictsChanged
 }
 
 func (m *memStore) Held(_ context.Context, c registry.ClusterID) (Held, error) {
@@ -52,6 +69,8 @@ func (m *memStore) Apply(_ context.Context, epoch, version uint64, ch registry.C
 	m.held[ch.Cluster] = Held{Epoch: epoch, Version: version, Digest: m.reg.ClusterDigest(ch.Cluster)}
 	m.applied++
 	m.changed <- struct{}{}
+	close(m.conflictsChanged)
+	m.conflictsChanged = make(chan struct{})
 	return m.reg.ClusterDigest(ch.Cluster), nil
 }
 

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -73,6 +75,62 @@ type Store interface {
 	Apply(ctx context.Context, epoch, version uint64, change registry.Change) (registry.Hash, error)
 	// End reports that session s is over.
 	End(s Session)
+	// Conflicts returns the merge conflicts that concern the cluster, and a
+	// channel that is closed once they have changed (the session then asks
+	// again: only the latest set matters). It must not block, and the set
+	// returned must never be modified.
+	Conflicts(cluster registry.ClusterID) (Conflicts, <-chan struct{})
+}
+
+// CapabilityServiceConflicts is the capability a spoke announces in its hello
+// when it understands ServiceConflicts; other spokes are never sent one.
+const CapabilityServiceConflicts = "service-conflicts"
+
+// Conflicts are the merge conflicts that concern one cluster: for each service
+// it exports, one text per property on which its export and another cluster's
+// disagree, whichever won (see ExplainConflicts). Services without conflicts
+// have no entry.
+type Conflicts map[registry.ServiceKey][]string
+
+// ExplainConflicts words each conflict of a merged service for the two
+// clusters it concerns, winner and loser alike: the property, both values,
+// whose value the hub kept, and why (the oldest export wins; ties go to the
+// lower cluster ID). The texts of each cluster are in the service's conflict
+// order. A nil service has no conflicts.
+func ExplainConflicts(svc *registry.Service) map[registry.ClusterID][]string {
+	if svc == nil || len(svc.Conflicts) == 0 {
+		return nil
+	}
+	exportedAt := func(c registry.ClusterID) time.Time {
+		for _, sh := range svc.Shards {
+			if sh.Cluster == c {
+				return sh.ExportedAt
+			}
+		}
+		return time.Time{}
+	}
+	out := make(map[registry.ClusterID][]string, 2)
+	for _, c := range svc.Conflicts {
+		won, lost := exportedAt(c.Winner), exportedAt(c.Loser)
+		why := fmt.Sprintf("%s exported the service first (%s, %s %s), and the oldest export wins",
+			c.Winner, exportTime(won), c.Loser, exportTime(lost))
+		if won.Equal(lost) {
+			why = fmt.Sprintf("both exported the service at the same time (%s), so the lower cluster ID, %s, wins",
+				exportTime(won), c.Winner)
+		}
+		text := c.String() + ": " + why
+		out[c.Winner] = append(out[c.Winner], text)
+		out[c.Loser] = append(out[c.Loser], text)
+	}
+	return out
+}
+
+// exportTime renders an export time; an unknown one counts as the oldest.
+func exportTime(t time.Time) string {
+	if t.IsZero() {
+		return "at an unknown time, which counts as oldest"
+	}
+	return "at " + t.UTC().Format(time.RFC3339)
 }
 
 // EpochIssuer issues session epochs: monotonic per cluster, across restarts and replicas.
@@ -191,11 +249,15 @@ func (h *HubServer) Publish(stream fedv1.Federation_PublishServer) error {
 
 	// Versions are ordered within a spoke process: a resumed session continues
 	// them, a new one (perhaps a restarted spoke) may start again from 1.
-	s := &hubSession{h: h, cluster: cluster, epoch: epoch, log: log, stream: stream}
+	s := &hubSession{h: h, cluster: cluster, epoch: epoch, log: log, stream: stream,
+		wantConflicts: slices.Contains(hello.GetCapabilities(), CapabilityServiceConflicts)}
 	if resume {
 		s.version = held.Version
+		err = s.synced()
 	}
-	err = s.run(ctx, msgs, errc)
+	if err == nil {
+		err = s.run(ctx, msgs, errc)
+	}
 	if cause := context.Cause(ctx); errors.Is(cause, ErrSuperseded) {
 		log.Info("spoke session superseded by a newer one")
 		return status.Error(codes.Aborted, cause.Error())
@@ -272,6 +334,17 @@ type hubSession struct {
 	// spoiled is a full-state version one of whose chunks was rejected: its
 	// later chunks are rejected too, so a partial full state is never applied.
 	spoiled uint64
+
+	// wantConflicts: the spoke understands ServiceConflicts.
+	wantConflicts bool
+	// isSynced: the hub holds this session's state (it resumed, or applied an update).
+	isSynced bool
+	// conflictsChanged is closed once the cluster's conflicts have changed;
+	// nil (never ready) until the session is synced.
+	conflictsChanged <-chan struct{}
+	// sentConflicts is the set the spoke was last sent, valid when conflictsSent.
+	sentConflicts Conflicts
+	conflictsSent bool
 }
 
 func (s *hubSession) run(ctx context.Context, msgs <-chan *fedv1.SpokeMessage, errc <-chan error) error {
@@ -281,6 +354,10 @@ func (s *hubSession) run(ctx context.Context, msgs <-chan *fedv1.SpokeMessage, e
 			return context.Cause(ctx)
 		case err := <-errc:
 			return err
+		case <-s.conflictsChanged:
+			if err := s.sendConflicts(); err != nil {
+				return err
+			}
 		case m := <-msgs:
 			var err error
 			switch k := m.GetKind().(type) {
@@ -342,7 +419,46 @@ func (s *hubSession) update(ctx context.Context, u *fedv1.Update) error {
 	if applied {
 		ack.Digest = digest.String()
 	}
-	return s.send(&fedv1.HubMessage{Kind: &fedv1.HubMessage_Ack{Ack: ack}})
+	if err := s.send(&fedv1.HubMessage{Kind: &fedv1.HubMessage_Ack{Ack: ack}}); err != nil {
+		return err
+	}
+	if applied && !s.isSynced {
+		return s.synced()
+	}
+	return nil
+}
+
+// synced marks the session synced: the hub holds its state, so what the hub
+// reports about that state (its conflicts) now means something to the spoke.
+func (s *hubSession) synced() error {
+	s.isSynced = true
+	return s.sendConflicts()
+}
+
+// sendConflicts sends the conflicts that concern the cluster, unless the spoke
+// was last sent the same set, and arms the notice of their next change. Only
+// the session's goroutine calls it: it alone sends on the stream.
+func (s *hubSession) sendConflicts() error {
+	if !s.wantConflicts {
+		return nil
+	}
+	set, changed := s.h.store.Conflicts(s.cluster)
+	s.conflictsChanged = changed
+	if s.conflictsSent && maps.EqualFunc(set, s.sentConflicts, slices.Equal) {
+		return nil
+	}
+	msg := &fedv1.ServiceConflicts{Services: make([]*fedv1.ServiceConflict, 0, len(set))}
+	for _, k := range slices.SortedFunc(maps.Keys(set), registry.ServiceKey.Compare) {
+		if len(set[k]) > 0 {
+			msg.Services = append(msg.Services, &fedv1.ServiceConflict{Service: keyToProto(k), Conflicts: set[k]})
+		}
+	}
+	if err := s.send(&fedv1.HubMessage{Kind: &fedv1.HubMessage_Conflicts{Conflicts: msg}}); err != nil {
+		return err
+	}
+	s.log.Debug("sent conflicts", "services", len(msg.Services))
+	s.sentConflicts, s.conflictsSent = set, true
+	return nil
 }
 
 // apply validates and applies an update. It returns a rejection for bad

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"runtime/debug"
 	"slices"
@@ -37,6 +38,36 @@ type SpokeConfig struct {
 	MinBackoff, MaxBackoff time.Duration
 	// HealthyAfter is how long a session must last before the backoff resets.
 	HealthyAfter time.Duration
+	// OnReport, if not nil, is told what there is to report about the desired
+	// services (see Reports) each time that changes, starting from nothing. It
+	// is called from Run's goroutine and must not block; the Reports are the
+	// callee's to keep, but must not be modified.
+	OnReport func(Reports)
+}
+
+// Reports says, for each desired service with something to report, what the
+// hub (or the spoke itself) found. Services without an entry are published as
+// they are, without conflicts, as far as the spoke knows. A service that
+// leaves the desired state leaves the reports.
+type Reports map[registry.ServiceKey]ServiceReport
+
+// ServiceReport is what there is to report about one exported service.
+type ServiceReport struct {
+	// Refused says why the hub does not hold the service's current form: the
+	// hub's reason for refusing it, or the spoke's own for a shard too large
+	// for the hub's message budget. The hub keeps the last form it accepted.
+	// It stays until the hub accepts a form equal to the desired one, so a
+	// retry in flight does not clear it. Empty when nothing was refused.
+	Refused string
+	// Conflicts are the hub's texts for the merge conflicts between this
+	// cluster's export of the service and other clusters' (see
+	// ExplainConflicts), as of the hub's last report: they outlive a broken
+	// session until the next session's hub reports again.
+	Conflicts []string
+}
+
+func (r ServiceReport) equal(o ServiceReport) bool {
+	return r.Refused == o.Refused && slices.Equal(r.Conflicts, o.Conflicts)
 }
 
 // DefaultSpokeConfig returns the intervals a spoke uses in production.
@@ -89,6 +120,14 @@ type Publisher struct {
 	// rejected holds the hash of each shard the hub refused; it is not sent
 	// again until it changes, and the last accepted form stays published.
 	rejected map[registry.ServiceKey]registry.Hash
+	// refusals holds why each desired service's current form is not what
+	// the hub holds (the hub's reason, or too large): kept until the hub
+	// acknowledges the desired form, or the service leaves the desired state.
+	refusals map[registry.ServiceKey]string
+	// conflicts is the last conflict set the hub reported.
+	conflicts Conflicts
+	// reported is what OnReport was last told.
+	reported Reports
 	// tooBig holds the hash of each shard too large for the current hub's
 	// message budget (forgotten with each session: the budget may change).
 	tooBig map[registry.ServiceKey]registry.Hash
@@ -111,6 +150,7 @@ func NewPublisher(cfg SpokeConfig, conn grpc.ClientConnInterface, log *slog.Logg
 		ackedHashes: map[registry.ServiceKey]registry.Hash{},
 		rejected:    map[registry.ServiceKey]registry.Hash{},
 		tooBig:      map[registry.ServiceKey]registry.Hash{},
+		refusals:    map[registry.ServiceKey]string{},
 	}
 }
 
@@ -155,6 +195,7 @@ func (p *Publisher) wait(ctx context.Context, d time.Duration, desired <-chan St
 			return true
 		case st := <-desired:
 			p.desired = st
+			p.updateReports()
 		}
 	}
 }
@@ -188,7 +229,7 @@ func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
 	}
 	hello := &fedv1.Hello{
 		ClusterId: string(p.cfg.Cluster), Network: string(p.cfg.Network), SpokeId: p.cfg.SpokeID,
-		SpokeBuild: p.cfg.Build, Capabilities: []string{"chunked-full-state", "digest"},
+		SpokeBuild: p.cfg.Build, Capabilities: []string{"chunked-full-state", "digest", CapabilityServiceConflicts},
 	}
 	if p.ackedKnown {
 		hello.AckedEpoch, hello.AckedVersion, hello.AckedDigest = p.ackedEpoch, p.ackedVersion, p.ackedDigest.String()
@@ -227,6 +268,7 @@ func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
 				return err
 			}
 		}
+		p.updateReports()
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -320,6 +362,9 @@ func (s *spokeSession) handle(m *fedv1.HubMessage) error {
 			return err
 		}
 		return s.refused(u, k.Nack)
+	case *fedv1.HubMessage_Conflicts:
+		s.p.conflictsFrom(k.Conflicts)
+		return nil
 	default:
 		return fmt.Errorf("unexpected %T from the hub", k)
 	}
@@ -400,8 +445,55 @@ func (p *Publisher) rejectedBy(u pending, n *fedv1.Nack) error {
 			return fmt.Errorf("hub rejected update %d: %s", u.version, r.GetReason())
 		}
 		p.rejected[k] = s.Hash()
+		p.refusals[k] = r.GetReason()
 	}
 	return nil
+}
+
+// conflictsFrom takes the hub's conflict set, which replaces the last one.
+func (p *Publisher) conflictsFrom(m *fedv1.ServiceConflicts) {
+	set := make(Conflicts, len(m.GetServices()))
+	for _, sc := range m.GetServices() {
+		if len(sc.GetConflicts()) > 0 {
+			k := KeyFromProto(sc.GetService())
+			set[k] = append(set[k], sc.GetConflicts()...)
+		}
+	}
+	if len(set) > 0 || len(p.conflicts) > 0 {
+		p.log.Info("hub reported conflicts", "services", len(set))
+	}
+	p.conflicts = set
+}
+
+// updateReports tells OnReport what there is to report, when that changed.
+// It looks only at services with a refusal or a conflict, so it is cheap
+// enough to call after every event.
+func (p *Publisher) updateReports() {
+	for k := range p.refusals {
+		s, ok := p.desired[k]
+		if old := p.acked[k]; !ok || s == nil || (old != nil && (old == s || old.Equal(s))) {
+			// Gone, withheld by the spoke itself, or the hub holds the desired form.
+			delete(p.refusals, k)
+		}
+	}
+	next := make(Reports, len(p.refusals)+len(p.conflicts))
+	for k, reason := range p.refusals {
+		next[k] = ServiceReport{Refused: reason}
+	}
+	for k, texts := range p.conflicts {
+		if _, ok := p.desired[k]; ok {
+			r := next[k]
+			r.Conflicts = texts
+			next[k] = r
+		}
+	}
+	if maps.EqualFunc(next, p.reported, ServiceReport.equal) {
+		return
+	}
+	p.reported = next
+	if p.cfg.OnReport != nil {
+		p.cfg.OnReport(next) // never modified here: the next change makes a new map
+	}
 }
 
 func (p *Publisher) resetAcked(s State) {
@@ -484,6 +576,8 @@ func (p *Publisher) tooLarge(s *registry.Shard) bool {
 		return false
 	}
 	p.tooBig[s.Service] = s.Hash()
+	p.refusals[s.Service] = fmt.Sprintf("the service's shard is %d bytes (%d endpoints), more than the hub's message budget of %d bytes",
+		n, len(s.Endpoints), p.maxBytes-envelopeBytes)
 	p.log.Error("service too large to publish; the hub keeps its last accepted form", "service", s.Service,
 		"bytes", n, "limit", p.maxBytes-envelopeBytes, "endpoints", len(s.Endpoints))
 	return true

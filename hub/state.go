@@ -8,6 +8,7 @@ import (
 	"maps"
 	"runtime/debug"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -62,6 +63,18 @@ type state struct {
 	maxEpoch map[registry.ClusterID]uint64
 
 	view atomic.Pointer[View]
+
+	// conflicts holds, per cluster, the merge conflicts that concern it. Only
+	// run's goroutine replaces an entry (closing the old one's changed
+	// channel); federation sessions read entries from their own goroutines.
+	conflictsMu sync.Mutex
+	conflicts   map[registry.ClusterID]*clusterConflicts
+}
+
+// clusterConflicts is one cluster's conflict set, immutable once published.
+type clusterConflicts struct {
+	set     federation.Conflicts
+	changed chan struct{} // closed when the entry is replaced
 }
 
 func newState(publisher Publisher, catalog *federation.Catalog, limits registry.Limits, onChange func(View), log *slog.Logger) *state {
@@ -69,6 +82,7 @@ func newState(publisher Publisher, catalog *federation.Catalog, limits registry.
 		log: log.With("component", "state"), publisher: publisher, catalog: catalog, limits: limits, onChange: onChange,
 		ops: make(chan func()), done: make(chan struct{}), reg: registry.New(),
 		clusters: map[registry.ClusterID]*ClusterStatus{}, maxEpoch: map[registry.ClusterID]uint64{},
+		conflicts: map[registry.ClusterID]*clusterConflicts{},
 	}
 	s.publish(registry.Diff{})
 	return s
@@ -176,7 +190,9 @@ func (s *state) Apply(ctx context.Context, epoch, version uint64, ch registry.Ch
 			}
 			return
 		}
+		prev := s.reg
 		s.reg = next
+		s.trackConflicts(prev, diff)
 		c := s.cluster(ch.Cluster)
 		c.Epoch, c.Version, c.LastUpdate = epoch, version, time.Now()
 		c.Digest, c.Services, c.Endpoints = sum.Digest, sum.Services, sum.Endpoints
@@ -258,6 +274,91 @@ func (s *state) known(ctx context.Context, records []federation.ClusterRecord) e
 		}
 		s.publish(registry.Diff{})
 	})
+}
+
+// Conflicts implements federation.Store. It never waits for the state
+// goroutine: only a lock held for map accesses.
+func (s *state) Conflicts(id registry.ClusterID) (federation.Conflicts, <-chan struct{}) {
+	s.conflictsMu.Lock()
+	defer s.conflictsMu.Unlock()
+	e := s.conflicts[id]
+	if e == nil {
+		// A cluster without conflicts gets an entry too: its channel is what
+		// tells the session about the first one.
+		e = &clusterConflicts{changed: make(chan struct{})}
+		s.conflicts[id] = e
+	}
+	return e.set, e.changed
+}
+
+// trackConflicts updates the conflict sets of the clusters concerned by the
+// services that changed from prev to s.reg: those in a conflict before or
+// after, winner or loser, so an update of one cluster also tells the other
+// cluster of a conflict it created or resolved. Each set that changed is
+// replaced at once, waking the sessions that watch it. Called by run's goroutine.
+func (s *state) trackConflicts(prev *registry.Registry, d registry.Diff) {
+	var changed map[registry.ClusterID]federation.Conflicts // copies of the sets that change
+	for _, sd := range d.Services {
+		before, after := prev.Service(sd.Key), s.reg.Service(sd.Key)
+		if (before == nil || len(before.Conflicts) == 0) && (after == nil || len(after.Conflicts) == 0) {
+			continue
+		}
+		texts := federation.ExplainConflicts(after)
+		concerned := map[registry.ClusterID]bool{}
+		for _, svc := range []*registry.Service{before, after} {
+			if svc != nil {
+				for _, c := range svc.Conflicts {
+					concerned[c.Winner], concerned[c.Loser] = true, true
+				}
+			}
+		}
+		for id := range concerned {
+			set, ok := changed[id]
+			if !ok {
+				set = s.conflictSet(id)
+			}
+			if slices.Equal(set[sd.Key], texts[id]) {
+				continue
+			}
+			if !ok {
+				set = maps.Clone(set)
+				if set == nil {
+					set = federation.Conflicts{}
+				}
+				if changed == nil {
+					changed = map[registry.ClusterID]federation.Conflicts{}
+				}
+				changed[id] = set
+			}
+			if len(texts[id]) == 0 {
+				delete(set, sd.Key)
+			} else {
+				set[sd.Key] = texts[id]
+			}
+		}
+	}
+	if len(changed) == 0 {
+		return
+	}
+	s.conflictsMu.Lock()
+	defer s.conflictsMu.Unlock()
+	for id, set := range changed {
+		if old := s.conflicts[id]; old != nil {
+			close(old.changed)
+		}
+		s.conflicts[id] = &clusterConflicts{set: set, changed: make(chan struct{})}
+		s.log.Debug("conflicts changed", "cluster", id, "services", len(set))
+	}
+}
+
+// conflictSet returns the cluster's published conflict set (not to be modified).
+func (s *state) conflictSet(id registry.ClusterID) federation.Conflicts {
+	s.conflictsMu.Lock()
+	defer s.conflictsMu.Unlock()
+	if e := s.conflicts[id]; e != nil {
+		return e.set
+	}
+	return nil
 }
 
 var _ federation.Store = (*state)(nil)

@@ -130,6 +130,7 @@ type HubMessage struct {
 	//	*HubMessage_Ack
 	//	*HubMessage_Nack
 	//	*HubMessage_Resync
+	//	*HubMessage_Conflicts
 	Kind          isHubMessage_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -208,6 +209,15 @@ func (x *HubMessage) GetResync() *ResyncRequest {
 	return nil
 }
 
+func (x *HubMessage) GetConflicts() *ServiceConflicts {
+	if x != nil {
+		if x, ok := x.Kind.(*HubMessage_Conflicts); ok {
+			return x.Conflicts
+		}
+	}
+	return nil
+}
+
 type isHubMessage_Kind interface {
 	isHubMessage_Kind()
 }
@@ -228,6 +238,10 @@ type HubMessage_Resync struct {
 	Resync *ResyncRequest `protobuf:"bytes,4,opt,name=resync,proto3,oneof"`
 }
 
+type HubMessage_Conflicts struct {
+	Conflicts *ServiceConflicts `protobuf:"bytes,5,opt,name=conflicts,proto3,oneof"`
+}
+
 func (*HubMessage_Welcome) isHubMessage_Kind() {}
 
 func (*HubMessage_Ack) isHubMessage_Kind() {}
@@ -235,6 +249,8 @@ func (*HubMessage_Ack) isHubMessage_Kind() {}
 func (*HubMessage_Nack) isHubMessage_Kind() {}
 
 func (*HubMessage_Resync) isHubMessage_Kind() {}
+
+func (*HubMessage_Conflicts) isHubMessage_Kind() {}
 
 // Hello opens a session. The credential travels in gRPC metadata
 // ("authorization: Bearer <token>"); cluster_id must be the one it was issued for.
@@ -800,6 +816,116 @@ func (x *ResyncRequest) GetReason() string {
 	return ""
 }
 
+// ServiceConflicts is the complete set of merge conflicts that concern the
+// session's cluster: for each service the cluster exports, every property on
+// which its export and another cluster's export of the same service disagree,
+// whichever of the two won. It is state, not an event: each one replaces the
+// last, and a service it does not name has no conflict. The hub sends it only
+// to spokes that announce the capability "service-conflicts": once the session
+// is synced (after the welcome of a resumed session, otherwise after the ack of
+// the first update it applies), then whenever the set changes, also when
+// another cluster's update creates or resolves a conflict. Sets that are
+// equal may be sent again; applying one twice changes nothing.
+type ServiceConflicts struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// services is sorted by service key; services without conflicts are left out.
+	Services      []*ServiceConflict `protobuf:"bytes,1,rep,name=services,proto3" json:"services,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServiceConflicts) Reset() {
+	*x = ServiceConflicts{}
+	mi := &file_federation_v1_federation_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServiceConflicts) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServiceConflicts) ProtoMessage() {}
+
+func (x *ServiceConflicts) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServiceConflicts.ProtoReflect.Descriptor instead.
+func (*ServiceConflicts) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ServiceConflicts) GetServices() []*ServiceConflict {
+	if x != nil {
+		return x.Services
+	}
+	return nil
+}
+
+type ServiceConflict struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Service *ServiceKey            `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	// conflicts are human-readable, one per conflicting property: the property,
+	// both values, whose the hub kept and why (the oldest export wins, ties go
+	// to the lower cluster ID). The loser's value is ignored for that property.
+	Conflicts     []string `protobuf:"bytes,2,rep,name=conflicts,proto3" json:"conflicts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServiceConflict) Reset() {
+	*x = ServiceConflict{}
+	mi := &file_federation_v1_federation_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServiceConflict) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServiceConflict) ProtoMessage() {}
+
+func (x *ServiceConflict) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServiceConflict.ProtoReflect.Descriptor instead.
+func (*ServiceConflict) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ServiceConflict) GetService() *ServiceKey {
+	if x != nil {
+		return x.Service
+	}
+	return nil
+}
+
+func (x *ServiceConflict) GetConflicts() []string {
+	if x != nil {
+		return x.Conflicts
+	}
+	return nil
+}
+
 type ServiceKey struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
@@ -810,7 +936,7 @@ type ServiceKey struct {
 
 func (x *ServiceKey) Reset() {
 	*x = ServiceKey{}
-	mi := &file_federation_v1_federation_proto_msgTypes[10]
+	mi := &file_federation_v1_federation_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -822,7 +948,7 @@ func (x *ServiceKey) String() string {
 func (*ServiceKey) ProtoMessage() {}
 
 func (x *ServiceKey) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[10]
+	mi := &file_federation_v1_federation_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -835,7 +961,7 @@ func (x *ServiceKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceKey.ProtoReflect.Descriptor instead.
 func (*ServiceKey) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{10}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ServiceKey) GetNamespace() string {
@@ -868,7 +994,7 @@ type Shard struct {
 
 func (x *Shard) Reset() {
 	*x = Shard{}
-	mi := &file_federation_v1_federation_proto_msgTypes[11]
+	mi := &file_federation_v1_federation_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -880,7 +1006,7 @@ func (x *Shard) String() string {
 func (*Shard) ProtoMessage() {}
 
 func (x *Shard) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[11]
+	mi := &file_federation_v1_federation_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -893,7 +1019,7 @@ func (x *Shard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shard.ProtoReflect.Descriptor instead.
 func (*Shard) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{11}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Shard) GetService() *ServiceKey {
@@ -943,7 +1069,7 @@ type ServicePort struct {
 
 func (x *ServicePort) Reset() {
 	*x = ServicePort{}
-	mi := &file_federation_v1_federation_proto_msgTypes[12]
+	mi := &file_federation_v1_federation_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -955,7 +1081,7 @@ func (x *ServicePort) String() string {
 func (*ServicePort) ProtoMessage() {}
 
 func (x *ServicePort) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[12]
+	mi := &file_federation_v1_federation_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -968,7 +1094,7 @@ func (x *ServicePort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServicePort.ProtoReflect.Descriptor instead.
 func (*ServicePort) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{12}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ServicePort) GetName() string {
@@ -1015,7 +1141,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_federation_v1_federation_proto_msgTypes[13]
+	mi := &file_federation_v1_federation_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1027,7 +1153,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[13]
+	mi := &file_federation_v1_federation_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1040,7 +1166,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{13}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Endpoint) GetAddresses() []string {
@@ -1109,7 +1235,7 @@ type EndpointPort struct {
 
 func (x *EndpointPort) Reset() {
 	*x = EndpointPort{}
-	mi := &file_federation_v1_federation_proto_msgTypes[14]
+	mi := &file_federation_v1_federation_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1121,7 +1247,7 @@ func (x *EndpointPort) String() string {
 func (*EndpointPort) ProtoMessage() {}
 
 func (x *EndpointPort) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[14]
+	mi := &file_federation_v1_federation_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1134,7 +1260,7 @@ func (x *EndpointPort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointPort.ProtoReflect.Descriptor instead.
 func (*EndpointPort) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{14}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *EndpointPort) GetName() string {
@@ -1162,7 +1288,7 @@ type Locality struct {
 
 func (x *Locality) Reset() {
 	*x = Locality{}
-	mi := &file_federation_v1_federation_proto_msgTypes[15]
+	mi := &file_federation_v1_federation_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1174,7 +1300,7 @@ func (x *Locality) String() string {
 func (*Locality) ProtoMessage() {}
 
 func (x *Locality) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[15]
+	mi := &file_federation_v1_federation_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1187,7 +1313,7 @@ func (x *Locality) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Locality.ProtoReflect.Descriptor instead.
 func (*Locality) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{15}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Locality) GetRegion() string {
@@ -1220,13 +1346,14 @@ const file_federation_v1_federation_proto_rawDesc = "" +
 	"\x05hello\x18\x01 \x01(\v2\x19.nave.federation.v1.HelloH\x00R\x05hello\x124\n" +
 	"\x06update\x18\x02 \x01(\v2\x1a.nave.federation.v1.UpdateH\x00R\x06update\x124\n" +
 	"\x06digest\x18\x03 \x01(\v2\x1a.nave.federation.v1.DigestH\x00R\x06digestB\x06\n" +
-	"\x04kind\"\xe7\x01\n" +
+	"\x04kind\"\xad\x02\n" +
 	"\n" +
 	"HubMessage\x127\n" +
 	"\awelcome\x18\x01 \x01(\v2\x1b.nave.federation.v1.WelcomeH\x00R\awelcome\x12+\n" +
 	"\x03ack\x18\x02 \x01(\v2\x17.nave.federation.v1.AckH\x00R\x03ack\x12.\n" +
 	"\x04nack\x18\x03 \x01(\v2\x18.nave.federation.v1.NackH\x00R\x04nack\x12;\n" +
-	"\x06resync\x18\x04 \x01(\v2!.nave.federation.v1.ResyncRequestH\x00R\x06resyncB\x06\n" +
+	"\x06resync\x18\x04 \x01(\v2!.nave.federation.v1.ResyncRequestH\x00R\x06resync\x12D\n" +
+	"\tconflicts\x18\x05 \x01(\v2$.nave.federation.v1.ServiceConflictsH\x00R\tconflictsB\x06\n" +
 	"\x04kind\"\x89\x02\n" +
 	"\x05Hello\x12\x1d\n" +
 	"\n" +
@@ -1273,7 +1400,12 @@ const file_federation_v1_federation_proto_rawDesc = "" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\x12\x1a\n" +
 	"\bservices\x18\x03 \x01(\rR\bservices\"'\n" +
 	"\rResyncRequest\x12\x16\n" +
-	"\x06reason\x18\x01 \x01(\tR\x06reason\">\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\"S\n" +
+	"\x10ServiceConflicts\x12?\n" +
+	"\bservices\x18\x01 \x03(\v2#.nave.federation.v1.ServiceConflictR\bservices\"i\n" +
+	"\x0fServiceConflict\x128\n" +
+	"\aservice\x18\x01 \x01(\v2\x1e.nave.federation.v1.ServiceKeyR\aservice\x12\x1c\n" +
+	"\tconflicts\x18\x02 \x03(\tR\tconflicts\">\n" +
 	"\n" +
 	"ServiceKey\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
@@ -1321,24 +1453,26 @@ func file_federation_v1_federation_proto_rawDescGZIP() []byte {
 	return file_federation_v1_federation_proto_rawDescData
 }
 
-var file_federation_v1_federation_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_federation_v1_federation_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_federation_v1_federation_proto_goTypes = []any{
-	(*SpokeMessage)(nil),  // 0: nave.federation.v1.SpokeMessage
-	(*HubMessage)(nil),    // 1: nave.federation.v1.HubMessage
-	(*Hello)(nil),         // 2: nave.federation.v1.Hello
-	(*Welcome)(nil),       // 3: nave.federation.v1.Welcome
-	(*Update)(nil),        // 4: nave.federation.v1.Update
-	(*Ack)(nil),           // 5: nave.federation.v1.Ack
-	(*Nack)(nil),          // 6: nave.federation.v1.Nack
-	(*Rejection)(nil),     // 7: nave.federation.v1.Rejection
-	(*Digest)(nil),        // 8: nave.federation.v1.Digest
-	(*ResyncRequest)(nil), // 9: nave.federation.v1.ResyncRequest
-	(*ServiceKey)(nil),    // 10: nave.federation.v1.ServiceKey
-	(*Shard)(nil),         // 11: nave.federation.v1.Shard
-	(*ServicePort)(nil),   // 12: nave.federation.v1.ServicePort
-	(*Endpoint)(nil),      // 13: nave.federation.v1.Endpoint
-	(*EndpointPort)(nil),  // 14: nave.federation.v1.EndpointPort
-	(*Locality)(nil),      // 15: nave.federation.v1.Locality
+	(*SpokeMessage)(nil),     // 0: nave.federation.v1.SpokeMessage
+	(*HubMessage)(nil),       // 1: nave.federation.v1.HubMessage
+	(*Hello)(nil),            // 2: nave.federation.v1.Hello
+	(*Welcome)(nil),          // 3: nave.federation.v1.Welcome
+	(*Update)(nil),           // 4: nave.federation.v1.Update
+	(*Ack)(nil),              // 5: nave.federation.v1.Ack
+	(*Nack)(nil),             // 6: nave.federation.v1.Nack
+	(*Rejection)(nil),        // 7: nave.federation.v1.Rejection
+	(*Digest)(nil),           // 8: nave.federation.v1.Digest
+	(*ResyncRequest)(nil),    // 9: nave.federation.v1.ResyncRequest
+	(*ServiceConflicts)(nil), // 10: nave.federation.v1.ServiceConflicts
+	(*ServiceConflict)(nil),  // 11: nave.federation.v1.ServiceConflict
+	(*ServiceKey)(nil),       // 12: nave.federation.v1.ServiceKey
+	(*Shard)(nil),            // 13: nave.federation.v1.Shard
+	(*ServicePort)(nil),      // 14: nave.federation.v1.ServicePort
+	(*Endpoint)(nil),         // 15: nave.federation.v1.Endpoint
+	(*EndpointPort)(nil),     // 16: nave.federation.v1.EndpointPort
+	(*Locality)(nil),         // 17: nave.federation.v1.Locality
 }
 var file_federation_v1_federation_proto_depIdxs = []int32{
 	2,  // 0: nave.federation.v1.SpokeMessage.hello:type_name -> nave.federation.v1.Hello
@@ -1348,23 +1482,26 @@ var file_federation_v1_federation_proto_depIdxs = []int32{
 	5,  // 4: nave.federation.v1.HubMessage.ack:type_name -> nave.federation.v1.Ack
 	6,  // 5: nave.federation.v1.HubMessage.nack:type_name -> nave.federation.v1.Nack
 	9,  // 6: nave.federation.v1.HubMessage.resync:type_name -> nave.federation.v1.ResyncRequest
-	11, // 7: nave.federation.v1.Update.upserts:type_name -> nave.federation.v1.Shard
-	10, // 8: nave.federation.v1.Update.removes:type_name -> nave.federation.v1.ServiceKey
-	10, // 9: nave.federation.v1.Update.retain:type_name -> nave.federation.v1.ServiceKey
-	7,  // 10: nave.federation.v1.Nack.rejections:type_name -> nave.federation.v1.Rejection
-	10, // 11: nave.federation.v1.Rejection.service:type_name -> nave.federation.v1.ServiceKey
-	10, // 12: nave.federation.v1.Shard.service:type_name -> nave.federation.v1.ServiceKey
-	12, // 13: nave.federation.v1.Shard.ports:type_name -> nave.federation.v1.ServicePort
-	13, // 14: nave.federation.v1.Shard.endpoints:type_name -> nave.federation.v1.Endpoint
-	14, // 15: nave.federation.v1.Endpoint.ports:type_name -> nave.federation.v1.EndpointPort
-	15, // 16: nave.federation.v1.Endpoint.locality:type_name -> nave.federation.v1.Locality
-	0,  // 17: nave.federation.v1.Federation.Publish:input_type -> nave.federation.v1.SpokeMessage
-	1,  // 18: nave.federation.v1.Federation.Publish:output_type -> nave.federation.v1.HubMessage
-	18, // [18:19] is the sub-list for method output_type
-	17, // [17:18] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	10, // 7: nave.federation.v1.HubMessage.conflicts:type_name -> nave.federation.v1.ServiceConflicts
+	13, // 8: nave.federation.v1.Update.upserts:type_name -> nave.federation.v1.Shard
+	12, // 9: nave.federation.v1.Update.removes:type_name -> nave.federation.v1.ServiceKey
+	12, // 10: nave.federation.v1.Update.retain:type_name -> nave.federation.v1.ServiceKey
+	7,  // 11: nave.federation.v1.Nack.rejections:type_name -> nave.federation.v1.Rejection
+	12, // 12: nave.federation.v1.Rejection.service:type_name -> nave.federation.v1.ServiceKey
+	11, // 13: nave.federation.v1.ServiceConflicts.services:type_name -> nave.federation.v1.ServiceConflict
+	12, // 14: nave.federation.v1.ServiceConflict.service:type_name -> nave.federation.v1.ServiceKey
+	12, // 15: nave.federation.v1.Shard.service:type_name -> nave.federation.v1.ServiceKey
+	14, // 16: nave.federation.v1.Shard.ports:type_name -> nave.federation.v1.ServicePort
+	15, // 17: nave.federation.v1.Shard.endpoints:type_name -> nave.federation.v1.Endpoint
+	16, // 18: nave.federation.v1.Endpoint.ports:type_name -> nave.federation.v1.EndpointPort
+	17, // 19: nave.federation.v1.Endpoint.locality:type_name -> nave.federation.v1.Locality
+	0,  // 20: nave.federation.v1.Federation.Publish:input_type -> nave.federation.v1.SpokeMessage
+	1,  // 21: nave.federation.v1.Federation.Publish:output_type -> nave.federation.v1.HubMessage
+	21, // [21:22] is the sub-list for method output_type
+	20, // [20:21] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_federation_v1_federation_proto_init() }
@@ -1382,6 +1519,7 @@ func file_federation_v1_federation_proto_init() {
 		(*HubMessage_Ack)(nil),
 		(*HubMessage_Nack)(nil),
 		(*HubMessage_Resync)(nil),
+		(*HubMessage_Conflicts)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1389,7 +1527,7 @@ func file_federation_v1_federation_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_federation_v1_federation_proto_rawDesc), len(file_federation_v1_federation_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

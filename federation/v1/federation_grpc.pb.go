@@ -32,7 +32,9 @@ const (
 // Federation is served by every hub replica.
 type FederationClient interface {
 	// Publish carries one spoke session. The spoke sends Hello first; the hub
-	// answers Welcome, then every Update with Ack or Nack.
+	// answers Welcome, then every Update with Ack or Nack. To a spoke that
+	// announces the "service-conflicts" capability, the hub also sends
+	// ServiceConflicts whenever the conflicts concerning its cluster change.
 	Publish(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SpokeMessage, HubMessage], error)
 }
 
@@ -64,7 +66,9 @@ type Federation_PublishClient = grpc.BidiStreamingClient[SpokeMessage, HubMessag
 // Federation is served by every hub replica.
 type FederationServer interface {
 	// Publish carries one spoke session. The spoke sends Hello first; the hub
-	// answers Welcome, then every Update with Ack or Nack.
+	// answers Welcome, then every Update with Ack or Nack. To a spoke that
+	// announces the "service-conflicts" capability, the hub also sends
+	// ServiceConflicts whenever the conflicts concerning its cluster change.
 	Publish(grpc.BidiStreamingServer[SpokeMessage, HubMessage]) error
 	mustEmbedUnimplementedFederationServer()
 }
