@@ -4,7 +4,14 @@ GO ?= go
 PROTOC ?= protoc
 BIN := bin
 
-.PHONY: all build test bench demo generate generate-check lint protoc clean
+.PHONY: all build test bench demo generate generate-check lint protoc kube-apiserver clean
+
+# The end-to-end tests run real Kubernetes API servers, built once per machine
+# from k8s.io/kubernetes (tools/kube-apiserver pins the version) and cached by version.
+KUBE_VERSION := $(shell awk '$$1 == "k8s.io/kubernetes" || $$2 == "k8s.io/kubernetes" {print $$NF}' tools/kube-apiserver/go.mod | head -1)
+NAVE_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/nave
+KUBE_APISERVER := $(NAVE_CACHE)/kube-apiserver-$(KUBE_VERSION)
+export NAVE_KUBE_APISERVER := $(KUBE_APISERVER)
 
 all: build
 
@@ -12,8 +19,8 @@ build:
 	$(GO) build -o $(BIN)/ ./cmd/...
 
 ## test: everything CI runs: generated code current, vet, gofmt, and every test with -race.
-test: generate-check lint
-	$(GO) test -race -count=1 -timeout 20m ./...
+test: generate-check lint kube-apiserver
+	NAVE_E2E_REQUIRE=1 $(GO) test -race -count=1 -timeout 30m ./...
 
 ## bench: benchmarks print numbers; nothing is asserted.
 bench:
@@ -41,6 +48,12 @@ lint:
 ## protoc: install protoc from Debian's packages when it is missing (a fresh machine).
 protoc:
 	@command -v $(PROTOC) >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq protobuf-compiler; }
+
+## kube-apiserver: build the real API server the e2e tests run (about 9 minutes, once per machine and version).
+kube-apiserver: $(KUBE_APISERVER)
+$(KUBE_APISERVER):
+	@mkdir -p $(dir $@)
+	cd tools/kube-apiserver && $(GO) build -trimpath -o $@.tmp . && mv $@.tmp $@
 
 clean:
 	rm -rf $(BIN)
