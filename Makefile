@@ -4,7 +4,7 @@ GO ?= go
 PROTOC ?= protoc
 BIN := bin
 
-.PHONY: all build test bench demo generate generate-check lint protoc kube-apiserver clean
+.PHONY: all build test bench demo generate generate-check lint protoc kube-apiserver kind-up kind-e2e kind-down clean
 
 # The end-to-end tests run real Kubernetes API servers, built once per machine
 # from k8s.io/kubernetes (tools/kube-apiserver pins the version) and cached by version.
@@ -54,6 +54,15 @@ kube-apiserver: $(KUBE_APISERVER)
 $(KUBE_APISERVER):
 	@mkdir -p $(dir $@)
 	cd tools/kube-apiserver && $(GO) build -trimpath -o $@.tmp . && mv $@.tmp $@
+
+## kind-up, kind-e2e, kind-down: three kind clusters with the hub and spokes deployed, and the e2e suite
+## run against them (needs Docker, kind and kubectl; see deploy/README.md).
+kind-up:
+	deploy/kind/kind.sh up
+kind-e2e:
+	deploy/kind/kind.sh e2e
+kind-down:
+	deploy/kind/kind.sh down
 
 clean:
 	rm -rf $(BIN)
