@@ -26,12 +26,17 @@ const (
 	metricRefused       = "nave_spoke_refused_services"
 	metricLastAck       = "nave_spoke_last_ack_timestamp_seconds"
 	metricStates        = "nave_spoke_source_states_total"
+	metricLeader        = "nave_spoke_leader"
 )
 
 // monitor turns the publisher's session status into metrics and readiness.
 type monitor struct {
-	reg    *prometheus.Registry
-	synced atomic.Bool // a hub session is up and has acknowledged this spoke's state
+	reg         *prometheus.Registry
+	synced      atomic.Bool // a hub session is up and has acknowledged this spoke's state
+	leading     atomic.Bool // this replica publishes (always, without leader election)
+	sourceReady atomic.Bool // the source has produced a complete state
+
+	leader prometheus.Gauge
 
 	connectedGauge, epoch, ackedVersion, ackedServices, refused, lastAck prometheus.Gauge
 	states                                                               prometheus.Counter
@@ -50,10 +55,11 @@ func newMonitor() *monitor {
 		ackedServices:  gauge(metricAckedServices, "Services the hub holds for this cluster, as acknowledged."),
 		refused:        gauge(metricRefused, "Services the hub refused (or that are too large) in their current form."),
 		lastAck:        gauge(metricLastAck, "When the hub last acknowledged an update (unix seconds); a stall shows as an old value while the source changes."),
+		leader:         gauge(metricLeader, "1 while this replica is the one that streams the cluster to the hub."),
 		states: prometheus.NewCounter(prometheus.CounterOpts{Name: metricStates,
 			Help: "Complete states the source produced (each change of the cluster's exported services)."}),
 	}
-	m.reg.MustRegister(m.connectedGauge, m.epoch, m.ackedVersion, m.ackedServices, m.refused, m.lastAck, m.states,
+	m.reg.MustRegister(m.leader, m.connectedGauge, m.epoch, m.ackedVersion, m.ackedServices, m.refused, m.lastAck, m.states,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -72,6 +78,20 @@ func (m *monitor) observe(s federation.SessionStatus) {
 	}
 }
 
+func (m *monitor) setLeading(b bool) {
+	m.leading.Store(b)
+	m.leader.Set(b2f(b))
+}
+
+// ready: the leader once the hub has acknowledged its state; a standby once
+// its source is ready to take over.
+func (m *monitor) ready() (bool, string) {
+	if m.leading.Load() {
+		return m.synced.Load(), "the hub has not acknowledged this spoke's state"
+	}
+	return m.sourceReady.Load(), "standby: the source has not synced"
+}
+
 func b2f(b bool) float64 {
 	if b {
 		return 1
@@ -80,13 +100,14 @@ func b2f(b bool) float64 {
 }
 
 // serve runs the admin HTTP server on lis until ctx ends: /healthz (alive),
-// /readyz (a hub session is up and has acknowledged the spoke's state) and /metrics.
+// /readyz (a hub session is up and has acknowledged the spoke's state; for a
+// standby replica, its source is ready) and /metrics.
 func (m *monitor) serve(ctx context.Context, lis net.Listener, log *slog.Logger) error {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !m.synced.Load() {
-			http.Error(w, "not ready: the hub has not acknowledged this spoke's state", http.StatusServiceUnavailable)
+		if ok, why := m.ready(); !ok {
+			http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ok")

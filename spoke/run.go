@@ -7,13 +7,19 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
 
 	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/registry"
@@ -37,8 +43,17 @@ type Config struct {
 	// HubCAFile, when set, makes the spoke connect over TLS and trust the hub
 	// certificates it signed (PEM); HubServerName overrides the name checked.
 	HubCAFile, HubServerName string
-	// Source is "dir:PATH" (a directory of manifests).
+	// Source is "kube" (the Kubernetes API) or "dir:PATH" (a directory of manifests).
 	Source string
+	// Kubeconfig is the kubeconfig of a kube source; empty uses the pod's
+	// service account (in a cluster). KubeQPS and KubeBurst bound its requests.
+	Kubeconfig string
+	KubeQPS    float32
+	KubeBurst  int
+	// Namespaces selects the namespaces whose services a kube source exports.
+	Namespaces NamespaceFilter
+	// LeaderElection makes one of several replicas of a kube source's spoke stream.
+	LeaderElection LeaderElection
 	// Region is the region of endpoints whose node carries none.
 	Region string
 	// ExportAll federates every service, not only those labelled nave.io/export=true.
@@ -55,17 +70,24 @@ func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	f := federation.DefaultSpokeConfig()
 	f.SpokeID = host
-	return Config{PollInterval: 500 * time.Millisecond, Federation: f}
+	return Config{
+		PollInterval: 500 * time.Millisecond, Federation: f,
+		KubeQPS: 20, KubeBurst: 40,
+		Namespaces:     NamespaceFilter{Exclude: slices.Clone(DefaultExcludedNamespaces)},
+		LeaderElection: DefaultLeaderElection(),
+	}
 }
 
 // Run runs a spoke until ctx ends: its source feeds the publisher, which keeps
-// the hub's copy of the cluster's state current.
+// the hub's copy of the cluster's state current. With leader election (kube
+// sources only), the source runs all the time but only the leader publishes
+// and writes ServiceExport status.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := registry.ValidateClusterID(cfg.Cluster); err != nil {
 		return err
 	}
 	log = log.With("cluster", cfg.Cluster)
-	src, err := NewSource(cfg, log)
+	src, client, err := newSource(cfg, log)
 	if err != nil {
 		return err
 	}
@@ -102,20 +124,34 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		defer adminLis.Close()
 	}
 
-	fc := cfg.Federation
-	fc.Cluster, fc.Network = cfg.Cluster, cfg.Network
-	pub := federation.NewPublisher(fc, conn, log, mon.observe)
-
-	// The source hands each complete state to the publisher; only the latest matters.
-	states := make(chan State, 1)
+	// The source hands each complete state over; whichever publisher streams takes the latest.
+	latest := newLatestState()
 	publish := func(st State) {
 		mon.states.Inc()
-		select {
-		case <-states: // drop the state the publisher has not taken yet
-		default:
-		}
-		states <- st
+		mon.sourceReady.Store(true)
+		latest.set(st)
 	}
+	fc := cfg.Federation
+	fc.Cluster, fc.Network = cfg.Cluster, cfg.Network
+	kube, _ := src.(*KubeSource)
+	if kube != nil {
+		fc.OnReport = kube.SetReports
+	}
+	// A term is one stretch of publishing: the whole run, or one leadership.
+	term := func(ctx context.Context) {
+		mon.setLeading(true)
+		defer mon.setLeading(false)
+		pub := federation.NewPublisher(fc, conn, log, mon.observe)
+		states := make(chan State)
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		wg.Go(func() { latest.feed(ctx, states) })
+		if kube != nil {
+			wg.Go(func() { kube.WriteStatus(ctx) })
+		}
+		_ = pub.Run(ctx, states) // returns once ctx ends
+	}
+
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	srcErr := make(chan error, 1)
@@ -135,25 +171,45 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}()
 	defer func() { cancel(); <-adminDone }()
 	log.Info("spoke running", "source", src.Name(), "hub", cfg.HubAddr)
-	_ = pub.Run(ctx, states)
-	// The publisher returns only once ctx ends: because the caller is done, or the source failed.
+	var leadErr error
+	if client != nil && cfg.LeaderElection.Enabled {
+		leadErr = lead(ctx, client, cfg.LeaderElection, fc.SpokeID, log, term)
+		cancel()
+	} else {
+		term(ctx)
+	}
+	// Publishing ends only once ctx ends: because the caller is done, or the source failed.
 	if err := <-srcErr; err != nil && !errors.Is(err, context.Canceled) {
 		return fmt.Errorf("source %s: %w", src.Name(), err)
 	}
-	return nil
+	return leadErr
 }
 
-// NewSource returns the source cfg.Source names.
-func NewSource(cfg Config, log *slog.Logger) (Source, error) {
+// newSource returns the source cfg.Source names, and for a kube source its client.
+func newSource(cfg Config, log *slog.Logger) (Source, kubernetes.Interface, error) {
 	opts := BuildOptions{Cluster: cfg.Cluster, DefaultRegion: cfg.Region, ExportAll: cfg.ExportAll, Limits: registry.DefaultLimits()}
 	kind, arg, _ := strings.Cut(cfg.Source, ":")
-	switch kind {
-	case "dir":
-		if arg == "" {
-			return nil, fmt.Errorf("source %q: want dir:PATH", cfg.Source)
+	switch {
+	case kind == "dir" && arg != "":
+		return NewDirSource(arg, opts, cfg.PollInterval, log), nil, nil
+	case cfg.Source == "kube":
+		klog.SetSlogLogger(log.With("component", "client-go"))
+		rc, err := clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+		if err != nil {
+			return nil, nil, fmt.Errorf("kubeconfig: %w", err)
 		}
-		return NewDirSource(arg, opts, cfg.PollInterval, log), nil
+		rc.QPS, rc.Burst = cfg.KubeQPS, cfg.KubeBurst
+		rc.UserAgent = "nave-spoke/" + cfg.Federation.Build
+		client, err := kubernetes.NewForConfig(rc)
+		if err != nil {
+			return nil, nil, fmt.Errorf("kubernetes client: %w", err)
+		}
+		dyn, err := dynamic.NewForConfig(rc)
+		if err != nil {
+			return nil, nil, fmt.Errorf("kubernetes client: %w", err)
+		}
+		return NewKubeSource(client, dyn, opts, cfg.Namespaces, log), client, nil
 	default:
-		return nil, fmt.Errorf("unknown source %q: want dir:PATH", cfg.Source)
+		return nil, nil, fmt.Errorf("unknown source %q: want kube or dir:PATH", cfg.Source)
 	}
 }

@@ -125,7 +125,21 @@ func runSpoke(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.TokenFile, "token-file", "", "file holding this cluster's federation token")
 	fs.StringVar(&cfg.HubCAFile, "hub-ca", "", "PEM CA that signed the hub's certificate: connect over TLS")
 	fs.StringVar(&cfg.HubServerName, "hub-server-name", "", "name to expect in the hub's certificate (default: the --hub host)")
-	fs.StringVar(&cfg.Source, "source", "", "where services come from: dir:PATH (a directory of Kubernetes manifests)")
+	fs.StringVar(&cfg.Source, "source", "", "where services come from: kube (the Kubernetes API; the default in a pod or with --kubeconfig) or dir:PATH (a directory of manifests)")
+	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig of the cluster (kube source); empty uses the pod's service account")
+	kubeQPS := float64(cfg.KubeQPS)
+	fs.Float64Var(&kubeQPS, "kube-qps", kubeQPS, "requests per second to the Kubernetes API (kube source)")
+	fs.IntVar(&cfg.KubeBurst, "kube-burst", cfg.KubeBurst, "burst of requests to the Kubernetes API (kube source)")
+	var namespaces, exclude string
+	fs.StringVar(&namespaces, "namespaces", "", "comma-separated namespaces whose services may federate; empty: all (kube source)")
+	fs.StringVar(&exclude, "exclude-namespaces", strings.Join(cfg.Namespaces.Exclude, ","), "comma-separated namespaces whose services never federate (kube source)")
+	le := &cfg.LeaderElection
+	fs.BoolVar(&le.Enabled, "leader-elect", le.Enabled, "with several replicas, only the holder of a Lease streams (kube source)")
+	fs.StringVar(&le.Namespace, "lease-namespace", le.Namespace, "namespace of the leader-election Lease")
+	fs.StringVar(&le.Name, "lease-name", le.Name, "name of the leader-election Lease")
+	fs.DurationVar(&le.LeaseDuration, "lease-duration", le.LeaseDuration, "how long a standby waits after the leader's last renewal before taking over")
+	fs.DurationVar(&le.RenewDeadline, "renew-deadline", le.RenewDeadline, "how long the leader tries to renew before it stops streaming (less than --lease-duration)")
+	fs.DurationVar(&le.RetryPeriod, "retry-period", le.RetryPeriod, "how often leader election retries")
 	fs.StringVar(&cfg.Region, "region", "", "region of endpoints whose node has no topology.kubernetes.io/region label")
 	fs.StringVar(&export, "export", "labeled", "which services federate: labeled (nave.io/export=true) or all")
 	fs.DurationVar(&cfg.PollInterval, "poll", cfg.PollInterval, "how often a dir source looks for changes")
@@ -137,6 +151,8 @@ func runSpoke(ctx context.Context, args []string) error {
 	}
 	cfg.Cluster, cfg.Network = registry.ClusterID(cluster), registry.Network(network)
 	cfg.Federation.Build = buildVersion()
+	cfg.KubeQPS = float32(kubeQPS)
+	cfg.Namespaces.Include, cfg.Namespaces.Exclude = splitList(namespaces), splitList(exclude)
 	switch export {
 	case "labeled":
 	case "all":
@@ -145,7 +161,13 @@ func runSpoke(ctx context.Context, args []string) error {
 		return fmt.Errorf("--export %q: want labeled or all", export)
 	}
 	if cfg.Source == "" {
-		return errors.New("--source is required (dir:PATH)")
+		if os.Getenv("KUBERNETES_SERVICE_HOST") == "" && cfg.Kubeconfig == "" {
+			return errors.New("--source is required outside a pod: kube (with --kubeconfig) or dir:PATH")
+		}
+		cfg.Source = "kube"
+	}
+	if le.Enabled && cfg.Source == "kube" && (le.RenewDeadline >= le.LeaseDuration || le.RetryPeriod <= 0) {
+		return errors.New("leader election needs --retry-period > 0 and --renew-deadline < --lease-duration")
 	}
 	if cfg.PollInterval < 10*time.Millisecond {
 		return errors.New("--poll must be at least 10ms")
@@ -155,4 +177,15 @@ func runSpoke(ctx context.Context, args []string) error {
 		return err
 	}
 	return spoke.Run(ctx, cfg, log)
+}
+
+// splitList splits a comma-separated flag value, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for _, item := range strings.Split(s, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+	}
+	return out
 }

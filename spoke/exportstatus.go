@@ -1,0 +1,205 @@
+package spoke
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/navemesh/nave/registry"
+)
+
+// The ServiceExport conditions a spoke writes (Kubernetes MCS API).
+const (
+	// ConditionValid says whether the export is valid and the hub took it.
+	ConditionValid = "Valid"
+	// ConditionConflict says whether the export conflicts with another cluster's export of the service.
+	ConditionConflict = "Conflict"
+)
+
+// statusFieldManager owns the conditions the spoke writes.
+const statusFieldManager = "nave-spoke"
+
+// exportCondition is the part of a condition the spoke decides.
+type exportCondition struct {
+	Type    string
+	Status  metav1.ConditionStatus
+	Reason  string
+	Message string
+}
+
+// WriteStatus keeps the Valid and Conflict conditions of every ServiceExport
+// current until ctx ends: only the spoke that leads calls it. A write that
+// fails is retried with backoff; one that races another writer is retried
+// once the cache has the newer object.
+func (k *KubeSource) WriteStatus(ctx context.Context) {
+	wake := context.AfterFunc(ctx, func() { k.statusQueue.Add(registry.ServiceKey{}) })
+	defer wake()
+	// Anything may have changed while another spoke led.
+	if l := k.exports.Load(); l != nil {
+		exps, _ := (*l).List(labelsEverything)
+		for _, o := range exps {
+			if u, ok := o.(*unstructured.Unstructured); ok {
+				k.statusQueue.Add(registry.ServiceKey{Namespace: u.GetNamespace(), Name: u.GetName()})
+			}
+		}
+	}
+	for {
+		key, shutdown := k.statusQueue.Get()
+		if shutdown {
+			return
+		}
+		if ctx.Err() != nil {
+			k.statusQueue.Done(key)
+			return
+		}
+		k.writeStatus(ctx, key)
+	}
+}
+
+func (k *KubeSource) writeStatus(ctx context.Context, key registry.ServiceKey) {
+	defer k.statusQueue.Done(key)
+	defer func() {
+		if r := recover(); r != nil {
+			k.log.Error("panic while writing ServiceExport status; retrying", "service", key, "panic", r, "stack", string(debug.Stack()))
+			k.statusQueue.AddRateLimited(key)
+		}
+	}()
+	if key == (registry.ServiceKey{}) {
+		return
+	}
+	export := k.export(key)
+	if export == nil {
+		k.statusQueue.Forget(key)
+		return
+	}
+	current, _, _ := unstructured.NestedSlice(export.Object, "status", "conditions")
+	conds, changed := mergeConditions(current, k.conditions(key), export.GetGeneration(), time.Now())
+	if !changed {
+		k.statusQueue.Forget(key)
+		return
+	}
+	// A merge patch replaces the whole list, so it names the resourceVersion
+	// it was computed from: a concurrent change fails it, and it is retried.
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"resourceVersion": export.GetResourceVersion()},
+		"status":   map[string]any{"conditions": conds},
+	})
+	if err != nil {
+		k.log.Error("cannot encode ServiceExport status", "service", key, "err", err)
+		return
+	}
+	_, err = k.dynamic.Resource(ServiceExportResource).Namespace(key.Namespace).Patch(ctx, key.Name,
+		types.MergePatchType, patch, metav1.PatchOptions{FieldManager: statusFieldManager}, "status")
+	switch {
+	case err == nil || apierrors.IsNotFound(err):
+		k.statusQueue.Forget(key)
+	case ctx.Err() != nil:
+	default:
+		k.log.Warn("cannot write ServiceExport status; retrying", "service", key, "err", err)
+		k.statusQueue.AddRateLimited(key)
+	}
+}
+
+// conditions returns what the Valid and Conflict conditions of a service's export should say.
+func (k *KubeSource) conditions(key registry.ServiceKey) []exportCondition {
+	k.statusMu.Lock()
+	problem, report := k.problems[key], k.reports[key]
+	k.statusMu.Unlock()
+
+	valid := exportCondition{Type: ConditionValid, Status: metav1.ConditionTrue, Reason: "Exported",
+		Message: "the service is exported to the hub"}
+	invalid := func(reason, format string, args ...any) {
+		valid = exportCondition{Type: ConditionValid, Status: metav1.ConditionFalse, Reason: reason, Message: fmt.Sprintf(format, args...)}
+	}
+	svc, err := k.services.Services(key.Namespace).Get(key.Name)
+	switch {
+	case !k.filter.allows(key.Namespace):
+		invalid("NamespaceNotExported", "this cluster's spoke does not export services of namespace %s", key.Namespace)
+	case err != nil:
+		invalid("ServiceNotFound", "no Service %s in this namespace", key.Name)
+	case svc.Spec.Type == corev1.ServiceTypeExternalName:
+		invalid("ServiceTypeNotSupported", "ExternalName services do not federate")
+	case problem != "":
+		invalid("InvalidService", "%s", problem)
+	case report.Refused != "":
+		invalid("RefusedByHub", "%s", report.Refused)
+	}
+	conflict := exportCondition{Type: ConditionConflict, Status: metav1.ConditionFalse, Reason: "NoConflict",
+		Message: "no other cluster exports the service differently"}
+	if len(report.Conflicts) > 0 {
+		conflict = exportCondition{Type: ConditionConflict, Status: metav1.ConditionTrue, Reason: "ConflictFound",
+			Message: strings.Join(report.Conflicts, "; ")}
+	}
+	return []exportCondition{valid, conflict}
+}
+
+// mergeConditions returns the conditions list with want applied: conditions
+// of other types are kept, a condition whose content is unchanged keeps its
+// transition time, and changed reports whether anything differs.
+func mergeConditions(current []any, want []exportCondition, generation int64, now time.Time) (out []any, changed bool) {
+	out = make([]any, 0, len(current)+len(want))
+	byType := map[string]map[string]any{}
+	for _, c := range current {
+		m, ok := c.(map[string]any)
+		if !ok {
+			changed = true // garbage in our status: dropped
+			continue
+		}
+		typ, _ := m["type"].(string)
+		byType[typ] = m
+	}
+	for _, c := range current {
+		if m, ok := c.(map[string]any); ok && !isOurs(m["type"], want) {
+			out = append(out, m)
+		}
+	}
+	for _, w := range want {
+		old := byType[w.Type]
+		transition := now.UTC().Format(time.RFC3339)
+		if old != nil && old["status"] == string(w.Status) {
+			if t, ok := old["lastTransitionTime"].(string); ok && t != "" {
+				transition = t
+			}
+		}
+		c := map[string]any{
+			"type": w.Type, "status": string(w.Status), "reason": w.Reason, "message": w.Message,
+			"lastTransitionTime": transition, "observedGeneration": generation,
+		}
+		if old == nil || old["status"] != c["status"] || old["reason"] != c["reason"] ||
+			old["message"] != c["message"] || old["lastTransitionTime"] != c["lastTransitionTime"] ||
+			!sameGeneration(old["observedGeneration"], generation) {
+			changed = true
+		}
+		out = append(out, c)
+	}
+	return out, changed
+}
+
+func isOurs(typ any, want []exportCondition) bool {
+	for _, w := range want {
+		if typ == w.Type {
+			return true
+		}
+	}
+	return false
+}
+
+// sameGeneration compares a generation decoded from JSON (int64 or float64) with g.
+func sameGeneration(v any, g int64) bool {
+	switch n := v.(type) {
+	case int64:
+		return n == g
+	case float64:
+		return n == float64(g)
+	}
+	return false
+}

@@ -1,0 +1,526 @@
+package spoke
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"runtime/debug"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/navemesh/nave/federation"
+	"github.com/navemesh/nave/registry"
+)
+
+// ServiceExportResource is the Kubernetes Multi-Cluster Services API's
+// ServiceExport: one in a Service's namespace with the Service's name exports it.
+var ServiceExportResource = schema.GroupVersionResource{Group: "multicluster.x-k8s.io", Version: "v1alpha1", Resource: "serviceexports"}
+
+// serviceExportRecheck is how often a spoke started without the ServiceExport
+// CRD looks for it again, so that installing it later needs no restart.
+const serviceExportRecheck = 30 * time.Second
+
+// NamespaceFilter selects the namespaces whose services may federate.
+type NamespaceFilter struct {
+	// Include, when not empty, names the only namespaces that federate.
+	Include []string
+	// Exclude names namespaces that never federate.
+	Exclude []string
+}
+
+// DefaultExcludedNamespaces are Kubernetes' own namespaces.
+var DefaultExcludedNamespaces = []string{"kube-system", "kube-public", "kube-node-lease"}
+
+func (f NamespaceFilter) allows(ns string) bool {
+	return (len(f.Include) == 0 || slices.Contains(f.Include, ns)) && !slices.Contains(f.Exclude, ns)
+}
+
+// KubeSource watches a Kubernetes API server through shared informers on
+// Services, EndpointSlices, Nodes and (when its CRD is installed)
+// ServiceExports, and builds the cluster's state from them. A Service
+// federates when a ServiceExport of the same name exists in its namespace,
+// when it is labelled nave.io/export=true, or, with ExportAll, always.
+//
+// Informer callbacks only put the affected service's key on a rate-limited
+// queue; one goroutine rebuilds each queued service from the caches and
+// publishes the state once the queue is drained. Nothing is published before
+// every cache has synced, so the first state is complete. The informers keep
+// only the fields Nave reads (see strip), so a large cluster does not cost
+// the spoke its memory.
+//
+// While it leads (see WriteStatus), the source also writes the Valid and
+// Conflict conditions of every ServiceExport.
+type KubeSource struct {
+	client  kubernetes.Interface
+	dynamic dynamic.Interface
+	opts    BuildOptions
+	filter  NamespaceFilter
+	log     *slog.Logger
+
+	services  corelisters.ServiceLister
+	slicesIdx cache.Indexer
+	nodes     corelisters.NodeLister
+	exports   atomic.Pointer[cache.GenericLister] // nil until the ServiceExport informer has synced
+	synced    atomic.Bool                         // the first state was published
+	queue     workqueue.TypedRateLimitingInterface[registry.ServiceKey]
+
+	// status is what the ServiceExport conditions are made of; guarded by statusMu.
+	statusMu sync.Mutex
+	problems map[registry.ServiceKey]string // services the spoke cannot build, and why
+	reports  federation.Reports             // what the hub said about this cluster's services
+	// statusQueue holds the ServiceExports whose conditions may be out of date.
+	statusQueue workqueue.TypedRateLimitingInterface[registry.ServiceKey]
+}
+
+// NewKubeSource returns a source over the given clients. opts.ExportAll
+// exports every service (of the namespaces filter allows).
+func NewKubeSource(client kubernetes.Interface, dyn dynamic.Interface, opts BuildOptions, filter NamespaceFilter, log *slog.Logger) *KubeSource {
+	if log == nil {
+		log = slog.Default()
+	}
+	rl := func() workqueue.TypedRateLimiter[registry.ServiceKey] {
+		return workqueue.DefaultTypedControllerRateLimiter[registry.ServiceKey]()
+	}
+	return &KubeSource{
+		client: client, dynamic: dyn, opts: opts, filter: filter,
+		log:         log.With("component", "kubesource"),
+		problems:    map[registry.ServiceKey]string{},
+		queue:       workqueue.NewTypedRateLimitingQueueWithConfig(rl(), workqueue.TypedRateLimitingQueueConfig[registry.ServiceKey]{Name: "services"}),
+		statusQueue: workqueue.NewTypedRateLimitingQueueWithConfig(rl(), workqueue.TypedRateLimitingQueueConfig[registry.ServiceKey]{Name: "serviceexport-status"}),
+	}
+}
+
+// Name identifies the source in logs and status.
+func (k *KubeSource) Name() string { return "kube" }
+
+// Synced reports whether the caches have synced and the first state was published.
+func (k *KubeSource) Synced() bool { return k.synced.Load() }
+
+const byServiceIndex = "service"
+
+// sliceService is the key of the service an EndpointSlice belongs to.
+func sliceService(es *discoveryv1.EndpointSlice) (registry.ServiceKey, bool) {
+	name := es.Labels[discoveryv1.LabelServiceName]
+	return registry.ServiceKey{Namespace: es.Namespace, Name: name}, name != ""
+}
+
+// Run watches the cluster until ctx ends; see KubeSource. It fails only when
+// the informers cannot be set up or ctx ends before the caches sync.
+func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
+	defer k.queue.ShutDown()
+	defer k.statusQueue.ShutDown()
+	factory := informers.NewSharedInformerFactoryWithOptions(k.client, 0, informers.WithTransform(strip))
+	svcInf := factory.Core().V1().Services()
+	esInf := factory.Discovery().V1().EndpointSlices()
+	nodeInf := factory.Core().V1().Nodes()
+	k.services, k.nodes = svcInf.Lister(), nodeInf.Lister()
+	k.slicesIdx = esInf.Informer().GetIndexer()
+	if err := esInf.Informer().AddIndexers(cache.Indexers{byServiceIndex: func(obj any) ([]string, error) {
+		if es, ok := obj.(*discoveryv1.EndpointSlice); ok {
+			if key, ok := sliceService(es); ok {
+				return []string{key.String()}, nil
+			}
+		}
+		return nil, nil
+	}}); err != nil {
+		return fmt.Errorf("index endpointslices: %w", err)
+	}
+
+	enqueueService := func(obj any) {
+		if svc, ok := tombstone(obj).(*corev1.Service); ok {
+			k.enqueue(registry.ServiceKey{Namespace: svc.Namespace, Name: svc.Name})
+		}
+	}
+	enqueueSlice := func(obj any) {
+		if es, ok := tombstone(obj).(*discoveryv1.EndpointSlice); ok {
+			if key, ok := sliceService(es); ok {
+				k.queue.Add(key)
+			}
+		}
+	}
+	// A node's labels give its endpoints their region (and zone, when the slice has none).
+	nodeChanged := func(old, cur any) {
+		o, ok1 := tombstone(old).(*corev1.Node)
+		c, ok2 := tombstone(cur).(*corev1.Node)
+		if ok1 && ok2 && maps.Equal(o.Labels, c.Labels) {
+			return // the status updates every node sends: nothing Nave reads
+		}
+		k.enqueueAll()
+	}
+	for _, reg := range []struct {
+		inf cache.SharedIndexInformer
+		h   cache.ResourceEventHandler
+	}{
+		{svcInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: enqueueService, DeleteFunc: enqueueService,
+			UpdateFunc: func(_, cur any) { enqueueService(cur) }}},
+		{esInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: enqueueSlice, DeleteFunc: enqueueSlice,
+			UpdateFunc: func(old, cur any) { enqueueSlice(old); enqueueSlice(cur) }}},
+		{nodeInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: func(cur any) { nodeChanged(nil, cur) },
+			DeleteFunc: func(old any) { nodeChanged(old, nil) }, UpdateFunc: nodeChanged}},
+	} {
+		if _, err := reg.inf.AddEventHandler(reg.h); err != nil {
+			return fmt.Errorf("watch: %w", err)
+		}
+	}
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+
+	// ServiceExports, when their CRD is installed: now, or later.
+	var exportsDone sync.WaitGroup
+	defer exportsDone.Wait()
+	exportsCtx, stopExports := context.WithCancel(ctx)
+	defer stopExports()
+	installed, err := k.serviceExportsInstalled()
+	if err != nil {
+		k.log.Warn("cannot tell whether the ServiceExport CRD is installed; looking again later", "err", err)
+	}
+	if installed {
+		if !k.watchServiceExports(exportsCtx, &exportsDone) {
+			return ctx.Err()
+		}
+	} else {
+		if err == nil {
+			k.log.Info("ServiceExport CRD not installed; services federate by label until it is", "label", ExportLabel+"=true")
+		}
+		exportsDone.Go(func() { k.awaitServiceExports(exportsCtx, &exportsDone) })
+	}
+
+	k.log.Info("waiting for caches to sync")
+	for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("cache of %v did not sync", typ)
+		}
+	}
+	// Everything that exists now is in the caches: build it all before publishing once.
+	state := State{}
+	k.enqueueAll()
+	for k.queue.Len() > 0 {
+		key, _ := k.queue.Get()
+		k.process(state, key)
+	}
+	k.log.Info("caches synced; publishing the cluster's state", "services", len(state))
+	k.synced.Store(true)
+	publish(maps.Clone(state))
+
+	go func() { <-ctx.Done(); k.queue.ShutDown() }()
+	// Publish once the queue is drained, so that a burst of changes is one
+	// state; under a steady stream of changes, at least every maxPublishDelay.
+	var dirtySince time.Time
+	for {
+		key, shutdown := k.queue.Get()
+		if shutdown {
+			return nil
+		}
+		if k.process(state, key) && dirtySince.IsZero() {
+			dirtySince = time.Now()
+		}
+		if !dirtySince.IsZero() && (k.queue.Len() == 0 || time.Since(dirtySince) > maxPublishDelay) {
+			publish(maps.Clone(state))
+			dirtySince = time.Time{}
+		}
+	}
+}
+
+// maxPublishDelay bounds how long a change waits for the queue to drain.
+const maxPublishDelay = 100 * time.Millisecond
+
+// enqueue queues a service and, when it has a ServiceExport, its status.
+func (k *KubeSource) enqueue(key registry.ServiceKey) {
+	k.queue.Add(key)
+	k.statusQueue.Add(key)
+}
+
+// enqueueAll queues every service and ServiceExport in the caches.
+func (k *KubeSource) enqueueAll() {
+	svcs, _ := k.services.List(labelsEverything)
+	for _, s := range svcs {
+		k.enqueue(registry.ServiceKey{Namespace: s.Namespace, Name: s.Name})
+	}
+	if l := k.exports.Load(); l != nil {
+		exps, _ := (*l).List(labelsEverything)
+		for _, o := range exps {
+			if u, ok := o.(*unstructured.Unstructured); ok {
+				k.enqueue(registry.ServiceKey{Namespace: u.GetNamespace(), Name: u.GetName()})
+			}
+		}
+	}
+}
+
+// process rebuilds one service into state and reports whether state changed.
+func (k *KubeSource) process(state State, key registry.ServiceKey) (changed bool) {
+	defer k.queue.Done(key)
+	defer func() {
+		if r := recover(); r != nil {
+			k.log.Error("panic while building a service; retrying", "service", key, "panic", r, "stack", string(debug.Stack()))
+			k.queue.AddRateLimited(key)
+			changed = false
+		}
+	}()
+	shard, exported, problem := k.build(key)
+	k.setProblem(key, problem)
+	k.queue.Forget(key)
+	old, had := state[key]
+	switch {
+	case !exported:
+		delete(state, key)
+		return had
+	case problem != "" && had:
+		// Keep the last good form; the hub keeps serving it.
+		k.log.Warn("invalid service; still publishing its last good form", "service", key, "problem", problem)
+		return false
+	case problem != "":
+		// nil: the service exists but cannot be sent; a hub that holds a form
+		// of it (from an earlier spoke) keeps that form.
+		k.log.Warn("invalid service; the hub keeps whatever it holds for it", "service", key, "problem", problem)
+		state[key] = nil
+		return !had
+	}
+	if had && old != nil && old.Equal(shard) {
+		return false
+	}
+	state[key] = shard
+	return true
+}
+
+// build builds a service's shard from the caches. exported says whether the
+// service should be in the state at all; problem, when not empty, says why
+// it cannot be built (shard is nil then).
+func (k *KubeSource) build(key registry.ServiceKey) (shard *registry.Shard, exported bool, problem string) {
+	if !k.filter.allows(key.Namespace) {
+		return nil, false, ""
+	}
+	svc, err := k.services.Services(key.Namespace).Get(key.Name)
+	if err != nil {
+		return nil, false, ""
+	}
+	export := k.export(key)
+	if !k.opts.ExportAll && svc.Labels[ExportLabel] != "true" && export == nil {
+		return nil, false, ""
+	}
+	if svc.Spec.Type == corev1.ServiceTypeExternalName {
+		return nil, false, ""
+	}
+	objs := Objects{Services: []*corev1.Service{svc}}
+	items, _ := k.slicesIdx.ByIndex(byServiceIndex, key.String())
+	seenNode := map[string]bool{}
+	for _, o := range items {
+		es := o.(*discoveryv1.EndpointSlice)
+		objs.EndpointSlices = append(objs.EndpointSlices, es)
+		for _, e := range es.Endpoints {
+			if e.NodeName != nil && !seenNode[*e.NodeName] {
+				seenNode[*e.NodeName] = true
+				if n, err := k.nodes.Get(*e.NodeName); err == nil {
+					objs.Nodes = append(objs.Nodes, n)
+				}
+			}
+		}
+	}
+	opts := k.opts
+	opts.ExportAll = true // the export decision is made above
+	shards, invalid, errs := BuildShards(objs, opts)
+	for _, err := range errs {
+		k.log.Warn("ignored invalid input; the rest of the service is published", "error", err)
+	}
+	if err := invalid[key]; err != nil {
+		return nil, true, err.Error()
+	}
+	shard = shards[key]
+	if export != nil {
+		// MCS: a service is exported when its ServiceExport is created; conflicts go to the oldest export.
+		if t := export.GetCreationTimestamp(); !t.IsZero() {
+			shard.ExportedAt = t.Time
+		}
+	}
+	return shard, true, ""
+}
+
+// export returns the service's ServiceExport, or nil.
+func (k *KubeSource) export(key registry.ServiceKey) *unstructured.Unstructured {
+	l := k.exports.Load()
+	if l == nil {
+		return nil
+	}
+	o, err := (*l).ByNamespace(key.Namespace).Get(key.Name)
+	if err != nil {
+		return nil
+	}
+	u, _ := o.(*unstructured.Unstructured)
+	return u
+}
+
+// serviceExportsInstalled asks the API server's discovery for the ServiceExport resource.
+func (k *KubeSource) serviceExportsInstalled() (bool, error) {
+	if k.dynamic == nil {
+		return false, nil
+	}
+	list, err := k.client.Discovery().ServerResourcesForGroupVersion(ServiceExportResource.GroupVersion().String())
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("discover %s: %w", ServiceExportResource.GroupVersion(), err)
+	}
+	for _, r := range list.APIResources {
+		if r.Name == ServiceExportResource.Resource {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// awaitServiceExports looks for the ServiceExport CRD until it is installed, then watches it.
+func (k *KubeSource) awaitServiceExports(ctx context.Context, wg *sync.WaitGroup) {
+	t := time.NewTicker(serviceExportRecheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		ok, err := k.serviceExportsInstalled()
+		if err != nil {
+			k.log.Warn("cannot tell whether the ServiceExport CRD is installed", "err", err)
+			continue
+		}
+		if ok {
+			k.log.Info("ServiceExport CRD installed; watching ServiceExports")
+			if k.watchServiceExports(ctx, wg) {
+				k.enqueueAll()
+			}
+			return
+		}
+	}
+}
+
+// watchServiceExports starts the ServiceExport informer and waits for it to
+// sync; it reports false when ctx ended first.
+func (k *KubeSource) watchServiceExports(ctx context.Context, wg *sync.WaitGroup) bool {
+	factory := dynamicinformer.NewDynamicSharedInformerFactory(k.dynamic, 0)
+	inf := factory.ForResource(ServiceExportResource)
+	if err := inf.Informer().SetTransform(strip); err != nil {
+		k.log.Error("cannot strip ServiceExports", "err", err)
+	}
+	onExport := func(obj any) {
+		if u, ok := tombstone(obj).(*unstructured.Unstructured); ok {
+			k.enqueue(registry.ServiceKey{Namespace: u.GetNamespace(), Name: u.GetName()})
+		}
+	}
+	if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: onExport, DeleteFunc: onExport, UpdateFunc: func(_, cur any) { onExport(cur) },
+	}); err != nil {
+		k.log.Error("cannot watch ServiceExports", "err", err)
+		return true
+	}
+	factory.Start(ctx.Done())
+	wg.Go(func() { <-ctx.Done(); factory.Shutdown() })
+	if !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
+		return false
+	}
+	l := inf.Lister()
+	k.exports.Store(&l)
+	return true
+}
+
+func (k *KubeSource) setProblem(key registry.ServiceKey, problem string) {
+	k.statusMu.Lock()
+	defer k.statusMu.Unlock()
+	if k.problems[key] == problem {
+		return
+	}
+	if problem == "" {
+		delete(k.problems, key)
+	} else {
+		k.problems[key] = problem
+	}
+	k.statusQueue.Add(key)
+}
+
+// SetReports takes what the hub reported about this cluster's services (the
+// publisher's callback: it must not block, and does not).
+func (k *KubeSource) SetReports(r federation.Reports) {
+	k.statusMu.Lock()
+	old := k.reports
+	k.reports = r
+	k.statusMu.Unlock()
+	for key := range r {
+		k.statusQueue.Add(key)
+	}
+	for key := range old {
+		if _, ok := r[key]; !ok {
+			k.statusQueue.Add(key)
+		}
+	}
+}
+
+// tombstone unwraps the final state of an object whose deletion an informer missed.
+func tombstone(obj any) any {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		return t.Obj
+	}
+	return obj
+}
+
+// strip is the informers' transform: it keeps only what Nave reads of each
+// object (and what a ServiceExport status update needs), so that the caches
+// of a large cluster stay small. It changes the object in place, as informer
+// transforms may, and is idempotent.
+func strip(obj any) (any, error) {
+	switch o := obj.(type) {
+	case *corev1.Service:
+		o.ManagedFields, o.Annotations, o.OwnerReferences = nil, nil, nil
+		o.Labels = keepLabels(o.Labels, ExportLabel)
+		o.Spec = corev1.ServiceSpec{Type: o.Spec.Type, ClusterIP: o.Spec.ClusterIP, Ports: o.Spec.Ports}
+		o.Status = corev1.ServiceStatus{}
+	case *discoveryv1.EndpointSlice:
+		o.ManagedFields, o.Annotations, o.OwnerReferences = nil, nil, nil
+		o.Labels = keepLabels(o.Labels, discoveryv1.LabelServiceName)
+		for i := range o.Endpoints {
+			e := &o.Endpoints[i]
+			e.TargetRef, e.DeprecatedTopology, e.Hints = nil, nil, nil
+		}
+	case *corev1.Node:
+		o.ManagedFields, o.Annotations, o.OwnerReferences = nil, nil, nil
+		o.Labels = keepLabels(o.Labels, corev1.LabelTopologyRegion, corev1.LabelTopologyZone)
+		o.Spec, o.Status = corev1.NodeSpec{}, corev1.NodeStatus{}
+	case *unstructured.Unstructured:
+		unstructured.RemoveNestedField(o.Object, "metadata", "managedFields")
+		unstructured.RemoveNestedField(o.Object, "metadata", "annotations")
+	}
+	return obj, nil
+}
+
+func keepLabels(labels map[string]string, keep ...string) map[string]string {
+	var out map[string]string
+	for _, k := range keep {
+		if v, ok := labels[k]; ok {
+			if out == nil {
+				out = make(map[string]string, len(keep))
+			}
+			out[k] = v
+		}
+	}
+	return out
+}
+
+var labelsEverything = labels.Everything()

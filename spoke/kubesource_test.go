@@ -1,0 +1,407 @@
+package spoke
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/navemesh/nave/federation"
+	"github.com/navemesh/nave/internal/kubetest"
+	"github.com/navemesh/nave/registry"
+)
+
+// kubeFixture is a real API server with Nave's CRD and the spoke's RBAC
+// applied; the source under test runs as the spoke's service account.
+type kubeFixture struct {
+	t       *testing.T
+	cluster *kubetest.Cluster
+	kc      kubernetes.Interface
+}
+
+func newKubeFixture(t *testing.T) *kubeFixture {
+	c := kubetest.StartClusters(t, "east")[0]
+	c.Apply(t, "../deploy/crds/serviceexports.yaml", "../deploy/base/namespace.yaml", "../deploy/spoke/rbac.yaml")
+	return &kubeFixture{t: t, cluster: c, kc: c.Client}
+}
+
+func (f *kubeFixture) create(objs ...any) {
+	f.t.Helper()
+	ctx := f.t.Context()
+	for _, o := range objs {
+		var err error
+		switch o := o.(type) {
+		case *corev1.Namespace:
+			_, err = f.kc.CoreV1().Namespaces().Create(ctx, o, metav1.CreateOptions{})
+		case *corev1.Node:
+			_, err = f.kc.CoreV1().Nodes().Create(ctx, o, metav1.CreateOptions{})
+		case *corev1.Service:
+			_, err = f.kc.CoreV1().Services(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		case *discoveryv1.EndpointSlice:
+			_, err = f.kc.DiscoveryV1().EndpointSlices(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		case registry.ServiceKey: // a ServiceExport
+			_, err = f.cluster.Dynamic.Resource(ServiceExportResource).Namespace(o.Namespace).Create(ctx, serviceExport(o), metav1.CreateOptions{})
+		default:
+			f.t.Fatalf("create %T", o)
+		}
+		if err != nil {
+			f.t.Fatalf("create %T: %v", o, err)
+		}
+	}
+}
+
+func serviceExport(k registry.ServiceKey) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{}
+	u.SetAPIVersion(ServiceExportResource.GroupVersion().String())
+	u.SetKind("ServiceExport")
+	u.SetNamespace(k.Namespace)
+	u.SetName(k.Name)
+	return u
+}
+
+func kubeService(ns, name string, labels map[string]string, ports ...corev1.ServicePort) *corev1.Service {
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels},
+		Spec:       corev1.ServiceSpec{Ports: ports},
+	}
+}
+
+func kubeSlice(ns, service, name string, family discoveryv1.AddressType, port int32, eps ...discoveryv1.Endpoint) *discoveryv1.EndpointSlice {
+	return &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: service}},
+		AddressType: family,
+		Ports:       []discoveryv1.EndpointPort{{Name: new("http"), Port: &port}},
+		Endpoints:   eps,
+	}
+}
+
+func kubeEndpoint(addr string, ready bool, zone, node string) discoveryv1.Endpoint {
+	e := discoveryv1.Endpoint{Addresses: []string{addr}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}}
+	if zone != "" {
+		e.Zone = &zone
+	}
+	if node != "" {
+		e.NodeName = &node
+	}
+	return e
+}
+
+func kubeNode(name, region, zone string) *corev1.Node {
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
+		corev1.LabelTopologyRegion: region, corev1.LabelTopologyZone: zone, "unrelated": "label"}}}
+}
+
+var exportLabel = map[string]string{ExportLabel: "true"}
+
+// await waits until the latest state satisfies ok.
+func await(t *testing.T, latest *latestState, what string, ok func(State) bool) State {
+	t.Helper()
+	deadline := time.After(30 * time.Second)
+	for {
+		st, has, changed := latest.get()
+		if has && ok(st) {
+			return st
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			t.Fatalf("timed out waiting for %s; state: %v", what, describeState(st))
+		}
+	}
+}
+
+func describeState(st State) map[string]int {
+	out := map[string]int{}
+	for k, s := range st {
+		if s != nil {
+			out[k.String()] = len(s.Endpoints)
+		} else {
+			out[k.String()] = -1
+		}
+	}
+	return out
+}
+
+func endpointByAddr(s *registry.Shard, addr string) *registry.Endpoint {
+	a := netip.MustParseAddr(addr)
+	for i, e := range s.Endpoints {
+		for _, b := range e.Addresses {
+			if a == b {
+				return &s.Endpoints[i]
+			}
+		}
+	}
+	return nil
+}
+
+func TestKubeSource(t *testing.T) {
+	f := newKubeFixture(t)
+	web := registry.ServiceKey{Namespace: "apps", Name: "web"}
+	db := registry.ServiceKey{Namespace: "apps", Name: "db"}
+	big := registry.ServiceKey{Namespace: "apps", Name: "big"}
+	hidden := registry.ServiceKey{Namespace: "apps", Name: "hidden"}
+	ghost := registry.ServiceKey{Namespace: "apps", Name: "ghost"}
+	excluded := registry.ServiceKey{Namespace: "other", Name: "web"}
+
+	f.create(
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "apps"}},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "other"}},
+		kubeNode("n1", "us-east", "us-east-1a"), kubeNode("n2", "us-east", "us-east-1b"),
+		// Multi-port, dual-stack, split over three slices; endpoints with and without zone and node.
+		kubeService("apps", "web", exportLabel,
+			corev1.ServicePort{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP},
+			corev1.ServicePort{Name: "grpc", Port: 9090, Protocol: corev1.ProtocolTCP}),
+		kubeSlice("apps", "web", "web-v4a", discoveryv1.AddressTypeIPv4, 8080,
+			kubeEndpoint("10.1.0.1", true, "", "n1"), kubeEndpoint("10.1.0.2", true, "us-east-1c", "")),
+		kubeSlice("apps", "web", "web-v4b", discoveryv1.AddressTypeIPv4, 8080, kubeEndpoint("10.1.0.3", false, "", "n2")),
+		kubeSlice("apps", "web", "web-v6", discoveryv1.AddressTypeIPv6, 8080, kubeEndpoint("fd00::1", true, "", "n1")),
+		// Headless, exported by a ServiceExport rather than a label.
+		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "apps", Name: "db"},
+			Spec: corev1.ServiceSpec{ClusterIP: corev1.ClusterIPNone, Ports: []corev1.ServicePort{{Name: "http", Port: 5432}}}},
+		kubeSlice("apps", "db", "db-1", discoveryv1.AddressTypeIPv4, 5432,
+			kubeEndpoint("10.3.0.1", true, "", "n2"), kubeEndpoint("10.3.0.2", true, "", "n2")),
+		db, ghost,
+		// Not exported: no label, no ServiceExport; or in an excluded namespace.
+		kubeService("apps", "hidden", nil, corev1.ServicePort{Name: "http", Port: 80}),
+		kubeSlice("apps", "hidden", "hidden-1", discoveryv1.AddressTypeIPv4, 80, kubeEndpoint("10.4.0.1", true, "", "")),
+		kubeService("other", "web", exportLabel, corev1.ServicePort{Name: "http", Port: 80}),
+		kubeSlice("other", "web", "web-1", discoveryv1.AddressTypeIPv4, 80, kubeEndpoint("10.5.0.1", true, "", "")),
+		kubeService("apps", "big", exportLabel, corev1.ServicePort{Name: "http", Port: 80}),
+	)
+	// Hundreds of endpoints, a hundred per slice as the EndpointSlice controller does.
+	for s := range 3 {
+		var eps []discoveryv1.Endpoint
+		for i := range 100 {
+			eps = append(eps, kubeEndpoint(fmt.Sprintf("10.2.%d.%d", s, i+1), true, "us-east-1a", ""))
+		}
+		f.create(kubeSlice("apps", "big", fmt.Sprintf("big-%d", s), discoveryv1.AddressTypeIPv4, 8080, eps...))
+	}
+
+	cfg := DefaultConfig()
+	cfg.Cluster, cfg.Source, cfg.Kubeconfig, cfg.Region = "east", "kube", f.cluster.SpokeKubeconfig, "default-region"
+	cfg.Namespaces.Exclude = append(cfg.Namespaces.Exclude, "other")
+	src, _, err := newSource(cfg, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	kube := src.(*KubeSource)
+	latest := newLatestState()
+	var publishes atomic.Int32
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		done <- src.Run(ctx, func(st State) { publishes.Add(1); latest.set(st) })
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+
+	// The first state is complete: everything created before the source started.
+	first := await(t, latest, "the first state", func(State) bool { return true })
+	if n := publishes.Load(); n != 1 {
+		t.Fatalf("published %d states before the first was seen", n)
+	}
+	if got := describeState(first); len(got) != 3 || got[web.String()] != 4 || got[db.String()] != 2 || got[big.String()] != 300 {
+		t.Fatalf("first state = %v, want web:4 db:2 big:300 and nothing else", got)
+	}
+	w := first[web]
+	if len(w.Ports) != 2 || w.Headless {
+		t.Errorf("web ports = %+v, headless %v", w.Ports, w.Headless)
+	}
+	for _, tc := range []struct {
+		addr  string
+		loc   registry.Locality
+		ready bool
+	}{
+		{"10.1.0.1", registry.Locality{Region: "us-east", Zone: "us-east-1a"}, true},        // zone and region from the node
+		{"10.1.0.2", registry.Locality{Region: "default-region", Zone: "us-east-1c"}, true}, // no node: the default region
+		{"10.1.0.3", registry.Locality{Region: "us-east", Zone: "us-east-1b"}, false},
+		{"fd00::1", registry.Locality{Region: "us-east", Zone: "us-east-1a"}, true}, // IPv6 slice
+	} {
+		e := endpointByAddr(w, tc.addr)
+		if e == nil || e.Locality != tc.loc || e.Conditions.Ready != tc.ready {
+			t.Errorf("web endpoint %s = %+v, want locality %+v ready %v", tc.addr, e, tc.loc, tc.ready)
+		}
+	}
+	if !first[db].Headless {
+		t.Error("db is not headless")
+	}
+	if first[db].ExportedAt.IsZero() {
+		t.Error("db's ExportedAt is not its ServiceExport's creation time")
+	}
+
+	go kube.WriteStatus(ctx)
+	conditionsOf := func(k registry.ServiceKey) map[string]exportCondition {
+		u, err := f.cluster.Dynamic.Resource(ServiceExportResource).Namespace(k.Namespace).Get(t.Context(), k.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]exportCondition{}
+		conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+		for _, c := range conds {
+			m := c.(map[string]any)
+			out[m["type"].(string)] = exportCondition{Type: m["type"].(string), Status: metav1.ConditionStatus(m["status"].(string)),
+				Reason: m["reason"].(string), Message: m["message"].(string)}
+		}
+		return out
+	}
+	awaitCondition := func(k registry.ServiceKey, typ string, status metav1.ConditionStatus, reason string) exportCondition {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			c := conditionsOf(k)[typ]
+			if c.Status == status && c.Reason == reason {
+				return c
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s condition %s = %+v, want %s/%s", k, typ, c, status, reason)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	awaitCondition(db, ConditionValid, metav1.ConditionTrue, "Exported")
+	awaitCondition(db, ConditionConflict, metav1.ConditionFalse, "NoConflict")
+	awaitCondition(ghost, ConditionValid, metav1.ConditionFalse, "ServiceNotFound")
+
+	t.Run("hub reports reach the ServiceExport", func(t *testing.T) {
+		kube.SetReports(federation.Reports{db: {Conflicts: []string{"port 5432/TCP: west wins"}}})
+		if c := awaitCondition(db, ConditionConflict, metav1.ConditionTrue, "ConflictFound"); c.Message != "port 5432/TCP: west wins" {
+			t.Errorf("conflict message = %q", c.Message)
+		}
+		kube.SetReports(federation.Reports{db: {Refused: "too many endpoints"}})
+		if c := awaitCondition(db, ConditionValid, metav1.ConditionFalse, "RefusedByHub"); c.Message != "too many endpoints" {
+			t.Errorf("refusal message = %q", c.Message)
+		}
+		awaitCondition(db, ConditionConflict, metav1.ConditionFalse, "NoConflict")
+		kube.SetReports(nil)
+		awaitCondition(db, ConditionValid, metav1.ConditionTrue, "Exported")
+	})
+
+	kc, apps := f.kc, "apps"
+	t.Run("endpoints scale down and flip ready", func(t *testing.T) {
+		if err := kc.DiscoveryV1().EndpointSlices(apps).Delete(t.Context(), "big-2", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		es, err := kc.DiscoveryV1().EndpointSlices(apps).Get(t.Context(), "web-v4b", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		es.Endpoints[0].Conditions.Ready = new(true)
+		if _, err := kc.DiscoveryV1().EndpointSlices(apps).Update(t.Context(), es, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		await(t, latest, "big at 200 endpoints and web's 10.1.0.3 ready", func(st State) bool {
+			e := endpointByAddr(st[web], "10.1.0.3")
+			return len(st[big].Endpoints) == 200 && e != nil && e.Conditions.Ready
+		})
+	})
+	t.Run("a node's zone label moves its endpoints", func(t *testing.T) {
+		n, err := kc.CoreV1().Nodes().Get(t.Context(), "n2", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.Labels[corev1.LabelTopologyZone] = "us-east-1d"
+		if _, err := kc.CoreV1().Nodes().Update(t.Context(), n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		await(t, latest, "db's endpoints in us-east-1d", func(st State) bool {
+			e := endpointByAddr(st[db], "10.3.0.1")
+			return e != nil && e.Locality.Zone == "us-east-1d"
+		})
+	})
+	t.Run("labelling a service exports it", func(t *testing.T) {
+		svc, err := kc.CoreV1().Services(apps).Get(t.Context(), "hidden", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		svc.Labels = exportLabel
+		if _, err := kc.CoreV1().Services(apps).Update(t.Context(), svc, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		await(t, latest, "hidden exported", func(st State) bool { return st[hidden] != nil && len(st[hidden].Endpoints) == 1 })
+	})
+	t.Run("deleting the ServiceExport unexports the service", func(t *testing.T) {
+		if err := f.cluster.Dynamic.Resource(ServiceExportResource).Namespace(apps).Delete(t.Context(), "db", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		await(t, latest, "db gone", func(st State) bool { _, ok := st[db]; return !ok })
+	})
+	t.Run("deleting the service removes it", func(t *testing.T) {
+		if err := kc.CoreV1().Services(apps).Delete(t.Context(), "web", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		st := await(t, latest, "web gone", func(st State) bool { _, ok := st[web]; return !ok })
+		if _, ok := st[excluded]; ok {
+			t.Error("a service of an excluded namespace was exported")
+		}
+	})
+}
+
+// TestLeaderElectionHandsOver runs two candidates on one Lease: exactly one
+// leads at a time, and when the leader stops, the other takes over at once
+// (the leader releases the Lease).
+func TestLeaderElectionHandsOver(t *testing.T) {
+	f := newKubeFixture(t)
+	cfg := LeaderElection{Enabled: true, Namespace: "nave-system", Name: "nave-spoke",
+		LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 200 * time.Millisecond}
+	var leaders atomic.Int32
+	leading := make(chan string, 10)
+	candidate := func(ctx context.Context, id string) <-chan error {
+		done := make(chan error, 1)
+		rc, err := clientcmd.BuildConfigFromFlags("", f.cluster.SpokeKubeconfig)
+		if err != nil {
+			t.Fatal(err)
+		}
+		client := kubernetes.NewForConfigOrDie(rc)
+		go func() {
+			done <- lead(ctx, client, cfg, id, slog.Default(), func(tctx context.Context) {
+				if n := leaders.Add(1); n != 1 {
+					t.Errorf("%d leaders at once", n)
+				}
+				leading <- id
+				<-tctx.Done()
+				leaders.Add(-1)
+			})
+		}()
+		return done
+	}
+	ctxA, stopA := context.WithCancel(t.Context())
+	doneA := candidate(ctxA, "a")
+	if id := <-leading; id != "a" {
+		t.Fatalf("first leader %s", id)
+	}
+	doneB := candidate(t.Context(), "b")
+	t.Cleanup(func() { <-doneB }) // before the API server stops
+	select {
+	case id := <-leading:
+		t.Fatalf("%s leads while a does", id)
+	case <-time.After(cfg.LeaseDuration):
+	}
+	stopped := time.Now()
+	stopA()
+	if err := <-doneA; err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case id := <-leading:
+		if id != "b" {
+			t.Fatalf("new leader %s", id)
+		}
+		t.Logf("handover took %v", time.Since(stopped).Round(time.Millisecond))
+	case <-time.After(cfg.LeaseDuration):
+		t.Fatal("b did not take over within the lease duration after a released the lease")
+	}
+}
