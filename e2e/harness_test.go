@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -182,7 +181,13 @@ func ptr[T any](v T) *T { return &v }
 // await polls cond until it holds, failing the test after 20 seconds.
 func await(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	awaitFor(t, what, 20*time.Second, cond)
+}
+
+// awaitFor polls cond until it holds, failing the test after timeout.
+func awaitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
@@ -203,17 +208,7 @@ func (h *testHub) clustersOf(service string) []registry.ClusterID {
 // getJSON decodes an admin API answer.
 func (h *testHub) getJSON(t *testing.T, path string, v any) {
 	t.Helper()
-	resp, err := http.Get(h.admin + path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET %s: %s", path, resp.Status)
-	}
-	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
-		t.Fatalf("GET %s: %v", path, err)
-	}
+	getJSON(t, h.admin+path, v)
 }
 
 func locality(region, zone string) registry.Locality {

@@ -38,6 +38,12 @@ func StartBackend(t testing.TB, name, ip string) Backend {
 	if err != nil {
 		t.Fatalf("backend %s: %v", name, err)
 	}
+	return ServeBackend(t, name, lis)
+}
+
+// ServeBackend serves a backend on lis until the test ends.
+func ServeBackend(t testing.TB, name string, lis net.Listener) Backend {
+	t.Helper()
 	g := grpc.NewServer(grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		if err := grpc.SetHeader(ctx, metadata.Pairs(BackendHeader, name)); err != nil {
 			return nil, err

@@ -1,0 +1,350 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/yaml"
+
+	"github.com/navemesh/nave/hub"
+	"github.com/navemesh/nave/internal/kubetest"
+	"github.com/navemesh/nave/registry"
+)
+
+// kubeEnv is what a Kubernetes end-to-end test runs against: clusters (real
+// API servers), a hub and the clusters' spokes. Locally, the test starts
+// them all (kube-apiservers over one etcd, `nave hub` and `nave spoke`
+// processes). With NAVE_E2E_KUBECONFIGS set (make kind-e2e), they are the
+// kind clusters deploy/kind/kind.sh set up, and the hub is reached through
+// NAVE_E2E_HUB_ADMIN and NAVE_E2E_HUB_XDS.
+type kubeEnv struct {
+	clusters map[string]*kubeCluster
+	admin    string // the hub's admin base URL
+	xds      string // the hub's xDS address
+	spokes   spokeControl
+}
+
+// kubeCluster is one cluster as a test sees it.
+type kubeCluster struct {
+	name    string
+	client  kubernetes.Interface
+	dynamic dynamic.Interface
+	// local is the harness's cluster (nil against kind): the test creates Nodes itself.
+	local *kubetest.Cluster
+}
+
+// spokeControl stops and starts a cluster's spoke replicas.
+type spokeControl interface {
+	// killLeader kills (SIGKILL: no clean handover) the replica holding the cluster's Lease, and returns its name.
+	killLeader(t *testing.T, cluster string) string
+	// restart stops every replica of the cluster's spoke and starts them again.
+	restart(t *testing.T, cluster string)
+}
+
+// Lease timing of the spokes the local harness starts: a standby takes
+// over within about 4s of its leader's death.
+var testLease = []string{"--lease-duration=4s", "--renew-deadline=3s", "--retry-period=500ms"}
+
+// startKubeEnv returns the environment for clusters; locally, the first
+// cluster's spoke runs as two replicas (leader and standby), the others as one.
+func startKubeEnv(t *testing.T, clusters ...string) *kubeEnv {
+	if os.Getenv("NAVE_E2E_KUBECONFIGS") != "" {
+		return kindEnv(t, clusters)
+	}
+	bin := buildNave(t)
+	local := kubetest.StartClusters(t, clusters...)
+	env := &kubeEnv{clusters: map[string]*kubeCluster{}}
+	for _, c := range local {
+		c.Apply(t, "../deploy/crds/serviceexports.yaml", "../deploy/base/namespace.yaml", "../deploy/spoke/rbac.yaml")
+		env.clusters[c.Name] = &kubeCluster{name: c.Name, client: c.Client, dynamic: c.Dynamic, local: c}
+	}
+
+	dir := t.TempDir()
+	tb, _ := yaml.Marshal(tokens)
+	tokensFile := filepath.Join(dir, "tokens.yaml")
+	writeFile(t, tokensFile, string(tb))
+	fed, xdsAddr, admin := freeAddr(t), freeAddr(t), freeAddr(t)
+	startProc(t, "hub", bin, "hub", "--id=hub-0", "--data-dir="+filepath.Join(dir, "hub"), "--tokens="+tokensFile,
+		"--federation-addr="+fed, "--xds-addr="+xdsAddr, "--admin-addr="+admin)
+	env.admin, env.xds = "http://"+admin, xdsAddr
+	await(t, "hub ready", func() bool { return httpStatus(env.admin+"/readyz") == http.StatusOK })
+
+	spokes := &localSpokes{t: t, bin: bin, hub: fed, env: env, procs: map[string][]*proc{}, args: map[string][]string{}}
+	for i, c := range local {
+		tokenFile := filepath.Join(dir, c.Name+".token")
+		writeFile(t, tokenFile, tokens[registry.ClusterID(c.Name)])
+		spokes.args[c.Name] = append([]string{"spoke", "--source=kube", "--kubeconfig=" + c.SpokeKubeconfig,
+			"--cluster-id=" + c.Name, "--hub=" + fed, "--token-file=" + tokenFile, "--lease-namespace=nave-system"}, testLease...)
+		replicas := 1
+		if i == 0 {
+			replicas = 2
+		}
+		for r := range replicas {
+			spokes.start(c.Name, fmt.Sprintf("%s-%c", c.Name, 'a'+r))
+		}
+	}
+	env.spokes = spokes
+	return env
+}
+
+// kindEnv is the environment make kind-e2e describes.
+func kindEnv(t *testing.T, clusters []string) *kubeEnv {
+	env := &kubeEnv{clusters: map[string]*kubeCluster{}, admin: os.Getenv("NAVE_E2E_HUB_ADMIN"), xds: os.Getenv("NAVE_E2E_HUB_XDS")}
+	if env.admin == "" || env.xds == "" {
+		t.Fatal("NAVE_E2E_KUBECONFIGS needs NAVE_E2E_HUB_ADMIN and NAVE_E2E_HUB_XDS")
+	}
+	paths := map[string]string{}
+	for item := range strings.SplitSeq(os.Getenv("NAVE_E2E_KUBECONFIGS"), ",") {
+		name, path, ok := strings.Cut(item, "=")
+		if !ok {
+			t.Fatalf("NAVE_E2E_KUBECONFIGS item %q: want cluster=path", item)
+		}
+		paths[name] = path
+	}
+	for _, name := range clusters {
+		rc, err := clientcmd.BuildConfigFromFlags("", paths[name])
+		if err != nil {
+			t.Fatalf("cluster %s: %v", name, err)
+		}
+		env.clusters[name] = &kubeCluster{name: name, client: kubernetes.NewForConfigOrDie(rc), dynamic: dynamic.NewForConfigOrDie(rc)}
+	}
+	env.spokes = kindSpokes{env: env}
+	return env
+}
+
+// cluster returns the hub's status of a cluster.
+func (e *kubeEnv) cluster(t *testing.T, id string) hub.ClusterStatus {
+	var all []hub.ClusterStatus
+	getJSON(t, e.admin+"/debug/clusters", &all)
+	for _, c := range all {
+		if string(c.Cluster) == id {
+			return c
+		}
+	}
+	return hub.ClusterStatus{}
+}
+
+// service returns the hub's view of a service (the zero value when it has none).
+func (e *kubeEnv) service(t *testing.T, key string) hub.ServiceInfo {
+	var all []hub.ServiceInfo
+	getJSON(t, e.admin+"/debug/services", &all)
+	for _, s := range all {
+		if s.Service.String() == key {
+			return s
+		}
+	}
+	return hub.ServiceInfo{}
+}
+
+// awaitResynced waits until the hub has applied the state of a new session
+// of cluster (epoch after since).
+func (e *kubeEnv) awaitResynced(t *testing.T, cluster string, since uint64) hub.ClusterStatus {
+	t.Helper()
+	var c hub.ClusterStatus
+	// Against kind, a crashed leader's Lease runs out after the default 15s.
+	awaitFor(t, cluster+"'s new session synced", time.Minute, func() bool {
+		c = e.cluster(t, cluster)
+		return c.Connected && c.Epoch > since && !c.LastUpdate.Before(c.SessionStart)
+	})
+	return c
+}
+
+// node returns a Node in the zone: an existing one (kind), or one the test creates (local API servers have none).
+func (c *kubeCluster) node(t *testing.T, region, zone string) string {
+	t.Helper()
+	nodes, err := c.client.CoreV1().Nodes().List(t.Context(), metav1.ListOptions{LabelSelector: corev1.LabelTopologyZone + "=" + zone})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(nodes.Items) > 0 {
+		return nodes.Items[0].Name
+	}
+	if c.local == nil {
+		t.Fatalf("cluster %s has no node in zone %s", c.name, zone)
+	}
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: c.name + "-" + zone,
+		Labels: map[string]string{corev1.LabelTopologyRegion: region, corev1.LabelTopologyZone: zone}}}
+	if _, err := c.client.CoreV1().Nodes().Create(t.Context(), n, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return n.Name
+}
+
+// localSpokes runs spoke replicas as processes.
+type localSpokes struct {
+	t        *testing.T // the test the processes last as long as (not a subtest)
+	bin, hub string
+	env      *kubeEnv
+	mu       sync.Mutex
+	procs    map[string][]*proc  // by cluster
+	args     map[string][]string // by cluster
+}
+
+func (s *localSpokes) start(cluster, id string) {
+	p := startProc(s.t, id, s.bin, append(slices.Clone(s.args[cluster]), "--spoke-id="+id)...)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.procs[cluster] = append(s.procs[cluster], p)
+}
+
+func (s *localSpokes) killLeader(t *testing.T, cluster string) string {
+	leader := leaseHolder(t, s.env.clusters[cluster])
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, p := range s.procs[cluster] {
+		if p.name == leader {
+			p.kill()
+			s.procs[cluster] = slices.Delete(s.procs[cluster], i, i+1)
+			return leader
+		}
+	}
+	t.Fatalf("no spoke process %q (the Lease holder) in cluster %s", leader, cluster)
+	return ""
+}
+
+func (s *localSpokes) restart(_ *testing.T, cluster string) {
+	s.mu.Lock()
+	old := s.procs[cluster]
+	s.procs[cluster] = nil
+	s.mu.Unlock()
+	for _, p := range old {
+		p.kill()
+	}
+	for _, p := range old {
+		s.start(cluster, p.name)
+	}
+}
+
+// kindSpokes controls the spoke DaemonSet's pods of the kind clusters.
+type kindSpokes struct{ env *kubeEnv }
+
+func (k kindSpokes) killLeader(t *testing.T, cluster string) string {
+	c := k.env.clusters[cluster]
+	leader := leaseHolder(t, c)
+	zero := int64(0)
+	if err := c.client.CoreV1().Pods("nave-system").Delete(t.Context(), leader, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		t.Fatalf("kill spoke pod %s: %v", leader, err)
+	}
+	return leader
+}
+
+func (k kindSpokes) restart(t *testing.T, cluster string) {
+	c := k.env.clusters[cluster]
+	zero := int64(0)
+	if err := c.client.CoreV1().Pods("nave-system").DeleteCollection(t.Context(), metav1.DeleteOptions{GracePeriodSeconds: &zero},
+		metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=nave-spoke"}); err != nil {
+		t.Fatalf("restart spokes of %s: %v", cluster, err)
+	}
+}
+
+// leaseHolder returns who holds the cluster's spoke Lease.
+func leaseHolder(t *testing.T, c *kubeCluster) string {
+	t.Helper()
+	var holder string
+	await(t, "a spoke leader in "+c.name, func() bool {
+		l, err := c.client.CoordinationV1().Leases("nave-system").Get(t.Context(), "nave-spoke", metav1.GetOptions{})
+		if err == nil && l.Spec.HolderIdentity != nil {
+			holder = *l.Spec.HolderIdentity
+		}
+		return holder != ""
+	})
+	return holder
+}
+
+// proc is a process a test started: a `nave` command, as a user runs it.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{}
+}
+
+// startProc starts a process that is killed when the test ends; its output
+// goes to a file whose tail is printed when the test fails.
+func startProc(t *testing.T, name, bin string, args ...string) *proc {
+	t.Helper()
+	logPath := filepath.Join(t.TempDir(), name+".log")
+	out, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); out.Close(); close(p.done) }()
+	t.Cleanup(func() {
+		p.stop()
+		if t.Failed() {
+			t.Logf("--- %s: warnings, errors and last lines of its log:\n%s", name, logSummary(logPath))
+		}
+	})
+	return p
+}
+
+// kill ends the process at once, as a crash or an OOM kill would.
+func (p *proc) kill() {
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
+// stop asks the process to end (SIGTERM), killing it after 10s.
+func (p *proc) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		p.kill()
+	}
+}
+
+// getJSON decodes an HTTP answer.
+func getJSON(t *testing.T, url string, v any) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s", url, resp.Status)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+}
+
+// logSummary returns a process log's warnings and errors (the first 30) and its last 15 lines.
+func logSummary(path string) string {
+	b, _ := os.ReadFile(path)
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	var problems []string
+	for _, l := range lines {
+		if strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") {
+			problems = append(problems, l)
+		}
+	}
+	return strings.Join(append(problems[:min(len(problems), 30)], append([]string{"..."}, lines[max(0, len(lines)-15):]...)...), "\n")
+}
