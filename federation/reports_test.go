@@ -175,3 +175,24 @@ func TestExplainConflicts(t *testing.T) {
 		t.Errorf("ExplainConflicts(nil) = %v", got)
 	}
 }
+
+// A spoke with nothing to report is still told so once the hub has reported
+// its (empty) conflict set: "nothing to report" is then known, not assumed.
+func TestEmptyConflictSetIsReportedOnce(t *testing.T) {
+	h := startHub(t, DefaultHubConfig())
+	cfg := fastSpoke()
+	reports := reportsOf(&cfg)
+	p := startPublisher(t, dial(t, h.addr, testTokens["east"]), "east", cfg)
+	p.states <- stateOf(testShard("east", "a", "10.0.0.1"))
+	p.awaitAcked(t, 1)
+	if r := awaitReports(t, reports, "the empty conflict set", func(Reports) bool { return true }); len(r) != 0 {
+		t.Fatalf("reported %v, want nothing", r)
+	}
+	p.states <- stateOf(testShard("east", "a", "10.0.0.1", "10.0.0.2"))
+	p.awaitAcked(t, 1)
+	select {
+	case r := <-reports:
+		t.Fatalf("reported %v again with nothing changed", r)
+	case <-time.After(200 * time.Millisecond):
+	}
+}

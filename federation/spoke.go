@@ -39,7 +39,9 @@ type SpokeConfig struct {
 	// HealthyAfter is how long a session must last before the backoff resets.
 	HealthyAfter time.Duration
 	// OnReport, if not nil, is told what there is to report about the desired
-	// services (see Reports) each time that changes, starting from nothing. It
+	// services (see Reports) each time that changes, starting from nothing,
+	// and once when the hub first reports its conflict set, even an empty
+	// one: so a callee can tell "nothing to report" from "not known yet". It
 	// is called from Run's goroutine and must not block; the Reports are the
 	// callee's to keep, but must not be modified.
 	OnReport func(Reports)
@@ -124,8 +126,11 @@ type Publisher struct {
 	// the hub holds (the hub's reason, or too large): kept until the hub
 	// acknowledges the desired form, or the service leaves the desired state.
 	refusals map[registry.ServiceKey]string
-	// conflicts is the last conflict set the hub reported.
-	conflicts Conflicts
+	// conflicts is the last conflict set the hub reported; conflictsKnown
+	// says some hub has reported one, and conflictsTold that OnReport has
+	// been called since.
+	conflicts                     Conflicts
+	conflictsKnown, conflictsTold bool
 	// reported is what OnReport was last told.
 	reported Reports
 	// tooBig holds the hash of each shard too large for the current hub's
@@ -462,7 +467,7 @@ func (p *Publisher) conflictsFrom(m *fedv1.ServiceConflicts) {
 	if len(set) > 0 || len(p.conflicts) > 0 {
 		p.log.Info("hub reported conflicts", "services", len(set))
 	}
-	p.conflicts = set
+	p.conflicts, p.conflictsKnown = set, true
 }
 
 // updateReports tells OnReport what there is to report, when that changed.
@@ -487,9 +492,10 @@ func (p *Publisher) updateReports() {
 			next[k] = r
 		}
 	}
-	if maps.EqualFunc(next, p.reported, ServiceReport.equal) {
+	if maps.EqualFunc(next, p.reported, ServiceReport.equal) && (p.conflictsTold || !p.conflictsKnown) {
 		return
 	}
+	p.conflictsTold = p.conflictsKnown
 	p.reported = next
 	if p.cfg.OnReport != nil {
 		p.cfg.OnReport(next) // never modified here: the next change makes a new map
