@@ -100,7 +100,15 @@ func startKubeEnv(t *testing.T, clusters ...string) *kubeEnv {
 		}
 	}
 	env.spokes = spokes
+	env.awaitSpokes(t)
 	return env
+}
+
+// awaitSpokes waits until every cluster's spoke has a synced session with the hub.
+func (e *kubeEnv) awaitSpokes(t *testing.T) {
+	for name := range e.clusters {
+		e.awaitResynced(t, name, 0)
+	}
 }
 
 // kindEnv is the environment make kind-e2e describes.
@@ -125,6 +133,7 @@ func kindEnv(t *testing.T, clusters []string) *kubeEnv {
 		env.clusters[name] = &kubeCluster{name: name, client: kubernetes.NewForConfigOrDie(rc), dynamic: dynamic.NewForConfigOrDie(rc)}
 	}
 	env.spokes = kindSpokes{env: env}
+	env.awaitSpokes(t)
 	return env
 }
 
@@ -142,14 +151,26 @@ func (e *kubeEnv) cluster(t *testing.T, id string) hub.ClusterStatus {
 
 // service returns the hub's view of a service (the zero value when it has none).
 func (e *kubeEnv) service(t *testing.T, key string) hub.ServiceInfo {
+	t.Helper()
+	s, err := e.tryService(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// tryService is service for goroutines other than the test's.
+func (e *kubeEnv) tryService(ctx context.Context, key string) (hub.ServiceInfo, error) {
 	var all []hub.ServiceInfo
-	getJSON(t, e.admin+"/debug/services", &all)
+	if err := fetchJSON(ctx, e.admin+"/debug/services", &all); err != nil {
+		return hub.ServiceInfo{}, err
+	}
 	for _, s := range all {
 		if s.Service.String() == key {
-			return s
+			return s, nil
 		}
 	}
-	return hub.ServiceInfo{}
+	return hub.ServiceInfo{}, nil
 }
 
 // awaitResynced waits until the hub has applied the state of a new session
@@ -320,20 +341,27 @@ func (p *proc) stop() {
 // getJSON decodes an HTTP answer.
 func getJSON(t *testing.T, url string, v any) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	if err := fetchJSON(t.Context(), url, v); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func fetchJSON(ctx context.Context, url string, v any) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET %s: %s", url, resp.Status)
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
 	}
 	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
-		t.Fatalf("GET %s: %v", url, err)
+		return fmt.Errorf("GET %s: %w", url, err)
 	}
+	return nil
 }
 
 // logSummary returns a process log's warnings and errors (the first 30) and its last 15 lines.

@@ -204,11 +204,18 @@ func TestKube(t *testing.T) {
 		watchCtx, stopWatching := context.WithCancel(t.Context())
 		var lowest, samples int
 		var revisions []uint64
+		var watchErr error
 		var watching sync.WaitGroup
 		watching.Go(func() {
 			lowest = before.Healthy
 			for watchCtx.Err() == nil {
-				s := env.service(t, "shop/echo")
+				s, err := env.tryService(watchCtx, "shop/echo")
+				if err != nil {
+					if watchCtx.Err() == nil {
+						watchErr = err
+					}
+					return
+				}
 				lowest, samples = min(lowest, s.Healthy), samples+1
 				if !slices.Contains(revisions, s.Revision) {
 					revisions = append(revisions, s.Revision)
@@ -222,6 +229,9 @@ func TestKube(t *testing.T) {
 		t.Logf("leader %s killed -> %s streaming and synced in %v", old, c.SpokeID, time.Since(killed).Round(time.Millisecond))
 		stopWatching()
 		watching.Wait()
+		if watchErr != nil {
+			t.Fatalf("watching the hub: %v", watchErr)
+		}
 		if c.SpokeID == old {
 			t.Errorf("the killed leader %s still streams", old)
 		}

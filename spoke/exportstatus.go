@@ -7,6 +7,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -37,21 +38,21 @@ type exportCondition struct {
 }
 
 // WriteStatus keeps the Valid and Conflict conditions of every ServiceExport
-// current until ctx ends: only the spoke that leads calls it. A write that
-// fails is retried with backoff; one that races another writer is retried
-// once the cache has the newer object.
+// current until ctx ends: only the spoke that leads calls it, once the
+// source has synced (it waits for that). A write that fails is retried with
+// backoff; one that races another writer is retried once the cache has the
+// newer object.
 func (k *KubeSource) WriteStatus(ctx context.Context) {
+	select {
+	case <-k.synced:
+	case <-ctx.Done():
+		return
+	}
+	k.writing.Store(true)
+	defer k.writing.Store(false)
 	wake := context.AfterFunc(ctx, func() { k.statusQueue.Add(registry.ServiceKey{}) })
 	defer wake()
-	// Anything may have changed while another spoke led.
-	if l := k.exports.Load(); l != nil {
-		exps, _ := (*l).List(labelsEverything)
-		for _, o := range exps {
-			if u, ok := o.(*unstructured.Unstructured); ok {
-				k.statusQueue.Add(registry.ServiceKey{Namespace: u.GetNamespace(), Name: u.GetName()})
-			}
-		}
-	}
+	k.queueAllStatus() // anything may have changed while another spoke led
 	for {
 		key, shutdown := k.statusQueue.Get()
 		if shutdown {
@@ -62,6 +63,20 @@ func (k *KubeSource) WriteStatus(ctx context.Context) {
 			return
 		}
 		k.writeStatus(ctx, key)
+	}
+}
+
+// queueAllStatus queues the status of every ServiceExport.
+func (k *KubeSource) queueAllStatus() {
+	l := k.exports.Load()
+	if l == nil || !k.writing.Load() {
+		return
+	}
+	exps, _ := (*l).List(labelsEverything)
+	for _, o := range exps {
+		if u, ok := o.(*unstructured.Unstructured); ok {
+			k.statusQueue.Add(registry.ServiceKey{Namespace: u.GetNamespace(), Name: u.GetName()})
+		}
 	}
 }
 
@@ -77,7 +92,8 @@ func (k *KubeSource) writeStatus(ctx context.Context, key registry.ServiceKey) {
 		return
 	}
 	export := k.export(key)
-	if export == nil {
+	if export == nil || !k.filter.allows(key.Namespace) {
+		// Not ours to speak for: another spoke (or controller) may own that namespace.
 		k.statusQueue.Forget(key)
 		return
 	}
@@ -102,6 +118,10 @@ func (k *KubeSource) writeStatus(ctx context.Context, key registry.ServiceKey) {
 	switch {
 	case err == nil || apierrors.IsNotFound(err):
 		k.statusQueue.Forget(key)
+	case apierrors.IsInvalid(err) || apierrors.IsForbidden(err) || apierrors.IsBadRequest(err):
+		// Retrying cannot help; the next change of the export or its service tries again.
+		k.log.Error("cannot write ServiceExport status", "service", key, "err", err)
+		k.statusQueue.Forget(key)
 	case ctx.Err() != nil:
 	default:
 		k.log.Warn("cannot write ServiceExport status; retrying", "service", key, "err", err)
@@ -109,37 +129,59 @@ func (k *KubeSource) writeStatus(ctx context.Context, key registry.ServiceKey) {
 	}
 }
 
-// conditions returns what the Valid and Conflict conditions of a service's export should say.
+// maxConditionMessage bounds a condition's message (the API allows 32768 bytes).
+const maxConditionMessage = 4096
+
+// conditions returns what the Valid and Conflict conditions of a service's
+// export should say. What depends on the hub is left out (so left as it is)
+// until the current hub session has reported.
 func (k *KubeSource) conditions(key registry.ServiceKey) []exportCondition {
 	k.statusMu.Lock()
-	problem, report := k.problems[key], k.reports[key]
+	problem, report, known := k.problems[key], k.reports[key], k.reportsKnown
 	k.statusMu.Unlock()
 
-	valid := exportCondition{Type: ConditionValid, Status: metav1.ConditionTrue, Reason: "Exported",
-		Message: "the service is exported to the hub"}
+	var out []exportCondition
 	invalid := func(reason, format string, args ...any) {
-		valid = exportCondition{Type: ConditionValid, Status: metav1.ConditionFalse, Reason: reason, Message: fmt.Sprintf(format, args...)}
+		out = append(out, exportCondition{Type: ConditionValid, Status: metav1.ConditionFalse, Reason: reason,
+			Message: truncate(fmt.Sprintf(format, args...))})
 	}
 	svc, err := k.services.Services(key.Namespace).Get(key.Name)
 	switch {
-	case !k.filter.allows(key.Namespace):
-		invalid("NamespaceNotExported", "this cluster's spoke does not export services of namespace %s", key.Namespace)
 	case err != nil:
 		invalid("ServiceNotFound", "no Service %s in this namespace", key.Name)
 	case svc.Spec.Type == corev1.ServiceTypeExternalName:
 		invalid("ServiceTypeNotSupported", "ExternalName services do not federate")
 	case problem != "":
 		invalid("InvalidService", "%s", problem)
+	case !known:
 	case report.Refused != "":
 		invalid("RefusedByHub", "%s", report.Refused)
+	default:
+		out = append(out, exportCondition{Type: ConditionValid, Status: metav1.ConditionTrue, Reason: "Exported",
+			Message: "the service is exported to the hub"})
 	}
-	conflict := exportCondition{Type: ConditionConflict, Status: metav1.ConditionFalse, Reason: "NoConflict",
-		Message: "no other cluster exports the service differently"}
-	if len(report.Conflicts) > 0 {
-		conflict = exportCondition{Type: ConditionConflict, Status: metav1.ConditionTrue, Reason: "ConflictFound",
-			Message: strings.Join(report.Conflicts, "; ")}
+	switch {
+	case !known:
+	case len(report.Conflicts) > 0:
+		out = append(out, exportCondition{Type: ConditionConflict, Status: metav1.ConditionTrue, Reason: "ConflictFound",
+			Message: truncate(strings.Join(report.Conflicts, "; "))})
+	default:
+		out = append(out, exportCondition{Type: ConditionConflict, Status: metav1.ConditionFalse, Reason: "NoConflict",
+			Message: "no other cluster exports the service differently"})
 	}
-	return []exportCondition{valid, conflict}
+	return out
+}
+
+func truncate(msg string) string {
+	if len(msg) <= maxConditionMessage {
+		return msg
+	}
+	const more = "... (truncated)"
+	cut := maxConditionMessage - len(more)
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return msg[:cut] + more
 }
 
 // mergeConditions returns the conditions list with want applied: conditions

@@ -1,6 +1,7 @@
 package spoke
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -33,9 +34,10 @@ import (
 // ServiceExport: one in a Service's namespace with the Service's name exports it.
 var ServiceExportResource = schema.GroupVersionResource{Group: "multicluster.x-k8s.io", Version: "v1alpha1", Resource: "serviceexports"}
 
-// serviceExportRecheck is how often a spoke started without the ServiceExport
-// CRD looks for it again, so that installing it later needs no restart.
-const serviceExportRecheck = 30 * time.Second
+// DefaultExportsRecheck is how often a spoke started without the
+// ServiceExport CRD looks for it again, so that installing it later needs
+// no restart.
+const DefaultExportsRecheck = 30 * time.Second
 
 // NamespaceFilter selects the namespaces whose services may federate.
 type NamespaceFilter struct {
@@ -68,6 +70,10 @@ func (f NamespaceFilter) allows(ns string) bool {
 // While it leads (see WriteStatus), the source also writes the Valid and
 // Conflict conditions of every ServiceExport.
 type KubeSource struct {
+	// ExportsRecheck is how often to look for the ServiceExport CRD while it
+	// is not installed (DefaultExportsRecheck unless changed before Run).
+	ExportsRecheck time.Duration
+
 	client  kubernetes.Interface
 	dynamic dynamic.Interface
 	opts    BuildOptions
@@ -78,15 +84,20 @@ type KubeSource struct {
 	slicesIdx cache.Indexer
 	nodes     corelisters.NodeLister
 	exports   atomic.Pointer[cache.GenericLister] // nil until the ServiceExport informer has synced
-	synced    atomic.Bool                         // the first state was published
+	synced    chan struct{}                       // closed once the first state is published
+	nodesLive atomic.Bool                         // node events matter: the initial build is done
 	queue     workqueue.TypedRateLimitingInterface[registry.ServiceKey]
 
 	// status is what the ServiceExport conditions are made of; guarded by statusMu.
-	statusMu sync.Mutex
-	problems map[registry.ServiceKey]string // services the spoke cannot build, and why
-	reports  federation.Reports             // what the hub said about this cluster's services
-	// statusQueue holds the ServiceExports whose conditions may be out of date.
+	statusMu     sync.Mutex
+	problems     map[registry.ServiceKey]string // services the spoke cannot build, and why
+	reports      federation.Reports             // what the hub said about this cluster's services
+	reportsKnown bool                           // the current hub session has reported
+	// statusQueue holds the ServiceExports whose conditions may be out of
+	// date; it is fed only while WriteStatus runs (writing), which starts by
+	// queueing every ServiceExport.
 	statusQueue workqueue.TypedRateLimitingInterface[registry.ServiceKey]
+	writing     atomic.Bool
 }
 
 // NewKubeSource returns a source over the given clients. opts.ExportAll
@@ -99,7 +110,9 @@ func NewKubeSource(client kubernetes.Interface, dyn dynamic.Interface, opts Buil
 		return workqueue.DefaultTypedControllerRateLimiter[registry.ServiceKey]()
 	}
 	return &KubeSource{
-		client: client, dynamic: dyn, opts: opts, filter: filter,
+		ExportsRecheck: DefaultExportsRecheck,
+		client:         client, dynamic: dyn, opts: opts, filter: filter,
+		synced:      make(chan struct{}),
 		log:         log.With("component", "kubesource"),
 		problems:    map[registry.ServiceKey]string{},
 		queue:       workqueue.NewTypedRateLimitingQueueWithConfig(rl(), workqueue.TypedRateLimitingQueueConfig[registry.ServiceKey]{Name: "services"}),
@@ -110,10 +123,15 @@ func NewKubeSource(client kubernetes.Interface, dyn dynamic.Interface, opts Buil
 // Name identifies the source in logs and status.
 func (k *KubeSource) Name() string { return "kube" }
 
-// Synced reports whether the caches have synced and the first state was published.
-func (k *KubeSource) Synced() bool { return k.synced.Load() }
+// Synced is closed once the caches have synced and the first state is published.
+func (k *KubeSource) Synced() <-chan struct{} { return k.synced }
 
-const byServiceIndex = "service"
+// Indexes of the EndpointSlice cache: by "namespace/service", and by the
+// names of the nodes their endpoints run on.
+const (
+	byServiceIndex = "service"
+	byNodeIndex    = "node"
+)
 
 // sliceService is the key of the service an EndpointSlice belongs to.
 func sliceService(es *discoveryv1.EndpointSlice) (registry.ServiceKey, bool) {
@@ -132,14 +150,29 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 	nodeInf := factory.Core().V1().Nodes()
 	k.services, k.nodes = svcInf.Lister(), nodeInf.Lister()
 	k.slicesIdx = esInf.Informer().GetIndexer()
-	if err := esInf.Informer().AddIndexers(cache.Indexers{byServiceIndex: func(obj any) ([]string, error) {
-		if es, ok := obj.(*discoveryv1.EndpointSlice); ok {
-			if key, ok := sliceService(es); ok {
-				return []string{key.String()}, nil
+	if err := esInf.Informer().AddIndexers(cache.Indexers{
+		byServiceIndex: func(obj any) ([]string, error) {
+			if es, ok := obj.(*discoveryv1.EndpointSlice); ok {
+				if key, ok := sliceService(es); ok {
+					return []string{key.String()}, nil
+				}
 			}
-		}
-		return nil, nil
-	}}); err != nil {
+			return nil, nil
+		},
+		byNodeIndex: func(obj any) ([]string, error) {
+			es, ok := obj.(*discoveryv1.EndpointSlice)
+			if !ok {
+				return nil, nil
+			}
+			var nodes []string
+			for _, e := range es.Endpoints {
+				if e.NodeName != nil && !slices.Contains(nodes, *e.NodeName) {
+					nodes = append(nodes, *e.NodeName)
+				}
+			}
+			return nodes, nil
+		},
+	}); err != nil {
 		return fmt.Errorf("index endpointslices: %w", err)
 	}
 
@@ -155,14 +188,22 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 			}
 		}
 	}
-	// A node's labels give its endpoints their region (and zone, when the slice has none).
+	// A node's labels give its endpoints their region (and zone, when the
+	// slice has none): a change rebuilds the services with endpoints on it.
+	// Before the initial build, which reads every node, events are moot.
 	nodeChanged := func(old, cur any) {
 		o, ok1 := tombstone(old).(*corev1.Node)
 		c, ok2 := tombstone(cur).(*corev1.Node)
-		if ok1 && ok2 && maps.Equal(o.Labels, c.Labels) {
+		if !k.nodesLive.Load() || ok1 && ok2 && maps.Equal(o.Labels, c.Labels) {
 			return // the status updates every node sends: nothing Nave reads
 		}
-		k.enqueueAll()
+		name := cmp.Or(o, c).Name
+		items, _ := k.slicesIdx.ByIndex(byNodeIndex, name)
+		for _, obj := range items {
+			if key, ok := sliceService(obj.(*discoveryv1.EndpointSlice)); ok {
+				k.queue.Add(key)
+			}
+		}
 	}
 	for _, reg := range []struct {
 		inf cache.SharedIndexInformer
@@ -179,26 +220,33 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 			return fmt.Errorf("watch: %w", err)
 		}
 	}
+	ctx, cancel := context.WithCancel(ctx)
 	factory.Start(ctx.Done())
-	defer factory.Shutdown()
+	defer func() { cancel(); factory.Shutdown() }() // Shutdown waits for the informers, which stop with ctx
 
 	// ServiceExports, when their CRD is installed: now, or later.
 	var exportsDone sync.WaitGroup
 	defer exportsDone.Wait()
 	exportsCtx, stopExports := context.WithCancel(ctx)
 	defer stopExports()
+	// Not knowing must not pass for "not installed": the first state would
+	// leave out every service exported by a ServiceExport.
 	installed, err := k.serviceExportsInstalled()
-	if err != nil {
-		k.log.Warn("cannot tell whether the ServiceExport CRD is installed; looking again later", "err", err)
+	for wait := time.Second; err != nil; wait = min(2*wait, 30*time.Second) {
+		k.log.Warn("cannot tell whether the ServiceExport CRD is installed; holding the first state back", "err", err, "retry", wait)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+		installed, err = k.serviceExportsInstalled()
 	}
 	if installed {
-		if !k.watchServiceExports(exportsCtx, &exportsDone) {
-			return ctx.Err()
+		if err := k.watchServiceExports(exportsCtx, &exportsDone); err != nil {
+			return err
 		}
 	} else {
-		if err == nil {
-			k.log.Info("ServiceExport CRD not installed; services federate by label until it is", "label", ExportLabel+"=true")
-		}
+		k.log.Info("ServiceExport CRD not installed; services federate by label until it is", "label", ExportLabel+"=true")
 		exportsDone.Go(func() { k.awaitServiceExports(exportsCtx, &exportsDone) })
 	}
 
@@ -213,14 +261,15 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 	}
 	// Everything that exists now is in the caches: build it all before publishing once.
 	state := State{}
+	k.nodesLive.Store(true)
 	k.enqueueAll()
 	for k.queue.Len() > 0 {
 		key, _ := k.queue.Get()
 		k.process(state, key)
 	}
 	k.log.Info("caches synced; publishing the cluster's state", "services", len(state))
-	k.synced.Store(true)
 	publish(maps.Clone(state))
+	close(k.synced)
 
 	go func() { <-ctx.Done(); k.queue.ShutDown() }()
 	// Publish once the queue is drained, so that a burst of changes is one
@@ -244,10 +293,17 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 // maxPublishDelay bounds how long a change waits for the queue to drain.
 const maxPublishDelay = 100 * time.Millisecond
 
-// enqueue queues a service and, when it has a ServiceExport, its status.
+// enqueue queues a service and its ServiceExport's status.
 func (k *KubeSource) enqueue(key registry.ServiceKey) {
 	k.queue.Add(key)
-	k.statusQueue.Add(key)
+	k.queueStatus(key)
+}
+
+// queueStatus queues a ServiceExport's status, while status is written.
+func (k *KubeSource) queueStatus(key registry.ServiceKey) {
+	if k.writing.Load() {
+		k.statusQueue.Add(key)
+	}
 }
 
 // enqueueAll queues every service and ServiceExport in the caches.
@@ -390,7 +446,7 @@ func (k *KubeSource) serviceExportsInstalled() (bool, error) {
 
 // awaitServiceExports looks for the ServiceExport CRD until it is installed, then watches it.
 func (k *KubeSource) awaitServiceExports(ctx context.Context, wg *sync.WaitGroup) {
-	t := time.NewTicker(serviceExportRecheck)
+	t := time.NewTicker(k.ExportsRecheck)
 	defer t.Stop()
 	for {
 		select {
@@ -405,21 +461,23 @@ func (k *KubeSource) awaitServiceExports(ctx context.Context, wg *sync.WaitGroup
 		}
 		if ok {
 			k.log.Info("ServiceExport CRD installed; watching ServiceExports")
-			if k.watchServiceExports(ctx, wg) {
-				k.enqueueAll()
+			if err := k.watchServiceExports(ctx, wg); err != nil {
+				k.log.Error("cannot watch ServiceExports", "err", err)
+				return
 			}
+			k.enqueueAll()
 			return
 		}
 	}
 }
 
 // watchServiceExports starts the ServiceExport informer and waits for it to
-// sync; it reports false when ctx ended first.
-func (k *KubeSource) watchServiceExports(ctx context.Context, wg *sync.WaitGroup) bool {
+// sync (or ctx to end: then it returns ctx's error).
+func (k *KubeSource) watchServiceExports(ctx context.Context, wg *sync.WaitGroup) error {
 	factory := dynamicinformer.NewDynamicSharedInformerFactory(k.dynamic, 0)
 	inf := factory.ForResource(ServiceExportResource)
 	if err := inf.Informer().SetTransform(strip); err != nil {
-		k.log.Error("cannot strip ServiceExports", "err", err)
+		return fmt.Errorf("strip ServiceExports: %w", err)
 	}
 	onExport := func(obj any) {
 		if u, ok := tombstone(obj).(*unstructured.Unstructured); ok {
@@ -429,17 +487,16 @@ func (k *KubeSource) watchServiceExports(ctx context.Context, wg *sync.WaitGroup
 	if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: onExport, DeleteFunc: onExport, UpdateFunc: func(_, cur any) { onExport(cur) },
 	}); err != nil {
-		k.log.Error("cannot watch ServiceExports", "err", err)
-		return true
+		return fmt.Errorf("watch ServiceExports: %w", err)
 	}
 	factory.Start(ctx.Done())
 	wg.Go(func() { <-ctx.Done(); factory.Shutdown() })
 	if !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
-		return false
+		return ctx.Err()
 	}
 	l := inf.Lister()
 	k.exports.Store(&l)
-	return true
+	return nil
 }
 
 func (k *KubeSource) setProblem(key registry.ServiceKey, problem string) {
@@ -453,24 +510,37 @@ func (k *KubeSource) setProblem(key registry.ServiceKey, problem string) {
 	} else {
 		k.problems[key] = problem
 	}
-	k.statusQueue.Add(key)
+	k.queueStatus(key)
 }
 
 // SetReports takes what the hub reported about this cluster's services (the
 // publisher's callback: it must not block, and does not).
 func (k *KubeSource) SetReports(r federation.Reports) {
 	k.statusMu.Lock()
-	old := k.reports
-	k.reports = r
+	old, known := k.reports, k.reportsKnown
+	k.reports, k.reportsKnown = r, true
 	k.statusMu.Unlock()
+	if !known {
+		k.queueAllStatus() // conditions held back until now
+		return
+	}
 	for key := range r {
-		k.statusQueue.Add(key)
+		k.queueStatus(key)
 	}
 	for key := range old {
 		if _, ok := r[key]; !ok {
-			k.statusQueue.Add(key)
+			k.queueStatus(key)
 		}
 	}
+}
+
+// forgetReports forgets what an earlier hub session reported: until the
+// next session reports, the conditions that depend on the hub stay as they
+// are rather than flap.
+func (k *KubeSource) forgetReports() {
+	k.statusMu.Lock()
+	defer k.statusMu.Unlock()
+	k.reports, k.reportsKnown = nil, false
 }
 
 // tombstone unwraps the final state of an object whose deletion an informer missed.

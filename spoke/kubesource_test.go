@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/navemesh/nave/federation"
@@ -29,10 +33,80 @@ type kubeFixture struct {
 	kc      kubernetes.Interface
 }
 
-func newKubeFixture(t *testing.T) *kubeFixture {
+func newKubeFixture(t *testing.T, withCRD bool) *kubeFixture {
 	c := kubetest.StartClusters(t, "east")[0]
-	c.Apply(t, "../deploy/crds/serviceexports.yaml", "../deploy/base/namespace.yaml", "../deploy/spoke/rbac.yaml")
+	if withCRD {
+		c.Apply(t, "../deploy/crds/serviceexports.yaml")
+	}
+	c.Apply(t, "../deploy/base/namespace.yaml", "../deploy/spoke/rbac.yaml")
 	return &kubeFixture{t: t, cluster: c, kc: c.Client}
+}
+
+// startSource runs a kube source as the spoke's service account until the
+// test ends; it returns the source, its latest state and how many it published.
+func (f *kubeFixture) startSource(tune func(*Config, *KubeSource)) (*KubeSource, *latestState, *atomic.Int32) {
+	t := f.t
+	cfg := DefaultConfig()
+	cfg.Cluster, cfg.Source, cfg.Kubeconfig, cfg.Region = "east", "kube", f.cluster.SpokeKubeconfig, "default-region"
+	src, _, err := newSource(cfg, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	kube := src.(*KubeSource)
+	if tune != nil {
+		tune(&cfg, kube)
+	}
+	kube.filter = cfg.Namespaces
+	latest := newLatestState()
+	var publishes atomic.Int32
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		done <- kube.Run(ctx, func(st State) { publishes.Add(1); latest.set(st) })
+	}()
+	writing := make(chan struct{})
+	go func() { defer close(writing); kube.WriteStatus(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-writing
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return kube, latest, &publishes
+}
+
+// conditions returns a ServiceExport's conditions by type, and its resourceVersion.
+func (f *kubeFixture) conditions(k registry.ServiceKey) (map[string]exportCondition, string) {
+	u, err := f.cluster.Dynamic.Resource(ServiceExportResource).Namespace(k.Namespace).Get(f.t.Context(), k.Name, metav1.GetOptions{})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	out := map[string]exportCondition{}
+	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+	for _, c := range conds {
+		m := c.(map[string]any)
+		out[m["type"].(string)] = exportCondition{Type: m["type"].(string), Status: metav1.ConditionStatus(m["status"].(string)),
+			Reason: m["reason"].(string), Message: m["message"].(string)}
+	}
+	return out, u.GetResourceVersion()
+}
+
+// awaitCondition waits until a ServiceExport's condition has the status and reason.
+func (f *kubeFixture) awaitCondition(k registry.ServiceKey, typ string, status metav1.ConditionStatus, reason string) exportCondition {
+	f.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		conds, _ := f.conditions(k)
+		c := conds[typ]
+		if c.Status == status && c.Reason == reason {
+			return c
+		}
+		if time.Now().After(deadline) {
+			f.t.Fatalf("%s condition %s = %+v, want %s/%s", k, typ, c, status, reason)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 func (f *kubeFixture) create(objs ...any) {
@@ -145,7 +219,7 @@ func endpointByAddr(s *registry.Shard, addr string) *registry.Endpoint {
 }
 
 func TestKubeSource(t *testing.T) {
-	f := newKubeFixture(t)
+	f := newKubeFixture(t, true)
 	web := registry.ServiceKey{Namespace: "apps", Name: "web"}
 	db := registry.ServiceKey{Namespace: "apps", Name: "db"}
 	big := registry.ServiceKey{Namespace: "apps", Name: "big"}
@@ -187,26 +261,8 @@ func TestKubeSource(t *testing.T) {
 		f.create(kubeSlice("apps", "big", fmt.Sprintf("big-%d", s), discoveryv1.AddressTypeIPv4, 8080, eps...))
 	}
 
-	cfg := DefaultConfig()
-	cfg.Cluster, cfg.Source, cfg.Kubeconfig, cfg.Region = "east", "kube", f.cluster.SpokeKubeconfig, "default-region"
-	cfg.Namespaces.Exclude = append(cfg.Namespaces.Exclude, "other")
-	src, _, err := newSource(cfg, slog.Default())
-	if err != nil {
-		t.Fatal(err)
-	}
-	kube := src.(*KubeSource)
-	latest := newLatestState()
-	var publishes atomic.Int32
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() {
-		done <- src.Run(ctx, func(st State) { publishes.Add(1); latest.set(st) })
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
+	kube, latest, publishes := f.startSource(func(cfg *Config, _ *KubeSource) {
+		cfg.Namespaces.Exclude = append(cfg.Namespaces.Exclude, "other")
 	})
 
 	// The first state is complete: everything created before the source started.
@@ -243,51 +299,33 @@ func TestKubeSource(t *testing.T) {
 		t.Error("db's ExportedAt is not its ServiceExport's creation time")
 	}
 
-	go kube.WriteStatus(ctx)
-	conditionsOf := func(k registry.ServiceKey) map[string]exportCondition {
-		u, err := f.cluster.Dynamic.Resource(ServiceExportResource).Namespace(k.Namespace).Get(t.Context(), k.Name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		out := map[string]exportCondition{}
-		conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
-		for _, c := range conds {
-			m := c.(map[string]any)
-			out[m["type"].(string)] = exportCondition{Type: m["type"].(string), Status: metav1.ConditionStatus(m["status"].(string)),
-				Reason: m["reason"].(string), Message: m["message"].(string)}
-		}
-		return out
+	// Until the hub has reported, only what the spoke knows itself is written.
+	f.awaitCondition(ghost, ConditionValid, metav1.ConditionFalse, "ServiceNotFound")
+	if conds, _ := f.conditions(db); len(conds) != 0 {
+		t.Errorf("db's conditions before the hub reported: %+v, want none yet", conds)
 	}
-	awaitCondition := func(k registry.ServiceKey, typ string, status metav1.ConditionStatus, reason string) exportCondition {
-		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			c := conditionsOf(k)[typ]
-			if c.Status == status && c.Reason == reason {
-				return c
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s condition %s = %+v, want %s/%s", k, typ, c, status, reason)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+	kube.SetReports(federation.Reports{})
+	f.awaitCondition(db, ConditionValid, metav1.ConditionTrue, "Exported")
+	f.awaitCondition(db, ConditionConflict, metav1.ConditionFalse, "NoConflict")
+	// Once right, the status is left alone: no write loop.
+	_, rv := f.conditions(db)
+	time.Sleep(time.Second)
+	if _, now := f.conditions(db); now != rv {
+		t.Errorf("db's ServiceExport keeps being written (resourceVersion %s -> %s)", rv, now)
 	}
-	awaitCondition(db, ConditionValid, metav1.ConditionTrue, "Exported")
-	awaitCondition(db, ConditionConflict, metav1.ConditionFalse, "NoConflict")
-	awaitCondition(ghost, ConditionValid, metav1.ConditionFalse, "ServiceNotFound")
 
 	t.Run("hub reports reach the ServiceExport", func(t *testing.T) {
 		kube.SetReports(federation.Reports{db: {Conflicts: []string{"port 5432/TCP: west wins"}}})
-		if c := awaitCondition(db, ConditionConflict, metav1.ConditionTrue, "ConflictFound"); c.Message != "port 5432/TCP: west wins" {
+		if c := f.awaitCondition(db, ConditionConflict, metav1.ConditionTrue, "ConflictFound"); c.Message != "port 5432/TCP: west wins" {
 			t.Errorf("conflict message = %q", c.Message)
 		}
 		kube.SetReports(federation.Reports{db: {Refused: "too many endpoints"}})
-		if c := awaitCondition(db, ConditionValid, metav1.ConditionFalse, "RefusedByHub"); c.Message != "too many endpoints" {
+		if c := f.awaitCondition(db, ConditionValid, metav1.ConditionFalse, "RefusedByHub"); c.Message != "too many endpoints" {
 			t.Errorf("refusal message = %q", c.Message)
 		}
-		awaitCondition(db, ConditionConflict, metav1.ConditionFalse, "NoConflict")
+		f.awaitCondition(db, ConditionConflict, metav1.ConditionFalse, "NoConflict")
 		kube.SetReports(nil)
-		awaitCondition(db, ConditionValid, metav1.ConditionTrue, "Exported")
+		f.awaitCondition(db, ConditionValid, metav1.ConditionTrue, "Exported")
 	})
 
 	kc, apps := f.kc, "apps"
@@ -350,58 +388,186 @@ func TestKubeSource(t *testing.T) {
 	})
 }
 
-// TestLeaderElectionHandsOver runs two candidates on one Lease: exactly one
-// leads at a time, and when the leader stops, the other takes over at once
-// (the leader releases the Lease).
+// A spoke started before the ServiceExport CRD was installed notices it
+// without a restart, and then exports by ServiceExport too.
+func TestKubeSourceFindsTheServiceExportCRDLater(t *testing.T) {
+	f := newKubeFixture(t, false)
+	db := registry.ServiceKey{Namespace: "apps", Name: "db"}
+	web := registry.ServiceKey{Namespace: "apps", Name: "web"}
+	f.create(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "apps"}},
+		kubeService("apps", "web", exportLabel, corev1.ServicePort{Name: "http", Port: 80}),
+		kubeService("apps", "db", nil, corev1.ServicePort{Name: "http", Port: 5432}),
+		kubeSlice("apps", "db", "db-1", discoveryv1.AddressTypeIPv4, 5432, kubeEndpoint("10.3.0.1", true, "", "")))
+	_, latest, _ := f.startSource(func(_ *Config, k *KubeSource) { k.ExportsRecheck = 100 * time.Millisecond })
+	first := await(t, latest, "the first state", func(State) bool { return true })
+	if _, ok := first[web]; !ok || len(first) != 1 {
+		t.Fatalf("first state %v, want only the labelled web", describeState(first))
+	}
+	f.cluster.Apply(t, "../deploy/crds/serviceexports.yaml")
+	f.create(db)
+	await(t, latest, "db exported by its ServiceExport", func(st State) bool { return st[db] != nil && len(st[db].Endpoints) == 1 })
+}
+
+// candidate runs lead for id over a client of config rc until ctx ends;
+// each term reports its start and end on the returned channel.
+type termEvent struct {
+	id    string
+	start bool
+	at    time.Time
+}
+
+func candidate(t *testing.T, ctx context.Context, rc *rest.Config, cfg LeaderElection, id string, events chan<- termEvent) <-chan error {
+	client := kubernetes.NewForConfigOrDie(rc)
+	done := make(chan error, 1)
+	go func() {
+		done <- lead(ctx, client, cfg, id, slog.Default(), func(tctx context.Context) {
+			events <- termEvent{id, true, time.Now()}
+			<-tctx.Done()
+			events <- termEvent{id, false, time.Now()}
+		})
+	}()
+	return done
+}
+
+func nextEvent(t *testing.T, events <-chan termEvent, within time.Duration) termEvent {
+	t.Helper()
+	select {
+	case e := <-events:
+		return e
+	case <-time.After(within):
+		t.Fatalf("no leadership change within %v", within)
+		return termEvent{}
+	}
+}
+
+var testElection = LeaderElection{Enabled: true, Namespace: "nave-system", Name: "nave-spoke",
+	LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 200 * time.Millisecond}
+
+// Two candidates on one Lease: one leads; when it stops cleanly, its term
+// ends, then it releases the Lease, and the other takes over at once.
 func TestLeaderElectionHandsOver(t *testing.T) {
-	f := newKubeFixture(t)
-	cfg := LeaderElection{Enabled: true, Namespace: "nave-system", Name: "nave-spoke",
-		LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 200 * time.Millisecond}
-	var leaders atomic.Int32
-	leading := make(chan string, 10)
-	candidate := func(ctx context.Context, id string) <-chan error {
-		done := make(chan error, 1)
-		rc, err := clientcmd.BuildConfigFromFlags("", f.cluster.SpokeKubeconfig)
-		if err != nil {
-			t.Fatal(err)
-		}
-		client := kubernetes.NewForConfigOrDie(rc)
-		go func() {
-			done <- lead(ctx, client, cfg, id, slog.Default(), func(tctx context.Context) {
-				if n := leaders.Add(1); n != 1 {
-					t.Errorf("%d leaders at once", n)
-				}
-				leading <- id
-				<-tctx.Done()
-				leaders.Add(-1)
-			})
-		}()
-		return done
+	f := newKubeFixture(t, false)
+	rc, err := clientcmd.BuildConfigFromFlags("", f.cluster.SpokeKubeconfig)
+	if err != nil {
+		t.Fatal(err)
 	}
+	events := make(chan termEvent, 10)
 	ctxA, stopA := context.WithCancel(t.Context())
-	doneA := candidate(ctxA, "a")
-	if id := <-leading; id != "a" {
-		t.Fatalf("first leader %s", id)
+	doneA := candidate(t, ctxA, rc, testElection, "a", events)
+	if e := nextEvent(t, events, 10*time.Second); e != (termEvent{"a", true, e.at}) {
+		t.Fatalf("first event %+v, want a leading", e)
 	}
-	doneB := candidate(t.Context(), "b")
+	doneB := candidate(t, t.Context(), rc, testElection, "b", events)
 	t.Cleanup(func() { <-doneB }) // before the API server stops
 	select {
-	case id := <-leading:
-		t.Fatalf("%s leads while a does", id)
-	case <-time.After(cfg.LeaseDuration):
+	case e := <-events:
+		t.Fatalf("%+v while a leads", e)
+	case <-time.After(testElection.LeaseDuration):
 	}
-	stopped := time.Now()
 	stopA()
+	if e := nextEvent(t, events, time.Second); e.id != "a" || e.start {
+		t.Fatalf("after a stopped: %+v, want a's term to end", e)
+	}
+	ended := time.Now()
 	if err := <-doneA; err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case id := <-leading:
-		if id != "b" {
-			t.Fatalf("new leader %s", id)
+	// Released: b does not wait for the Lease to run out.
+	e := nextEvent(t, events, 5*testElection.RetryPeriod+500*time.Millisecond)
+	if e.id != "b" || !e.start {
+		t.Fatalf("then %+v, want b leading", e)
+	}
+	t.Logf("clean handover took %v", e.at.Sub(ended).Round(time.Millisecond))
+}
+
+// A leader that can no longer reach the API server (its connection
+// black-holed, so even releasing the Lease hangs) stops before the standby
+// takes over: the two never stream at once.
+func TestLeaderElectionFencesAnUnreachableLeader(t *testing.T) {
+	f := newKubeFixture(t, false)
+	rc, err := clientcmd.BuildConfigFromFlags("", f.cluster.SpokeKubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := startBlackholeProxy(t, strings.TrimPrefix(rc.Host, "https://"))
+	viaProxy := rest.CopyConfig(rc)
+	viaProxy.Host = "https://" + proxy.addr
+	events := make(chan termEvent, 10)
+	doneA := candidate(t, t.Context(), viaProxy, testElection, "a", events)
+	if e := nextEvent(t, events, 10*time.Second); e.id != "a" || !e.start {
+		t.Fatalf("first event %+v, want a leading", e)
+	}
+	doneB := candidate(t, t.Context(), rc, testElection, "b", events)
+	t.Cleanup(func() { <-doneA; <-doneB })
+	time.Sleep(testElection.RetryPeriod)
+	proxy.blackhole()
+	cut := time.Now()
+	first := nextEvent(t, events, 2*testElection.LeaseDuration)
+	second := nextEvent(t, events, 2*testElection.LeaseDuration)
+	if first.id != "a" || first.start || second.id != "b" || !second.start {
+		t.Fatalf("after a's connection was cut: %+v then %+v, want a's term to end before b's starts", first, second)
+	}
+	t.Logf("a stopped %v after its connection was cut, %v before b took over",
+		first.at.Sub(cut).Round(time.Millisecond), second.at.Sub(first.at).Round(time.Millisecond))
+}
+
+// blackholeProxy forwards TCP connections until blackhole is called; then
+// it stops forwarding in either direction without closing anything, as a
+// network that drops packets would.
+type blackholeProxy struct {
+	addr string
+	cut  chan struct{}
+}
+
+func startBlackholeProxy(t *testing.T, upstream string) *blackholeProxy {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &blackholeProxy{addr: lis.Addr().String(), cut: make(chan struct{})}
+	var conns sync.WaitGroup
+	t.Cleanup(func() { lis.Close(); conns.Wait() })
+	go func() {
+		for {
+			down, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			conns.Go(func() {
+				defer down.Close()
+				up, err := net.Dial("tcp", upstream)
+				if err != nil {
+					return
+				}
+				defer up.Close()
+				stop := context.AfterFunc(t.Context(), func() { down.Close(); up.Close() })
+				defer stop()
+				var pipes sync.WaitGroup
+				pipes.Go(func() { p.pipe(up, down) })
+				pipes.Go(func() { p.pipe(down, up) })
+				pipes.Wait()
+			})
 		}
-		t.Logf("handover took %v", time.Since(stopped).Round(time.Millisecond))
-	case <-time.After(cfg.LeaseDuration):
-		t.Fatal("b did not take over within the lease duration after a released the lease")
+	}()
+	return p
+}
+
+func (p *blackholeProxy) blackhole() { close(p.cut) }
+
+func (p *blackholeProxy) pipe(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if err != nil {
+			return
+		}
+		select {
+		case <-p.cut:
+			continue // dropped
+		default:
+		}
+		if _, err := dst.Write(buf[:n]); err != nil {
+			return
+		}
 	}
 }

@@ -26,10 +26,10 @@ type LeaderElection struct {
 	// Namespace and Name name the Lease.
 	Namespace, Name string
 	// LeaseDuration is how long a standby waits after the leader's last
-	// renewal before it takes over; RenewDeadline is how long the leader
-	// keeps trying to renew before it stops streaming (shorter than
-	// LeaseDuration, so a leader stops before a standby starts); RetryPeriod
-	// is how often both try.
+	// renewal before it takes over; RenewDeadline is how long after its last
+	// successful renewal the leader stops streaming (shorter than
+	// LeaseDuration by more than RetryPeriod/2, so a leader stops before a
+	// standby starts); RetryPeriod is how often both try.
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 }
 
@@ -57,30 +57,44 @@ func podNamespace() string {
 }
 
 // lead runs term whenever this replica holds the Lease, as identity, until
-// ctx ends. Each term gets a context that ends when leadership does; lead
-// waits for a term to return before it competes again, so two terms never
-// overlap. (client-go starts a term on its own goroutine: one that has not
-// begun when leadership ends begins with its context already ended, and
-// so can send nothing.)
+// ctx ends. A term gets a context that ends when leadership does, and
+// before a standby can take over: if the Lease cannot be renewed, the term
+// ends RenewDeadline after the last successful renewal (a standby waits
+// LeaseDuration), whatever client-go is still trying. When ctx ends, the
+// term ends first and the Lease is released after, so the next leader
+// starts only once this one has stopped. Terms never overlap.
 func lead(ctx context.Context, client kubernetes.Interface, cfg LeaderElection, identity string, log *slog.Logger, term func(context.Context)) error {
 	log = log.With("component", "leader-election", "lease", cfg.Namespace+"/"+cfg.Name, "identity", identity)
 	for ctx.Err() == nil {
-		var begun atomic.Bool
-		ended := make(chan struct{}, 1)
+		lock := &renewalLock{Interface: &resourcelock.LeaseLock{
+			LeaseMeta:  metav1.ObjectMeta{Namespace: cfg.Namespace, Name: cfg.Name},
+			Client:     client.CoordinationV1(),
+			LockConfig: resourcelock.ResourceLockConfig{Identity: identity},
+		}}
+		// The elector outlives ctx until the term has ended, so that it releases the Lease last.
+		electorCtx, stopElector := context.WithCancel(context.WithoutCancel(ctx))
+		var terms sync.Mutex // held while a term runs; abandoned is set once no term may start
+		abandoned := false
 		elector, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-			Lock: &resourcelock.LeaseLock{
-				LeaseMeta:  metav1.ObjectMeta{Namespace: cfg.Namespace, Name: cfg.Name},
-				Client:     client.CoordinationV1(),
-				LockConfig: resourcelock.ResourceLockConfig{Identity: identity},
-			},
+			Lock:          lock,
 			LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.RenewDeadline, RetryPeriod: cfg.RetryPeriod,
 			// A replica that stops cleanly hands over at once instead of after LeaseDuration.
 			ReleaseOnCancel: true,
 			Name:            cfg.Name,
 			Callbacks: leaderelection.LeaderCallbacks{
-				OnStartedLeading: func(tctx context.Context) {
-					begun.Store(true)
-					defer func() { ended <- struct{}{} }()
+				OnStartedLeading: func(leading context.Context) {
+					terms.Lock()
+					defer terms.Unlock()
+					if abandoned {
+						return
+					}
+					tctx, end := context.WithCancel(ctx)
+					defer end()
+					defer context.AfterFunc(leading, end)()
+					go lock.fence(tctx, cfg.RenewDeadline, cfg.RetryPeriod/2, func() {
+						log.Warn("lease not renewed in time; stopping before a standby takes over", "renewDeadline", cfg.RenewDeadline)
+						end()
+					})
 					log.Info("leading: streaming this cluster to the hub")
 					term(tctx)
 				},
@@ -93,14 +107,65 @@ func lead(ctx context.Context, client kubernetes.Interface, cfg LeaderElection, 
 			},
 		})
 		if err != nil {
+			stopElector()
 			return fmt.Errorf("leader election: %w", err)
 		}
-		elector.Run(ctx) // returns when leadership ends (or ctx does)
-		if begun.Load() {
-			<-ended
-		}
+		// When ctx ends: the term (which ends with ctx) first, then the elector.
+		stopWatching := context.AfterFunc(ctx, func() {
+			terms.Lock()
+			abandoned = true
+			terms.Unlock()
+			stopElector()
+		})
+		elector.Run(electorCtx) // returns when leadership ends (or the elector is stopped)
+		stopWatching()
+		stopElector()
+		terms.Lock() // a term that is running ends with its leadership; none starts after this
+		abandoned = true
+		terms.Unlock()
 	}
 	return nil
+}
+
+// renewalLock is a Lease lock that remembers when this replica last
+// renewed it successfully (when the request was sent, to be safe).
+type renewalLock struct {
+	resourcelock.Interface
+	renewed atomic.Int64 // unix nanoseconds
+}
+
+func (l *renewalLock) Create(ctx context.Context, r resourcelock.LeaderElectionRecord) error {
+	return l.record(r, func() error { return l.Interface.Create(ctx, r) })
+}
+
+func (l *renewalLock) Update(ctx context.Context, r resourcelock.LeaderElectionRecord) error {
+	return l.record(r, func() error { return l.Interface.Update(ctx, r) })
+}
+
+func (l *renewalLock) record(r resourcelock.LeaderElectionRecord, write func() error) error {
+	sent := time.Now()
+	err := write()
+	if err == nil && r.HolderIdentity == l.Identity() {
+		l.renewed.Store(sent.UnixNano())
+	}
+	return err
+}
+
+// fence calls expired once the last renewal is older than deadline, checking every tick, until ctx ends.
+func (l *renewalLock) fence(ctx context.Context, deadline, tick time.Duration, expired func()) {
+	t := time.NewTicker(max(tick, 10*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if time.Since(time.Unix(0, l.renewed.Load())) > deadline {
+				expired()
+				return
+			}
+		}
+	}
 }
 
 // latestState holds the newest complete state a source produced, for

@@ -141,6 +141,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	term := func(ctx context.Context) {
 		mon.setLeading(true)
 		defer mon.setLeading(false)
+		if kube != nil {
+			kube.forgetReports() // an earlier term's hub session is not this one's
+		}
 		pub := federation.NewPublisher(fc, conn, log, mon.observe)
 		states := make(chan State)
 		var wg sync.WaitGroup
@@ -172,8 +175,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	defer func() { cancel(); <-adminDone }()
 	log.Info("spoke running", "source", src.Name(), "hub", cfg.HubAddr)
 	var leadErr error
-	if client != nil && cfg.LeaderElection.Enabled {
-		leadErr = lead(ctx, client, cfg.LeaderElection, fc.SpokeID, log, term)
+	if kube != nil && cfg.LeaderElection.Enabled {
+		// Only a replica with synced caches competes: a cold one must not take
+		// the Lease from a warm standby, nor hold it while it cannot publish.
+		select {
+		case <-kube.Synced():
+			leadErr = lead(ctx, client, cfg.LeaderElection, fc.SpokeID, log, term)
+		case <-ctx.Done():
+		}
 		cancel()
 	} else {
 		term(ctx)
