@@ -56,6 +56,15 @@ type Session struct {
 	Epoch    uint64
 	Started  time.Time
 	RemoteIP string
+	// Acked is what the spoke says the hub last acknowledged to it: when the
+	// hub holds exactly that, the session resumes (see Resumes).
+	Acked Held
+}
+
+// Resumes reports whether a session that finds held continues from it,
+// without a full state: the hub holds exactly what the spoke had acknowledged.
+func (s Session) Resumes(held Held) bool {
+	return s.Acked.Epoch != 0 && held == s.Acked
 }
 
 // Store is what a hub session needs from the process that owns the merged
@@ -222,6 +231,10 @@ func (h *HubServer) Publish(stream fedv1.Federation_PublishServer) error {
 		Cluster: cluster, Network: registry.Network(hello.GetNetwork()), SpokeID: hello.GetSpokeId(),
 		Build: hello.GetSpokeBuild(), Epoch: epoch, Started: time.Now(), RemoteIP: peerAddr(ctx),
 	}
+	var acked registry.Hash
+	if err := acked.UnmarshalText([]byte(hello.GetAckedDigest())); err == nil {
+		sess.Acked = Held{Epoch: hello.GetAckedEpoch(), Version: hello.GetAckedVersion(), Digest: acked}
+	}
 	log := h.log.With("cluster", cluster, "epoch", epoch, "spoke", sess.SpokeID)
 	// Fence first, then read what the hub holds: an older session of the
 	// cluster can no longer change it between that read and the resume decision.
@@ -237,8 +250,7 @@ func (h *HubServer) Publish(stream fedv1.Federation_PublishServer) error {
 	if err != nil {
 		return status.Errorf(codes.Unavailable, "start session of cluster %s: %v", cluster, err)
 	}
-	resume := hello.GetAckedEpoch() != 0 && held.Epoch == hello.GetAckedEpoch() &&
-		held.Version == hello.GetAckedVersion() && held.Digest.String() == hello.GetAckedDigest()
+	resume := sess.Resumes(held)
 
 	if err := stream.Send(&fedv1.HubMessage{Kind: &fedv1.HubMessage_Welcome{Welcome: &fedv1.Welcome{
 		Epoch: epoch, Resume: resume, HubId: h.cfg.HubID, MaxMessageBytes: uint32(h.cfg.MaxMessageBytes),
