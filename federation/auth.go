@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 
+	middleware "github.com/grpc-ecosystem/go-grpc-middleware/v2"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/auth"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 	"sigs.k8s.io/yaml"
 
+	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/registry"
 )
 
@@ -77,24 +79,98 @@ func authenticatedCluster(ctx context.Context) (registry.ClusterID, bool) {
 	return c, ok
 }
 
+// AuthOption configures AuthInterceptor.
+type AuthOption func(*authConfig)
+
+type authConfig struct {
+	peerToken string
+}
+
+// WithPeerToken makes the Replication service (hub replica to hub replica)
+// admit only streams carrying token, the secret the replicas share. The peer
+// token and the cluster tokens never admit each other's service: a spoke
+// cannot replicate, a replica cannot publish. Without this option
+// (development), Replication is open to every client.
+func WithPeerToken(token string) AuthOption {
+	return func(c *authConfig) { c.peerToken = token }
+}
+
+// ValidatePeerToken checks a peer token before it is used: long enough, and
+// unlike every cluster's token (a token must say what it admits).
+func ValidatePeerToken(peer string, tokens Tokens) error {
+	if len(peer) < 16 {
+		return errors.New("peer token is shorter than 16 characters")
+	}
+	if c, err := tokens.Cluster(peer); err == nil {
+		return fmt.Errorf("peer token is the token of cluster %s", c)
+	}
+	return nil
+}
+
 // AuthInterceptor returns a stream interceptor that admits only streams
 // carrying one of tokens as "authorization: Bearer <token>" and remembers the
-// cluster it belongs to. With nil tokens every stream is admitted.
-func AuthInterceptor(tokens Tokens) grpc.StreamServerInterceptor {
-	return auth.StreamServerInterceptor(func(ctx context.Context) (context.Context, error) {
-		if tokens == nil {
-			return ctx, nil
+// cluster it belongs to. With nil tokens every stream is admitted. The
+// Replication service is the exception: see WithPeerToken.
+func AuthInterceptor(tokens Tokens, opts ...AuthOption) grpc.StreamServerInterceptor {
+	var cfg authConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
+	replication := "/" + fedv1.Replication_ServiceDesc.ServiceName + "/"
+	return func(srv any, stream grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		authenticate := cfg.spoke
+		if strings.HasPrefix(info.FullMethod, replication) {
+			authenticate = cfg.replica
 		}
-		tok, err := auth.AuthFromMD(ctx, "bearer")
+		ctx, err := authenticate(stream.Context(), tokens)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		c, err := tokens.Cluster(tok)
-		if err != nil {
-			return nil, status.Error(codes.Unauthenticated, "unknown federation token")
-		}
-		return context.WithValue(ctx, authenticatedKey{}, c), nil
-	})
+		wrapped := middleware.WrapServerStream(stream)
+		wrapped.WrappedContext = ctx
+		return handler(srv, wrapped)
+	}
+}
+
+// spoke admits a stream carrying a cluster's token and remembers the cluster.
+func (cfg authConfig) spoke(ctx context.Context, tokens Tokens) (context.Context, error) {
+	if tokens == nil {
+		return ctx, nil
+	}
+	tok, err := auth.AuthFromMD(ctx, "bearer")
+	if err != nil {
+		return nil, err
+	}
+	if cfg.isPeerToken(tok) {
+		return nil, status.Error(codes.PermissionDenied, "the peer token cannot publish for a cluster")
+	}
+	c, err := tokens.Cluster(tok)
+	if err != nil {
+		return nil, status.Error(codes.Unauthenticated, "unknown federation token")
+	}
+	return context.WithValue(ctx, authenticatedKey{}, c), nil
+}
+
+// replica admits a stream carrying the peer token; with none configured, every stream.
+func (cfg authConfig) replica(ctx context.Context, tokens Tokens) (context.Context, error) {
+	if cfg.peerToken == "" {
+		return ctx, nil
+	}
+	tok, err := auth.AuthFromMD(ctx, "bearer")
+	if err != nil {
+		return nil, err
+	}
+	if cfg.isPeerToken(tok) {
+		return ctx, nil
+	}
+	if _, err := tokens.Cluster(tok); err == nil {
+		return nil, status.Error(codes.PermissionDenied, "a cluster's token cannot replicate")
+	}
+	return nil, status.Error(codes.Unauthenticated, "unknown peer token")
+}
+
+func (cfg authConfig) isPeerToken(tok string) bool {
+	return cfg.peerToken != "" && subtle.ConstantTimeCompare([]byte(cfg.peerToken), []byte(tok)) == 1
 }
 
 // TokenCredentials sends a bearer token with every RPC.
