@@ -46,6 +46,7 @@ type PortAssignment struct {
 // admin serves health, metrics and debug JSON.
 type admin struct {
 	state   *state
+	coord   *coordinator
 	metrics prometheus.Gatherer
 	ready   func() error
 	log     *slog.Logger
@@ -62,6 +63,9 @@ func (a *admin) handler() http.Handler {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.metrics, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /debug/hub", func(w http.ResponseWriter, _ *http.Request) {
+		a.json(w, a.coord.status())
+	})
 	mux.HandleFunc("GET /debug/clusters", func(w http.ResponseWriter, _ *http.Request) {
 		a.json(w, a.state.View().clustersSorted())
 	})

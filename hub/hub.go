@@ -3,6 +3,7 @@
 package hub
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -49,22 +50,51 @@ type Config struct {
 	// TLSCertFile and TLSKeyFile make the federation server speak TLS (PEM
 	// files); without them spokes connect in plaintext and tokens travel in clear.
 	TLSCertFile, TLSKeyFile string
-	Federation              federation.HubConfig
-	XDS                     xds.Config
+	// Join names peer replicas to form one hub with (host:port of their
+	// gossip address, or a DNS name that resolves to all of them, such as a
+	// headless Service). Replicas need a shared etcd (EtcdEndpoints).
+	Join []string
+	// GossipAddr is this replica's gossip listen address (TCP and UDP); gossip
+	// runs when it or Join is set. AdvertiseHost is the host peers reach this
+	// replica's servers at (default: the gossip address's host, or the
+	// first non-loopback address).
+	GossipAddr, AdvertiseHost string
+	// PeerTokenFile holds the token replicas present to each other; empty
+	// leaves replication open (development only).
+	PeerTokenFile string
+	// PeerCAFile is the CA that signed the replicas' federation certificates
+	// (with TLSCertFile): replicas verify each other with it.
+	PeerCAFile string
+	// Liveness: when a cluster without a live spoke turns stale, and its policy.
+	Liveness Liveness
+	// SnapshotInterval is the least time between two persisted snapshots of
+	// the registry (the leader saves one after changes); MaxSnapshotBytes
+	// bounds one.
+	SnapshotInterval time.Duration
+	MaxSnapshotBytes int
+	// FastGossip uses test timings for gossip (failure detection in ~1s).
+	FastGossip  bool
+	Federation  federation.HubConfig
+	Replication federation.ReplicationConfig
+	XDS         xds.Config
 }
 
 // DefaultConfig returns the configuration `nave hub` starts with.
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	return Config{
-		ID:             host,
-		DataDir:        "nave-data",
-		FederationAddr: ":15010",
-		XDSAddr:        ":15011",
-		AdminAddr:      ":15012",
-		EtcdPrefix:     "/nave/",
-		Federation:     federation.DefaultHubConfig(),
-		XDS:            xds.DefaultConfig(),
+		ID:               host,
+		DataDir:          "nave-data",
+		FederationAddr:   ":15010",
+		XDSAddr:          ":15011",
+		AdminAddr:        ":15012",
+		EtcdPrefix:       "/nave/",
+		Liveness:         DefaultLiveness(),
+		SnapshotInterval: 2 * time.Second,
+		MaxSnapshotBytes: 64 << 20,
+		Federation:       federation.DefaultHubConfig(),
+		Replication:      federation.DefaultReplicationConfig(),
+		XDS:              xds.DefaultConfig(),
 	}
 }
 
@@ -74,6 +104,7 @@ type Hub struct {
 	FederationAddr, XDSAddr, AdminAddr net.Addr
 
 	state *state
+	coord *coordinator
 	done  chan struct{}
 	err   error
 }
@@ -130,6 +161,36 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 	} else if tokens != nil {
 		log.Warn("federation without TLS: spoke tokens travel in clear (set --tls-cert and --tls-key)")
 	}
+	var peerToken string
+	if cfg.PeerTokenFile != "" {
+		if peerToken, err = federation.LoadToken(cfg.PeerTokenFile); err != nil {
+			return nil, err
+		}
+	}
+	gossip := len(cfg.Join) > 0 || cfg.GossipAddr != ""
+	if gossip && len(cfg.EtcdEndpoints) == 0 {
+		// Epochs fence a cluster's sessions across replicas only if every replica draws them from one etcd.
+		return nil, errors.New("hub replicas (--join, --gossip-addr) need a shared etcd: set --etcd-endpoints")
+	}
+	if gossip && peerToken == "" {
+		log.Warn("no --peer-token-file: any process may replicate with this hub (development only)")
+	}
+	if peerToken != "" {
+		if err := federation.ValidatePeerToken(peerToken, tokens); err != nil {
+			return nil, err
+		}
+	}
+	// Replicas dial each other's federation port: over TLS when it speaks TLS,
+	// trusting the CA in PeerCAFile.
+	peerCreds := insecure.NewCredentials()
+	if cfg.TLSCertFile != "" && gossip {
+		if cfg.PeerCAFile == "" {
+			return nil, errors.New("hub replicas whose federation port speaks TLS need --peer-ca: the CA that signed the replicas' certificates")
+		}
+		if peerCreds, err = credentials.NewClientTLSFromFile(cfg.PeerCAFile, ""); err != nil {
+			return nil, fmt.Errorf("peer TLS: %w", err)
+		}
+	}
 
 	// 2. etcd: external, or embedded in the data dir.
 	endpoints := cfg.EtcdEndpoints
@@ -150,6 +211,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 	}
 	cleanup = append(cleanup, func() { etcd.Close() })
 	catalog := federation.NewCatalog(etcd, cfg.EtcdPrefix)
+	snapshots := federation.NewSnapshotStore(etcd, cfg.EtcdPrefix, cfg.MaxSnapshotBytes)
 
 	// 3. Metrics, on a registry of the hub's own.
 	metricsReg := prometheus.NewRegistry()
@@ -160,7 +222,12 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 
 	// 4. The xDS server and the state that feeds it.
 	xdsServer := xds.NewServer(cfg.XDS, log, metricsReg)
-	st := newState(xdsServer, catalog, cfg.Federation.Limits, m.observe, log)
+	st := newState(cfg.ID, cfg.Liveness, xdsServer, catalog, cfg.Federation.Limits, m.observe, log)
+	coord := &coordinator{
+		id: cfg.ID, state: st, etcd: etcd, catalog: catalog, snapshots: snapshots,
+		leaderCfg: leaderConfig(cfg),
+		interval:  cfg.SnapshotInterval, liveness: cfg.Liveness, metrics: m, log: log.With("component", "coordination"),
+	}
 
 	// 5. gRPC servers: federation (authenticated) and xDS, with recovery, logging and metrics.
 	recoveryOpt := recovery.WithRecoveryHandler(func(p any) error {
@@ -177,11 +244,17 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 			grpcMetrics.StreamServerInterceptor(),
 			logging.StreamServerInterceptor(grpcLogger(log.With("component", "federation-grpc")), logOpts...),
 			recovery.StreamServerInterceptor(recoveryOpt),
-			federation.AuthInterceptor(tokens),
+			federation.AuthInterceptor(tokens, federation.WithPeerToken(peerToken)),
 		),
 	)
 	hubFed := federation.NewHubServer(cfg.Federation, st, catalogEpochs{catalog: catalog}, m.federationHooks(), log)
 	fedv1.RegisterFederationServer(fedServer, hubFed)
+	// Replicas replicate over the federation port, authenticated by the peer token.
+	replCfg := cfg.Replication
+	replCfg.ReplicaID, replCfg.MaxMessageBytes, replCfg.PeerToken = cfg.ID, cfg.Federation.MaxMessageBytes, peerToken
+	replCfg.Limits = cfg.Federation.Limits
+	replCfg.Hooks = m.replicationHooks()
+	fedv1.RegisterReplicationServer(fedServer, federation.NewReplicationServer(st, replCfg, log))
 
 	xdsGRPC := grpc.NewServer(
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
@@ -219,9 +292,11 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 		log.Warn("read cluster catalog", "err", err)
 	}
 
-	h := &Hub{FederationAddr: fedLis.Addr(), XDSAddr: xdsLis.Addr(), AdminAddr: adminLis.Addr(), state: st, done: make(chan struct{})}
-	// Ready once started: every listener is up and the state runs.
-	adm := &admin{state: st, metrics: metricsReg, log: log.With("component", "admin"), ready: func() error { return nil }}
+	h := &Hub{FederationAddr: fedLis.Addr(), XDSAddr: xdsLis.Addr(), AdminAddr: adminLis.Addr(), state: st, coord: coord, done: make(chan struct{})}
+	// Ready once started: every listener is up, the state runs and holds the
+	// persisted registry (so a full restart never serves an empty one). An
+	// unreachable etcd degrades the hub but leaves it ready: it serves and replicates.
+	adm := &admin{state: st, coord: coord, metrics: metricsReg, log: log.With("component", "admin"), ready: func() error { return nil }}
 	adminServer := &http.Server{Handler: adm.handler(), ReadHeaderTimeout: 10 * time.Second}
 
 	// 8. Run: the state goroutine first, then the servers. Everything ends with ctx.
@@ -232,6 +307,37 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 		stopState()
 		wg.Wait()
 		return nil, err
+	}
+	// 9. Warm start: serve the last persisted registry until live data replaces it.
+	coord.restore(ctx)
+	// 10. Coordination: etcd health, leadership, liveness; with peers, gossip and replication.
+	coordCtx, stopCoord := context.WithCancel(context.Background())
+	loop := func(name string, fn func(context.Context)) {
+		wg.Go(func() { forever(coordCtx, log, name, fn) })
+	}
+	loop("etcd-health", coord.watchEtcd)
+	loop("leader", coord.lead)
+	loop("liveness", coord.tickLiveness)
+	if gossip {
+		host := advertiseHost(cfg)
+		meta := federation.MemberMeta{
+			Federation: advertise(host, fedLis.Addr()), XDS: advertise(host, xdsLis.Addr()),
+			Admin: advertise(host, adminLis.Addr()), Replication: advertise(host, fedLis.Addr()),
+		}
+		members, err := federation.StartMembership(coordCtx, federation.MembershipConfig{
+			Name: cfg.ID, BindAddr: cmp.Or(cfg.GossipAddr, ":7946"), AdvertiseAddr: advertiseGossip(host, cfg.GossipAddr),
+			Join: cfg.Join, Meta: meta, Summaries: coord.summaries, Fast: cfg.FastGossip,
+		}, log)
+		if err != nil {
+			stopCoord()
+			stopState()
+			wg.Wait()
+			return nil, fmt.Errorf("gossip: %w", err)
+		}
+		replicator := federation.NewReplicator(st, replCfg, peerCreds, log)
+		wg.Go(func() { replicator.Run(coordCtx) })
+		wg.Go(func() { <-members.Done() })
+		loop("membership", func(ctx context.Context) { coord.follow(ctx, members, replicator) })
 	}
 	serve := func(name string, fn func() error) {
 		wg.Go(func() {
@@ -249,6 +355,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 		defer close(h.done)
 		<-ctx.Done()
 		log.Info("hub stopping")
+		stopCoord()
 		stopGRPC(fedServer)
 		stopGRPC(xdsGRPC)
 		shutdownCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -293,4 +400,42 @@ func grpcLogger(l *slog.Logger) logging.Logger {
 	return logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
 		l.Log(ctx, slog.Level(lvl), msg, fields...)
 	})
+}
+
+// advertiseHost is the host peers reach this replica's servers at.
+func advertiseHost(cfg Config) string {
+	if cfg.AdvertiseHost != "" {
+		return cfg.AdvertiseHost
+	}
+	if host, _, err := net.SplitHostPort(cfg.GossipAddr); err == nil && host != "" && !net.ParseIP(host).IsUnspecified() {
+		return host
+	}
+	addrs, _ := net.InterfaceAddrs()
+	for _, a := range addrs {
+		if ip, ok := a.(*net.IPNet); ok && !ip.IP.IsLoopback() && ip.IP.To4() != nil {
+			return ip.IP.String()
+		}
+	}
+	return "127.0.0.1"
+}
+
+// advertise is a listener's address as peers should dial it.
+func advertise(host string, a net.Addr) string {
+	_, port, _ := net.SplitHostPort(a.String())
+	return net.JoinHostPort(host, port)
+}
+
+// advertiseGossip is the gossip address peers should use ("" lets memberlist choose).
+func advertiseGossip(host, gossipAddr string) string {
+	_, port, err := net.SplitHostPort(cmp.Or(gossipAddr, ":7946"))
+	if err != nil {
+		return ""
+	}
+	return net.JoinHostPort(host, port)
+}
+
+func leaderConfig(cfg Config) federation.LeaderConfig {
+	l := federation.DefaultLeaderConfig()
+	l.Prefix, l.ID = cfg.EtcdPrefix, cfg.ID
+	return l
 }

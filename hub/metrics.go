@@ -1,6 +1,8 @@
 package hub
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/navemesh/nave/federation"
@@ -16,6 +18,15 @@ const (
 	metricRegistryVersion   = "nave_hub_registry_version"
 	metricUpdates           = "nave_federation_updates_total"
 	metricResyncs           = "nave_federation_resyncs_total"
+	metricClusterStale      = "nave_hub_cluster_stale"
+	metricClusterRestored   = "nave_hub_cluster_restored"
+	metricClusterDataAge    = "nave_hub_cluster_data_age_seconds"
+	metricLeader            = "nave_hub_leader"
+	metricEtcdUp            = "nave_hub_etcd_up"
+	metricMembers           = "nave_hub_members"
+	metricSnapshotRevision  = "nave_hub_snapshot_revision"
+	metricSnapshotBytes     = "nave_hub_snapshot_bytes"
+	metricReplication       = "nave_hub_replication_updates_total"
 )
 
 type metrics struct {
@@ -26,6 +37,11 @@ type metrics struct {
 	version          prometheus.Gauge
 	updates          *prometheus.CounterVec
 	resyncs          *prometheus.CounterVec
+
+	clusterStale, clusterRestored, clusterDataAge *prometheus.GaugeVec
+	leader, etcdUp, members                       prometheus.Gauge
+	snapshotRevision, snapshotBytes               prometheus.Gauge
+	replication                                   *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -45,7 +61,26 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		resyncs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricResyncs,
 			Help: "Resyncs the hub asked spokes for, by cluster and reason."}, []string{"cluster", "reason"}),
 	}
-	reg.MustRegister(m.connected, m.clusterServices, m.clusterEndpoints, m.services, m.version, m.updates, m.resyncs)
+	perCluster := func(name, help string) *prometheus.GaugeVec {
+		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, []string{"cluster"})
+	}
+	gauge := func(name, help string) prometheus.Gauge {
+		return prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help})
+	}
+	m.clusterStale = perCluster(metricClusterStale, "1 while no replica has had a live spoke of the cluster for longer than the grace (its endpoints are kept until its policy says otherwise).")
+	m.clusterRestored = perCluster(metricClusterRestored, "1 while the cluster's data comes from the persisted snapshot, not yet confirmed by a live spoke.")
+	m.clusterDataAge = perCluster(metricClusterDataAge, "Seconds since a live spoke last served the cluster (0 while one does).")
+	m.leader = gauge(metricLeader, "1 while this replica is the leader (persists snapshots, drops dead clusters).")
+	m.etcdUp = gauge(metricEtcdUp, "1 while etcd answers; 0 means degraded: persistence, leader duties and new spoke sessions pause.")
+	m.members = gauge(metricMembers, "Hub replicas in the gossip group, this one included.")
+	m.snapshotRevision = gauge(metricSnapshotRevision, "Revision of the last snapshot this replica saved or restored.")
+	m.snapshotBytes = gauge(metricSnapshotBytes, "Size of the last snapshot this replica saved.")
+	m.replication = prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricReplication,
+		Help: "Hub-to-hub replication: updates sent (by kind), received (by result: applied, stale, mismatch, dropped, error) and resyncs asked (by reason)."}, []string{"direction", "result"})
+	m.etcdUp.Set(1)
+	m.members.Set(1)
+	reg.MustRegister(m.connected, m.clusterServices, m.clusterEndpoints, m.services, m.version, m.updates, m.resyncs,
+		m.clusterStale, m.clusterRestored, m.clusterDataAge, m.leader, m.etcdUp, m.members, m.snapshotRevision, m.snapshotBytes, m.replication)
 	return m
 }
 
@@ -58,10 +93,20 @@ func (m *metrics) observe(v View) {
 		}
 		m.clusterServices.WithLabelValues(string(id)).Set(float64(c.Services))
 		m.clusterEndpoints.WithLabelValues(string(id)).Set(float64(c.Endpoints))
+		m.clusterStale.WithLabelValues(string(id)).Set(b2f(c.Stale))
+		m.clusterRestored.WithLabelValues(string(id)).Set(b2f(c.Restored))
+		m.clusterDataAge.WithLabelValues(string(id)).Set(c.DataAge(time.Now()).Seconds())
 	}
 	m.connected.Set(float64(connected))
 	m.services.Set(float64(v.Registry.Len()))
 	m.version.Set(float64(v.Registry.Version()))
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func (m *metrics) federationHooks() federation.HubMetrics {
@@ -74,5 +119,13 @@ func (m *metrics) federationHooks() federation.HubMetrics {
 			m.updates.WithLabelValues(string(c), kind, result).Inc()
 		},
 		Resync: func(c registry.ClusterID, reason string) { m.resyncs.WithLabelValues(string(c), reason).Inc() },
+	}
+}
+
+func (m *metrics) replicationHooks() federation.ReplicationHooks {
+	return federation.ReplicationHooks{
+		Sent:    func(_ registry.ClusterID, kind string) { m.replication.WithLabelValues("sent", kind).Inc() },
+		Applied: func(_ registry.ClusterID, result string) { m.replication.WithLabelValues("received", result).Inc() },
+		Resync:  func(_ registry.ClusterID, reason string) { m.replication.WithLabelValues("resync", reason).Inc() },
 	}
 }

@@ -38,6 +38,29 @@ type ClusterStatus struct {
 	SessionStart time.Time          `json:"sessionStart,omitzero"`
 	LastUpdate   time.Time          `json:"lastUpdate,omitzero"`
 	LastSeen     time.Time          `json:"lastSeen,omitzero"`
+	// Home is the replica whose spoke session serves the cluster ("" when none does).
+	Home string `json:"home,omitempty"`
+	// Origin is the replica the cluster's latest data came from.
+	Origin string `json:"origin,omitempty"`
+	// Restored: the data comes from the persisted snapshot and no live spoke has confirmed it yet.
+	Restored bool `json:"restored,omitempty"`
+	// LiveAt is when a live spoke last served the cluster at some replica
+	// (or when this replica started, for a cluster it has not seen live).
+	LiveAt time.Time `json:"liveAt,omitzero"`
+	// Stale: no live spoke at any replica for longer than the grace; the
+	// endpoints are kept until the cluster's policy says otherwise.
+	Stale bool `json:"stale,omitempty"`
+	// Dropped: its drop policy removed the stale cluster's endpoints.
+	Dropped bool `json:"dropped,omitempty"`
+}
+
+// DataAge is how old the cluster's data is: zero while a live spoke serves
+// it, else the time since one last did.
+func (c ClusterStatus) DataAge(now time.Time) time.Duration {
+	if c.Home != "" || c.LiveAt.IsZero() {
+		return 0
+	}
+	return now.Sub(c.LiveAt)
 }
 
 // View is an immutable snapshot of the hub's state for readers (admin API, metrics).
@@ -49,6 +72,8 @@ type View struct {
 // state owns the merged registry. One goroutine (run) applies every change;
 // everything else sends it a closure and, where it needs one, awaits the answer.
 type state struct {
+	self      string // this replica's ID
+	liveness  Liveness
 	log       *slog.Logger
 	publisher Publisher
 	catalog   *federation.Catalog // nil: no catalog
@@ -61,8 +86,10 @@ type state struct {
 	reg      *registry.Registry
 	clusters map[registry.ClusterID]*ClusterStatus
 	maxEpoch map[registry.ClusterID]uint64
+	homes    map[registry.ClusterID]string // clusters whose spoke another replica serves (gossip)
 
-	view atomic.Pointer[View]
+	view     atomic.Pointer[View]
+	replicas atomic.Pointer[replicaView]
 
 	// conflicts holds, per cluster, the merge conflicts that concern it. Only
 	// run's goroutine replaces an entry (closing the old one's changed
@@ -77,13 +104,15 @@ type clusterConflicts struct {
 	changed chan struct{} // closed when the entry is replaced
 }
 
-func newState(publisher Publisher, catalog *federation.Catalog, limits registry.Limits, onChange func(View), log *slog.Logger) *state {
+func newState(self string, liveness Liveness, publisher Publisher, catalog *federation.Catalog, limits registry.Limits, onChange func(View), log *slog.Logger) *state {
 	s := &state{
+		self: self, liveness: liveness,
 		log: log.With("component", "state"), publisher: publisher, catalog: catalog, limits: limits, onChange: onChange,
 		ops: make(chan func()), done: make(chan struct{}), reg: registry.New(),
 		clusters: map[registry.ClusterID]*ClusterStatus{}, maxEpoch: map[registry.ClusterID]uint64{},
 		conflicts: map[registry.ClusterID]*clusterConflicts{},
 	}
+	s.replicas.Store(&replicaView{clusters: map[registry.ClusterID]federation.ReplicaCluster{}, changed: make(chan struct{})})
 	s.publish(registry.Diff{})
 	return s
 }
@@ -196,7 +225,9 @@ func (s *state) Apply(ctx context.Context, epoch, version uint64, ch registry.Ch
 		c := s.cluster(ch.Cluster)
 		c.Epoch, c.Version, c.LastUpdate = epoch, version, time.Now()
 		c.Digest, c.Services, c.Endpoints = sum.Digest, sum.Services, sum.Endpoints
+		c.Origin, c.Restored = s.self, false
 		digest = c.Digest
+		s.replicaChanged(ch.Cluster)
 		if !diff.Empty() {
 			s.log.Debug("registry changed", "cluster", ch.Cluster, "version", diff.Version, "services", len(diff.Services))
 		}
@@ -234,6 +265,12 @@ func (s *state) Begin(ctx context.Context, sess federation.Session) (federation.
 		c.Connected, c.Network, c.SpokeID, c.Build, c.Remote = true, sess.Network, sess.SpokeID, sess.Build, sess.RemoteIP
 		c.SessionStart, c.LastSeen = sess.Started, time.Now()
 		held = federation.Held{Epoch: c.Epoch, Version: c.Version, Digest: s.reg.ClusterDigest(sess.Cluster)}
+		if sess.Resumes(held) {
+			// The live spoke confirms what the hub holds: this replica now speaks for it.
+			c.Restored, c.Origin = false, s.self
+			s.replicaChanged(sess.Cluster)
+		}
+		s.checkLiveness(time.Now())
 		s.publish(registry.Diff{})
 	})
 	return held, errors.Join(err, beginErr)
@@ -257,6 +294,7 @@ func (s *state) End(sess federation.Session) {
 		if s.maxEpoch[sess.Cluster] == sess.Epoch {
 			// Only the newest session speaks for the cluster's liveness.
 			c.Connected, c.LastSeen = false, time.Now()
+			s.checkLiveness(time.Now())
 			s.publish(registry.Diff{})
 		}
 	})

@@ -100,11 +100,38 @@ func runHub(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.TokensFile, "tokens", "", "YAML file of `cluster-id: token` lines; empty admits any spoke (development only)")
 	fs.StringVar(&cfg.TLSCertFile, "tls-cert", "", "PEM certificate of the federation server (with --tls-key: spokes connect over TLS)")
 	fs.StringVar(&cfg.TLSKeyFile, "tls-key", "", "PEM private key of the federation server")
+	var join, policy, policies string
+	fs.StringVar(&join, "join", "", "comma-separated gossip addresses (host:port, or a DNS name resolving to every replica) of peer replicas; needs --etcd-endpoints")
+	fs.StringVar(&cfg.GossipAddr, "gossip-addr", "", "gossip listen address (TCP and UDP); default :7946 when --join is set")
+	fs.StringVar(&cfg.AdvertiseHost, "advertise-host", "", "host peers reach this replica at (default: the --gossip-addr host or the first non-loopback address)")
+	fs.StringVar(&cfg.PeerCAFile, "peer-ca", "", "PEM CA that signed the replicas' federation certificates (with --tls-cert and --join)")
+	fs.StringVar(&cfg.PeerTokenFile, "peer-token-file", "", "file holding the token replicas present to each other; empty leaves replication open (development only)")
+	fs.DurationVar(&cfg.Liveness.StaleAfter, "stale-after", cfg.Liveness.StaleAfter, "a cluster with no live spoke at any replica turns stale after this (its endpoints are kept)")
+	fs.DurationVar(&cfg.Liveness.DropAfter, "drop-after", cfg.Liveness.DropAfter, "a cluster under the drop policy loses its endpoints after this long without a live spoke")
+	fs.StringVar(&policy, "cluster-policy", string(cfg.Liveness.DefaultPolicy), "what happens to a dead cluster's endpoints after --drop-after: keep (fail-static) or drop (fail-closed)")
+	fs.StringVar(&policies, "cluster-policies", "", "per-cluster policies overriding --cluster-policy, e.g. east=drop,west=keep")
+	fs.BoolVar(&cfg.FastGossip, "gossip-fast", false, "gossip with test timings: failures detected in about a second (tests and demos on one machine)")
+	fs.DurationVar(&cfg.SnapshotInterval, "snapshot-interval", cfg.SnapshotInterval, "least time between two persisted snapshots of the registry (saved by the leader after changes)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if etcd != "" {
 		cfg.EtcdEndpoints = strings.Split(etcd, ",")
+	}
+	cfg.Join = splitList(join)
+	var err error
+	if cfg.Liveness.DefaultPolicy, err = parsePolicy(policy); err != nil {
+		return fmt.Errorf("--cluster-policy: %w", err)
+	}
+	cfg.Liveness.Policies = map[registry.ClusterID]hub.Policy{}
+	for _, item := range splitList(policies) {
+		id, p, ok := strings.Cut(item, "=")
+		if !ok {
+			return fmt.Errorf("--cluster-policies %q: want cluster=keep|drop", item)
+		}
+		if cfg.Liveness.Policies[registry.ClusterID(id)], err = parsePolicy(p); err != nil {
+			return fmt.Errorf("--cluster-policies %s: %w", id, err)
+		}
 	}
 	log, err := lf.logger()
 	if err != nil {
@@ -188,4 +215,12 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+func parsePolicy(p string) (hub.Policy, error) {
+	switch hub.Policy(p) {
+	case hub.PolicyKeep, hub.PolicyDrop:
+		return hub.Policy(p), nil
+	}
+	return "", fmt.Errorf("%q: want keep or drop", p)
 }

@@ -124,16 +124,35 @@ func (c client) clusters() error {
 		return err
 	}
 	w := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "CLUSTER\tSTATUS\tNETWORK\tSERVICES\tENDPOINTS\tEPOCH\tVERSION\tLAST UPDATE\tSPOKE")
+	fmt.Fprintln(w, "CLUSTER\tSTATUS\tHOME\tDATA AGE\tNETWORK\tSERVICES\tENDPOINTS\tEPOCH\tVERSION\tLAST UPDATE\tSPOKE")
+	now := time.Now()
 	for _, cl := range clusters {
-		st := "disconnected"
-		if cl.Connected {
-			st = "connected"
-		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", cl.Cluster, st, dash(string(cl.Network)), cl.Services, cl.Endpoints,
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", cl.Cluster, clusterState(cl), dash(cl.Home),
+			cl.DataAge(now).Round(time.Second), dash(string(cl.Network)), cl.Services, cl.Endpoints,
 			cl.Epoch, cl.Version, ago(cl.LastUpdate), dash(cl.SpokeID))
 	}
 	return w.Flush()
+}
+
+// clusterState words a cluster's liveness: live (a spoke serves it here or
+// at another replica), stale, dropped, or waiting (no spoke yet, within the
+// grace); restored data not yet confirmed by a live spoke says so.
+func clusterState(cl hub.ClusterStatus) string {
+	st := "waiting"
+	switch {
+	case cl.Dropped:
+		st = "dropped"
+	case cl.Stale:
+		st = "stale"
+	case cl.Connected:
+		st = "connected"
+	case cl.Home != "":
+		st = "live"
+	}
+	if cl.Restored {
+		st += ",restored"
+	}
+	return st
 }
 
 func (c client) services() error {

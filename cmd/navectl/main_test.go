@@ -130,3 +130,20 @@ func TestNavectlErrors(t *testing.T) {
 		}
 	}
 }
+
+func TestClusterState(t *testing.T) {
+	for _, tt := range []struct {
+		cl   hub.ClusterStatus
+		want string
+	}{
+		{hub.ClusterStatus{Connected: true, Home: "hub-0"}, "connected"},
+		{hub.ClusterStatus{Home: "hub-1"}, "live"},
+		{hub.ClusterStatus{}, "waiting"},
+		{hub.ClusterStatus{Stale: true, Restored: true}, "stale,restored"},
+		{hub.ClusterStatus{Stale: true, Dropped: true}, "dropped"},
+	} {
+		if got := clusterState(tt.cl); got != tt.want {
+			t.Errorf("clusterState(%+v) = %q, want %q", tt.cl, got, tt.want)
+		}
+	}
+}

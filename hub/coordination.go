@@ -1,0 +1,324 @@
+package hub
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/navemesh/nave/federation"
+	"github.com/navemesh/nave/registry"
+)
+
+// Coordination is what /debug/hub shows of the replicas working together.
+type Coordination struct {
+	ID       string `json:"id"`
+	Leader   string `json:"leader"`   // as this replica last saw it ("" unknown)
+	IsLeader bool   `json:"isLeader"` // this replica leads
+	Degraded string `json:"degraded"` // why persistence and leader duties pause ("" when etcd answers)
+	Members  []Peer `json:"members"`  // replicas in the gossip group (just this one without --join)
+	Snapshot Saved  `json:"snapshot"` // the last snapshot this replica saved or restored
+	Restored int    `json:"restored"` // clusters still served from the snapshot
+}
+
+// Peer is one replica as gossip shows it.
+type Peer struct {
+	Name        string `json:"name"`
+	Federation  string `json:"federation"`
+	XDS         string `json:"xds"`
+	Admin       string `json:"admin"`
+	Self        bool   `json:"self,omitempty"`
+	HomeOf      int    `json:"homeOf"`      // clusters whose spoke it serves
+	Unconverged int    `json:"unconverged"` // clusters it holds at another stamp than this replica
+}
+
+// Saved describes a persisted snapshot.
+type Saved struct {
+	Revision uint64    `json:"revision"`
+	At       time.Time `json:"at,omitzero"`
+	Bytes    int       `json:"bytes,omitempty"`
+	Clusters int       `json:"clusters"`
+	Restored bool      `json:"restored,omitempty"` // loaded at start, not saved by this replica
+}
+
+// coordinator runs what makes replicas one hub: etcd health, leadership
+// duties (snapshots, dropping dead clusters) and the glue between gossip,
+// replication and the state. Its fields are written by its own goroutines
+// and read by the admin API through status.
+type coordinator struct {
+	id        string
+	state     *state
+	etcd      *clientv3.Client
+	catalog   *federation.Catalog
+	snapshots *federation.SnapshotStore
+	leaderCfg federation.LeaderConfig
+	interval  time.Duration // between snapshots, at most
+	liveness  Liveness
+	metrics   *metrics
+	log       *slog.Logger
+
+	isLeader atomic.Bool
+	mu       sync.Mutex // guards the fields below
+	leader   string
+	degraded string
+	saved    Saved
+	members  []Peer
+}
+
+// status returns what /debug/hub shows.
+func (c *coordinator) status() Coordination {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	restored := 0
+	for _, cl := range c.state.View().Clusters {
+		if cl.Restored {
+			restored++
+		}
+	}
+	members := c.members
+	if members == nil {
+		members = []Peer{{Name: c.id, Self: true}}
+	}
+	return Coordination{ID: c.id, Leader: c.leader, IsLeader: c.isLeader.Load(), Degraded: c.degraded,
+		Members: members, Snapshot: c.saved, Restored: restored}
+}
+
+// forever runs fn until ctx ends, recovering panics and retrying after a pause.
+func forever(ctx context.Context, log *slog.Logger, name string, fn func(context.Context)) {
+	for ctx.Err() == nil {
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					log.Error("panic; restarting", "loop", name, "panic", r, "stack", string(debug.Stack()))
+				}
+			}()
+			fn(ctx)
+		}()
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// restore loads the persisted snapshot into the state, before anything is served.
+func (c *coordinator) restore(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	snap, ok, err := c.snapshots.Load(ctx)
+	switch {
+	case err != nil:
+		c.log.Warn("cannot load the persisted registry; starting empty", "err", err)
+		return
+	case !ok:
+		c.log.Info("no persisted registry yet; starting empty")
+		return
+	}
+	if err := c.state.restore(ctx, snap); err != nil {
+		c.log.Warn("cannot restore the persisted registry", "err", err)
+		return
+	}
+	c.mu.Lock()
+	c.saved = Saved{Revision: snap.Revision, At: snap.Taken, Clusters: len(snap.Clusters), Restored: true}
+	c.mu.Unlock()
+}
+
+// watchEtcd checks etcd every second: while it does not answer, the hub
+// keeps serving and replicating, and says so as degraded.
+func (c *coordinator) watchEtcd(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		check, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := c.etcd.Get(check, "health", clientv3.WithCountOnly())
+		var leader string
+		if err == nil {
+			leader, err = federation.CurrentLeader(check, c.etcd, c.leaderCfg.Prefix)
+		}
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		degraded := ""
+		if err != nil {
+			degraded = "etcd unreachable: persistence, leader duties and new spoke sessions pause (" + err.Error() + ")"
+		}
+		c.mu.Lock()
+		if degraded != c.degraded {
+			if degraded != "" {
+				c.log.Warn("degraded: etcd unreachable; serving and replicating go on", "err", err)
+			} else {
+				c.log.Info("etcd reachable again")
+			}
+		}
+		c.degraded = degraded
+		if err == nil {
+			c.leader = leader
+		}
+		c.mu.Unlock()
+		c.metrics.etcdUp.Set(b2f(degraded == ""))
+	}
+}
+
+// lead campaigns for leadership; while leading, it persists the registry and
+// drops dead clusters whose policy says so. Leadership ends the moment the
+// etcd session does.
+func (c *coordinator) lead(ctx context.Context) {
+	err := federation.Lead(ctx, c.etcd, c.leaderCfg, c.log, func(term context.Context) {
+		c.isLeader.Store(true)
+		c.metrics.leader.Set(1)
+		c.mu.Lock()
+		c.leader = c.id
+		c.mu.Unlock()
+		c.log.Info("leading: persisting the registry and collecting dead clusters")
+		defer func() {
+			c.isLeader.Store(false)
+			c.metrics.leader.Set(0)
+			c.log.Info("no longer leading")
+		}()
+		c.leaderDuties(term)
+	})
+	if err != nil && ctx.Err() == nil {
+		c.log.Error("leader election failed", "err", err)
+	}
+}
+
+func (c *coordinator) leaderDuties(ctx context.Context) {
+	t := time.NewTicker(c.interval)
+	defer t.Stop()
+	var savedVersion uint64
+	saved := false
+	for {
+		if !saved || c.state.View().Registry.Version() != savedVersion {
+			if v, ok := c.persist(ctx); ok {
+				savedVersion, saved = v, true
+			}
+		}
+		c.collect(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// persist saves a snapshot of the registry; it reports the registry version saved.
+func (c *coordinator) persist(ctx context.Context) (uint64, bool) {
+	snap, version, err := c.state.snapshot(ctx)
+	if err != nil {
+		return 0, false
+	}
+	c.mu.Lock()
+	snap.Revision = max(c.saved.Revision+1, uint64(time.Now().UnixMilli()))
+	c.mu.Unlock()
+	save, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	n, err := c.snapshots.Save(save, snap)
+	if err != nil {
+		if ctx.Err() == nil {
+			c.log.Warn("cannot persist the registry", "err", err)
+		}
+		if errors.Is(err, federation.ErrSnapshotSuperseded) {
+			if cur, ok, lerr := c.snapshots.Load(save); lerr == nil && ok {
+				c.mu.Lock()
+				c.saved.Revision = cur.Revision
+				c.mu.Unlock()
+			}
+		}
+		return 0, false
+	}
+	c.mu.Lock()
+	c.saved = Saved{Revision: snap.Revision, At: snap.Taken, Bytes: n, Clusters: len(snap.Clusters)}
+	c.mu.Unlock()
+	c.metrics.snapshotRevision.Set(float64(snap.Revision))
+	c.metrics.snapshotBytes.Set(float64(n))
+	c.log.Debug("persisted the registry", "revision", snap.Revision, "bytes", n, "clusters", len(snap.Clusters))
+	return version, true
+}
+
+// collect drops the clusters whose drop policy is due, each under a new epoch.
+func (c *coordinator) collect(ctx context.Context) {
+	for _, id := range c.state.View().dropDue(c.liveness, time.Now()) {
+		epochCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		epoch, err := c.catalog.NextEpoch(epochCtx, id)
+		cancel()
+		if err != nil {
+			c.log.Warn("cannot drop a dead cluster yet", "cluster", id, "err", err)
+			continue
+		}
+		if err := c.state.drop(ctx, id, epoch); err != nil && ctx.Err() == nil {
+			c.log.Warn("cannot drop a dead cluster", "cluster", id, "err", err)
+		}
+	}
+}
+
+// tickLiveness re-evaluates cluster liveness every second.
+func (c *coordinator) tickLiveness(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			_ = c.state.tick(ctx)
+		}
+	}
+}
+
+// follow turns gossip into peers to replicate from and into the clusters
+// other replicas serve, whenever membership changes.
+func (c *coordinator) follow(ctx context.Context, m *federation.Membership, r *federation.Replicator) {
+	for {
+		peers := map[string]string{}
+		homes := map[registry.ClusterID]string{}
+		var view []Peer
+		mine := c.state.View()
+		for _, mem := range m.Members() {
+			p := Peer{Name: mem.Name, Federation: mem.Meta.Federation, XDS: mem.Meta.XDS, Admin: mem.Meta.Admin, Self: mem.Self}
+			for id, sum := range mem.Summaries {
+				if sum.Home {
+					p.HomeOf++
+					if !mem.Self {
+						homes[id] = mem.Name
+					}
+				}
+				if cl, ok := mine.Clusters[id]; !mem.Self && ok && (federation.Stamp{Epoch: cl.Epoch, Version: cl.Version}) != sum.Stamp {
+					p.Unconverged++
+				}
+			}
+			if !mem.Self && mem.Meta.Replication != "" {
+				peers[mem.Name] = mem.Meta.Replication
+			}
+			view = append(view, p)
+		}
+		r.SetPeers(peers)
+		_ = c.state.setHomes(ctx, homes)
+		c.mu.Lock()
+		c.members = view
+		c.mu.Unlock()
+		c.metrics.members.Set(float64(len(view)))
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.Changes():
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
+// summaries is the gossip delegate's view of this replica's clusters.
+func (c *coordinator) summaries() map[registry.ClusterID]federation.ClusterSummary {
+	return c.state.View().summaries(c.id)
+}

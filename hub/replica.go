@@ -1,0 +1,282 @@
+package hub
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/navemesh/nave/federation"
+	"github.com/navemesh/nave/registry"
+)
+
+// Policy is what happens to a cluster's endpoints once it has been stale
+// (no live spoke at any replica) for Liveness.DropAfter.
+type Policy string
+
+const (
+	// PolicyKeep keeps serving the cluster's last-known endpoints (fail-static).
+	PolicyKeep Policy = "keep"
+	// PolicyDrop removes them (fail-closed).
+	PolicyDrop Policy = "drop"
+)
+
+// Liveness says when a cluster whose spoke is gone turns stale and what
+// happens to its endpoints after.
+type Liveness struct {
+	// StaleAfter is the grace before a cluster with no live spoke at any
+	// replica is marked stale. It keeps its endpoints.
+	StaleAfter time.Duration
+	// DropAfter is how long a cluster must have had no live spoke before its
+	// policy applies: PolicyDrop removes its endpoints (the leader decides,
+	// once for every replica).
+	DropAfter time.Duration
+	// DefaultPolicy applies to clusters without an entry in Policies.
+	DefaultPolicy Policy
+	Policies      map[registry.ClusterID]Policy
+}
+
+// DefaultLiveness returns the hub's defaults: stale after 30s, kept
+// (fail-static) for good unless a cluster's policy says drop, which applies
+// after an hour.
+func DefaultLiveness() Liveness {
+	return Liveness{StaleAfter: 30 * time.Second, DropAfter: time.Hour, DefaultPolicy: PolicyKeep}
+}
+
+func (l Liveness) policy(id registry.ClusterID) Policy {
+	if p, ok := l.Policies[id]; ok {
+		return p
+	}
+	return cmp.Or(l.DefaultPolicy, PolicyKeep)
+}
+
+// replicaView is what Replicas hands out: immutable, replaced on each change.
+type replicaView struct {
+	clusters map[registry.ClusterID]federation.ReplicaCluster
+	changed  chan struct{} // closed when replaced
+}
+
+// Replicas implements federation.ReplicaStore. It never waits for the state goroutine.
+func (s *state) Replicas() (map[registry.ClusterID]federation.ReplicaCluster, <-chan struct{}) {
+	v := s.replicas.Load()
+	return v.clusters, v.changed
+}
+
+// replicaChanged republishes the replica view of cluster id. Called by run's goroutine.
+func (s *state) replicaChanged(id registry.ClusterID) {
+	old := s.replicas.Load()
+	next := &replicaView{clusters: maps.Clone(old.clusters), changed: make(chan struct{})}
+	if c := s.clusters[id]; c != nil && (c.Epoch != 0 || c.Version != 0) {
+		next.clusters[id] = federation.ReplicaCluster{
+			Stamp: federation.Stamp{Epoch: c.Epoch, Version: c.Version}, Digest: s.reg.ClusterDigest(id),
+			Network: c.Network, Shards: s.reg.ClusterShards(id), Local: c.Origin == s.self, Origin: c.Origin,
+		}
+	} else {
+		delete(next.clusters, id)
+	}
+	s.replicas.Store(next)
+	close(old.changed)
+}
+
+// ApplyReplica implements federation.ReplicaStore: a cluster's data from a
+// peer replica, applied only over older data.
+func (s *state) ApplyReplica(ctx context.Context, from string, u federation.ReplicaUpdate) error {
+	var applyErr error
+	err := s.do(ctx, func() {
+		c := s.cluster(u.Cluster)
+		held := federation.Stamp{Epoch: c.Epoch, Version: c.Version}
+		switch {
+		case u.Stamp.Epoch < s.maxEpoch[u.Cluster]:
+			// A newer session of the cluster has begun (here or at another replica).
+			applyErr = fmt.Errorf("%w: epoch %d, newest session %d", federation.ErrStale, u.Stamp.Epoch, s.maxEpoch[u.Cluster])
+			return
+		case u.Base == nil && u.Stamp.Less(held):
+			applyErr = fmt.Errorf("%w: full state %s, holding %s", federation.ErrStale, u.Stamp, held)
+			return
+		case u.Base != nil && !u.Stamp.Less(held) && u.Stamp != held && *u.Base != held:
+			applyErr = fmt.Errorf("%w: delta over %s, holding %s", federation.ErrBaseMismatch, *u.Base, held)
+			return
+		case u.Base != nil && *u.Base != held:
+			applyErr = fmt.Errorf("%w: delta %s over %s, holding %s", federation.ErrStale, u.Stamp, *u.Base, held)
+			return
+		}
+		ch := u.Change
+		ch.Cluster = u.Cluster
+		next, diff := s.reg.Apply(ch)
+		if sum := next.Cluster(u.Cluster); sum.Services > s.limits.MaxServicesPerCluster || sum.Endpoints > s.limits.MaxEndpointsPerCluster {
+			applyErr = fmt.Errorf("replica of cluster %s from %s would hold %d services and %d endpoints: over the limits", u.Cluster, from, sum.Services, sum.Endpoints)
+			return
+		}
+		prev := s.reg
+		s.reg = next
+		s.trackConflicts(prev, diff)
+		s.maxEpoch[u.Cluster] = max(s.maxEpoch[u.Cluster], u.Stamp.Epoch)
+		sum := next.Cluster(u.Cluster)
+		c.Epoch, c.Version, c.Origin, c.Restored, c.LastUpdate = u.Stamp.Epoch, u.Stamp.Version, from, false, time.Now()
+		c.Digest, c.Services, c.Endpoints = sum.Digest, sum.Services, sum.Endpoints
+		if c.Network == "" {
+			c.Network = u.Network
+		}
+		// An empty full state of a cluster nobody serves is the leader dropping it.
+		c.Dropped = u.Base == nil && sum.Services == 0 && !c.Connected && c.Home == ""
+		s.replicaChanged(u.Cluster)
+		s.publish(diff)
+	})
+	if err != nil {
+		return err
+	}
+	return applyErr
+}
+
+// restore serves a persisted snapshot until live data replaces it: each
+// cluster is marked restored until a spoke session confirms it (resumes
+// from it, or sends newer data) or a peer sends newer data. Clusters the
+// state already holds newer data for are left alone.
+func (s *state) restore(ctx context.Context, snap registry.Snapshot) error {
+	return s.do(ctx, func() {
+		now := time.Now()
+		for _, sc := range snap.Clusters {
+			c := s.cluster(sc.Cluster)
+			if !(federation.Stamp{Epoch: c.Epoch, Version: c.Version}).Less(federation.Stamp{Epoch: sc.Epoch, Version: sc.Version}) {
+				continue
+			}
+			prev := s.reg
+			var diff registry.Diff
+			s.reg, diff = s.reg.Apply(registry.Change{Cluster: sc.Cluster, Replace: true, Upserts: sc.Shards})
+			s.trackConflicts(prev, diff)
+			s.maxEpoch[sc.Cluster] = max(s.maxEpoch[sc.Cluster], sc.Epoch)
+			sum := s.reg.Cluster(sc.Cluster)
+			c.Network, c.Epoch, c.Version, c.Restored = sc.Network, sc.Epoch, sc.Version, true
+			c.Digest, c.Services, c.Endpoints = sum.Digest, sum.Services, sum.Endpoints
+			c.LiveAt = now // a restart gives every cluster its grace again (fail-static)
+			s.replicaChanged(sc.Cluster)
+			s.publish(diff)
+		}
+		s.log.Info("restored the persisted registry", "revision", snap.Revision, "taken", snap.Taken, "clusters", len(snap.Clusters))
+	})
+}
+
+// snapshot returns the registry with every cluster's stamp, for persistence.
+func (s *state) snapshot(ctx context.Context) (registry.Snapshot, uint64, error) {
+	var snap registry.Snapshot
+	var version uint64
+	err := s.do(ctx, func() {
+		version = s.reg.Version()
+		snap.Taken = time.Now().UTC()
+		for _, id := range slices.Sorted(maps.Keys(s.clusters)) {
+			c := s.clusters[id]
+			shards := s.reg.ClusterShards(id)
+			if c.Epoch == 0 && c.Version == 0 {
+				continue
+			}
+			sc := registry.SnapshotCluster{Cluster: id, Network: c.Network, Epoch: c.Epoch, Version: c.Version}
+			for _, k := range slices.SortedFunc(maps.Keys(shards), registry.ServiceKey.Compare) {
+				sc.Shards = append(sc.Shards, shards[k])
+			}
+			snap.Clusters = append(snap.Clusters, sc)
+		}
+	})
+	return snap, version, err
+}
+
+// setHomes records which other replicas have a live spoke of which
+// clusters (from gossip), for liveness.
+func (s *state) setHomes(ctx context.Context, homes map[registry.ClusterID]string) error {
+	return s.do(ctx, func() {
+		s.homes = homes
+		s.checkLiveness(time.Now())
+	})
+}
+
+// tick re-evaluates liveness (called every second or so).
+func (s *state) tick(ctx context.Context) error {
+	return s.do(ctx, func() { s.checkLiveness(time.Now()) })
+}
+
+// checkLiveness marks clusters live, or stale once no replica has had their
+// spoke for the grace period. Called by run's goroutine.
+func (s *state) checkLiveness(now time.Time) {
+	changed, aging := false, false
+	for id, c := range s.clusters {
+		home := ""
+		if c.Connected {
+			home = s.self
+		} else {
+			home = s.homes[id]
+		}
+		if c.Home != home {
+			c.Home, changed = home, true
+		}
+		if home == "" && (c.Services > 0 || c.Restored) {
+			aging = true
+		}
+		if home != "" {
+			c.LiveAt = now
+			if c.Stale || c.Dropped {
+				c.Stale, c.Dropped, changed = false, false, true
+				s.log.Info("cluster live again", "cluster", id, "home", home)
+			}
+			continue
+		}
+		if c.LiveAt.IsZero() {
+			c.LiveAt = now // first seen without a spoke (catalog): the grace starts now
+		}
+		if !c.Stale && now.Sub(c.LiveAt) > s.liveness.StaleAfter {
+			c.Stale, changed = true, true
+			s.log.Warn("cluster stale: no live spoke at any replica; keeping its endpoints", "cluster", id,
+				"since", c.LiveAt, "policy", s.liveness.policy(id))
+		}
+	}
+	if changed || aging {
+		s.publish(registry.Diff{}) // also keeps the data-age metric current
+	}
+}
+
+// dropDue returns the clusters whose drop policy applies now.
+func (v *View) dropDue(l Liveness, now time.Time) []registry.ClusterID {
+	var out []registry.ClusterID
+	for id, c := range v.Clusters {
+		if c.Stale && !c.Dropped && c.Services > 0 && l.policy(id) == PolicyDrop && now.Sub(c.LiveAt) > l.DropAfter {
+			out = append(out, id)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// drop removes a dead cluster's endpoints under a new epoch (which fences
+// any session of it that might still be alive somewhere), as this replica's
+// own change, so it is replicated to every peer.
+func (s *state) drop(ctx context.Context, id registry.ClusterID, epoch uint64) error {
+	return s.do(ctx, func() {
+		c := s.clusters[id]
+		if c == nil || !c.Stale || epoch <= s.maxEpoch[id] {
+			return // came back, or someone newer spoke for it meanwhile
+		}
+		prev := s.reg
+		var diff registry.Diff
+		s.reg, diff = s.reg.Apply(registry.Change{Cluster: id, Replace: true})
+		s.trackConflicts(prev, diff)
+		s.maxEpoch[id] = epoch
+		c.Epoch, c.Version, c.Origin, c.Restored, c.Dropped = epoch, 0, s.self, false, true
+		c.Digest, c.Services, c.Endpoints, c.LastUpdate = registry.ZeroHash, 0, 0, time.Now()
+		s.log.Warn("dropped a dead cluster's endpoints (policy drop)", "cluster", id, "noSpokeSince", c.LiveAt, "epoch", epoch)
+		s.replicaChanged(id)
+		s.publish(diff)
+	})
+}
+
+// summaries is this replica's compact view of every cluster, for gossip.
+func (v *View) summaries(self string) map[registry.ClusterID]federation.ClusterSummary {
+	out := make(map[registry.ClusterID]federation.ClusterSummary, len(v.Clusters))
+	for id, c := range v.Clusters {
+		out[id] = federation.ClusterSummary{
+			Stamp:  federation.Stamp{Epoch: c.Epoch, Version: c.Version},
+			Digest: c.Digest.String()[:12],
+			Home:   c.Connected && c.Home == self,
+		}
+	}
+	return out
+}
