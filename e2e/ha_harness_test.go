@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -32,11 +33,11 @@ type testEtcd struct {
 	clientAddr string
 }
 
-func startTestEtcd(t *testing.T) *testEtcd {
+func startTestEtcd(t *testing.T, ip string) *testEtcd {
 	e := &testEtcd{t: t, dir: t.TempDir()}
-	e.clientAddr = freeAddr(t)
+	e.clientAddr = onIP(ip, freeAddr(t))
 	e.client = &url.URL{Scheme: "http", Host: e.clientAddr}
-	e.peer = &url.URL{Scheme: "http", Host: freeAddr(t)}
+	e.peer = &url.URL{Scheme: "http", Host: onIP(ip, freeAddr(t))}
 	e.start()
 	t.Cleanup(e.stop)
 	return e
@@ -86,6 +87,7 @@ type balancer struct {
 	backends []string
 	down     map[string]bool
 	next     int
+	open     map[net.Conn]string // client connections, by the backend they go to
 }
 
 func startBalancer(t *testing.T, backends ...string) *balancer {
@@ -93,7 +95,7 @@ func startBalancer(t *testing.T, backends ...string) *balancer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &balancer{addr: lis.Addr().String(), backends: backends, down: map[string]bool{}}
+	b := &balancer{addr: lis.Addr().String(), backends: backends, down: map[string]bool{}, open: map[net.Conn]string{}}
 	var conns sync.WaitGroup
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(func() { cancel(); lis.Close(); conns.Wait() })
@@ -113,6 +115,19 @@ func (b *balancer) setDown(backend string, down bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.down[backend] = down
+}
+
+// cut closes the client side of every connection to backend, as a load
+// balancer that gave up on it would: clients see their connection end,
+// while whatever they had sent is already in the backend's socket.
+func (b *balancer) cut(backend string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for c, be := range b.open {
+		if be == backend {
+			c.Close()
+		}
+	}
 }
 
 func (b *balancer) candidates() []string {
@@ -143,6 +158,10 @@ func (b *balancer) serve(ctx context.Context, down net.Conn) {
 		return
 	}
 	defer up.Close()
+	b.mu.Lock()
+	b.open[down] = up.RemoteAddr().String()
+	b.mu.Unlock()
+	defer func() { b.mu.Lock(); delete(b.open, down); b.mu.Unlock() }()
 	stop := context.AfterFunc(ctx, func() { down.Close(); up.Close() })
 	defer stop()
 	done := make(chan struct{}, 2)
@@ -156,6 +175,7 @@ type hubReplica struct {
 	id                   string
 	fed, xds, admin, gsp string
 	args                 []string
+	wrap                 []string // the command it runs under (ip netns exec ...)
 	proc                 *proc
 }
 
@@ -170,9 +190,31 @@ type haGroup struct {
 	xdsLB    *balancer
 }
 
-// startHAGroup starts n hub replicas; extra flags go to every replica.
+// placement says where replicas run: the IP a replica listens on and the
+// command its `nave hub` runs under (ip netns exec ..., or nothing), and
+// the IP of etcd and the balancers' side.
+type placement struct {
+	etcdIP string
+	ip     func(i int) string
+	wrap   func(i int) []string
+}
+
+// onLoopback runs everything on 127.0.0.1.
+var onLoopback = placement{etcdIP: "127.0.0.1", ip: func(int) string { return "127.0.0.1" }, wrap: func(int) []string { return nil }}
+
+// onIP moves a loopback address's port to ip (a port free on loopback is free on a fresh test host too).
+func onIP(ip, addr string) string {
+	_, port, _ := net.SplitHostPort(addr)
+	return net.JoinHostPort(ip, port)
+}
+
+// startHAGroup starts n hub replicas on loopback; extra flags go to every replica.
 func startHAGroup(t *testing.T, n int, extra ...string) *haGroup {
-	g := &haGroup{t: t, bin: buildNave(t), etcd: startTestEtcd(t)}
+	return startHAGroupAt(t, n, onLoopback, extra...)
+}
+
+func startHAGroupAt(t *testing.T, n int, at placement, extra ...string) *haGroup {
+	g := &haGroup{t: t, bin: buildNave(t), etcd: startTestEtcd(t, at.etcdIP)}
 	dir := t.TempDir()
 	tb, _ := yaml.Marshal(tokens)
 	tokensFile := filepath.Join(dir, "tokens.yaml")
@@ -181,7 +223,9 @@ func startHAGroup(t *testing.T, n int, extra ...string) *haGroup {
 	writeFile(t, peerToken, "peer-token-0123456789abcdef")
 	var gossip []string
 	for i := range n {
-		r := &hubReplica{id: fmt.Sprintf("hub-%d", i), fed: freeAddr(t), xds: freeAddr(t), admin: freeAddr(t), gsp: freeAddr(t)}
+		ip := at.ip(i)
+		r := &hubReplica{id: fmt.Sprintf("hub-%d", i), fed: onIP(ip, freeAddr(t)), xds: onIP(ip, freeAddr(t)),
+			admin: onIP(ip, freeAddr(t)), gsp: onIP(ip, freeAddr(t)), wrap: at.wrap(i)}
 		gossip = append(gossip, r.gsp)
 		g.replicas = append(g.replicas, r)
 	}
@@ -189,7 +233,7 @@ func startHAGroup(t *testing.T, n int, extra ...string) *haGroup {
 	for _, r := range g.replicas {
 		r.args = append([]string{"hub", "--id=" + r.id, "--data-dir=" + filepath.Join(dir, r.id), "--etcd-endpoints=" + g.etcd.endpoint(),
 			"--federation-addr=" + r.fed, "--xds-addr=" + r.xds, "--admin-addr=" + r.admin,
-			"--gossip-addr=" + r.gsp, "--advertise-host=127.0.0.1", "--join=" + joinList(gossip, r.gsp), "--gossip-fast",
+			"--gossip-addr=" + r.gsp, "--join=" + joinList(gossip, r.gsp), "--gossip-fast",
 			"--tokens=" + tokensFile, "--peer-token-file=" + peerToken, "--snapshot-interval=200ms"}, extra...)
 		feds, xdss = append(feds, r.fed), append(xdss, r.xds)
 	}
@@ -212,7 +256,11 @@ func joinList(all []string, self string) string {
 }
 
 func (g *haGroup) start(r *hubReplica) {
-	r.proc = startProc(g.t, r.id, g.bin, r.args...)
+	if len(r.wrap) > 0 {
+		r.proc = startProc(g.t, r.id, r.wrap[0], append(append(slices.Clone(r.wrap[1:]), g.bin), r.args...)...)
+	} else {
+		r.proc = startProc(g.t, r.id, g.bin, r.args...)
+	}
 	awaitFor(g.t, r.id+" ready", 30*time.Second, func() bool { return httpStatus("http://"+r.admin+"/readyz") == http.StatusOK })
 }
 

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"net/http"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/navemesh/nave/hub"
+	"github.com/navemesh/nave/internal/kubetest"
 	"github.com/navemesh/nave/internal/xdstest"
 	"github.com/navemesh/nave/registry"
 )
@@ -29,7 +31,11 @@ type haFixture struct {
 }
 
 func startHAFixture(t *testing.T, extra ...string) *haFixture {
-	f := &haFixture{haGroup: startHAGroup(t, 3, extra...), root: t.TempDir(),
+	return startHAFixtureAt(t, onLoopback, extra...)
+}
+
+func startHAFixtureAt(t *testing.T, at placement, extra ...string) *haFixture {
+	f := &haFixture{haGroup: startHAGroupAt(t, 3, at, extra...), root: t.TempDir(),
 		spokes: map[registry.ClusterID]*proc{}, tokenFiles: map[registry.ClusterID]string{}, dirs: map[registry.ClusterID]string{},
 		regions: map[registry.ClusterID]string{"east": "us-east", "west": "us-west"}}
 	f.e1a = xdstest.StartBackend(t, "east-1a", "127.0.0.1")
@@ -48,11 +54,11 @@ func startHAFixture(t *testing.T, extra ...string) *haFixture {
 
 	ctx, stop := context.WithCancel(context.Background())
 	f.stopPolling = stop
-	t.Cleanup(stop)
 	// Through the balancer, the clients land on different replicas.
 	f.inEast = xdstest.StartPoller(ctx, t, "client us-east-1a", xdstest.NewClient(t, f.xdsLB.addr, "c-east", locality("us-east", "us-east-1a"), echoTarget))
 	f.inWest = xdstest.StartPoller(ctx, t, "client us-west-1a", xdstest.NewClient(t, f.xdsLB.addr, "c-west", locality("us-west", "us-west-1a"), echoTarget))
 	f.anyC = xdstest.StartPoller(ctx, t, "client anywhere", xdstest.NewClient(t, f.xdsLB.addr, "c-any", registry.Locality{}, echoTarget))
+	t.Cleanup(stop) // registered after the pollers' own cleanups, so it runs before them: they wait for it
 	f.inEast.AwaitOnly(ctx, t, "east-1a")
 	f.inWest.AwaitOnly(ctx, t, "west-1a")
 	return f
@@ -233,43 +239,69 @@ func TestHARestartAll(t *testing.T) {
 }
 
 // A home replica paused (SIGSTOP) while its spoke moves on to another
-// replica cannot overwrite the newer data when it wakes up; it converges.
+// replica cannot overwrite the newer data when it wakes up (it was sent an
+// update before it was paused, which may still be in its socket), and it
+// converges on the newer data and knows it is no longer the home. The
+// fencing rules themselves are tested in hub/replica_test.go.
 func TestHAStaleHomeCannotOverwrite(t *testing.T) {
 	f := startHAFixture(t)
 	home := f.home("east")
+	before, _ := home.clusters(t.Context())
 	f.pause(home)
-	f.fedLB.setDown(home.fed, true) // its readiness check would fail: no new connections
-	f.xdsLB.setDown(home.xds, true)
-	f.spokes["east"].kill()
+	// The spoke sends change A to the paused home: it waits in the home's socket.
 	writeService(t, f.dirs["east"], "echo", endpoint{f.e1a, "us-east-1a", false}, endpoint{f.e1b, "us-east-1b", true})
-	f.startSpoke("east")
+	time.Sleep(300 * time.Millisecond) // the dir source notices, the spoke sends
+	// The balancer gives up on the paused home: the spoke's connection ends
+	// and it resumes at another replica, where A lands under a newer epoch.
+	f.fedLB.setDown(home.fed, true)
+	f.xdsLB.setDown(home.xds, true)
+	f.fedLB.cut(home.fed)
+	f.xdsLB.cut(home.xds)
 	others := []*hubReplica{}
 	for _, r := range f.replicas {
 		if r != home {
 			others = append(others, r)
 		}
 	}
-	awaitFor(t, "the new data at the other replicas", 30*time.Second, func() bool {
-		for _, r := range others {
-			svcs, err := r.services(t.Context())
-			if err != nil || svcs["default/echo"].Healthy != 2 {
-				return false
+	awaitOthers := func(what string, healthy int) {
+		awaitFor(t, what, 30*time.Second, func() bool {
+			for _, r := range others {
+				svcs, err := r.services(t.Context())
+				cs, err2 := r.clusters(t.Context())
+				if err != nil || err2 != nil || svcs["default/echo"].Healthy != healthy || cs["east"].Epoch <= before["east"].Epoch {
+					return false
+				}
 			}
-		}
-		return true
-	})
+			return true
+		})
+	}
+	awaitOthers("change A at the other replicas, under a newer epoch", 2)
+	// Change B undoes A: from now on the others must hold 3 healthy endpoints.
+	writeService(t, f.dirs["east"], "echo", endpoint{f.e1a, "us-east-1a", true}, endpoint{f.e1b, "us-east-1b", true})
+	awaitOthers("change B at the other replicas", 3)
 	watch := f.watchService("default/echo")
 	f.resume(home)
-	awaitFor(t, "the stale home converged", 30*time.Second, func() bool {
+	awaitFor(t, "the stale home converged on B", 30*time.Second, func() bool {
 		svcs, err := home.services(t.Context())
-		return err == nil && svcs["default/echo"].Healthy == 2
+		cs, err2 := home.clusters(t.Context())
+		return err == nil && err2 == nil && svcs["default/echo"].Healthy == 3 && cs["east"].Epoch > before["east"].Epoch
 	})
 	time.Sleep(time.Second) // let anything the stale home still had in flight arrive
-	_, highest, _ := watch.extremes()
+	lowest, _, _ := watch.extremes()
 	for _, r := range others {
-		if highest[r.id] != 2 {
-			t.Errorf("replica %s showed %d healthy endpoints after the stale home woke, want the newer 2", r.id, highest[r.id])
+		if lowest[r.id] != 3 {
+			t.Errorf("replica %s fell back to %d healthy endpoints after the stale home woke, want B's 3 throughout", r.id, lowest[r.id])
 		}
+	}
+	// Exactly one replica is the home of east: the stale one knows it is not.
+	homes := 0
+	for _, r := range f.replicas {
+		if cs, err := r.clusters(t.Context()); err == nil && cs["east"].Connected {
+			homes++
+		}
+	}
+	if homes != 1 {
+		t.Errorf("%d replicas say east's spoke is connected to them, want 1", homes)
 	}
 	f.checkNoFailedRPCs()
 }
@@ -320,4 +352,104 @@ func TestHAClusterLiveness(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// A replica cut off from the others (and from etcd) by a network partition
+// keeps serving what it had; when the partition heals it rejoins and
+// converges on what changed meanwhile. The cut replica runs in a network
+// namespace of its own; the partition takes its link down.
+func TestHAPartitionHeals(t *testing.T) {
+	h := kubetest.NewHost(t)
+	at := placement{
+		etcdIP: h.RootIP.String(),
+		ip: func(i int) string {
+			if i == 2 {
+				return h.IP.String()
+			}
+			return h.RootIP.String()
+		},
+		wrap: func(i int) []string {
+			if i == 2 {
+				return []string{"ip", "netns", "exec", h.Netns}
+			}
+			return nil
+		},
+	}
+	f := startHAFixtureAt(t, at)
+	majority, cut := f.replicas[:2], f.replicas[2]
+	link := netnsLink(t, h.Netns)
+	setLink := func(state string) {
+		if out, err := exec.Command("ip", "-n", h.Netns, "link", "set", "dev", link, state).CombinedOutput(); err != nil {
+			t.Fatalf("ip link set %s %s: %v: %s", link, state, err, out)
+		}
+	}
+	seen := func(r *hubReplica) int {
+		var c hub.Coordination
+		if fetchJSON(t.Context(), r.url("/debug/hub"), &c) != nil {
+			return -1
+		}
+		return len(c.Members)
+	}
+	setLink("down")
+	parted := time.Now()
+	awaitFor(t, "the majority to see the cut replica gone", 20*time.Second, func() bool {
+		return seen(majority[0]) == 2 && seen(majority[1]) == 2
+	})
+	writeService(t, f.dirs["east"], "echo", endpoint{f.e1a, "us-east-1a", false}, endpoint{f.e1b, "us-east-1b", true})
+	awaitFor(t, "the change at the majority", 20*time.Second, func() bool {
+		for _, r := range majority {
+			svcs, err := r.services(t.Context())
+			if err != nil || svcs["default/echo"].Healthy != 2 {
+				return false
+			}
+		}
+		return true
+	})
+	setLink("up")
+	healed := time.Now()
+	awaitFor(t, "the cut replica back in the group and converged", 30*time.Second, func() bool {
+		svcs, err := cut.services(t.Context())
+		return err == nil && svcs["default/echo"].Healthy == 2 && seen(cut) == 3 && seen(majority[0]) == 3
+	})
+	t.Logf("partitioned for %v; healed and converged in %v", healed.Sub(parted).Round(time.Millisecond), time.Since(healed).Round(time.Millisecond))
+	awaitFor(t, "every replica at the same stamps", 30*time.Second, func() bool {
+		var want map[registry.ClusterID]hub.ClusterStatus
+		for _, r := range f.replicas {
+			cs, err := r.clusters(t.Context())
+			if err != nil {
+				return false
+			}
+			if want == nil {
+				want = cs
+				continue
+			}
+			for id, c := range cs {
+				if w := want[id]; w.Epoch != c.Epoch || w.Version != c.Version || w.Digest != c.Digest {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	f.checkNoFailedRPCs()
+}
+
+// netnsLink returns the name of the one non-loopback link in a network namespace.
+func netnsLink(t *testing.T, netns string) string {
+	out, err := exec.Command("ip", "-n", netns, "-o", "link", "show").Output()
+	if err != nil {
+		t.Fatalf("ip -n %s link show: %v", netns, err)
+	}
+	for line := range strings.SplitSeq(strings.TrimSpace(string(out)), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) < 2 {
+			continue
+		}
+		name, _, _ := strings.Cut(strings.TrimSuffix(fields[1], ":"), "@")
+		if name != "lo" {
+			return name
+		}
+	}
+	t.Fatalf("no link in network namespace %s", netns)
+	return ""
 }

@@ -81,7 +81,13 @@ func (m *memStore) Begin(_ context.Context, s Session) (Held, error) {
 		return Held{}, ErrSuperseded
 	}
 	m.maxEpoch[s.Cluster] = s.Epoch
-	return m.held[s.Cluster], nil
+	held := m.held[s.Cluster]
+	if s.Resumes(held) {
+		h := held
+		h.Epoch = s.Epoch
+		m.held[s.Cluster] = h
+	}
+	return held, nil
 }
 
 func (m *memStore) End(Session) {}

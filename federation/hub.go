@@ -73,7 +73,11 @@ type Store interface {
 	// Begin starts session s: from then on Apply fails with ErrSuperseded for
 	// every older epoch of the cluster. It returns what the hub holds, read
 	// after that fence, so no older session can change it afterwards. It fails
-	// with ErrSuperseded when a newer session of the cluster has begun.
+	// with ErrSuperseded when a newer session of the cluster has begun. When
+	// the session resumes (s.Resumes of what it returns), the store re-stamps
+	// what it holds with the session's epoch (same version and digest): the
+	// newer epoch is what fences older sessions at every hub replica, and the
+	// spoke takes the session's epoch as its acknowledged one.
 	Begin(ctx context.Context, s Session) (Held, error)
 	// Held returns what the hub holds for the cluster.
 	Held(ctx context.Context, cluster registry.ClusterID) (Held, error)

@@ -110,8 +110,8 @@ type Publisher struct {
 	ackedDigest registry.Hash
 	ackedKnown  bool
 	// ackedEpoch is the epoch of the session in which the hub last applied an
-	// update: what the hub reports as its held epoch, and so what lets a
-	// later session resume.
+	// update, or that resumed (the hub re-stamps what it holds with it): what
+	// the hub reports as its held epoch, and so what lets a later session resume.
 	ackedEpoch   uint64
 	ackedVersion uint64
 	// maxBytes is the hub's message budget, from the welcome.
@@ -260,6 +260,8 @@ func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
 	s.needFull, s.synced = !s.resumed, s.resumed
 	if s.needFull {
 		p.ackedKnown = false
+	} else {
+		p.ackedEpoch = s.epoch // the hub re-stamped what it holds (see Store.Begin)
 	}
 	p.log.Info("hub session started", "epoch", s.epoch, "resume", s.resumed, "hub", welcome.GetHubId())
 

@@ -106,26 +106,43 @@ func forever(ctx context.Context, log *slog.Logger, name string, fn func(context
 	}
 }
 
-// restore loads the persisted snapshot into the state, before anything is served.
-func (c *coordinator) restore(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+// restore loads the persisted snapshot into the state; it reports whether
+// etcd answered (with a snapshot or with none).
+func (c *coordinator) restore(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	snap, ok, err := c.snapshots.Load(ctx)
 	switch {
 	case err != nil:
-		c.log.Warn("cannot load the persisted registry; starting empty", "err", err)
-		return
+		c.log.Warn("cannot load the persisted registry yet; serving what peers and spokes send meanwhile", "err", err)
+		return false
 	case !ok:
 		c.log.Info("no persisted registry yet; starting empty")
-		return
+		return true
 	}
 	if err := c.state.restore(ctx, snap); err != nil {
 		c.log.Warn("cannot restore the persisted registry", "err", err)
-		return
+		return false
 	}
 	c.mu.Lock()
 	c.saved = Saved{Revision: snap.Revision, At: snap.Taken, Clusters: len(snap.Clusters), Restored: true}
 	c.mu.Unlock()
+	c.metrics.snapshotRevision.Set(float64(snap.Revision))
+	return true
+}
+
+// restoreLater retries restore until etcd answers (or ctx ends).
+func (c *coordinator) restoreLater(ctx context.Context) {
+	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		if c.restore(ctx) {
+			return
+		}
+	}
 }
 
 // watchEtcd checks etcd every second: while it does not answer, the hub
@@ -198,10 +215,15 @@ func (c *coordinator) leaderDuties(ctx context.Context) {
 	defer t.Stop()
 	var savedVersion uint64
 	saved := false
+	var failedAt time.Time
 	for {
-		if !saved || c.state.View().Registry.Version() != savedVersion {
+		// After a failure, wait a while before re-encoding the same registry.
+		due := !saved || c.state.View().Registry.Version() != savedVersion
+		if due && time.Since(failedAt) > 10*c.interval {
 			if v, ok := c.persist(ctx); ok {
-				savedVersion, saved = v, true
+				savedVersion, saved, failedAt = v, true, time.Time{}
+			} else {
+				failedAt = time.Now()
 			}
 		}
 		c.collect(ctx)

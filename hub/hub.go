@@ -13,6 +13,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
@@ -140,6 +141,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 		}
 	}()
 	cfg.Federation.HubID = cfg.ID
+	if cfg.SnapshotInterval <= 0 {
+		cfg.SnapshotInterval = DefaultConfig().SnapshotInterval
+	}
 	// xDS versions unique to this process: a client that reconnects after a
 	// restart, or to another replica, never takes new content for what it acked.
 	cfg.XDS.VersionPrefix = cfg.ID + "-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
@@ -222,7 +226,15 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 
 	// 4. The xDS server and the state that feeds it.
 	xdsServer := xds.NewServer(cfg.XDS, log, metricsReg)
-	st := newState(cfg.ID, cfg.Liveness, xdsServer, catalog, cfg.Federation.Limits, m.observe, log)
+	// Gossip hears about every change of the state (summaries: who is home, at which stamp).
+	var gossipNow atomic.Pointer[federation.Membership]
+	onChange := func(v View) {
+		m.observe(v)
+		if g := gossipNow.Load(); g != nil {
+			g.UpdateSummaries() // never blocks; pushes at most once a second
+		}
+	}
+	st := newState(cfg.ID, cfg.Liveness, xdsServer, catalog, cfg.Federation.Limits, onChange, log)
 	coord := &coordinator{
 		id: cfg.ID, state: st, etcd: etcd, catalog: catalog, snapshots: snapshots,
 		leaderCfg: leaderConfig(cfg),
@@ -308,12 +320,17 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 		wg.Wait()
 		return nil, err
 	}
-	// 9. Warm start: serve the last persisted registry until live data replaces it.
-	coord.restore(ctx)
+	// 9. Warm start: serve the last persisted registry until live data
+	// replaces it. With etcd unreachable, it goes on trying in the background
+	// (it only ever fills in clusters older than what the hub holds).
+	restored := coord.restore(ctx)
 	// 10. Coordination: etcd health, leadership, liveness; with peers, gossip and replication.
 	coordCtx, stopCoord := context.WithCancel(context.Background())
 	loop := func(name string, fn func(context.Context)) {
 		wg.Go(func() { forever(coordCtx, log, name, fn) })
+	}
+	if !restored {
+		wg.Go(func() { coord.restoreLater(coordCtx) })
 	}
 	loop("etcd-health", coord.watchEtcd)
 	loop("leader", coord.lead)
@@ -334,6 +351,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 			wg.Wait()
 			return nil, fmt.Errorf("gossip: %w", err)
 		}
+		gossipNow.Store(members)
 		replicator := federation.NewReplicator(st, replCfg, peerCreds, log)
 		wg.Go(func() { replicator.Run(coordCtx) })
 		wg.Go(func() { <-members.Done() })

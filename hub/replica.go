@@ -113,6 +113,7 @@ func (s *state) ApplyReplica(ctx context.Context, from string, u federation.Repl
 		s.reg = next
 		s.trackConflicts(prev, diff)
 		s.maxEpoch[u.Cluster] = max(s.maxEpoch[u.Cluster], u.Stamp.Epoch)
+		s.superseded(u.Cluster, u.Stamp.Epoch)
 		sum := next.Cluster(u.Cluster)
 		c.Epoch, c.Version, c.Origin, c.Restored, c.LastUpdate = u.Stamp.Epoch, u.Stamp.Version, from, false, time.Now()
 		c.Digest, c.Services, c.Endpoints = sum.Digest, sum.Services, sum.Endpoints
@@ -128,6 +129,19 @@ func (s *state) ApplyReplica(ctx context.Context, from string, u federation.Repl
 		return err
 	}
 	return applyErr
+}
+
+// superseded ends the cluster's local session's claim to liveness when a
+// newer epoch (a session at another replica, or the leader's drop) has
+// taken over: that session can change nothing any more (its next update
+// fails as superseded), so this replica is not the cluster's home.
+func (s *state) superseded(id registry.ClusterID, epoch uint64) {
+	if e, ok := s.session[id]; ok && e < epoch {
+		delete(s.session, id)
+		c := s.cluster(id)
+		c.Connected, c.LastSeen = false, time.Now()
+		s.checkLiveness(time.Now())
+	}
 }
 
 // restore serves a persisted snapshot until live data replaces it: each
@@ -260,6 +274,7 @@ func (s *state) drop(ctx context.Context, id registry.ClusterID, epoch uint64) e
 		s.reg, diff = s.reg.Apply(registry.Change{Cluster: id, Replace: true})
 		s.trackConflicts(prev, diff)
 		s.maxEpoch[id] = epoch
+		s.superseded(id, epoch)
 		c.Epoch, c.Version, c.Origin, c.Restored, c.Dropped = epoch, 0, s.self, false, true
 		c.Digest, c.Services, c.Endpoints, c.LastUpdate = registry.ZeroHash, 0, 0, time.Now()
 		s.log.Warn("dropped a dead cluster's endpoints (policy drop)", "cluster", id, "noSpokeSince", c.LiveAt, "epoch", epoch)

@@ -86,7 +86,11 @@ type state struct {
 	reg      *registry.Registry
 	clusters map[registry.ClusterID]*ClusterStatus
 	maxEpoch map[registry.ClusterID]uint64
-	homes    map[registry.ClusterID]string // clusters whose spoke another replica serves (gossip)
+	// session is the epoch of each cluster's local spoke session (the one
+	// that makes the cluster Connected here), until it ends or a newer epoch
+	// from anywhere supersedes it.
+	session map[registry.ClusterID]uint64
+	homes   map[registry.ClusterID]string // clusters whose spoke another replica serves (gossip)
 
 	view     atomic.Pointer[View]
 	replicas atomic.Pointer[replicaView]
@@ -110,6 +114,7 @@ func newState(self string, liveness Liveness, publisher Publisher, catalog *fede
 		log: log.With("component", "state"), publisher: publisher, catalog: catalog, limits: limits, onChange: onChange,
 		ops: make(chan func()), done: make(chan struct{}), reg: registry.New(),
 		clusters: map[registry.ClusterID]*ClusterStatus{}, maxEpoch: map[registry.ClusterID]uint64{},
+		session:   map[registry.ClusterID]uint64{},
 		conflicts: map[registry.ClusterID]*clusterConflicts{},
 	}
 	s.replicas.Store(&replicaView{clusters: map[registry.ClusterID]federation.ReplicaCluster{}, changed: make(chan struct{})})
@@ -261,13 +266,17 @@ func (s *state) Begin(ctx context.Context, sess federation.Session) (federation.
 			return
 		}
 		s.maxEpoch[sess.Cluster] = sess.Epoch
+		s.session[sess.Cluster] = sess.Epoch
 		c := s.cluster(sess.Cluster)
 		c.Connected, c.Network, c.SpokeID, c.Build, c.Remote = true, sess.Network, sess.SpokeID, sess.Build, sess.RemoteIP
 		c.SessionStart, c.LastSeen = sess.Started, time.Now()
 		held = federation.Held{Epoch: c.Epoch, Version: c.Version, Digest: s.reg.ClusterDigest(sess.Cluster)}
 		if sess.Resumes(held) {
-			// The live spoke confirms what the hub holds: this replica now speaks for it.
-			c.Restored, c.Origin = false, s.self
+			// The live spoke confirms what the hub holds: this replica now
+			// speaks for it. Re-stamped with the session's epoch, the data
+			// reaches every peer as newer than anything an older session (at
+			// a home that has not noticed it lost the spoke) may still send.
+			c.Epoch, c.Restored, c.Origin = sess.Epoch, false, s.self
 			s.replicaChanged(sess.Cluster)
 		}
 		s.checkLiveness(time.Now())
@@ -291,8 +300,9 @@ func growing(held map[registry.ServiceKey]*registry.Shard, upserts []*registry.S
 func (s *state) End(sess federation.Session) {
 	_ = s.do(context.Background(), func() {
 		c := s.cluster(sess.Cluster)
-		if s.maxEpoch[sess.Cluster] == sess.Epoch {
-			// Only the newest session speaks for the cluster's liveness.
+		if s.session[sess.Cluster] == sess.Epoch {
+			// Only the newest local session speaks for the cluster's liveness.
+			delete(s.session, sess.Cluster)
 			c.Connected, c.LastSeen = false, time.Now()
 			s.checkLiveness(time.Now())
 			s.publish(registry.Diff{})

@@ -1,0 +1,204 @@
+package hub
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/navemesh/nave/federation"
+	"github.com/navemesh/nave/registry"
+)
+
+func stamp(e, v uint64) federation.Stamp { return federation.Stamp{Epoch: e, Version: v} }
+
+// replicaUpdate is a full state of east with the api service on port name,
+// or (with base) a delta upserting it.
+func replicaUpdate(from string, at federation.Stamp, base *federation.Stamp, port string) federation.ReplicaUpdate {
+	ch := registry.Change{Cluster: "east", Upserts: []*registry.Shard{apiShard("east", time.Unix(1, 0), port)}}
+	ch.Replace = base == nil
+	return federation.ReplicaUpdate{Cluster: "east", Stamp: at, Base: base, Change: ch, Origin: from}
+}
+
+func heldPort(s *state) string {
+	svc := s.View().Registry.Service(registry.ServiceKey{Namespace: "default", Name: "api"})
+	if svc == nil {
+		return ""
+	}
+	return svc.Ports[0].Name
+}
+
+// The rules by which a replica takes a peer's data: only over older data,
+// a delta only over exactly its base, nothing from a superseded epoch.
+func TestApplyReplicaRules(t *testing.T) {
+	ctx := context.Background()
+	base := func(e, v uint64) *federation.Stamp { s := stamp(e, v); return &s }
+	for _, tt := range []struct {
+		name    string
+		u       federation.ReplicaUpdate
+		wantErr error
+		port    string
+	}{
+		{"newer full state", replicaUpdate("b", stamp(5, 11), nil, "web"), nil, "web"},
+		{"equal full state (a resync)", replicaUpdate("b", stamp(5, 10), nil, "web"), nil, "web"},
+		{"older full state", replicaUpdate("b", stamp(5, 9), nil, "web"), federation.ErrStale, "grpc"},
+		{"older epoch, newer version", replicaUpdate("b", stamp(4, 99), nil, "web"), federation.ErrStale, "grpc"},
+		{"delta over what is held", replicaUpdate("b", stamp(5, 11), base(5, 10), "web"), nil, "web"},
+		{"delta over another base", replicaUpdate("b", stamp(5, 12), base(5, 11), "web"), federation.ErrBaseMismatch, "grpc"},
+		{"delta already held", replicaUpdate("b", stamp(5, 10), base(5, 9), "web"), federation.ErrStale, "grpc"},
+		{"delta of a newer epoch over another base", replicaUpdate("b", stamp(6, 1), base(6, 0), "web"), federation.ErrBaseMismatch, "grpc"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := startState(t)
+			if err := s.ApplyReplica(ctx, "a", replicaUpdate("a", stamp(5, 10), nil, "grpc")); err != nil {
+				t.Fatal(err)
+			}
+			err := s.ApplyReplica(ctx, "b", tt.u)
+			if !errors.Is(err, tt.wantErr) || (tt.wantErr == nil && err != nil) {
+				t.Fatalf("ApplyReplica = %v, want %v", err, tt.wantErr)
+			}
+			if got := heldPort(s); got != tt.port {
+				t.Errorf("holds port %q, want %q", got, tt.port)
+			}
+		})
+	}
+}
+
+// A spoke that resumes at a new home re-stamps the cluster with the new
+// session's epoch: the new home's peers take it, and from then on refuse
+// what the old home (which has not noticed it lost the spoke) still sends.
+func TestResumeFencesTheOldHomeAtEveryReplica(t *testing.T) {
+	ctx := context.Background()
+	b, c := startState(t), startState(t) // the new home, and a third replica
+	for _, s := range []*state{b, c} {
+		if err := s.ApplyReplica(ctx, "a", replicaUpdate("a", stamp(5, 10), nil, "grpc")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held, _ := b.Held(ctx, "east")
+	sess := federation.Session{Cluster: "east", Epoch: 6, Started: time.Now(), Acked: held}
+	got, err := b.Begin(ctx, sess)
+	if err != nil || !sess.Resumes(got) {
+		t.Fatalf("Begin = %+v, %v; want a resume of %+v", got, err, held)
+	}
+	if now, _ := b.Held(ctx, "east"); now.Epoch != 6 || now.Version != 10 || now.Digest != held.Digest {
+		t.Fatalf("held after the resume = %+v, want epoch 6, version and digest unchanged", now)
+	}
+	// B replicates the re-stamped state; C takes it.
+	rc := func(s *state) federation.ReplicaCluster { m, _ := s.Replicas(); return m["east"] }
+	if r := rc(b); !r.Local || r.Stamp != stamp(6, 10) {
+		t.Fatalf("B serves %+v to its peers, want a local (6,10)", r)
+	}
+	full := replicaUpdate("b", stamp(6, 10), nil, "grpc")
+	if err := c.ApplyReplica(ctx, "b", full); err != nil {
+		t.Fatal(err)
+	}
+	// A's late delta of the old session, at both.
+	late := replicaUpdate("a", stamp(5, 11), &federation.Stamp{Epoch: 5, Version: 10}, "web")
+	for name, s := range map[string]*state{"B": b, "C": c} {
+		if err := s.ApplyReplica(ctx, "a", late); !errors.Is(err, federation.ErrStale) {
+			t.Errorf("%s took the old home's late delta: %v", name, err)
+		}
+		if heldPort(s) != "grpc" {
+			t.Errorf("%s holds port %q, want grpc", name, heldPort(s))
+		}
+	}
+}
+
+// A local session that a newer epoch supersedes (the spoke moved on) does not
+// keep the cluster "connected" here, and its end changes nothing.
+func TestSupersededSessionIsNotConnected(t *testing.T) {
+	ctx := context.Background()
+	s := startState(t)
+	sess := federation.Session{Cluster: "east", Epoch: 5, Started: time.Now()}
+	if _, err := s.Begin(ctx, sess); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Apply(ctx, 5, 1, replicaUpdate("", stamp(5, 1), nil, "grpc").Change); err != nil {
+		t.Fatal(err)
+	}
+	if c := s.View().Clusters["east"]; !c.Connected || c.Home != "hub-test" {
+		t.Fatalf("east = %+v, want connected here", c)
+	}
+	if err := s.ApplyReplica(ctx, "b", replicaUpdate("b", stamp(6, 1), nil, "web")); err != nil {
+		t.Fatal(err)
+	}
+	if c := s.View().Clusters["east"]; c.Connected || c.Home == "hub-test" {
+		t.Errorf("east after a newer epoch from b = connected %v, home %q; want neither here", c.Connected, c.Home)
+	}
+	if _, err := s.Apply(ctx, 5, 2, replicaUpdate("", stamp(5, 2), nil, "grpc").Change); !errors.Is(err, federation.ErrSuperseded) {
+		t.Errorf("the superseded session's update: %v, want ErrSuperseded", err)
+	}
+	s.End(sess)
+	if c := s.View().Clusters["east"]; c.Connected || heldPort(s) != "web" {
+		t.Errorf("after the old session ended: %+v, port %q", c, heldPort(s))
+	}
+}
+
+// Restored data stays marked until a live spoke confirms it by resuming.
+func TestRestoredUntilASpokeResumes(t *testing.T) {
+	ctx := context.Background()
+	s := startState(t)
+	snap := registry.Snapshot{Revision: 1, Clusters: []registry.SnapshotCluster{{Cluster: "east", Epoch: 5, Version: 10,
+		Shards: []*registry.Shard{apiShard("east", time.Unix(1, 0), "grpc")}}}}
+	if err := s.restore(ctx, snap); err != nil {
+		t.Fatal(err)
+	}
+	if c := s.View().Clusters["east"]; !c.Restored || heldPort(s) != "grpc" {
+		t.Fatalf("after restore: %+v", c)
+	}
+	held, _ := s.Held(ctx, "east")
+	if _, err := s.Begin(ctx, federation.Session{Cluster: "east", Epoch: 6, Started: time.Now(), Acked: held}); err != nil {
+		t.Fatal(err)
+	}
+	if c := s.View().Clusters["east"]; c.Restored || c.Origin != "hub-test" {
+		t.Errorf("after a resume: restored %v, origin %q; want confirmed here", c.Restored, c.Origin)
+	}
+}
+
+// The leader's drop of a dead cluster empties it under a newer epoch, as
+// this replica's own change, so peers take it too.
+func TestDropIsReplicated(t *testing.T) {
+	ctx := context.Background()
+	s := startState(t)
+	if err := s.ApplyReplica(ctx, "a", replicaUpdate("a", stamp(5, 10), nil, "grpc")); err != nil {
+		t.Fatal(err)
+	}
+	_ = s.do(ctx, func() { s.clusters["east"].Stale = true })
+	if err := s.drop(ctx, "east", 7); err != nil {
+		t.Fatal(err)
+	}
+	m, _ := s.Replicas()
+	if r := m["east"]; !r.Local || r.Stamp != stamp(7, 0) || len(r.Shards) != 0 {
+		t.Errorf("replica of east after the drop = %+v, want a local, empty (7,0)", r)
+	}
+	if c := s.View().Clusters["east"]; !c.Dropped || c.Services != 0 {
+		t.Errorf("east after the drop = %+v", c)
+	}
+	// A peer takes the drop as newer data.
+	peer := startState(t)
+	_ = peer.ApplyReplica(ctx, "a", replicaUpdate("a", stamp(5, 10), nil, "grpc"))
+	if err := peer.ApplyReplica(ctx, "leader", federation.ReplicaUpdate{Cluster: "east", Stamp: stamp(7, 0),
+		Change: registry.Change{Cluster: "east", Replace: true}}); err != nil {
+		t.Fatal(err)
+	}
+	if heldPort(peer) != "" {
+		t.Error("the peer still serves the dropped cluster")
+	}
+}
+
+// Once a newer session of a cluster has begun here, nothing of an older
+// epoch is taken from peers, even before that session has sent anything.
+func TestNewerLocalSessionFencesOlderReplicas(t *testing.T) {
+	ctx := context.Background()
+	s := startState(t)
+	if err := s.ApplyReplica(ctx, "a", replicaUpdate("a", stamp(5, 10), nil, "grpc")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Begin(ctx, federation.Session{Cluster: "east", Epoch: 6, Started: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ApplyReplica(ctx, "a", replicaUpdate("a", stamp(5, 11), nil, "web")); !errors.Is(err, federation.ErrStale) {
+		t.Errorf("took a full state of epoch 5 after a session of epoch 6 began: %v", err)
+	}
+}
