@@ -120,8 +120,7 @@ func (s *state) ApplyReplica(ctx context.Context, from string, u federation.Repl
 		if c.Network == "" {
 			c.Network = u.Network
 		}
-		// An empty full state of a cluster nobody serves is the leader dropping it.
-		c.Dropped = u.Base == nil && sum.Services == 0 && !c.Connected && c.Home == ""
+		c.Dropped = isDrop(u.Stamp, sum.Services)
 		s.replicaChanged(u.Cluster)
 		s.publish(diff)
 	})
@@ -129,6 +128,13 @@ func (s *state) ApplyReplica(ctx context.Context, from string, u federation.Repl
 		return err
 	}
 	return applyErr
+}
+
+// isDrop tells the leader's drop of a dead cluster by its stamp: an empty
+// state at version 0 of a new epoch, which no spoke session produces (their
+// versions start at 1).
+func isDrop(st federation.Stamp, services int) bool {
+	return st.Epoch != 0 && st.Version == 0 && services == 0
 }
 
 // superseded ends the cluster's local session's claim to liveness when a
@@ -163,6 +169,7 @@ func (s *state) restore(ctx context.Context, snap registry.Snapshot) error {
 			s.maxEpoch[sc.Cluster] = max(s.maxEpoch[sc.Cluster], sc.Epoch)
 			sum := s.reg.Cluster(sc.Cluster)
 			c.Network, c.Epoch, c.Version, c.Restored = sc.Network, sc.Epoch, sc.Version, true
+			c.Dropped = isDrop(federation.Stamp{Epoch: sc.Epoch, Version: sc.Version}, sum.Services)
 			c.Digest, c.Services, c.Endpoints = sum.Digest, sum.Services, sum.Endpoints
 			c.LiveAt = now // a restart gives every cluster its grace again (fail-static)
 			s.replicaChanged(sc.Cluster)

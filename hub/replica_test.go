@@ -202,3 +202,28 @@ func TestNewerLocalSessionFencesOlderReplicas(t *testing.T) {
 		t.Errorf("took a full state of epoch 5 after a session of epoch 6 began: %v", err)
 	}
 }
+
+// A drop arriving as a delta (the peer had been sent the cluster before) is
+// still a drop, and a restored snapshot keeps it one.
+func TestDropArrivingAsADelta(t *testing.T) {
+	ctx := context.Background()
+	peer := startState(t)
+	if err := peer.ApplyReplica(ctx, "leader", replicaUpdate("leader", stamp(5, 10), nil, "grpc")); err != nil {
+		t.Fatal(err)
+	}
+	base := stamp(5, 10)
+	if err := peer.ApplyReplica(ctx, "leader", federation.ReplicaUpdate{Cluster: "east", Stamp: stamp(7, 0), Base: &base,
+		Change: registry.Change{Cluster: "east", Removes: []registry.ServiceKey{{Namespace: "default", Name: "api"}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if c := peer.View().Clusters["east"]; !c.Dropped {
+		t.Errorf("east after the leader's drop as a delta = %+v, want dropped", c)
+	}
+	restarted := startState(t)
+	if err := restarted.restore(ctx, registry.Snapshot{Revision: 1, Clusters: []registry.SnapshotCluster{{Cluster: "east", Epoch: 7}}}); err != nil {
+		t.Fatal(err)
+	}
+	if c := restarted.View().Clusters["east"]; !c.Dropped {
+		t.Errorf("east restored from a snapshot taken after the drop = %+v, want dropped", c)
+	}
+}
