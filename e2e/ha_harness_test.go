@@ -257,7 +257,9 @@ func joinList(all []string, self string) string {
 
 func (g *haGroup) start(r *hubReplica) {
 	started := time.Now()
-	defer func() { g.t.Logf("%s: process start -> ready (serving) in %v", r.id, time.Since(started).Round(time.Millisecond)) }()
+	defer func() {
+		g.t.Logf("%s: process start -> ready (serving) in %v", r.id, time.Since(started).Round(time.Millisecond))
+	}()
 	if len(r.wrap) > 0 {
 		r.proc = startProc(g.t, r.id, r.wrap[0], append(append(slices.Clone(r.wrap[1:]), g.bin), r.args...)...)
 	} else {
