@@ -234,7 +234,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 			g.UpdateSummaries() // never blocks; pushes at most once a second
 		}
 	}
-	st := newState(cfg.ID, cfg.Liveness, xdsServer, catalog, cfg.Federation.Limits, onChange, log)
+	// xDS translation runs off the state goroutine, coalescing what arrives meanwhile.
+	push := newPusher(xdsServer, log)
+	st := newState(cfg.ID, cfg.Liveness, push, catalog, cfg.Federation.Limits, onChange, log)
 	coord := &coordinator{
 		id: cfg.ID, state: st, etcd: etcd, catalog: catalog, snapshots: snapshots,
 		leaderCfg: leaderConfig(cfg),
@@ -315,6 +317,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 	var wg sync.WaitGroup
 	stateCtx, stopState := context.WithCancel(context.Background())
 	wg.Go(func() { st.run(stateCtx) })
+	wg.Go(func() { push.run(stateCtx) })
 	if err := st.known(ctx, records); err != nil {
 		stopState()
 		wg.Wait()

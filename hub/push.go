@@ -1,0 +1,91 @@
+package hub
+
+import (
+	"context"
+	"log/slog"
+	"maps"
+	"runtime/debug"
+	"slices"
+	"sync"
+
+	"github.com/navemesh/nave/registry"
+)
+
+// pusher takes registry changes from the state goroutine without making it
+// wait for xDS translation, and hands them to the xDS server on a goroutine
+// of its own. Changes that arrive while a push runs are merged into the
+// next one: the coalescing window adapts to the load, with no delay when
+// the hub is idle and one push per busy period otherwise.
+type pusher struct {
+	target Publisher
+	log    *slog.Logger
+	wake   chan struct{} // buffered 1: a push is due
+
+	mu      sync.Mutex // guards reg and pending
+	reg     *registry.Registry
+	pending map[registry.ServiceKey]registry.ServiceDiff
+}
+
+func newPusher(target Publisher, log *slog.Logger) *pusher {
+	return &pusher{target: target, log: log.With("component", "push"), wake: make(chan struct{}, 1),
+		pending: map[registry.ServiceKey]registry.ServiceDiff{}}
+}
+
+// Update implements Publisher: it never blocks.
+func (p *pusher) Update(r *registry.Registry, d registry.Diff) {
+	p.mu.Lock()
+	p.reg = r
+	for _, sd := range d.Services {
+		if old, ok := p.pending[sd.Key]; ok {
+			// The translation reads the service from the latest registry: only what to redo matters.
+			sd.ShapeChanged = sd.ShapeChanged || old.ShapeChanged
+			sd.EndpointsChanged = sd.EndpointsChanged || old.EndpointsChanged
+		}
+		p.pending[sd.Key] = sd
+	}
+	p.mu.Unlock()
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// take returns what is due, merged into one diff, and clears it.
+func (p *pusher) take() (*registry.Registry, registry.Diff) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r := p.reg
+	if r == nil || len(p.pending) == 0 {
+		return r, registry.Diff{}
+	}
+	d := registry.Diff{Version: r.Version(), Services: make([]registry.ServiceDiff, 0, len(p.pending))}
+	for _, k := range slices.SortedFunc(maps.Keys(p.pending), registry.ServiceKey.Compare) {
+		d.Services = append(d.Services, p.pending[k])
+	}
+	clear(p.pending)
+	return r, d
+}
+
+// run pushes until ctx ends.
+func (p *pusher) run(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.wake:
+		}
+		r, d := p.take()
+		if r != nil && !d.Empty() {
+			p.push(r, d)
+		}
+	}
+}
+
+func (p *pusher) push(r *registry.Registry, d registry.Diff) {
+	defer func() {
+		if rec := recover(); rec != nil {
+			p.log.Error("panic while pushing to xDS; the next change pushes again", "panic", rec, "stack", string(debug.Stack()))
+		}
+	}()
+	p.target.Update(r, d)
+}

@@ -1,0 +1,79 @@
+package hub
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/navemesh/nave/registry"
+)
+
+// blockingPublisher records pushes; each push waits until released.
+type blockingPublisher struct {
+	mu      sync.Mutex
+	pushes  []registry.Diff
+	release chan struct{}
+	entered chan struct{}
+}
+
+func (b *blockingPublisher) Update(_ *registry.Registry, d registry.Diff) {
+	b.entered <- struct{}{}
+	<-b.release
+	b.mu.Lock()
+	b.pushes = append(b.pushes, d)
+	b.mu.Unlock()
+}
+
+// Changes that arrive while a push runs become one push, with what each
+// service needs redone merged; the caller never waits for a push.
+func TestPusherCoalescesWhileBusy(t *testing.T) {
+	b := &blockingPublisher{release: make(chan struct{}), entered: make(chan struct{}, 10)}
+	p := newPusher(b, slog.New(slog.DiscardHandler))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); p.run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	key := func(n string) registry.ServiceKey { return registry.ServiceKey{Namespace: "ns", Name: n} }
+	reg := registry.New()
+	p.Update(reg, registry.Diff{Services: []registry.ServiceDiff{{Key: key("a"), EndpointsChanged: true}}})
+	<-b.entered // the first push is running and blocked
+	start := time.Now()
+	p.Update(reg, registry.Diff{Services: []registry.ServiceDiff{{Key: key("b"), EndpointsChanged: true}}})
+	p.Update(reg, registry.Diff{Services: []registry.ServiceDiff{{Key: key("a"), ShapeChanged: true}}})
+	p.Update(reg, registry.Diff{Services: []registry.ServiceDiff{{Key: key("b"), ShapeChanged: false, EndpointsChanged: false}}})
+	if waited := time.Since(start); waited > time.Second {
+		t.Fatalf("Update waited %v for a running push", waited)
+	}
+	b.release <- struct{}{}
+	<-b.entered
+	b.release <- struct{}{}
+	deadline := time.After(5 * time.Second)
+	for {
+		b.mu.Lock()
+		n := len(b.pushes)
+		b.mu.Unlock()
+		if n == 2 {
+			break
+		}
+		select {
+		case <-deadline:
+			t.Fatalf("%d pushes, want 2", n)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	want := []registry.ServiceDiff{{Key: key("a"), ShapeChanged: true}, {Key: key("b"), EndpointsChanged: true}}
+	if got := b.pushes[1].Services; !slices.Equal(got, want) {
+		t.Errorf("second push = %+v, want the three later changes merged: %+v", got, want)
+	}
+	select {
+	case <-b.entered:
+		t.Error("a third push, with nothing left to push")
+	default:
+	}
+}
