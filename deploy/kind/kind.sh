@@ -2,7 +2,8 @@
 # kind.sh: a three-cluster Nave lab on kind (Kubernetes in Docker).
 #
 #   deploy/kind/kind.sh up     create nave-east, nave-north, nave-west; build and load the
-#                              image; deploy the hub (east) and a spoke in every cluster
+#                              image; deploy etcd and the hub's three replicas (east) and a
+#                              spoke in every cluster
 #   deploy/kind/kind.sh e2e    run the TestKube end-to-end tests against the lab
 #                              (extra arguments go to `go test`, e.g. -v)
 #   deploy/kind/kind.sh down   delete the three clusters and everything under deploy/kind/.kube
@@ -10,7 +11,9 @@
 # Needs kind, kubectl and a running Docker engine (and Go for e2e). `up` is idempotent:
 # run it again after a code change and it rebuilds, reloads and rolls out what changed.
 #
-# Wiring: the hub runs in nave-east behind the NodePort Service hub-nodeport.yaml
+# Wiring: the hub's replicas and their etcd (deploy/hub/etcd.yaml) run in nave-east; the
+# replicas find each other through the headless Service nave-hub-peers and serve behind
+# the NodePort Service hub-nodeport.yaml
 # (31010 federation, 31011 xDS, 31012 admin). east.yaml publishes those ports on
 # 127.0.0.1 of this machine (for the tests and navectl). The east spoke dials the hub's
 # ClusterIP Service; the north and west spokes dial the nave-east control-plane
@@ -136,15 +139,22 @@ load_image() {
 	done
 }
 
-# ensure_tokens makes one random token per cluster, once; later runs reuse them.
+# ensure_tokens makes one random token per cluster and the hub replicas' peer token,
+# once; later runs reuse them.
 ensure_tokens() {
 	local c f
 	mkdir -p "$state/tokens"
 	chmod 700 "$state/tokens"
-	for c in "${clusters[@]}"; do
-		f=$state/tokens/$c
+	for f in "${clusters[@]}" peer; do
+		f=$state/tokens/$f
 		if [[ ! -s $f ]]; then
 			(umask 077 && od -An -tx1 -N24 /dev/urandom | tr -d ' \n' >"$f")
+		fi
+	done
+	# The hub refuses a peer token that is also a cluster's token.
+	for c in "${clusters[@]}"; do
+		if cmp -s "$state/tokens/$c" "$state/tokens/peer"; then
+			die "the peer token equals the token of cluster $c: delete $state/tokens/peer and run again"
 		fi
 	done
 	(
@@ -163,13 +173,47 @@ install_base() {
 	kc "$c" apply -f "$deploy/base/namespace.yaml"
 }
 
+# deploy_etcd runs the hub replicas' shared etcd (three members) and waits until it is
+# rolled out: the hub needs it to admit spokes.
+deploy_etcd() {
+	local c=$hub_cluster
+	log "$c: etcd"
+	kc "$c" apply -f "$deploy/hub/etcd.yaml"
+	kc "$c" -n "$ns" rollout status statefulset/nave-etcd --timeout="$rollout_timeout"
+}
+
+# replace_single_replica_hub deletes (orphaning its pods) a hub StatefulSet from before hub
+# replicas: it claimed a volume per pod for the embedded etcd, and volumeClaimTemplates
+# cannot be changed in place. The StatefulSet applied next adopts the pods and rolls them.
+# Returns 0 if it deleted one.
+replace_single_replica_hub() {
+	local c=$hub_cluster claims
+	claims=$(kc "$c" -n "$ns" get statefulset nave-hub --ignore-not-found \
+		-o jsonpath='{.spec.volumeClaimTemplates[*].metadata.name}')
+	if [[ -n $claims ]]; then
+		log "$c: replacing the single-replica hub StatefulSet (embedded etcd) with the replicated one"
+		kc "$c" -n "$ns" delete statefulset nave-hub --cascade=orphan
+		return 0
+	fi
+	return 1
+}
+
 deploy_hub() {
-	local c=$hub_cluster restart=false manifest
+	local c=$hub_cluster restart=false manifest old_hub_claims=false
 	log "$c: hub"
 	manifest=$(kc "$c" -n "$ns" create secret generic nave-hub-tokens \
 		--from-file=tokens.yaml="$state/tokens/hub-tokens.yaml" --dry-run=client -o yaml)
 	if apply_reports_changed "$c" <<<"$manifest"; then
 		restart=true
+	fi
+	manifest=$(kc "$c" -n "$ns" create secret generic nave-hub-peer-token \
+		--from-file=token="$state/tokens/peer" --dry-run=client -o yaml)
+	if apply_reports_changed "$c" <<<"$manifest"; then
+		restart=true
+	fi
+	deploy_etcd
+	if replace_single_replica_hub; then
+		old_hub_claims=true
 	fi
 	render "$deploy/hub/hub.yaml" | kc "$c" apply -f -
 	kc "$c" apply -f "$here/hub-nodeport.yaml"
@@ -178,6 +222,10 @@ deploy_hub() {
 		kc "$c" -n "$ns" rollout restart statefulset/nave-hub
 	fi
 	kc "$c" -n "$ns" rollout status statefulset/nave-hub --timeout="$rollout_timeout"
+	# The embedded etcd's volumes are unused now (their pods are gone after the rollout).
+	if $old_hub_claims; then
+		kc "$c" -n "$ns" delete pvc -l app.kubernetes.io/name=nave-hub --ignore-not-found
+	fi
 }
 
 hub_addr_for() {
