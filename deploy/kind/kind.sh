@@ -13,8 +13,8 @@
 #
 # Wiring: the hub's replicas and their etcd (deploy/hub/etcd.yaml) run in nave-east; the
 # replicas find each other through the headless Service nave-hub-peers and serve behind
-# the NodePort Service hub-nodeport.yaml
-# (31010 federation, 31011 xDS, 31012 admin). east.yaml publishes those ports on
+# the NodePort Service hub-nodeport.yaml (31010 federation, 31011 xDS, 31012 admin),
+# which reaches any of them. east.yaml publishes those ports on
 # 127.0.0.1 of this machine (for the tests and navectl). The east spoke dials the hub's
 # ClusterIP Service; the north and west spokes dial the nave-east control-plane
 # container's address on the docker network "kind", port 31010.
