@@ -22,9 +22,11 @@ build:
 test: generate-check lint kube-apiserver
 	NAVE_E2E_REQUIRE=1 $(GO) test -race -count=1 -timeout 30m ./...
 
-## bench: benchmarks print numbers; nothing is asserted.
+## bench: benchmarks print numbers; nothing is asserted. The scale benchmark drives a real hub
+## with simulated spokes and ADS clients (small by default; SCALE=large for the target scale).
 bench:
 	$(GO) test -run='^$$' -bench=. -benchmem ./...
+	$(GO) run ./bench -scale $(or $(SCALE),small) -out bench-results.json
 
 ## demo: a hub, three clusters' spokes, real gRPC backends and an xDS client; watch it fail over.
 demo: build

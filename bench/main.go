@@ -1,0 +1,784 @@
+// Command bench is Nave's scale benchmark: it drives a real `nave hub`
+// process with simulated spokes (real federation publishers), many
+// lightweight ADS clients and two real grpc-go xDS clients, churns
+// endpoints, restarts the hub, and reports convergence latency, xDS traffic,
+// the hub's memory and CPU, and how fast it serves again after a restart.
+//
+//	go run ./bench                        # small scale (or SCALE=large)
+//	go run ./bench -scale large -out large.json
+//	go run ./bench -h                     # every knob
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/navemesh/nave/registry"
+)
+
+// scaleConfig is the size of one run.
+type scaleConfig struct {
+	Name              string        `json:"name"`
+	Clusters          int           `json:"clusters"`
+	Services          int           `json:"servicesPerCluster"`
+	Endpoints         int           `json:"endpointsPerService"` // per cluster
+	GRPCClients       int           `json:"grpcClients"`
+	ServicesPerClient int           `json:"servicesPerClient"`
+	Gateways          int           `json:"gatewayClients"`
+	Rate              float64       `json:"changesPerSecond"`
+	Duration          time.Duration `json:"churnDuration"`
+	// RestartOver is how long the rolling restart of one service takes (0: none).
+	RestartOver time.Duration `json:"restartOver"`
+	// PhaseTimeout bounds every wait (sync, clients, drain, restarts).
+	PhaseTimeout time.Duration `json:"phaseTimeout"`
+}
+
+// MarshalJSON writes durations as text ("20s").
+func (s scaleConfig) MarshalJSON() ([]byte, error) {
+	type plain scaleConfig
+	return json.Marshal(struct {
+		plain
+		Duration     string `json:"churnDuration"`
+		RestartOver  string `json:"restartOver"`
+		PhaseTimeout string `json:"phaseTimeout"`
+	}{plain(s), s.Duration.String(), s.RestartOver.String(), s.PhaseTimeout.String()})
+}
+
+var scales = map[string]scaleConfig{
+	"small": {Name: "small", Clusters: 3, Services: 100, Endpoints: 10, GRPCClients: 100, ServicesPerClient: 5, Gateways: 2,
+		Rate: 20, Duration: 20 * time.Second, RestartOver: 10 * time.Second, PhaseTimeout: 2 * time.Minute},
+	"large": {Name: "large", Clusters: 10, Services: 1000, Endpoints: 10, GRPCClients: 1000, ServicesPerClient: 5, Gateways: 10,
+		Rate: 100, Duration: 60 * time.Second, RestartOver: 30 * time.Second, PhaseTimeout: 10 * time.Minute},
+}
+
+// config is everything a run needs.
+type config struct {
+	scale       scaleConfig
+	conns       int
+	delta       bool
+	seed        uint64
+	out         string
+	cpuProfile  string
+	heapProfile string
+	naveBin     string
+	keep        bool
+	settle      time.Duration
+	spokeMaxBo  time.Duration
+	hubArgs     []string
+	noRestarts  bool
+}
+
+func parseFlags(args []string) (config, error) {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	var cfg config
+	scaleName := fs.String("scale", cmpOr(os.Getenv("SCALE"), "small"), "small or large (default from $SCALE)")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: go run ./bench [flags]\n\nScales (the other size flags override the scale's values):\n")
+		for _, name := range []string{"small", "large"} {
+			sc := scales[name]
+			fmt.Fprintf(fs.Output(), "  %s: %d clusters x %d services x %d endpoints, %d gRPC clients x %d services, %d gateways, %.0f changes/s for %s\n",
+				name, sc.Clusters, sc.Services, sc.Endpoints, sc.GRPCClients, sc.ServicesPerClient, sc.Gateways, sc.Rate, sc.Duration)
+		}
+		fmt.Fprintln(fs.Output())
+		fs.PrintDefaults()
+	}
+	var o scaleConfig
+	fs.IntVar(&o.Clusters, "clusters", 0, "simulated clusters (spokes)")
+	fs.IntVar(&o.Services, "services", 0, "services per cluster (every cluster exports every service)")
+	fs.IntVar(&o.Endpoints, "endpoints", 0, "endpoints per service per cluster")
+	fs.IntVar(&o.GRPCClients, "grpc-clients", 0, "gRPC-style ADS clients (LDS->RDS->CDS->EDS by name, with a locality)")
+	fs.IntVar(&o.ServicesPerClient, "services-per-client", 0, "services each gRPC-style client subscribes to")
+	fs.IntVar(&o.Gateways, "gateways", 0, "gateway-style ADS clients (wildcard CDS, EDS for every cluster)")
+	fs.Float64Var(&o.Rate, "rate", 0, "endpoint changes per second during the churn")
+	fs.DurationVar(&o.Duration, "duration", 0, "how long the churn lasts")
+	fs.DurationVar(&o.RestartOver, "restart-over", 0, "how long the rolling restart of one service takes")
+	fs.DurationVar(&o.PhaseTimeout, "phase-timeout", 0, "longest wait for any phase (sync, clients, drain, restart)")
+	noRestart := fs.Bool("no-rolling-restart", false, "churn without the rolling restart of one service")
+	fs.BoolVar(&cfg.noRestarts, "no-restarts", false, "skip the warm and cold hub restarts")
+	fs.IntVar(&cfg.conns, "conns", 4, "gRPC connections the ADS clients share")
+	fs.BoolVar(&cfg.delta, "delta", false, "ADS clients speak delta (incremental) xDS instead of state of the world")
+	fs.Uint64Var(&cfg.seed, "seed", 1, "random seed (subscriptions, churn)")
+	fs.StringVar(&cfg.out, "out", "bench-results.json", "where to write the results as JSON (empty: nowhere)")
+	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "save the hub's CPU profile during the churn here (if the hub serves /debug/pprof)")
+	fs.StringVar(&cfg.heapProfile, "heapprofile", "", "save the hub's heap profile after the churn here (if the hub serves /debug/pprof)")
+	fs.StringVar(&cfg.naveBin, "nave-bin", "", "a built nave binary (default: build ./cmd/nave into the work dir)")
+	fs.BoolVar(&cfg.keep, "keep", false, "keep the work dir (hub data, logs) after a successful run")
+	fs.DurationVar(&cfg.settle, "settle", 2*time.Second, "pause before each memory sample, so the hub's heap settles")
+	fs.DurationVar(&cfg.spokeMaxBo, "spoke-max-backoff", 500*time.Millisecond, "the simulated spokes' longest reconnect backoff (production default: 30s)")
+	hubArgs := fs.String("hub-args", "", "extra flags for nave hub, space-separated (e.g. \"--snapshot-interval 1s\")")
+	if err := fs.Parse(args); err != nil {
+		return config{}, err
+	}
+	if fs.NArg() > 0 {
+		return config{}, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	sc, ok := scales[*scaleName]
+	if !ok {
+		return config{}, fmt.Errorf("-scale %q: want small or large", *scaleName)
+	}
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "clusters":
+			sc.Clusters = o.Clusters
+		case "services":
+			sc.Services = o.Services
+		case "endpoints":
+			sc.Endpoints = o.Endpoints
+		case "grpc-clients":
+			sc.GRPCClients = o.GRPCClients
+		case "services-per-client":
+			sc.ServicesPerClient = o.ServicesPerClient
+		case "gateways":
+			sc.Gateways = o.Gateways
+		case "rate":
+			sc.Rate = o.Rate
+		case "duration":
+			sc.Duration = o.Duration
+		case "restart-over":
+			sc.RestartOver = o.RestartOver
+		case "phase-timeout":
+			sc.PhaseTimeout = o.PhaseTimeout
+		}
+	})
+	if *noRestart {
+		sc.RestartOver = 0
+	}
+	cfg.scale = sc
+	cfg.hubArgs = strings.Fields(*hubArgs)
+	return cfg, validate(cfg)
+}
+
+func validate(cfg config) error {
+	sc, lim := cfg.scale, registry.DefaultLimits()
+	switch {
+	case sc.Clusters < 1 || sc.Services < 1 || sc.Endpoints < 1:
+		return errors.New("-clusters, -services and -endpoints must be at least 1")
+	case sc.Services+1 > lim.MaxServicesPerCluster:
+		return fmt.Errorf("-services %d: a cluster may export at most %d", sc.Services, lim.MaxServicesPerCluster-1)
+	case 2*sc.Endpoints > lim.MaxEndpoints:
+		return fmt.Errorf("-endpoints %d: the churn doubles it at most, and a shard holds at most %d", sc.Endpoints, lim.MaxEndpoints)
+	case 2*sc.Services*sc.Endpoints > lim.MaxEndpointsPerCluster:
+		return fmt.Errorf("-services x -endpoints: the churn may double them, and a cluster holds at most %d endpoints", lim.MaxEndpointsPerCluster)
+	case sc.GRPCClients < 0 || sc.Gateways < 0 || sc.GRPCClients+sc.Gateways == 0:
+		return errors.New("need at least one ADS client (-grpc-clients, -gateways)")
+	case sc.ServicesPerClient < 1:
+		return errors.New("-services-per-client must be at least 1")
+	case sc.Rate <= 0 || sc.Duration <= 0:
+		return errors.New("-rate and -duration must be positive")
+	case sc.PhaseTimeout <= 0:
+		return errors.New("-phase-timeout must be positive")
+	case cfg.conns < 1:
+		return errors.New("-conns must be at least 1")
+	}
+	return nil
+}
+
+func main() {
+	cfg, err := parseFlags(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// After the first signal the bench cleans up (the hub is stopped either
+	// way); a second one kills it at once.
+	context.AfterFunc(ctx, stop)
+	err = run(ctx, cfg, os.Stdout)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// progress prints what the bench is doing to stderr.
+func progress(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s ==> %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
+}
+
+// run runs the whole benchmark, then reports what it measured, also when a
+// phase failed (the results say which).
+func run(ctx context.Context, cfg config, stdout io.Writer) (err error) {
+	res := &results{Scale: cfg.scale, Delta: cfg.delta, Conns: cfg.conns, Seed: cfg.seed, Started: time.Now(), CPUs: numCPU()}
+	b := &bench{cfg: cfg, res: res}
+	defer func() {
+		b.close()
+		if err != nil {
+			res.Error = err.Error()
+			if b.work != "" && (ctx.Err() == nil || cfg.keep) {
+				err = fmt.Errorf("%w\n(hub log and data kept in %s)", err, b.work)
+			}
+		}
+		printReport(stdout, res)
+		if cfg.out != "" {
+			if werr := writeJSON(cfg.out, res); werr != nil && err == nil {
+				err = werr
+			} else if werr == nil {
+				progress("results written to %s", cfg.out)
+			}
+		}
+		// A failed run keeps the work dir for its logs; an interrupted or successful one does not.
+		if (err == nil || ctx.Err() != nil) && !cfg.keep && b.work != "" {
+			_ = os.RemoveAll(b.work)
+		}
+	}()
+	steps := []struct {
+		name    string
+		fn      func(context.Context) error
+		restart bool // skipped with -no-restarts
+	}{
+		// 1. A work dir and the hub binary.
+		{"prepare", b.prepare, false},
+		// 2. The echo backend and the hub, empty.
+		{"start the hub", b.startHub, false},
+		// 3. Simulated clusters publish their full states: the initial sync.
+		{"initial sync", b.initialSync, false},
+		// 4. ADS clients connect: first one per locality group, then the rest; then real grpc-go clients.
+		{"connect clients", b.connectClients, false},
+		// 5. Churn endpoints; measure convergence, traffic and the hub's cost.
+		{"churn", b.churn, false},
+		// 6. Restart the hub on its data dir (warm start from the persisted snapshot).
+		{"warm restart", b.warmRestart, true},
+		// 7. Restart the hub on a fresh data dir (spokes resync everything).
+		{"cold restart", b.coldRestart, true},
+	}
+	for _, s := range steps {
+		if s.restart && cfg.noRestarts {
+			continue
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("interrupted before %s", s.name)
+		}
+		if err := s.fn(ctx); err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("%s: interrupted", s.name)
+			}
+			return fmt.Errorf("%s: %w", s.name, err)
+		}
+	}
+	return nil
+}
+
+// bench holds what the steps share.
+type bench struct {
+	cfg     config
+	res     *results
+	work    string
+	bin     string
+	hub     *hubProcess
+	echo    *echoBackend
+	ledger  *ledger
+	world   *world
+	spokes  *spokes
+	fleet   *fleet
+	sanity  []*sanityClient
+	all     []int // every client index
+	logFile *os.File
+}
+
+func (b *bench) close() {
+	for _, s := range b.sanity {
+		s.close()
+	}
+	if b.fleet != nil {
+		b.fleet.stop()
+	}
+	if b.spokes != nil {
+		b.spokes.stop()
+	}
+	if b.hub != nil {
+		b.hub.kill()
+	}
+	if b.echo != nil {
+		b.echo.stop()
+	}
+	if b.logFile != nil {
+		b.logFile.Close()
+	}
+}
+
+func (b *bench) prepare(ctx context.Context) error {
+	work, err := os.MkdirTemp("", "nave-bench-")
+	if err != nil {
+		return fmt.Errorf("work dir: %w", err)
+	}
+	b.work = work
+	progress("scale %s: %d clusters x %d services x %d endpoints, %d gRPC clients (%d services each), %d gateways, %.0f changes/s for %s; work dir %s",
+		b.cfg.scale.Name, b.cfg.scale.Clusters, b.cfg.scale.Services, b.cfg.scale.Endpoints, b.cfg.scale.GRPCClients,
+		b.cfg.scale.ServicesPerClient, b.cfg.scale.Gateways, b.cfg.scale.Rate, b.cfg.scale.Duration, work)
+	if b.cfg.naveBin != "" {
+		b.bin = b.cfg.naveBin
+		return nil
+	}
+	progress("building ./cmd/nave")
+	b.bin, err = buildHub(ctx, work)
+	return err
+}
+
+func (b *bench) startHub(ctx context.Context) error {
+	var err error
+	if b.echo, err = startEchoBackend(); err != nil {
+		return err
+	}
+	if b.hub, err = newHubProcess(b.bin, filepath.Join(b.work, "hub.log"), b.cfg.hubArgs); err != nil {
+		return err
+	}
+	progress("starting the hub (federation %s, xDS %s, admin %s)", b.hub.fed, b.hub.xds, b.hub.admin)
+	if err := b.hub.start(filepath.Join(b.work, "data-1")); err != nil {
+		return err
+	}
+	ready, err := b.hub.waitReady(ctx, b.cfg.scale.PhaseTimeout)
+	if err != nil {
+		return err
+	}
+	b.res.HubReadyMs = ms(ready)
+	return b.sample(ctx, "empty")
+}
+
+// sample records the hub's resource use after the settle pause.
+func (b *bench) sample(ctx context.Context, phase string) error {
+	if err := sleep(ctx, b.cfg.settle); err != nil {
+		return err
+	}
+	u, err := b.hub.usage(ctx, phase)
+	if err != nil {
+		return fmt.Errorf("sample the hub's usage: %w", err)
+	}
+	b.res.Usage = append(b.res.Usage, u)
+	return nil
+}
+
+func (b *bench) initialSync(ctx context.Context) error {
+	sc := b.cfg.scale
+	b.ledger = newLedger(time.Now(), sc.Clusters, sc.Services)
+	var err error
+	if b.world, err = newWorld(sc, b.ledger, b.cfg.seed, b.echo.addr); err != nil {
+		return err
+	}
+	b.res.Endpoints = b.world.endpointCount()
+	// The clients exist (unconnected) before any change, so every change knows its subscribers.
+	if b.fleet, err = newFleet(ctx, fleetConfig{GRPC: sc.GRPCClients, ServicesPerClient: sc.ServicesPerClient,
+		Gateways: sc.Gateways, Conns: b.cfg.conns, Delta: b.cfg.delta, Seed: b.cfg.seed}, sc, b.ledger, b.hub.xds); err != nil {
+		return err
+	}
+	if b.logFile, err = os.Create(filepath.Join(b.work, "spokes.log")); err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(b.logFile, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	progress("%d spokes publish %d endpoints", sc.Clusters, b.res.Endpoints)
+	start := time.Now()
+	if b.spokes, err = startSpokes(ctx, b.world, b.hub.fed, b.cfg.spokeMaxBo, log); err != nil {
+		return err
+	}
+	synced, confirmed, err := b.awaitSpokes(ctx, nil, start)
+	if err != nil {
+		return err
+	}
+	b.res.InitialSync = syncResult{SpokesSyncedMs: ms(synced), HubConfirmedMs: ms(confirmed)}
+	progress("initial sync: spokes acknowledged after %s, hub view confirmed after %s", synced.Round(time.Millisecond), confirmed.Round(time.Millisecond))
+	return b.sample(ctx, "synced")
+}
+
+// awaitSpokes waits until every publisher has a session acknowledged by the
+// hub, later than the sessions counted in after (nil: any), and the hub's
+// /debug/clusters shows every cluster connected, confirmed (not restored),
+// at the version the spoke holds acknowledged, with every endpoint. It
+// returns how long after start each was first seen.
+func (b *bench) awaitSpokes(ctx context.Context, after []int, start time.Time) (synced, confirmed time.Duration, err error) {
+	err = b.await(ctx, "every spoke synced and the hub showing it", func() (bool, error) {
+		at, ok := b.spokes.syncedSince(after)
+		if !ok {
+			return false, nil
+		}
+		synced = at.Sub(start)
+		ok, err := b.hubConfirms(ctx)
+		if ok {
+			confirmed = time.Since(start)
+		}
+		return ok, err
+	})
+	return synced, confirmed, err
+}
+
+// hubConfirms reports whether the hub holds every cluster live, at the
+// version its spoke holds acknowledged, with every endpoint.
+func (b *bench) hubConfirms(ctx context.Context) (bool, error) {
+	view, err := b.hub.clusters(ctx)
+	if err != nil {
+		return false, nil // the hub may still be starting; await times out if it never answers
+	}
+	byID := map[string]hubCluster{}
+	for _, c := range view {
+		byID[c.Cluster] = c
+	}
+	for i, cl := range b.world.clusters {
+		st, _, _ := b.spokes.status[i].snapshot()
+		want := 0
+		for _, sh := range cl.state {
+			want += len(sh.Endpoints)
+		}
+		c, ok := byID[string(cl.id)]
+		if !ok || !c.Connected || c.Restored || c.Version != st.AckedVersion || c.Endpoints != want {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// await polls cond until it holds, the phase timeout passes, or the hub exits.
+func (b *bench) await(ctx context.Context, what string, cond func() (bool, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.scale.PhaseTimeout)
+	defer cancel()
+	for {
+		ok, err := cond()
+		if err != nil {
+			return fmt.Errorf("waiting for %s: %w", what, err)
+		}
+		if ok {
+			return nil
+		}
+		if !b.hub.running() {
+			return fmt.Errorf("waiting for %s: the hub exited (%v); its log ends:\n%s", what, b.hub.waitErr, b.hub.logTail(20))
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for %s: %w", what, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+func (b *bench) connectClients(ctx context.Context) error {
+	sc := b.cfg.scale
+	first := b.fleet.firstPerGroup(regions(sc.Clusters))
+	for i := range b.fleet.clients {
+		b.all = append(b.all, i)
+	}
+	rest := slices.DeleteFunc(slices.Clone(b.all), func(i int) bool { return slices.Contains(first, i) })
+	// How long from their start until the last of them held every endpoint (client-side timestamps).
+	awaitClients := func(indices []int, what string) (time.Duration, error) {
+		start := b.ledger.since(time.Now())
+		var last time.Duration
+		err := b.await(ctx, what, func() (bool, error) {
+			var done int
+			last, done = b.fleet.complete(indices, 0)
+			return done == len(indices), nil
+		})
+		return last - start, err
+	}
+	progress("connecting %d clients, one per locality group", len(first))
+	b.fleet.start(first)
+	d, err := awaitClients(first, "the first client of every locality group to hold every endpoint")
+	if err != nil {
+		return err
+	}
+	b.res.Connect.FirstPerGroup, b.res.Connect.FirstPerGroupMs = len(first), ms(d)
+	if err := b.sample(ctx, "groups"); err != nil {
+		return err
+	}
+	progress("connecting the other %d clients", len(rest))
+	b.fleet.start(rest)
+	d, err = awaitClients(rest, "every client to hold every endpoint")
+	if err != nil {
+		return err
+	}
+	b.res.Connect.Rest, b.res.Connect.RestMs = len(rest), ms(d)
+	progress("clients connected: first per group after %s, the rest after %s", time.Duration(b.res.Connect.FirstPerGroupMs*1e6).Round(time.Millisecond), d.Round(time.Millisecond))
+	if err := b.sample(ctx, "clients"); err != nil {
+		return err
+	}
+	// Real grpc-go clients in two localities call the echo backend through the hub.
+	regionLast := fmt.Sprintf("region-%d", regions(sc.Clusters)-1)
+	for i, l := range []registry.Locality{{Region: "region-0", Zone: zoneOf("region-0", 0)}, {Region: regionLast, Zone: zoneOf(regionLast, 1)}} {
+		c, err := newSanityClient(b.hub.xds, fmt.Sprintf("grpc-go-%d", i), l)
+		if err != nil {
+			return err
+		}
+		b.sanity = append(b.sanity, c)
+	}
+	return b.checkSanity(ctx, "connect")
+}
+
+func (b *bench) checkSanity(ctx context.Context, phase string) error {
+	for _, c := range b.sanity {
+		r := c.check(ctx, phase, 30*time.Second)
+		b.res.Sanity = append(b.res.Sanity, r)
+		if !r.OK {
+			progress("grpc-go client %s could not call the echo backend (%s): %s", c.name, phase, r.Error)
+		}
+	}
+	return ctx.Err()
+}
+
+func (b *bench) churn(ctx context.Context) error {
+	sc := b.cfg.scale
+	b.fleet.phase.Store(phaseChurn)
+	beforeM, err := b.hub.metrics(ctx)
+	if err != nil {
+		return err
+	}
+	beforeU, err := b.hub.usage(ctx, "before churn")
+	if err != nil {
+		return err
+	}
+	beforeT, beforeSelf := b.fleet.counters.snapshot(), selfCPU()
+	profDone := make(chan error, 1)
+	if b.cfg.cpuProfile != "" {
+		go func() {
+			secs := max(int(sc.Duration.Seconds()), 1)
+			profDone <- b.hub.fetchProfile(ctx, fmt.Sprintf("/debug/pprof/profile?seconds=%d", secs), b.cfg.cpuProfile)
+		}()
+	} else {
+		profDone <- nil
+	}
+	progress("churn: %.0f changes/s for %s", sc.Rate, sc.Duration)
+	start := b.ledger.since(time.Now())
+	cr, err := b.world.churn(ctx, sc.Rate, sc.Duration, sc.RestartOver)
+	if err != nil {
+		return err
+	}
+	end := b.ledger.since(time.Now())
+	pendingAtEnd := b.ledger.pending.Load()
+	progress("churn done: %d changes; %d (client, change) pairs still pending; waiting for every client", cr.Changes, pendingAtEnd)
+	drainErr := b.await(ctx, "every client to hold every change", func() (bool, error) { return b.ledger.pending.Load() == 0, nil })
+	afterT, afterSelf := b.fleet.counters.snapshot(), selfCPU()
+	afterM, err := b.hub.metrics(ctx)
+	if err != nil {
+		return err
+	}
+	afterU, err := b.hub.usage(ctx, "after churn")
+	if err != nil {
+		return err
+	}
+	b.res.Usage = append(b.res.Usage, afterU)
+	if err := <-profDone; err != nil {
+		b.res.Notes = append(b.res.Notes, "cpu profile: "+err.Error())
+	}
+	if b.cfg.heapProfile != "" {
+		if err := b.hub.fetchProfile(ctx, "/debug/pprof/heap", b.cfg.heapProfile); err != nil {
+			b.res.Notes = append(b.res.Notes, "heap profile: "+err.Error())
+		}
+	}
+	b.res.Churn = b.churnResults(cr, start, end, pendingAtEnd, drainErr == nil, beforeM, afterM, beforeU, afterU,
+		afterT.minus(beforeT), afterSelf-beforeSelf)
+	if drainErr != nil {
+		return drainErr
+	}
+	return nil
+}
+
+// churnResults computes what the churn measured.
+func (b *bench) churnResults(cr churnResult, start, end time.Duration, pendingAtEnd int64, drained bool,
+	beforeM, afterM promText, beforeU, afterU usageSample, traffic trafficSnapshot, selfCPU time.Duration) churnStats {
+	samples := b.fleet.takeSamples()
+	byProfile := func(p profile) func(sample) bool { return func(s sample) bool { return s.profile == p } }
+	all := latencies(samples, 0, 1<<62, nil)
+	// The drain ends when the last pair converged.
+	var drain time.Duration
+	for _, s := range samples {
+		drain = max(drain, s.handed+s.latency-end)
+	}
+	st := churnStats{
+		Changes: cr.Changes, ByKind: cr.ByKind, RequestedRate: b.cfg.scale.Rate,
+		AchievedRate: float64(cr.Changes) / cr.Elapsed.Seconds(), MaxScheduleLagMs: ms(cr.MaxLag),
+		Latency: summarize(all), GRPC: summarize(latencies(samples, 0, 1<<62, byProfile(profileGRPC))),
+		Gateway: summarize(latencies(samples, 0, 1<<62, byProfile(profileGateway))),
+		Backlog: backlogOf(samples, start, end), Windows: windowsOf(samples, start, end, 6),
+		PendingAtEnd: pendingAtEnd, DrainMs: ms(drain), Drained: drained, Unconverged: b.ledger.pending.Load(),
+		Converged: len(samples),
+	}
+	if cr.Restart != "" {
+		st.RollingRestart = &restartChurn{Service: cr.Restart, FromS: (cr.RestartSpan[0] - start).Seconds(), ToS: (cr.RestartSpan[1] - start).Seconds(),
+			Latency: summarize(latencies(samples, 0, 1<<62, func(s sample) bool { return s.kind == kindRestart }))}
+	}
+	// Pairs: every change of a service, once per client subscribed to it.
+	var pairs [profiles]int64
+	subs := [profiles][]int32{make([]int32, b.cfg.scale.Services), make([]int32, b.cfg.scale.Services)}
+	for _, c := range b.fleet.clients {
+		for _, s := range c.services {
+			subs[c.prof][s]++
+		}
+	}
+	for i := range b.ledger.hist {
+		h := &b.ledger.hist[i]
+		s := i % b.cfg.scale.Services
+		h.mu.Lock()
+		changes := int64(len(h.fps) - 1)
+		h.mu.Unlock()
+		for p := range profiles {
+			pairs[p] += changes * int64(subs[p][s])
+		}
+	}
+	st.Pairs = pairs[profileGRPC] + pairs[profileGateway]
+	changes := float64(max(cr.Changes, 1))
+	for p := range profiles {
+		t := clientTraffic{Profile: profile(p).String(), Pairs: pairs[p]}
+		for ty := range types {
+			t.Responses += traffic.Responses[p][ty]
+			t.Bytes += traffic.Bytes[p][ty]
+			if ty != typeEDS && traffic.Responses[p][ty] > 0 {
+				t.OtherTypes = append(t.OtherTypes, fmt.Sprintf("%s x%d", typeNames[ty], traffic.Responses[p][ty]))
+			}
+		}
+		t.EDSResponses = traffic.Responses[p][typeEDS]
+		t.EDSAssignments = traffic.Resources[p][typeEDS]
+		t.ResponsesPerChange = float64(t.Responses) / changes
+		t.BytesPerChange = float64(t.Bytes) / changes
+		if pairs[p] > 0 {
+			t.PushesPerClientChange = float64(t.EDSResponses) / float64(pairs[p])
+		}
+		st.Clients = append(st.Clients, t)
+	}
+	hub := hubChurn{
+		ResponsesPerChange:  map[string]float64{},
+		CPUSeconds:          afterU.CPUSeconds - beforeU.CPUSeconds,
+		RegistryVersions:    delta(beforeM, afterM, "nave_hub_registry_version", ""),
+		SpokeDeltas:         delta(beforeM, afterM, "nave_federation_updates_total", `kind="delta"`),
+		SpokeNACKs:          delta(beforeM, afterM, "nave_federation_updates_total", `result="nack"`),
+		XDSNACKs:            delta(beforeM, afterM, "nave_xds_nacks_total", ""),
+		LoadCPUSeconds:      selfCPU.Seconds(),
+		RSSBeforeBytes:      beforeU.RSSBytes,
+		RSSAfterBytes:       afterU.RSSBytes,
+		HeapInuseAfterBytes: afterU.HeapInuseBytes,
+	}
+	hub.CPUCores = hub.CPUSeconds / afterU.At.Sub(beforeU.At).Seconds()
+	hub.CPUMsPerChange = 1000 * hub.CPUSeconds / changes
+	for _, ty := range typeNames {
+		if n := delta(beforeM, afterM, "nave_xds_responses_total", `type="`+ty+`"`); n > 0 {
+			hub.ResponsesPerChange[ty] = n / changes
+		}
+	}
+	if n := delta(beforeM, afterM, "nave_xds_update_duration_seconds_count", ""); n > 0 {
+		hub.UpdateMeanMs = 1000 * delta(beforeM, afterM, "nave_xds_update_duration_seconds_sum", "") / n
+		hub.Updates = n
+	}
+	if n := delta(beforeM, afterM, "nave_xds_push_latency_seconds_count", `type="eds"`); n > 0 {
+		hub.EDSPushLatencyMeanMs = 1000 * delta(beforeM, afterM, "nave_xds_push_latency_seconds_sum", `type="eds"`) / n
+	}
+	st.Hub = hub
+	return st
+}
+
+func (b *bench) warmRestart(ctx context.Context) error {
+	// The snapshot should hold the final state: wait for one taken after the
+	// hub applied its last change (both on the hub's state goroutine).
+	var snap hubSnapshot
+	err := b.await(ctx, "the hub to persist a snapshot of the final state", func() (bool, error) {
+		view, err := b.hub.clusters(ctx)
+		if err != nil {
+			return false, nil
+		}
+		var last time.Time
+		for _, c := range view {
+			if c.LastUpdate.After(last) {
+				last = c.LastUpdate
+			}
+		}
+		if snap, err = b.hub.coordination(ctx); err != nil {
+			return false, nil
+		}
+		return !snap.Snapshot.At.Before(last), nil
+	})
+	if err != nil {
+		// Restart anyway: stale states seen by clients will show what the snapshot missed.
+		b.res.Notes = append(b.res.Notes, "warm restart without a snapshot of the final state: "+err.Error())
+	}
+	b.res.SnapshotBytes = snap.Snapshot.Bytes
+	r, err := b.restart(ctx, phaseWarmRestart, filepath.Join(b.work, "data-1"))
+	b.res.WarmRestart = r
+	return err
+}
+
+func (b *bench) coldRestart(ctx context.Context) error {
+	r, err := b.restart(ctx, phaseColdRestart, filepath.Join(b.work, "data-2"))
+	b.res.ColdRestart = r
+	return err
+}
+
+// restart stops the hub (SIGTERM) and starts it again on dataDir, then
+// measures until the hub is ready, every client holds every endpoint again,
+// and every spoke is synced.
+func (b *bench) restart(ctx context.Context, phase int, dataDir string) (*restartResult, error) {
+	r := &restartResult{DataDir: filepath.Base(dataDir)}
+	b.fleet.phase.Store(int32(phase))
+	sessions := b.spokes.sessions()
+	progress("%s: stopping the hub", phaseNames[phase])
+	stopped, err := b.hub.stop(30 * time.Second)
+	r.StopMs = ms(stopped)
+	if err != nil {
+		return r, err
+	}
+	progress("%s: starting the hub on %s", phaseNames[phase], r.DataDir)
+	if err := b.hub.start(dataDir); err != nil {
+		return r, err
+	}
+	start := b.hub.started
+	since := b.ledger.since(start)
+	ready, err := b.hub.waitReady(ctx, b.cfg.scale.PhaseTimeout)
+	if err != nil {
+		return r, err
+	}
+	r.ReadyMs = ms(ready)
+	// Clients and spokes, in parallel: whichever comes last ends the wait.
+	var clientsDone, spokesDone bool
+	err = b.await(ctx, "every client to hold every endpoint and every spoke to be synced again", func() (bool, error) {
+		if !clientsDone {
+			if last, done := b.fleet.complete(b.all, since); done == len(b.all) {
+				clientsDone = true
+				r.ClientsServedMs = ms(last - since)
+				r.ClientsServed = summarize(b.fleet.completionTimes(b.all, since))
+			}
+		}
+		if !spokesDone {
+			if at, ok := b.spokes.syncedSince(sessions); ok {
+				if ok, _ := b.hubConfirms(ctx); ok {
+					spokesDone = true
+					r.SpokesSyncedMs = ms(at.Sub(start))
+					r.HubConfirmedMs = ms(time.Since(start))
+				}
+			}
+		}
+		return clientsDone && spokesDone, nil
+	})
+	for _, p := range b.spokes.status {
+		if st, _, _ := p.snapshot(); st.Resumed {
+			r.SpokesResumed++
+		}
+	}
+	r.StaleStates = b.fleet.observed[phase][0].Load()
+	r.UnknownStates = b.fleet.observed[phase][1].Load()
+	if err != nil {
+		_, done := b.fleet.complete(b.all, since)
+		return r, fmt.Errorf("%w (%d of %d clients served)", err, done, len(b.all))
+	}
+	progress("%s: hub ready after %s, every client served after %s, every spoke synced after %s",
+		phaseNames[phase], fmtMs(r.ReadyMs), fmtMs(r.ClientsServedMs), fmtMs(r.SpokesSyncedMs))
+	if err := b.checkSanity(ctx, phaseNames[phase]); err != nil {
+		return r, err
+	}
+	return r, b.sample(ctx, phaseNames[phase])
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
+	}
+}

@@ -1,0 +1,366 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// results is everything a run measured; it is printed as tables and written as JSON.
+type results struct {
+	Scale   scaleConfig `json:"scale"`
+	Delta   bool        `json:"delta"`
+	Conns   int         `json:"conns"`
+	Seed    uint64      `json:"seed"`
+	Started time.Time   `json:"started"`
+	CPUs    int         `json:"cpus"`
+	Error   string      `json:"error,omitempty"`
+
+	Endpoints  int     `json:"endpoints"` // published at start, echo included
+	HubReadyMs float64 `json:"hubReadyMs"`
+
+	InitialSync   syncResult     `json:"initialSync"`
+	Connect       connectResult  `json:"connect"`
+	Churn         churnStats     `json:"churn"`
+	SnapshotBytes int            `json:"snapshotBytes"`
+	WarmRestart   *restartResult `json:"warmRestart,omitempty"`
+	ColdRestart   *restartResult `json:"coldRestart,omitempty"`
+	Usage         []usageSample  `json:"usage"`
+	Memory        memoryDerived  `json:"memory"`
+	Sanity        []sanityResult `json:"sanity"`
+	Notes         []string       `json:"notes,omitempty"`
+}
+
+// syncResult is how long the initial sync took, from the publishers' start.
+type syncResult struct {
+	SpokesSyncedMs float64 `json:"spokesSyncedMs"` // every publisher's full state acknowledged
+	HubConfirmedMs float64 `json:"hubConfirmedMs"` // /debug/clusters shows it (polled)
+}
+
+// connectResult is how long the clients took to hold every endpoint, from their start.
+type connectResult struct {
+	FirstPerGroup   int     `json:"firstPerGroup"`
+	FirstPerGroupMs float64 `json:"firstPerGroupMs"`
+	Rest            int     `json:"rest"`
+	RestMs          float64 `json:"restMs"`
+}
+
+// churnStats is what the churn measured.
+type churnStats struct {
+	Changes          int            `json:"changes"`
+	ByKind           map[string]int `json:"byKind"`
+	RequestedRate    float64        `json:"requestedRate"`
+	AchievedRate     float64        `json:"achievedRate"`
+	MaxScheduleLagMs float64        `json:"maxScheduleLagMs"`
+	// Convergence latency: change handed to its publisher -> a subscribed
+	// client received a ClusterLoadAssignment holding it, per (client, change) pair.
+	Latency        latencySummary  `json:"latency"`
+	GRPC           latencySummary  `json:"latencyGRPC"`
+	Gateway        latencySummary  `json:"latencyGateway"`
+	RollingRestart *restartChurn   `json:"rollingRestart,omitempty"`
+	Backlog        backlog         `json:"backlog"`
+	Windows        []window        `json:"windows"`
+	Pairs          int64           `json:"pairs"`     // (client, change) pairs expected
+	Converged      int             `json:"converged"` // pairs seen
+	Unconverged    int64           `json:"unconverged"`
+	PendingAtEnd   int64           `json:"pendingAtEnd"` // pairs not yet seen when the churn stopped
+	DrainMs        float64         `json:"drainMs"`      // from the churn's end until every pair was seen
+	Drained        bool            `json:"drained"`
+	Clients        []clientTraffic `json:"clients"`
+	Hub            hubChurn        `json:"hub"`
+}
+
+// restartChurn is the rolling restart within the churn.
+type restartChurn struct {
+	Service string         `json:"service"`
+	FromS   float64        `json:"fromS"`
+	ToS     float64        `json:"toS"`
+	Latency latencySummary `json:"latency"`
+}
+
+// clientTraffic is what one profile of clients received during the churn and its drain.
+type clientTraffic struct {
+	Profile               string   `json:"profile"`
+	Pairs                 int64    `json:"pairs"`
+	Responses             int64    `json:"responses"`
+	Bytes                 int64    `json:"bytes"`
+	EDSResponses          int64    `json:"edsResponses"`
+	EDSAssignments        int64    `json:"edsAssignments"`
+	OtherTypes            []string `json:"otherTypes,omitempty"` // non-EDS responses: none expected
+	ResponsesPerChange    float64  `json:"responsesPerChange"`
+	BytesPerChange        float64  `json:"bytesPerChange"`
+	PushesPerClientChange float64  `json:"pushesPerClientChange"` // EDS responses per (client, change) pair
+}
+
+// hubChurn is what the hub's /metrics say about the churn.
+type hubChurn struct {
+	ResponsesPerChange   map[string]float64 `json:"responsesPerChange"` // nave_xds_responses_total by type
+	Updates              float64            `json:"xdsUpdates"`         // xDS translations (Server.Update calls)
+	UpdateMeanMs         float64            `json:"xdsUpdateMeanMs"`
+	EDSPushLatencyMeanMs float64            `json:"edsPushLatencyMeanMs"`
+	RegistryVersions     float64            `json:"registryVersions"`
+	SpokeDeltas          float64            `json:"spokeDeltas"`
+	SpokeNACKs           float64            `json:"spokeNACKs"`
+	XDSNACKs             float64            `json:"xdsNACKs"`
+	CPUSeconds           float64            `json:"cpuSeconds"`
+	CPUCores             float64            `json:"cpuCores"` // average from before the churn until every client converged
+	CPUMsPerChange       float64            `json:"cpuMsPerChange"`
+	LoadCPUSeconds       float64            `json:"benchCPUSeconds"` // the bench process itself (clients, spokes)
+	RSSBeforeBytes       float64            `json:"rssBeforeBytes"`
+	RSSAfterBytes        float64            `json:"rssAfterBytes"`
+	HeapInuseAfterBytes  float64            `json:"heapInuseAfterBytes"`
+}
+
+// restartResult is one hub restart, measured from the new process's start.
+type restartResult struct {
+	DataDir         string         `json:"dataDir"`
+	StopMs          float64        `json:"stopMs"` // SIGTERM -> exit
+	ReadyMs         float64        `json:"readyMs"`
+	ClientsServedMs float64        `json:"clientsServedMs"` // every client holds every endpoint again
+	ClientsServed   latencySummary `json:"clientsServed"`
+	SpokesSyncedMs  float64        `json:"spokesSyncedMs"` // every publisher's new session acknowledged
+	HubConfirmedMs  float64        `json:"hubConfirmedMs"`
+	SpokesResumed   int            `json:"spokesResumed"`
+	StaleStates     int64          `json:"staleStates"`   // assignments older than what a client held
+	UnknownStates   int64          `json:"unknownStates"` // assignments matching no published state (partial views)
+}
+
+// memoryDerived is what the usage samples say per endpoint, group and client.
+type memoryDerived struct {
+	PerEndpointBytes float64 `json:"perEndpointBytes"` // (RSS synced - RSS empty) / endpoints
+	PerGroupBytes    float64 `json:"perGroupBytes"`    // (RSS groups - RSS synced) / locality groups (with their first client)
+	PerClientBytes   float64 `json:"perClientBytes"`   // (RSS clients - RSS groups) / further clients
+	// The same with the live heap; null when no GC ran between the two samples.
+	PerEndpointLiveHeapBytes *float64 `json:"perEndpointLiveHeapBytes"`
+	PerGroupLiveHeapBytes    *float64 `json:"perGroupLiveHeapBytes"`
+	PerClientLiveHeapBytes   *float64 `json:"perClientLiveHeapBytes"`
+	ChurnGrowthBytes         float64  `json:"churnGrowthBytes"` // RSS after the churn - before
+	LocalityGroups           int      `json:"localityGroups"`
+}
+
+// liveDelta is the live heap grown from a to b per n, if a GC ran in between.
+func liveDelta(a, b usageSample, n float64) *float64 {
+	if b.GCs == a.GCs || n == 0 {
+		return nil
+	}
+	v := (b.LiveHeapBytes - a.LiveHeapBytes) / n
+	return &v
+}
+
+func (r *results) derive() {
+	by := map[string]usageSample{}
+	for _, u := range r.Usage {
+		by[u.Phase] = u
+	}
+	empty, okE := by["empty"]
+	synced, okS := by["synced"]
+	groups, okG := by["groups"]
+	clients, okC := by["clients"]
+	m := &r.Memory
+	if okE && okS && r.Endpoints > 0 {
+		m.PerEndpointBytes = (synced.RSSBytes - empty.RSSBytes) / float64(r.Endpoints)
+		m.PerEndpointLiveHeapBytes = liveDelta(empty, synced, float64(r.Endpoints))
+	}
+	if okS && okG && groups.LocalityGroups > 0 {
+		m.LocalityGroups = groups.LocalityGroups
+		m.PerGroupBytes = (groups.RSSBytes - synced.RSSBytes) / float64(groups.LocalityGroups)
+		m.PerGroupLiveHeapBytes = liveDelta(synced, groups, float64(groups.LocalityGroups))
+	}
+	if okG && okC && r.Connect.Rest > 0 {
+		m.PerClientBytes = (clients.RSSBytes - groups.RSSBytes) / float64(r.Connect.Rest)
+		m.PerClientLiveHeapBytes = liveDelta(groups, clients, float64(r.Connect.Rest))
+	}
+	if r.Churn.Hub.RSSAfterBytes > 0 {
+		m.ChurnGrowthBytes = r.Churn.Hub.RSSAfterBytes - r.Churn.Hub.RSSBeforeBytes
+	}
+}
+
+func writeJSON(path string, r *results) error {
+	r.derive()
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode results: %w", err)
+	}
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("write results: %w", err)
+	}
+	return nil
+}
+
+func numCPU() int { return runtime.NumCPU() }
+
+func mib(b float64) string { return fmt.Sprintf("%.1f MiB", b/(1<<20)) }
+
+func kib(b float64) string {
+	if b < 0 {
+		return fmt.Sprintf("-%s", kib(-b))
+	}
+	if b < 1024 {
+		return fmt.Sprintf("%.0f B", b)
+	}
+	return fmt.Sprintf("%.1f KiB", b/1024)
+}
+
+func kibOrNA(b *float64) string {
+	if b == nil {
+		return "n/a (no GC between the samples)"
+	}
+	return kib(*b)
+}
+
+// printReport prints the results as tables.
+func printReport(w io.Writer, r *results) {
+	r.derive()
+	sc := r.Scale
+	mode := "state of the world"
+	if r.Delta {
+		mode = "delta"
+	}
+	fmt.Fprintf(w, "\nNave scale benchmark (%s): %d clusters x %d services x %d endpoints = %d endpoints; %d gRPC clients x %d services, %d gateways; %s xDS over %d conns; %d CPUs\n",
+		sc.Name, sc.Clusters, sc.Services, sc.Endpoints, r.Endpoints, sc.GRPCClients, sc.ServicesPerClient, sc.Gateways, mode, r.Conns, r.CPUs)
+	if r.Error != "" {
+		fmt.Fprintf(w, "RUN FAILED: %s\n", firstLine(r.Error))
+	}
+	// Each section aligns its own rows.
+	t := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	section := func(title string) {
+		t.Flush()
+		fmt.Fprintf(w, "\n%s\n", title)
+	}
+	row := func(k, format string, args ...any) { fmt.Fprintf(t, "  %s\t%s\n", k, fmt.Sprintf(format, args...)) }
+
+	if r.HubReadyMs > 0 {
+		section("Startup")
+		row("hub ready (empty)", "%s", fmtMs(r.HubReadyMs))
+	}
+	if r.InitialSync.SpokesSyncedMs > 0 {
+		row("initial sync", "spokes acked %s, hub view confirmed %s", fmtMs(r.InitialSync.SpokesSyncedMs), fmtMs(r.InitialSync.HubConfirmedMs))
+	}
+	if r.Connect.Rest+r.Connect.FirstPerGroup > 0 {
+		row("clients served", "%d first-of-group in %s, %d more in %s", r.Connect.FirstPerGroup, fmtMs(r.Connect.FirstPerGroupMs), r.Connect.Rest, fmtMs(r.Connect.RestMs))
+	}
+
+	c := r.Churn
+	if c.Changes > 0 {
+		section(fmt.Sprintf("Churn: %d changes (%s), %.1f/s (random changes asked at %.0f/s, plus the rolling restart; schedule lag max %s)",
+			c.Changes, kinds(c.ByKind), c.AchievedRate, c.RequestedRate, fmtMs(c.MaxScheduleLagMs)))
+		row("convergence, all pairs", "%s", c.Latency)
+		row("  gRPC clients", "%s", c.GRPC)
+		row("  gateways", "%s", c.Gateway)
+		if c.RollingRestart != nil {
+			row("  rolling restart", "%s  (%s, %.0f-%.0fs)", c.RollingRestart.Latency, c.RollingRestart.Service, c.RollingRestart.FromS, c.RollingRestart.ToS)
+		}
+		row("  first third", "%s", c.Backlog.FirstThird)
+		row("  last third", "%s", c.Backlog.LastThird)
+		growing := "no"
+		if c.Backlog.Growing {
+			growing = "YES: latency grows over the churn"
+		}
+		row("backlog growing", "%s; %d pairs pending at the churn's end, drained in %s", growing, c.PendingAtEnd, fmtMs(c.DrainMs))
+		row("pairs", "%d expected, %d converged, %d never", c.Pairs, c.Converged, c.Unconverged)
+		var ws []string
+		for _, win := range c.Windows {
+			if win.N > 0 {
+				ws = append(ws, fmt.Sprintf("%.1fs: p50 %s p99 %s", win.FromS, fmtMs(win.P50), fmtMs(win.P99)))
+			}
+		}
+		row("by window", "%s", strings.Join(ws, " | "))
+		for _, ct := range c.Clients {
+			if ct.Pairs == 0 && ct.Responses == 0 {
+				continue
+			}
+			other := ""
+			if len(ct.OtherTypes) > 0 {
+				other = "; non-EDS: " + strings.Join(ct.OtherTypes, ", ")
+			}
+			row("client traffic, "+ct.Profile, "%.2f responses, %s per change; %.2f EDS pushes per (client, change)%s",
+				ct.ResponsesPerChange, kib(ct.BytesPerChange), ct.PushesPerClientChange, other)
+		}
+		h := c.Hub
+		var hr []string
+		for _, ty := range typeNames {
+			if v, ok := h.ResponsesPerChange[ty]; ok {
+				hr = append(hr, fmt.Sprintf("%s %.2f", ty, v))
+			}
+		}
+		row("hub responses per change", "%s", strings.Join(hr, ", "))
+		row("hub pipeline", "%.0f spoke deltas, %.0f registry versions, %.0f xDS updates (mean %.2f ms), EDS push latency mean %.2f ms, NACKs %.0f spoke / %.0f xDS",
+			h.SpokeDeltas, h.RegistryVersions, h.Updates, h.UpdateMeanMs, h.EDSPushLatencyMeanMs, h.SpokeNACKs, h.XDSNACKs)
+		row("hub CPU", "%.2f s (%.2f cores, %.2f ms per change); bench process %.2f s", h.CPUSeconds, h.CPUCores, h.CPUMsPerChange, h.LoadCPUSeconds)
+	}
+
+	if len(r.Usage) > 0 {
+		section("Hub memory and CPU")
+		fmt.Fprintf(t, "  phase\tRSS\theap in use\tlive heap\tCPU s\tgoroutines\txDS streams\tgroups\n")
+		for _, u := range r.Usage {
+			fmt.Fprintf(t, "  %s\t%s\t%s\t%s\t%.2f\t%d\t%d\t%d\n", u.Phase, mib(u.RSSBytes), mib(u.HeapInuseBytes), mib(u.LiveHeapBytes),
+				u.CPUSeconds, u.Goroutines, u.XDSClients, u.LocalityGroups)
+		}
+		m := r.Memory
+		row("per endpoint", "%s RSS, live heap %s", kib(m.PerEndpointBytes), kibOrNA(m.PerEndpointLiveHeapBytes))
+		row("per locality group", "%s RSS, live heap %s (%d groups, with their first client)", kib(m.PerGroupBytes), kibOrNA(m.PerGroupLiveHeapBytes), m.LocalityGroups)
+		row("per client", "%s RSS, live heap %s", kib(m.PerClientBytes), kibOrNA(m.PerClientLiveHeapBytes))
+		if r.SnapshotBytes > 0 {
+			row("persisted snapshot", "%s", kib(float64(r.SnapshotBytes)))
+		}
+	}
+
+	for _, rr := range []struct {
+		name string
+		r    *restartResult
+	}{{"Warm restart (same data dir: persisted snapshot)", r.WarmRestart}, {"Cold restart (fresh data dir: no snapshot)", r.ColdRestart}} {
+		if rr.r == nil {
+			continue
+		}
+		section(rr.name)
+		row("stop (SIGTERM -> exit)", "%s", fmtMs(rr.r.StopMs))
+		row("ready (/readyz)", "%s after start", fmtMs(rr.r.ReadyMs))
+		row("every client served", "%s after start (per client %s)", fmtMs(rr.r.ClientsServedMs), rr.r.ClientsServed)
+		row("every spoke synced", "%s after start (hub view %s); %d resumed", fmtMs(rr.r.SpokesSyncedMs), fmtMs(rr.r.HubConfirmedMs), rr.r.SpokesResumed)
+		row("stale / unknown states seen", "%d / %d", rr.r.StaleStates, rr.r.UnknownStates)
+	}
+
+	if len(r.Sanity) > 0 {
+		section("grpc-go xDS clients (echo backend)")
+		for _, s := range r.Sanity {
+			status := "ok"
+			if !s.OK {
+				status = "FAILED: " + s.Error
+			}
+			row(s.Client+" "+s.Phase, "%s in %s", status, fmtMs(s.Ms))
+		}
+	}
+	t.Flush()
+	fmt.Fprint(w, legend)
+	for _, n := range r.Notes {
+		fmt.Fprintf(w, "note: %s\n", n)
+	}
+	fmt.Fprintln(w)
+}
+
+const legend = `
+Convergence: a change handed to its spoke's publisher -> a subscribed client received a ClusterLoadAssignment holding it
+(or a later state), per (client, change) pair; clients timestamp on receipt. Restart times count from the new hub
+process's start. Memory per endpoint/group/client: deltas between phases; RSS and heap in use are noisy (Go keeps
+freed memory, garbage awaits the next GC); live heap (the GC goal / (1 + GOGC/100)) is steadier.
+`
+
+func kinds(by map[string]int) string {
+	var parts []string
+	for _, k := range kindNames[1:] {
+		if n := by[k]; n > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", k, n))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return line
+}
