@@ -308,4 +308,4 @@ func (h *hubProcess) fetchProfile(ctx context.Context, path, file string) error 
 	return os.WriteFile(file, b, 0o644)
 }
 
-var errNoPprof = errors.New("the hub serves no /debug/pprof (its admin server would need net/http/pprof handlers)")
+var errNoPprof = errors.New("the hub serves no /debug/pprof (start it with --pprof)")

@@ -111,8 +111,8 @@ func parseFlags(args []string) (config, error) {
 	fs.BoolVar(&cfg.delta, "delta", false, "ADS clients speak delta (incremental) xDS instead of state of the world")
 	fs.Uint64Var(&cfg.seed, "seed", 1, "random seed (subscriptions, churn)")
 	fs.StringVar(&cfg.out, "out", "bench-results.json", "where to write the results as JSON (empty: nowhere)")
-	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "save the hub's CPU profile during the churn here (if the hub serves /debug/pprof)")
-	fs.StringVar(&cfg.heapProfile, "heapprofile", "", "save the hub's heap profile after the churn here (if the hub serves /debug/pprof)")
+	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "save the hub's CPU profile during the churn here (starts the hub with --pprof)")
+	fs.StringVar(&cfg.heapProfile, "heapprofile", "", "save the hub's heap profile after the churn here (starts the hub with --pprof)")
 	fs.StringVar(&cfg.naveBin, "nave-bin", "", "a built nave binary (default: build ./cmd/nave into the work dir)")
 	fs.BoolVar(&cfg.keep, "keep", false, "keep the work dir (hub data, logs) after a successful run")
 	fs.DurationVar(&cfg.settle, "settle", 2*time.Second, "pause before each memory sample, so the hub's heap settles")
@@ -335,7 +335,11 @@ func (b *bench) startHub(ctx context.Context) error {
 	if b.echo, err = startEchoBackend(); err != nil {
 		return err
 	}
-	if b.hub, err = newHubProcess(b.bin, filepath.Join(b.work, "hub.log"), b.cfg.hubArgs); err != nil {
+	hubArgs := b.cfg.hubArgs
+	if b.cfg.cpuProfile != "" || b.cfg.heapProfile != "" {
+		hubArgs = append([]string{"--pprof"}, hubArgs...)
+	}
+	if b.hub, err = newHubProcess(b.bin, filepath.Join(b.work, "hub.log"), hubArgs); err != nil {
 		return err
 	}
 	progress("starting the hub (federation %s, xDS %s, admin %s)", b.hub.fed, b.hub.xds, b.hub.admin)

@@ -74,7 +74,9 @@ type Config struct {
 	SnapshotInterval time.Duration
 	MaxSnapshotBytes int
 	// FastGossip uses test timings for gossip (failure detection in ~1s).
-	FastGossip  bool
+	FastGossip bool
+	// Pprof serves Go's profiles at /debug/pprof on the admin address.
+	Pprof       bool
 	Federation  federation.HubConfig
 	Replication federation.ReplicationConfig
 	XDS         xds.Config
@@ -310,7 +312,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 	// Ready once started: every listener is up, the state runs and holds the
 	// persisted registry (so a full restart never serves an empty one). An
 	// unreachable etcd degrades the hub but leaves it ready: it serves and replicates.
-	adm := &admin{state: st, coord: coord, metrics: metricsReg, log: log.With("component", "admin"), ready: func() error { return nil }}
+	adm := &admin{pprof: cfg.Pprof, state: st, coord: coord, metrics: metricsReg, log: log.With("component", "admin"), ready: func() error { return nil }}
 	adminServer := &http.Server{Handler: adm.handler(), ReadHeaderTimeout: 10 * time.Second}
 
 	// 8. Run: the state goroutine first, then the servers. Everything ends with ctx.

@@ -189,3 +189,14 @@ func TestRestartKeepsCatalogAndEpochs(t *testing.T) {
 		t.Fatalf("epoch after restart %d, want 2: epochs must never repeat", e)
 	}
 }
+
+// Profiles are served only when asked for.
+func TestPprofOnlyWhenAsked(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		h, _ := startHub(t, t.TempDir(), func(c *hub.Config) { c.Pprof = on })
+		code, _ := get(t, "http://"+h.AdminAddr.String()+"/debug/pprof/heap")
+		if want := map[bool]int{false: http.StatusNotFound, true: http.StatusOK}[on]; code != want {
+			t.Errorf("pprof %v: /debug/pprof/heap = %d, want %d", on, code, want)
+		}
+	}
+}

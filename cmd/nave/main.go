@@ -110,6 +110,7 @@ func runHub(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.Liveness.DropAfter, "drop-after", cfg.Liveness.DropAfter, "a cluster under the drop policy loses its endpoints after this long without a live spoke")
 	fs.StringVar(&policy, "cluster-policy", string(cfg.Liveness.DefaultPolicy), "what happens to a dead cluster's endpoints after --drop-after: keep (fail-static) or drop (fail-closed)")
 	fs.StringVar(&policies, "cluster-policies", "", "per-cluster policies overriding --cluster-policy, e.g. east=drop,west=keep")
+	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve Go's CPU and heap profiles at /debug/pprof on the admin address")
 	fs.BoolVar(&cfg.FastGossip, "gossip-fast", false, "gossip with test timings: failures detected in about a second (tests and demos on one machine)")
 	fs.DurationVar(&cfg.SnapshotInterval, "snapshot-interval", cfg.SnapshotInterval, "least time between two persisted snapshots of the registry (saved by the leader after changes)")
 	if err := fs.Parse(args); err != nil {
