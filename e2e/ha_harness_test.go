@@ -208,11 +208,7 @@ func onIP(ip, addr string) string {
 	return net.JoinHostPort(ip, port)
 }
 
-// startHAGroup starts n hub replicas on loopback; extra flags go to every replica.
-func startHAGroup(t *testing.T, n int, extra ...string) *haGroup {
-	return startHAGroupAt(t, n, onLoopback, extra...)
-}
-
+// startHAGroupAt starts n hub replicas where at says; extra flags go to every replica.
 func startHAGroupAt(t *testing.T, n int, at placement, extra ...string) *haGroup {
 	g := &haGroup{t: t, bin: buildNave(t), etcd: startTestEtcd(t, at.etcdIP)}
 	dir := t.TempDir()

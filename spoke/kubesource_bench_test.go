@@ -92,7 +92,7 @@ func managedFields(n int) []metav1.ManagedFieldsEntry {
 	out := make([]metav1.ManagedFieldsEntry, n)
 	for i := range out {
 		out[i] = metav1.ManagedFieldsEntry{Manager: fmt.Sprintf("manager-%d", i), Operation: "Update", APIVersion: "v1",
-			FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: []byte(strings.Repeat(`{"f:metadata":{"f:labels":{}}},`, 30))}}
+			FieldsType: "FieldsV1", FieldsV1: metav1.NewFieldsV1(strings.Repeat(`{"f:metadata":{"f:labels":{}}},`, 30))}
 	}
 	return out
 }
