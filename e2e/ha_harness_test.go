@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -19,6 +18,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/navemesh/nave/hub"
+	"github.com/navemesh/nave/internal/nettest"
 	"github.com/navemesh/nave/registry"
 )
 
@@ -77,99 +77,6 @@ func (e *testEtcd) stop() {
 	}
 }
 
-// balancer is a TCP load balancer in front of the hub replicas, as a
-// Kubernetes Service would be: each new connection goes to the next backend
-// that is up and accepts it. A backend marked down (a failing readiness
-// check) gets no new connections.
-type balancer struct {
-	addr     string
-	mu       sync.Mutex
-	backends []string
-	down     map[string]bool
-	next     int
-	open     map[net.Conn]string // client connections, by the backend they go to
-}
-
-func startBalancer(t *testing.T, backends ...string) *balancer {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := &balancer{addr: lis.Addr().String(), backends: backends, down: map[string]bool{}, open: map[net.Conn]string{}}
-	var conns sync.WaitGroup
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(func() { cancel(); lis.Close(); conns.Wait() })
-	go func() {
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			conns.Go(func() { b.serve(ctx, c) })
-		}
-	}()
-	return b
-}
-
-func (b *balancer) setDown(backend string, down bool) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.down[backend] = down
-}
-
-// cut closes the client side of every connection to backend, as a load
-// balancer that gave up on it would: clients see their connection end,
-// while whatever they had sent is already in the backend's socket.
-func (b *balancer) cut(backend string) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for c, be := range b.open {
-		if be == backend {
-			c.Close()
-		}
-	}
-}
-
-func (b *balancer) candidates() []string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	var out []string
-	for i := range b.backends {
-		be := b.backends[(b.next+i)%len(b.backends)]
-		if !b.down[be] {
-			out = append(out, be)
-		}
-	}
-	b.next++
-	return out
-}
-
-func (b *balancer) serve(ctx context.Context, down net.Conn) {
-	defer down.Close()
-	var up net.Conn
-	for _, be := range b.candidates() {
-		c, err := net.DialTimeout("tcp", be, time.Second)
-		if err == nil {
-			up = c
-			break
-		}
-	}
-	if up == nil {
-		return
-	}
-	defer up.Close()
-	b.mu.Lock()
-	b.open[down] = up.RemoteAddr().String()
-	b.mu.Unlock()
-	defer func() { b.mu.Lock(); delete(b.open, down); b.mu.Unlock() }()
-	stop := context.AfterFunc(ctx, func() { down.Close(); up.Close() })
-	defer stop()
-	done := make(chan struct{}, 2)
-	go func() { _, _ = io.Copy(up, down); done <- struct{}{} }()
-	go func() { _, _ = io.Copy(down, up); done <- struct{}{} }()
-	<-done // either side closing ends both
-}
-
 // hubReplica is one `nave hub` process of a replica group.
 type hubReplica struct {
 	id                   string
@@ -186,8 +93,8 @@ type haGroup struct {
 	bin      string
 	etcd     *testEtcd
 	replicas []*hubReplica
-	fedLB    *balancer
-	xdsLB    *balancer
+	fedLB    *nettest.Proxy // in front of the replicas' federation ports, as a Service would be
+	xdsLB    *nettest.Proxy
 }
 
 // placement says where replicas run: the IP a replica listens on and the
@@ -233,7 +140,7 @@ func startHAGroupAt(t *testing.T, n int, at placement, extra ...string) *haGroup
 			"--tokens=" + tokensFile, "--peer-token-file=" + peerToken, "--snapshot-interval=200ms"}, extra...)
 		feds, xdss = append(feds, r.fed), append(xdss, r.xds)
 	}
-	g.fedLB, g.xdsLB = startBalancer(t, feds...), startBalancer(t, xdss...)
+	g.fedLB, g.xdsLB = nettest.NewProxy(t, feds...), nettest.NewProxy(t, xdss...)
 	for _, r := range g.replicas {
 		g.start(r)
 	}
@@ -267,15 +174,15 @@ func (g *haGroup) start(r *hubReplica) {
 // kill ends a replica at once (SIGKILL), as a crash would.
 func (g *haGroup) kill(r *hubReplica) {
 	r.proc.kill()
-	g.fedLB.setDown(r.fed, true)
-	g.xdsLB.setDown(r.xds, true)
+	g.fedLB.SetDown(r.fed, true)
+	g.xdsLB.SetDown(r.xds, true)
 }
 
 // restart starts a killed replica again.
 func (g *haGroup) restart(r *hubReplica) {
 	g.start(r)
-	g.fedLB.setDown(r.fed, false)
-	g.xdsLB.setDown(r.xds, false)
+	g.fedLB.SetDown(r.fed, false)
+	g.xdsLB.SetDown(r.xds, false)
 }
 
 func (g *haGroup) pause(r *hubReplica) { _ = r.proc.cmd.Process.Signal(syscall.SIGSTOP) }

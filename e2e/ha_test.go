@@ -55,9 +55,9 @@ func startHAFixtureAt(t *testing.T, at placement, extra ...string) *haFixture {
 	ctx, stop := context.WithCancel(context.Background())
 	f.stopPolling = stop
 	// Through the balancer, the clients land on different replicas.
-	f.inEast = xdstest.StartPoller(ctx, t, "client us-east-1a", xdstest.NewClient(t, f.xdsLB.addr, "c-east", locality("us-east", "us-east-1a"), echoTarget))
-	f.inWest = xdstest.StartPoller(ctx, t, "client us-west-1a", xdstest.NewClient(t, f.xdsLB.addr, "c-west", locality("us-west", "us-west-1a"), echoTarget))
-	f.anyC = xdstest.StartPoller(ctx, t, "client anywhere", xdstest.NewClient(t, f.xdsLB.addr, "c-any", registry.Locality{}, echoTarget))
+	f.inEast = xdstest.StartPoller(ctx, t, "client us-east-1a", xdstest.NewClient(t, f.xdsLB.Addr, "c-east", locality("us-east", "us-east-1a"), echoTarget))
+	f.inWest = xdstest.StartPoller(ctx, t, "client us-west-1a", xdstest.NewClient(t, f.xdsLB.Addr, "c-west", locality("us-west", "us-west-1a"), echoTarget))
+	f.anyC = xdstest.StartPoller(ctx, t, "client anywhere", xdstest.NewClient(t, f.xdsLB.Addr, "c-any", registry.Locality{}, echoTarget))
 	t.Cleanup(stop) // registered after the pollers' own cleanups, so it runs before them: they wait for it
 	f.inEast.AwaitOnly(ctx, t, "east-1a")
 	f.inWest.AwaitOnly(ctx, t, "west-1a")
@@ -65,7 +65,7 @@ func startHAFixtureAt(t *testing.T, at placement, extra ...string) *haFixture {
 }
 
 func (f *haFixture) startSpoke(c registry.ClusterID) {
-	f.spokes[c] = startProc(f.t, "spoke-"+string(c), f.bin, "spoke", "--cluster-id="+string(c), "--hub="+f.fedLB.addr,
+	f.spokes[c] = startProc(f.t, "spoke-"+string(c), f.bin, "spoke", "--cluster-id="+string(c), "--hub="+f.fedLB.Addr,
 		"--token-file="+f.tokenFiles[c], "--source=dir:"+f.dirs[c], "--region="+f.regions[c], "--poll=20ms")
 }
 
@@ -224,7 +224,7 @@ func TestHARestartAll(t *testing.T) {
 	}
 	f.awaitMembers(3)
 	// A client that connects now gets the endpoints at once.
-	late := xdstest.StartPoller(t.Context(), t, "late client", xdstest.NewClient(t, f.xdsLB.addr, "c-late", locality("us-west", "us-west-1a"), echoTarget))
+	late := xdstest.StartPoller(t.Context(), t, "late client", xdstest.NewClient(t, f.xdsLB.Addr, "c-late", locality("us-west", "us-west-1a"), echoTarget))
 	late.AwaitOnly(t.Context(), t, "west-1a")
 	awaitFor(t, "live spokes confirm the restored data", 30*time.Second, func() bool {
 		for _, r := range f.alive() {
@@ -253,10 +253,10 @@ func TestHAStaleHomeCannotOverwrite(t *testing.T) {
 	time.Sleep(300 * time.Millisecond) // the dir source notices, the spoke sends
 	// The balancer gives up on the paused home: the spoke's connection ends
 	// and it resumes at another replica, where A lands under a newer epoch.
-	f.fedLB.setDown(home.fed, true)
-	f.xdsLB.setDown(home.xds, true)
-	f.fedLB.cut(home.fed)
-	f.xdsLB.cut(home.xds)
+	f.fedLB.SetDown(home.fed, true)
+	f.xdsLB.SetDown(home.xds, true)
+	f.fedLB.Cut(home.fed)
+	f.xdsLB.Cut(home.xds)
 	others := []*hubReplica{}
 	for _, r := range f.replicas {
 		if r != home {

@@ -3,7 +3,6 @@ package federation
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/url"
@@ -16,6 +15,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+
+	"github.com/navemesh/nave/internal/nettest"
 )
 
 // embeddedEtcd starts a single-node etcd on free loopback ports in a
@@ -272,74 +273,14 @@ func TestLeaderTermEndsAtOnceWhenItsLeaseIsRevoked(t *testing.T) {
 	terms.checkNoOverlap(t)
 }
 
-// cutProxy forwards TCP connections to target until Cut, which breaks them
-// all and refuses new ones: the replica behind it loses etcd while the rest
-// of the world keeps it.
-type cutProxy struct {
-	l      net.Listener
-	target string
-	mu     sync.Mutex
-	conns  []net.Conn
-	cut    bool
-}
-
-func newCutProxy(t *testing.T, target string) *cutProxy {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &cutProxy{l: l, target: strings.TrimPrefix(target, "http://")}
-	go p.serve()
-	t.Cleanup(p.Cut)
-	return p
-}
-
-func (p *cutProxy) endpoint() string { return "http://" + p.l.Addr().String() }
-
-func (p *cutProxy) serve() {
-	for {
-		in, err := p.l.Accept()
-		if err != nil {
-			return
-		}
-		out, err := net.Dial("tcp", p.target)
-		if err != nil {
-			in.Close()
-			continue
-		}
-		p.mu.Lock()
-		if p.cut {
-			p.mu.Unlock()
-			in.Close()
-			out.Close()
-			continue
-		}
-		p.conns = append(p.conns, in, out)
-		p.mu.Unlock()
-		go func() { io.Copy(out, in); out.Close() }()
-		go func() { io.Copy(in, out); in.Close() }()
-	}
-}
-
-func (p *cutProxy) Cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.cut = true
-	p.l.Close()
-	for _, c := range p.conns {
-		c.Close()
-	}
-	p.conns = nil
-}
-
 func TestLeaderCutOffFromEtcdEndsItsTermBeforeAnotherLeads(t *testing.T) {
 	_, endpoint := embeddedEtcd(t)
 	const ttl = 2
 	cfg := testLeaderConfig(t, ttl)
 	terms := newLeaderTerms()
-	proxy := newCutProxy(t, endpoint)
-	startReplica(t, dialEtcd(t, proxy.endpoint()), cfg, "hub-a", terms.term("hub-a"))
+	target := strings.TrimPrefix(endpoint, "http://")
+	proxy := nettest.NewProxy(t, target)
+	startReplica(t, dialEtcd(t, "http://"+proxy.Addr), cfg, "hub-a", terms.term("hub-a"))
 	if ev := terms.await(t, 10*time.Second, "hub-a leads"); !ev.start || ev.id != "hub-a" {
 		t.Fatalf("event %+v, want hub-a to lead", ev)
 	}
@@ -348,7 +289,9 @@ func TestLeaderCutOffFromEtcdEndsItsTermBeforeAnotherLeads(t *testing.T) {
 	// hub-a loses etcd; its lease expires in etcd within the TTL and hub-b
 	// takes over. hub-a's term must have ended by then: terms never overlap.
 	cut := time.Now()
-	proxy.Cut()
+	// hub-a loses etcd (its connections break, new ones are refused); the rest of the world keeps it.
+	proxy.SetDown(target, true)
+	proxy.Cut(target)
 	end := terms.await(t, 3*ttl*time.Second, "hub-a's term ends")
 	if end.start || end.id != "hub-a" {
 		t.Fatalf("event %+v, want hub-a's term to end", end)

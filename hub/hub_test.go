@@ -9,10 +9,6 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"time"
-
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/hub"
@@ -58,24 +54,7 @@ func hello(t *testing.T, h *hub.Hub, cluster string) uint64 {
 // session opens a spoke session for cluster, publishes an empty full state and returns the stream.
 func session(t *testing.T, h *hub.Hub, cluster string) (fedv1.Federation_PublishClient, uint64) {
 	t.Helper()
-	conn, err := grpc.NewClient(h.FederationAddr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	t.Cleanup(cancel)
-	stream, err := fedv1.NewFederationClient(conn).Publish(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := stream.Send(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Hello{Hello: &fedv1.Hello{ClusterId: cluster, Network: "n1", SpokeId: "s1"}}}); err != nil {
-		t.Fatal(err)
-	}
-	m, err := stream.Recv()
-	if err != nil || m.GetWelcome() == nil {
-		t.Fatalf("hello answered %v, %v", m, err)
-	}
+	stream, welcome := rawSession(t, h, &fedv1.Hello{ClusterId: cluster, Network: "n1", SpokeId: "s1"})
 	// A full state with nothing in it: the cluster is known and publishes no service.
 	if err := stream.Send(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Update{Update: &fedv1.Update{Nonce: "1", Version: 1, FullState: true, LastChunk: true}}}); err != nil {
 		t.Fatal(err)
@@ -83,7 +62,7 @@ func session(t *testing.T, h *hub.Hub, cluster string) (fedv1.Federation_Publish
 	if m, err := stream.Recv(); err != nil || m.GetAck() == nil {
 		t.Fatalf("empty full state answered %v, %v", m, err)
 	}
-	return stream, m.GetWelcome().GetEpoch()
+	return stream, welcome.GetEpoch()
 }
 
 func shard(name string) *fedv1.Shard {

@@ -4,10 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -22,6 +20,7 @@ import (
 
 	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/internal/kubetest"
+	"github.com/navemesh/nave/internal/nettest"
 	"github.com/navemesh/nave/registry"
 )
 
@@ -489,9 +488,9 @@ func TestLeaderElectionFencesAnUnreachableLeader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy := startBlackholeProxy(t, strings.TrimPrefix(rc.Host, "https://"))
+	proxy := nettest.NewProxy(t, strings.TrimPrefix(rc.Host, "https://"))
 	viaProxy := rest.CopyConfig(rc)
-	viaProxy.Host = "https://" + proxy.addr
+	viaProxy.Host = "https://" + proxy.Addr
 	events := make(chan termEvent, 10)
 	doneA := candidate(t, t.Context(), viaProxy, testElection, "a", events)
 	if e := nextEvent(t, events, 10*time.Second); e.id != "a" || !e.start {
@@ -500,7 +499,7 @@ func TestLeaderElectionFencesAnUnreachableLeader(t *testing.T) {
 	doneB := candidate(t, t.Context(), rc, testElection, "b", events)
 	t.Cleanup(func() { <-doneA; <-doneB })
 	time.Sleep(testElection.RetryPeriod)
-	proxy.blackhole()
+	proxy.Blackhole()
 	cut := time.Now()
 	first := nextEvent(t, events, 2*testElection.LeaseDuration)
 	second := nextEvent(t, events, 2*testElection.LeaseDuration)
@@ -509,65 +508,4 @@ func TestLeaderElectionFencesAnUnreachableLeader(t *testing.T) {
 	}
 	t.Logf("a stopped %v after its connection was cut, %v before b took over",
 		first.at.Sub(cut).Round(time.Millisecond), second.at.Sub(first.at).Round(time.Millisecond))
-}
-
-// blackholeProxy forwards TCP connections until blackhole is called; then
-// it stops forwarding in either direction without closing anything, as a
-// network that drops packets would.
-type blackholeProxy struct {
-	addr string
-	cut  chan struct{}
-}
-
-func startBlackholeProxy(t *testing.T, upstream string) *blackholeProxy {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &blackholeProxy{addr: lis.Addr().String(), cut: make(chan struct{})}
-	var conns sync.WaitGroup
-	t.Cleanup(func() { lis.Close(); conns.Wait() })
-	go func() {
-		for {
-			down, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			conns.Go(func() {
-				defer down.Close()
-				up, err := net.Dial("tcp", upstream)
-				if err != nil {
-					return
-				}
-				defer up.Close()
-				stop := context.AfterFunc(t.Context(), func() { down.Close(); up.Close() })
-				defer stop()
-				var pipes sync.WaitGroup
-				pipes.Go(func() { p.pipe(up, down) })
-				pipes.Go(func() { p.pipe(down, up) })
-				pipes.Wait()
-			})
-		}
-	}()
-	return p
-}
-
-func (p *blackholeProxy) blackhole() { close(p.cut) }
-
-func (p *blackholeProxy) pipe(dst, src net.Conn) {
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if err != nil {
-			return
-		}
-		select {
-		case <-p.cut:
-			continue // dropped
-		default:
-		}
-		if _, err := dst.Write(buf[:n]); err != nil {
-			return
-		}
-	}
 }
