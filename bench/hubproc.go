@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -15,6 +14,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/navemesh/nave/internal/nettest"
 )
 
 // The hub under test: a real `nave hub` process with its embedded etcd.
@@ -38,16 +39,6 @@ func buildHub(ctx context.Context, dir string) (string, error) {
 	return bin, nil
 }
 
-// freeAddr returns a loopback address with a port free right now.
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", fmt.Errorf("find a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
-}
-
 // hubProcess is one run of `nave hub`. Restarting keeps its ports, so
 // clients and spokes reconnect to the same addresses.
 type hubProcess struct {
@@ -66,7 +57,7 @@ type hubProcess struct {
 func newHubProcess(bin, logPath string, extra []string) (*hubProcess, error) {
 	h := &hubProcess{bin: bin, logPath: logPath, extra: extra, http: &http.Client{Timeout: 30 * time.Second}}
 	for _, p := range []*string{&h.fed, &h.xds, &h.admin} {
-		addr, err := freeAddr()
+		addr, err := nettest.FreeAddr()
 		if err != nil {
 			return nil, err
 		}

@@ -7,14 +7,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,6 +22,7 @@ import (
 
 	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/hub"
+	"github.com/navemesh/nave/internal/nettest"
 	"github.com/navemesh/nave/internal/xdstest"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/spoke"
@@ -224,53 +221,14 @@ func testContext(t *testing.T) context.Context {
 	return ctx
 }
 
-// freeAddr returns a loopback address nothing listens on (for servers that
-// take an address, not a listener). The port is below the kernel's
-// ephemeral range, so no outgoing connection can take it (on any local
-// address) between now and when the server binds it; ports are handed out
-// once per test binary.
+// freeAddr returns a loopback address nothing listens on (see nettest.FreeAddr).
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	portsMu.Lock()
-	defer portsMu.Unlock()
-	for range 1000 {
-		port := 10000 + rand.IntN(ephemeralLow()-10000)
-		if portsTaken[port] {
-			continue
-		}
-		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
-		if err != nil {
-			continue
-		}
-		u, err := net.ListenPacket("udp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port))) // gossip needs UDP too
-		l.Close()
-		if err != nil {
-			continue
-		}
-		u.Close()
-		portsTaken[port] = true
-		return l.Addr().String()
+	addr, err := nettest.FreeAddr()
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatal("no free port below the ephemeral range")
-	return ""
-}
-
-var (
-	portsMu    sync.Mutex
-	portsTaken = map[int]bool{}
-)
-
-// ephemeralLow is the start of the kernel's ephemeral port range (32768 by default).
-func ephemeralLow() int {
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err == nil {
-		if f := strings.Fields(string(b)); len(f) == 2 {
-			if n, err := strconv.Atoi(f[0]); err == nil && n > 11000 {
-				return n
-			}
-		}
-	}
-	return 32768
+	return addr
 }
 
 func httpStatus(url string) int {

@@ -1,13 +1,14 @@
 package kubetest
 
 import (
-	"net"
 	"net/url"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
+
+	"github.com/navemesh/nave/internal/nettest"
 )
 
 // startEtcd runs an in-process single-node etcd on free loopback ports until
@@ -41,16 +42,14 @@ func startEtcd(t testing.TB) string {
 	return clientURL.String()
 }
 
-// freeLoopbackURL finds a free loopback port. Another process could take it
-// before the server binds it; the server then fails with a clear error.
+// freeLoopbackURL is an http URL on a free loopback port (see nettest.FreeAddr).
 func freeLoopbackURL(t testing.TB) *url.URL {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := nettest.FreeAddr()
 	if err != nil {
 		t.Fatalf("find a free port: %v", err)
 	}
-	defer l.Close()
-	return &url.URL{Scheme: "http", Host: l.Addr().String()}
+	return &url.URL{Scheme: "http", Host: addr}
 }
 
 // freePort is a free loopback TCP port, as freeLoopbackURL.
