@@ -88,9 +88,25 @@ const (
 // Everything is sorted: localities by region/zone/subzone, endpoints by
 // cluster, address, port. Assign is pure and safe for concurrent use.
 func Assign(svc *registry.Service, port registry.ServicePort, client registry.Locality) Assignment {
-	a := Assignment{Service: svc.Key, Port: port.Port, ClusterName: ClusterName(svc.Key, port.Port), Client: client}
+	return groupByLocality(svc, port).assign(client)
+}
+
+// localities is the part of a service port's assignment that does not depend
+// on the client: its endpoints grouped by locality. Every locality group's
+// assignment orders the same localities into its own priorities.
+type localities struct {
+	service registry.ServiceKey
+	port    int32
+	// served are the localities with at least one healthy endpoint, sorted.
+	served   []LocalityEndpoints
+	skipped  []registry.Locality
+	shadowed []Endpoint
+}
+
+func groupByLocality(svc *registry.Service, port registry.ServicePort) localities {
+	l := localities{service: svc.Key, port: port.Port}
 	byLocality := map[registry.Locality]*LocalityEndpoints{}
-	for _, pe := range a.unique(svc.Endpoints(port)) {
+	for _, pe := range l.unique(svc.Endpoints(port)) {
 		le := byLocality[pe.Locality]
 		if le == nil {
 			le = &LocalityEndpoints{Locality: pe.Locality}
@@ -103,30 +119,62 @@ func Assign(svc *registry.Service, port registry.ServicePort, client registry.Lo
 		}
 		le.Endpoints = append(le.Endpoints, Endpoint{Cluster: pe.Cluster, Address: pe.Address, Port: pe.Port, Health: status, Weight: 1})
 	}
-	var tiers [tierCount][]LocalityEndpoints
 	for loc, le := range byLocality {
 		if le.Weight == 0 {
-			a.Skipped = append(a.Skipped, loc)
+			l.skipped = append(l.skipped, loc)
 			continue
 		}
 		slices.SortFunc(le.Endpoints, compareEndpoints)
-		t := tier(client, loc)
-		tiers[t] = append(tiers[t], *le)
+		l.served = append(l.served, *le)
 	}
-	for _, localities := range tiers {
-		if len(localities) == 0 {
-			continue
+	slices.SortFunc(l.served, func(x, y LocalityEndpoints) int { return x.Locality.Compare(y.Locality) })
+	slices.SortFunc(l.skipped, registry.Locality.Compare)
+	return l
+}
+
+// priorities returns the priority of each served locality for clients of the
+// client's group, and how many priorities there are: tiers in order, empty
+// ones skipped.
+func (l localities) priorities(client registry.Locality) (prio []uint32, count uint32) {
+	var used [tierCount]bool
+	tiers := make([]int, len(l.served))
+	for i, le := range l.served {
+		tiers[i] = tier(client, le.Locality)
+		used[tiers[i]] = true
+	}
+	var rank [tierCount]uint32
+	for t := range tierCount {
+		rank[t] = count
+		if used[t] {
+			count++
 		}
-		slices.SortFunc(localities, func(x, y LocalityEndpoints) int { return x.Locality.Compare(y.Locality) })
-		a.Priorities = append(a.Priorities, Priority{Priority: uint32(len(a.Priorities)), Localities: localities})
 	}
-	slices.SortFunc(a.Skipped, registry.Locality.Compare)
+	prio = make([]uint32, len(tiers))
+	for i, t := range tiers {
+		prio[i] = rank[t]
+	}
+	return prio, count
+}
+
+func (l localities) assign(client registry.Locality) Assignment {
+	a := Assignment{Service: l.service, Port: l.port, ClusterName: ClusterName(l.service, l.port), Client: client,
+		Skipped: l.skipped, Shadowed: l.shadowed}
+	prio, count := l.priorities(client)
+	for p := range count {
+		var in []LocalityEndpoints
+		for i, le := range l.served {
+			if prio[i] == p {
+				in = append(in, le)
+			}
+		}
+		a.Priorities = append(a.Priorities, Priority{Priority: p, Localities: in})
+	}
 	return a
 }
 
 // unique keeps one endpoint per address:port, recording the others in
-// a.Shadowed. eps come sorted by cluster, so the first seen has the lowest cluster ID.
-func (a *Assignment) unique(eps []registry.PortEndpoint) []registry.PortEndpoint {
+// l.shadowed. eps come sorted by cluster, so the first seen has the lowest cluster ID.
+func (l *localities) unique(eps []registry.PortEndpoint) []registry.PortEndpoint {
 	at := make(map[netip.AddrPort]int, len(eps))
 	out := eps[:0:0]
 	shadow := func(pe registry.PortEndpoint) {
@@ -134,7 +182,7 @@ func (a *Assignment) unique(eps []registry.PortEndpoint) []registry.PortEndpoint
 		if pe.Health == registry.Healthy {
 			status = StatusHealthy
 		}
-		a.Shadowed = append(a.Shadowed, Endpoint{Cluster: pe.Cluster, Address: pe.Address, Port: pe.Port, Health: status, Weight: 1})
+		l.shadowed = append(l.shadowed, Endpoint{Cluster: pe.Cluster, Address: pe.Address, Port: pe.Port, Health: status, Weight: 1})
 	}
 	for _, pe := range eps {
 		key := netip.AddrPortFrom(pe.Address.Unmap(), uint16(pe.Port))

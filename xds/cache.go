@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"strconv"
 	"time"
@@ -27,39 +28,47 @@ type resourceCache struct {
 	label   string
 	prefix  string
 	linear  *cache.LinearCache
-	// published is what the LinearCache holds, to skip no-op updates: with sotw,
-	// re-setting an equal resource would still bump its version and resend it.
-	published map[string]types.Resource
+	// published holds a content hash of each resource the LinearCache holds, to
+	// skip no-op updates: with sotw, re-setting an equal resource would still
+	// bump its version and resend it.
+	published map[string]uint64
 	// version mirrors the LinearCache's version counter (we are its only writer).
 	version uint64
 	// staged changes, flushed together in one UpdateResources call.
-	upserts map[string]types.Resource
+	upserts map[string]stagedResource
 	deletes map[string]bool
 }
 
-func newResourceCache(typeURL, prefix string, logger *slog.Logger, initial map[string]types.Resource) *resourceCache {
-	if initial == nil {
-		initial = map[string]types.Resource{}
+type stagedResource struct {
+	res types.Resource
+	sum uint64
+}
+
+// newResourceCache returns a cache holding initial, whose content hashes are sums.
+func newResourceCache(typeURL, prefix string, logger *slog.Logger, initial map[string]types.Resource, sums map[string]uint64) *resourceCache {
+	if sums == nil {
+		sums = map[string]uint64{}
 	}
 	return &resourceCache{
 		typeURL:   typeURL,
 		label:     typeLabel(typeURL),
 		prefix:    prefix,
 		linear:    cache.NewLinearCache(typeURL, cache.WithVersionPrefix(prefix), cache.WithInitialResources(initial), cache.WithLogger(cacheLogger(logger))),
-		published: initial,
-		upserts:   map[string]types.Resource{},
+		published: sums,
+		upserts:   map[string]stagedResource{},
 		deletes:   map[string]bool{},
 	}
 }
 
-// stage records that name should hold res, unless res is what is published.
-func (c *resourceCache) stage(name string, res types.Resource) {
+// stage records that name should hold res, whose content hash is sum, unless
+// that is what is published.
+func (c *resourceCache) stage(name string, res types.Resource, sum uint64) {
 	delete(c.deletes, name)
-	if old, ok := c.published[name]; ok && proto.Equal(old, res) {
+	if old, ok := c.published[name]; ok && old == sum {
 		delete(c.upserts, name)
 		return
 	}
-	c.upserts[name] = res
+	c.upserts[name] = stagedResource{res: res, sum: sum}
 }
 
 // stageDelete records that name should go.
@@ -81,17 +90,30 @@ func (c *resourceCache) flush() (version string, changed int, err error) {
 		deletes = append(deletes, name)
 		delete(c.published, name)
 	}
-	for name, res := range c.upserts {
-		c.published[name] = res
+	upserts := make(map[string]types.Resource, len(c.upserts))
+	for name, staged := range c.upserts {
+		c.published[name] = staged.sum
+		upserts[name] = staged.res
 	}
-	upserts := c.upserts
 	changed = len(upserts) + len(deletes)
-	c.upserts, c.deletes = map[string]types.Resource{}, map[string]bool{}
+	clear(c.upserts)
+	c.deletes = map[string]bool{}
 	c.version++
 	if err := c.linear.UpdateResources(upserts, deletes); err != nil {
 		return "", changed, fmt.Errorf("update %s cache: %w", c.label, err)
 	}
 	return c.prefix + strconv.FormatUint(c.version, 10), changed, nil
+}
+
+// contentSum is a hash of what res puts on the wire (for resources that are
+// not built from shared blocks: listeners, routes, clusters).
+func contentSum(res types.Resource) uint64 {
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(res)
+	if err != nil {
+		// Never equal to anything published: the resource is staged, and the cache reports the error.
+		return 0
+	}
+	return maphash.Bytes(seed, b)
 }
 
 // errFetchUnsupported answers REST fetches: Nave serves streams only.

@@ -71,6 +71,9 @@ type Server struct {
 	built   bool
 	// ports are the service ports published per service.
 	ports map[registry.ServiceKey][]registry.ServicePort
+	// endpoints holds, by cluster name, the last valid xDS form of each service
+	// port's endpoints, from which every locality group's assignment is derived.
+	endpoints map[string]*portEndpoints
 
 	// pushMu guards the push-latency bookkeeping.
 	pushMu sync.Mutex
@@ -98,16 +101,17 @@ func NewServer(cfg Config, log *slog.Logger, reg prometheus.Registerer) *Server 
 	}
 	log = log.With("component", "xds")
 	s := &Server{
-		cfg:      cfg,
-		log:      log,
-		metrics:  newMetrics(reg),
-		ports:    map[registry.ServiceKey][]registry.ServicePort{},
-		pushes:   map[string]pushStamp{},
-		requests: map[streamKey]map[string]time.Time{},
+		cfg:       cfg,
+		log:       log,
+		metrics:   newMetrics(reg),
+		ports:     map[registry.ServiceKey][]registry.ServicePort{},
+		endpoints: map[string]*portEndpoints{},
+		pushes:    map[string]pushStamp{},
+		requests:  map[streamKey]map[string]time.Time{},
 	}
-	s.lds = newResourceCache(resource.ListenerType, cfg.VersionPrefix+"lds-", log, nil)
-	s.rds = newResourceCache(resource.RouteType, cfg.VersionPrefix+"rds-", log, nil)
-	s.cds = newResourceCache(resource.ClusterType, cfg.VersionPrefix+"cds-", log, nil)
+	s.lds = newResourceCache(resource.ListenerType, cfg.VersionPrefix+"lds-", log, nil, nil)
+	s.rds = newResourceCache(resource.RouteType, cfg.VersionPrefix+"rds-", log, nil, nil)
+	s.cds = newResourceCache(resource.ClusterType, cfg.VersionPrefix+"cds-", log, nil, nil)
 	s.groups.Store(&map[registry.Locality]*resourceCache{})
 	dispatch := &dispatchCache{lds: s.lds, rds: s.rds, cds: s.cds, eds: s.edsCache, log: log}
 	// The streams end when the gRPC server stops; nothing else needs to end them.
@@ -130,10 +134,11 @@ func (s *Server) Register(g *grpc.Server) {
 // (a caller that coalesces changes must merge their diffs). The first call
 // rebuilds everything whatever d says, so it may pass an empty diff.
 //
-// Only what d names is translated again: an endpoint change recomputes the
-// ClusterLoadAssignments of that service, in every locality group, and sends
-// only those whose content changed; listeners, routes and clusters follow
-// only shape changes. Update does not wait for clients.
+// Only what d names is translated again: an endpoint change rebuilds the
+// endpoints of that service once, derives the ClusterLoadAssignment of every
+// locality group from them, and sends only those whose content changed;
+// listeners, routes and clusters follow only shape changes. Update does not
+// wait for clients.
 func (s *Server) Update(r *registry.Registry, d registry.Diff) {
 	start := time.Now()
 	s.stateMu.Lock()
@@ -166,10 +171,8 @@ func (s *Server) Update(r *registry.Registry, d registry.Diff) {
 			}
 		}
 		if c.ShapeChanged || c.EndpointsChanged {
-			for group, eds := range groups {
-				for _, p := range ports {
-					s.stage(eds, ClusterName(c.Key, p.Port), ClusterLoadAssignment(Assign(svc, p, group)))
-				}
+			for _, p := range ports {
+				s.stageEndpoints(svc, p, groups)
 			}
 		}
 		if len(ports) == 0 {
@@ -219,6 +222,7 @@ func (s *Server) deletePort(k registry.ServiceKey, port int32, groups map[regist
 	s.lds.stageDelete(name)
 	s.rds.stageDelete(name)
 	s.cds.stageDelete(cluster)
+	delete(s.endpoints, cluster)
 	for _, eds := range groups {
 		eds.stageDelete(cluster)
 	}
@@ -228,11 +232,30 @@ func (s *Server) deletePort(k registry.ServiceKey, port int32, groups map[regist
 // and not published (the last valid version, if any, stays served).
 func (s *Server) stage(c *resourceCache, name string, res types.Resource) {
 	if err := Validate(res); err != nil {
-		s.metrics.invalid.WithLabelValues(c.label).Inc()
-		s.log.Warn("generated resource is invalid; not publishing it", "type", c.label, "name", name, "err", err)
+		s.invalid(c.label, name, err)
 		return
 	}
-	c.stage(name, res)
+	c.stage(name, res, contentSum(res))
+}
+
+// stageEndpoints rebuilds the endpoints of svc's port once and stages the
+// assignment of every locality group; if they are invalid, every group keeps
+// the last valid assignment.
+func (s *Server) stageEndpoints(svc *registry.Service, p registry.ServicePort, groups map[registry.Locality]*resourceCache) {
+	pe, err := newPortEndpoints(svc, p)
+	if err != nil {
+		s.invalid(typeEDS, ClusterName(svc.Key, p.Port), err)
+		return
+	}
+	s.endpoints[pe.clusterName] = pe
+	for group, eds := range groups {
+		eds.stage(pe.clusterName, pe.assignment(group), pe.sum(group))
+	}
+}
+
+func (s *Server) invalid(label, name string, err error) {
+	s.metrics.invalid.WithLabelValues(label).Inc()
+	s.log.Warn("generated resource is invalid; not publishing it", "type", label, "name", name, "err", err)
 }
 
 func (s *Server) flush(c *resourceCache, start time.Time) {
@@ -276,21 +299,12 @@ func (s *Server) edsCache(l registry.Locality) *resourceCache {
 			return c
 		}
 	}
-	initial := map[string]types.Resource{}
-	if s.reg != nil {
-		for _, svc := range s.reg.Services() {
-			for _, p := range ServicePorts(svc) {
-				cla := ClusterLoadAssignment(Assign(svc, p, group))
-				if err := Validate(cla); err != nil {
-					s.metrics.invalid.WithLabelValues(typeEDS).Inc()
-					s.log.Warn("generated resource is invalid; not publishing it", "type", typeEDS, "name", cla.GetClusterName(), "err", err)
-					continue
-				}
-				initial[cla.GetClusterName()] = cla
-			}
-		}
+	initial := make(map[string]types.Resource, len(s.endpoints))
+	sums := make(map[string]uint64, len(s.endpoints))
+	for name, pe := range s.endpoints {
+		initial[name], sums[name] = pe.assignment(group), pe.sum(group)
 	}
-	c := newResourceCache(resource.EndpointType, s.cfg.VersionPrefix+"eds-"+group.Region+"/"+group.Zone+"-", s.log, initial)
+	c := newResourceCache(resource.EndpointType, s.cfg.VersionPrefix+"eds-"+group.Region+"/"+group.Zone+"-", s.log, initial, sums)
 	next := maps.Clone(groups)
 	next[group] = c
 	s.groups.Store(&next)

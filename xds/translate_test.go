@@ -150,13 +150,19 @@ func served(t *testing.T, r *registry.Registry, client registry.Locality) Resour
 	}
 }
 
+// publishedOf reads what c's LinearCache holds, checking that it is what c
+// believes it published.
 func publishedOf[T proto.Message](t *testing.T, c *resourceCache) []T {
 	t.Helper()
-	out := make([]T, 0, len(c.published))
-	for _, name := range slices.Sorted(maps.Keys(c.published)) {
-		m, ok := c.published[name].(T)
+	held := c.linear.GetResources()
+	if !slices.Equal(slices.Sorted(maps.Keys(held)), slices.Sorted(maps.Keys(c.published))) {
+		t.Fatalf("%s cache holds %v, published %v", c.label, slices.Sorted(maps.Keys(held)), slices.Sorted(maps.Keys(c.published)))
+	}
+	out := make([]T, 0, len(held))
+	for _, name := range slices.Sorted(maps.Keys(held)) {
+		m, ok := held[name].(T)
 		if !ok {
-			t.Fatalf("%s cache holds %T", c.label, c.published[name])
+			t.Fatalf("%s cache holds %T", c.label, held[name])
 		}
 		out = append(out, m)
 	}

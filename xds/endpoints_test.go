@@ -1,0 +1,98 @@
+package xds
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/navemesh/nave/registry"
+)
+
+// TestSharedAssignmentsMatchAssign checks the fast path against the reference:
+// for random services (several clusters and localities, draining and
+// not-ready endpoints, addresses repeated across clusters) and every locality
+// group, the assignment derived from shared blocks is exactly
+// ClusterLoadAssignment(Assign(...)), is valid, and its sum changes exactly
+// when the resource does.
+func TestSharedAssignmentsMatchAssign(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	localities := []registry.Locality{loc("r1", "z1"), loc("r1", "z2"), loc("r2", "z3"), {Region: "r2", Zone: "z3", Subzone: "rack1"}, {}}
+	groups := []registry.Locality{{}, loc("r1", "z1"), loc("r1", "z2"), loc("r2", "z3"), loc("r3", "z9")}
+	conditions := []registry.Conditions{ready, ready, ready, draining, notReady}
+	port := tcp("grpc", 8080)
+
+	type published struct {
+		cla *endpoint.ClusterLoadAssignment
+		sum uint64
+	}
+	var seen []published
+	for round := range 120 {
+		var shards []*registry.Shard
+		for c, cluster := range []registry.ClusterID{"east", "west", "north"} {
+			var eps []registry.Endpoint
+			for range rng.IntN(6) {
+				// Few addresses, so clusters sometimes name the same one (shadowing).
+				addr := fmt.Sprintf("10.0.%d.%d", rng.IntN(2), rng.IntN(6))
+				if rng.IntN(3) > 0 {
+					addr = fmt.Sprintf("10.%d.%d.%d", c+1, rng.IntN(2), rng.IntN(6))
+				}
+				eps = append(eps, ep(addr, localities[rng.IntN(len(localities))], conditions[rng.IntN(len(conditions))], eport("grpc", 9090)))
+			}
+			if len(eps) > 0 {
+				shards = append(shards, shard(cluster, echo, []registry.ServicePort{port}, dedupe(eps)...))
+			}
+		}
+		if len(shards) == 0 {
+			continue
+		}
+		r, _ := apply(t, registry.New(), shards...)
+		svc := r.Service(echo)
+		pe, err := newPortEndpoints(svc, port)
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		for _, g := range groups {
+			want := ClusterLoadAssignment(Assign(svc, port, g))
+			got := pe.assignment(g)
+			if !proto.Equal(got, want) {
+				t.Fatalf("round %d, group %v:\nshared %v\nAssign %v", round, g, got, want)
+			}
+			if err := Validate(got); err != nil {
+				t.Fatalf("round %d, group %v: %v", round, g, err)
+			}
+			seen = append(seen, published{got, pe.sum(g)})
+		}
+	}
+	// Sums agree with proto.Equal on every pair.
+	equalPairs := 0
+	for i := range seen {
+		for j := i + 1; j < len(seen); j++ {
+			same := proto.Equal(seen[i].cla, seen[j].cla)
+			if same {
+				equalPairs++
+			}
+			if same != (seen[i].sum == seen[j].sum) {
+				t.Fatalf("resources %d and %d: proto.Equal %v but sums %x and %x:\n%v\n%v", i, j, same, seen[i].sum, seen[j].sum, seen[i].cla, seen[j].cla)
+			}
+		}
+	}
+	if equalPairs == 0 {
+		t.Fatal("no two resources were equal: the sum check proved nothing")
+	}
+}
+
+// dedupe keeps the first endpoint of each address: one cluster never names an address twice.
+func dedupe(eps []registry.Endpoint) []registry.Endpoint {
+	seen := map[string]bool{}
+	out := eps[:0]
+	for _, e := range eps {
+		if a := e.Addresses[0].String(); !seen[a] {
+			seen[a] = true
+			out = append(out, e)
+		}
+	}
+	return out
+}
