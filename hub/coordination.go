@@ -210,21 +210,37 @@ func (c *coordinator) lead(ctx context.Context) {
 	}
 }
 
+// snapshotDuty bounds the share of time spent saving snapshots: after a save
+// that took d, the next one waits at least snapshotDuty*d. A large registry
+// under constant churn is then saved less often instead of keeping a core busy.
+const snapshotDuty = 10
+
+// nextSave is the earliest time for the save after one that started at
+// start, took took and succeeded (ok) or not.
+func nextSave(start time.Time, took, interval time.Duration, ok bool) time.Time {
+	if !ok {
+		// After a failure, wait a while before encoding the same registry again.
+		return start.Add(10 * interval)
+	}
+	return start.Add(max(interval, snapshotDuty*took))
+}
+
 func (c *coordinator) leaderDuties(ctx context.Context) {
 	t := time.NewTicker(c.interval)
 	defer t.Stop()
 	var savedVersion uint64
 	saved := false
-	var failedAt time.Time
+	var next time.Time // no save before then
 	for {
-		// After a failure, wait a while before re-encoding the same registry.
-		due := !saved || c.state.View().Registry.Version() != savedVersion
-		if due && time.Since(failedAt) > 10*c.interval {
-			if v, ok := c.persist(ctx); ok {
-				savedVersion, saved, failedAt = v, true, time.Time{}
-			} else {
-				failedAt = time.Now()
+		if due := !saved || c.state.View().Registry.Version() != savedVersion; due && !time.Now().Before(next) {
+			start := time.Now()
+			v, ok := c.persist(ctx)
+			took := time.Since(start)
+			c.metrics.snapshotSeconds.Observe(took.Seconds())
+			if ok {
+				savedVersion, saved = v, true
 			}
+			next = nextSave(start, took, c.interval, ok)
 		}
 		c.collect(ctx)
 		select {

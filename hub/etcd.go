@@ -35,6 +35,12 @@ func startEmbeddedEtcd(ctx context.Context, dir string, log *slog.Logger) (*embe
 	cfg.LogOutputs = []string{filepath.Join(dir, "etcd.log")}
 	cfg.AutoCompactionMode = "revision"
 	cfg.AutoCompactionRetention = "1000"
+	// etcd keeps the raft log in memory between its own snapshots (10,000
+	// entries by default, plus 5,000 for slow followers), and each registry
+	// snapshot the hub saves is a megabyte-sized entry or more. One member has
+	// no follower to catch up, so a short log keeps that memory small.
+	cfg.SnapshotCount = 100
+	cfg.SnapshotCatchUpEntries = 10
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		return nil, "", fmt.Errorf("start embedded etcd in %s: %w", cfg.Dir, err)

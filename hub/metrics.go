@@ -26,6 +26,7 @@ const (
 	metricMembers           = "nave_hub_members"
 	metricSnapshotRevision  = "nave_hub_snapshot_revision"
 	metricSnapshotBytes     = "nave_hub_snapshot_bytes"
+	metricSnapshotSeconds   = "nave_hub_snapshot_save_seconds"
 	metricReplication       = "nave_hub_replication_updates_total"
 )
 
@@ -41,6 +42,7 @@ type metrics struct {
 	clusterStale, clusterRestored, clusterDataAge *prometheus.GaugeVec
 	leader, etcdUp, members                       prometheus.Gauge
 	snapshotRevision, snapshotBytes               prometheus.Gauge
+	snapshotSeconds                               prometheus.Histogram
 	replication                                   *prometheus.CounterVec
 }
 
@@ -75,12 +77,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.members = gauge(metricMembers, "Hub replicas in the gossip group, this one included.")
 	m.snapshotRevision = gauge(metricSnapshotRevision, "Revision of the last snapshot this replica saved or restored.")
 	m.snapshotBytes = gauge(metricSnapshotBytes, "Size of the last snapshot this replica saved.")
+	m.snapshotSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: metricSnapshotSeconds,
+		Help:    "Time the leader took to save a snapshot (encode and write); the next save waits at least ten times as long.",
+		Buckets: prometheus.ExponentialBuckets(0.005, 2, 12)})
 	m.replication = prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricReplication,
 		Help: "Hub-to-hub replication: updates sent (by kind), received (by result: applied, stale, mismatch, dropped, error) and resyncs asked (by reason)."}, []string{"direction", "result"})
 	m.etcdUp.Set(1)
 	m.members.Set(1)
 	reg.MustRegister(m.connected, m.clusterServices, m.clusterEndpoints, m.services, m.version, m.updates, m.resyncs,
-		m.clusterStale, m.clusterRestored, m.clusterDataAge, m.leader, m.etcdUp, m.members, m.snapshotRevision, m.snapshotBytes, m.replication)
+		m.clusterStale, m.clusterRestored, m.clusterDataAge, m.leader, m.etcdUp, m.members, m.snapshotRevision, m.snapshotBytes, m.snapshotSeconds, m.replication)
 	return m
 }
 
