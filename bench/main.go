@@ -72,6 +72,8 @@ type config struct {
 	out         string
 	cpuProfile  string
 	heapProfile string
+	// restartProfile is where the warm restart's CPU profile goes.
+	restartProfile string
 	naveBin     string
 	keep        bool
 	settle      time.Duration
@@ -113,6 +115,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&cfg.out, "out", "bench-results.json", "where to write the results as JSON (empty: nowhere)")
 	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "save the hub's CPU profile during the churn here (starts the hub with --pprof)")
 	fs.StringVar(&cfg.heapProfile, "heapprofile", "", "save the hub's heap profile after the churn here (starts the hub with --pprof)")
+	fs.StringVar(&cfg.restartProfile, "restart-cpuprofile", "", "save the hub's CPU profile of the first seconds after the warm restart here (starts the hub with --pprof)")
 	fs.StringVar(&cfg.naveBin, "nave-bin", "", "a built nave binary (default: build ./cmd/nave into the work dir)")
 	fs.BoolVar(&cfg.keep, "keep", false, "keep the work dir (hub data, logs) after a successful run")
 	fs.DurationVar(&cfg.settle, "settle", 2*time.Second, "pause before each memory sample, so the hub's heap settles")
@@ -336,7 +339,7 @@ func (b *bench) startHub(ctx context.Context) error {
 		return err
 	}
 	hubArgs := b.cfg.hubArgs
-	if b.cfg.cpuProfile != "" || b.cfg.heapProfile != "" {
+	if b.cfg.cpuProfile != "" || b.cfg.heapProfile != "" || b.cfg.restartProfile != "" {
 		hubArgs = append([]string{"--pprof"}, hubArgs...)
 	}
 	if b.hub, err = newHubProcess(b.bin, filepath.Join(b.work, "hub.log"), hubArgs); err != nil {
@@ -733,6 +736,9 @@ func (b *bench) restart(ctx context.Context, phase int, dataDir string) (*restar
 	}
 	start := b.hub.started
 	since := b.ledger.since(start)
+	if phase == phaseWarmRestart && b.cfg.restartProfile != "" {
+		go b.profileStart(ctx)
+	}
 	ready, err := b.hub.waitReady(ctx, b.cfg.scale.PhaseTimeout)
 	if err != nil {
 		return r, err
@@ -776,6 +782,24 @@ func (b *bench) restart(ctx context.Context, phase int, dataDir string) (*restar
 		return r, err
 	}
 	return r, b.sample(ctx, phaseNames[phase])
+}
+
+// profileStart saves the CPU profile of the restarted hub's first seconds:
+// it asks as soon as the admin address answers.
+func (b *bench) profileStart(ctx context.Context) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := b.hub.fetchProfile(ctx, "/debug/pprof/profile?seconds=8", b.cfg.restartProfile)
+		if err == nil || errors.Is(err, errNoPprof) || ctx.Err() != nil || time.Now().After(deadline) {
+			if err != nil {
+				progress("restart cpu profile: %v", err)
+			}
+			return
+		}
+		if sleep(ctx, 10*time.Millisecond) != nil {
+			return
+		}
+	}
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

@@ -132,14 +132,14 @@ func groupByLocality(svc *registry.Service, port registry.ServicePort) localitie
 	return l
 }
 
-// priorities returns the priority of each served locality for clients of the
-// client's group, and how many priorities there are: tiers in order, empty
-// ones skipped.
-func (l localities) priorities(client registry.Locality) (prio []uint32, count uint32) {
+// priorities returns the priority of each of the served localities (sorted)
+// for clients of the client's group, and how many priorities there are:
+// tiers in order, empty ones skipped.
+func priorities(client registry.Locality, served []registry.Locality) (prio []uint32, count uint32) {
 	var used [tierCount]bool
-	tiers := make([]int, len(l.served))
-	for i, le := range l.served {
-		tiers[i] = tier(client, le.Locality)
+	tiers := make([]int, len(served))
+	for i, l := range served {
+		tiers[i] = tier(client, l)
 		used[tiers[i]] = true
 	}
 	var rank [tierCount]uint32
@@ -156,10 +156,19 @@ func (l localities) priorities(client registry.Locality) (prio []uint32, count u
 	return prio, count
 }
 
+// servedLocalities lists the localities of l.served.
+func (l localities) servedLocalities() []registry.Locality {
+	out := make([]registry.Locality, len(l.served))
+	for i, le := range l.served {
+		out[i] = le.Locality
+	}
+	return out
+}
+
 func (l localities) assign(client registry.Locality) Assignment {
 	a := Assignment{Service: l.service, Port: l.port, ClusterName: ClusterName(l.service, l.port), Client: client,
 		Skipped: l.skipped, Shadowed: l.shadowed}
-	prio, count := l.priorities(client)
+	prio, count := priorities(client, l.servedLocalities())
 	for p := range count {
 		var in []LocalityEndpoints
 		for i, le := range l.served {

@@ -13,23 +13,23 @@ import (
 
 // portEndpoints is a service port's endpoints in xDS form, built and
 // validated once per change and shared by the ClusterLoadAssignments of every
-// locality group. Groups differ only in which priority each locality gets, so
-// a group's assignment is a thin shell of LocalityLbEndpoints around the
-// shared, read-only LbEndpoints: memory and work per group no longer grow
-// with the number of endpoints.
+// locality group. Groups differ only in which priority each locality gets, and
+// a locality can only get one of three, so each locality's
+// LocalityLbEndpoints is built once per possible priority: a group's
+// assignment is a list of pointers into them, and memory and work per group
+// no longer grow with the number of endpoints.
 type portEndpoints struct {
 	clusterName string
-	loc         localities
-	blocks      []localityBlock // one per loc.served, in the same order
+	// localities are the served localities (with a healthy endpoint), sorted.
+	localities []registry.Locality
+	blocks     []localityBlock // one per locality, in the same order
 }
 
-// localityBlock is the shared part of one locality's LocalityLbEndpoints.
-// Nothing in it is ever modified once built.
+// localityBlock is one locality's LocalityLbEndpoints at each priority it
+// can have. Nothing in it is ever modified once built.
 type localityBlock struct {
-	locality *core.Locality
-	weight   *wrapperspb.UInt32Value
-	lb       []*endpoint.LbEndpoint
-	// sum is a hash of what the block puts on the wire.
+	atPriority [tierCount]*endpoint.LocalityLbEndpoints
+	// sum is a hash of what the block puts on the wire, priority aside.
 	sum uint64
 }
 
@@ -42,19 +42,18 @@ var seed = maphash.MakeSeed()
 
 // newPortEndpoints builds the xDS form of svc's port and validates it. The
 // assignment of clients without locality holds every served locality at
-// priority 0, so validating it covers every block (endpoint fields, weights,
-// duplicate addresses); the other groups' assignments differ only in the
-// priorities, which are contiguous by construction.
+// priority 0, so validating it covers every endpoint, weight and address; the
+// other groups' assignments differ only in the priorities, which are
+// contiguous by construction.
 func newPortEndpoints(svc *registry.Service, port registry.ServicePort) (*portEndpoints, error) {
-	p := &portEndpoints{clusterName: ClusterName(svc.Key, port.Port), loc: groupByLocality(svc, port)}
-	p.blocks = make([]localityBlock, len(p.loc.served))
+	loc := groupByLocality(svc, port)
+	p := &portEndpoints{clusterName: ClusterName(svc.Key, port.Port), localities: loc.servedLocalities()}
+	p.blocks = make([]localityBlock, len(loc.served))
 	var buf []byte
-	for i, le := range p.loc.served {
-		b := localityBlock{
-			locality: &core.Locality{Region: le.Locality.Region, Zone: le.Locality.Zone, SubZone: le.Locality.Subzone},
-			weight:   wrapperspb.UInt32(le.Weight),
-			lb:       make([]*endpoint.LbEndpoint, 0, len(le.Endpoints)),
-		}
+	for i, le := range loc.served {
+		locality := &core.Locality{Region: le.Locality.Region, Zone: le.Locality.Zone, SubZone: le.Locality.Subzone}
+		weight := wrapperspb.UInt32(le.Weight)
+		lb := make([]*endpoint.LbEndpoint, 0, len(le.Endpoints))
 		buf = append(buf[:0], le.Locality.Region...)
 		buf = append(buf, 0)
 		buf = append(buf, le.Locality.Zone...)
@@ -67,7 +66,7 @@ func newPortEndpoints(svc *registry.Service, port registry.ServicePort) (*portEn
 			if e.Health == StatusDraining {
 				health = core.HealthStatus_DRAINING
 			}
-			b.lb = append(b.lb, &endpoint.LbEndpoint{
+			lb = append(lb, &endpoint.LbEndpoint{
 				HostIdentifier: &endpoint.LbEndpoint_Endpoint{Endpoint: &endpoint.Endpoint{
 					Address: socketAddress(e.Address.String(), e.Port),
 				}},
@@ -78,7 +77,10 @@ func newPortEndpoints(svc *registry.Service, port registry.ServicePort) (*portEn
 			buf = binary.LittleEndian.AppendUint32(buf, uint32(e.Port))
 			buf = append(buf, byte(health))
 		}
-		b.sum = maphash.Bytes(seed, buf)
+		b := localityBlock{sum: maphash.Bytes(seed, buf)}
+		for pr := range b.atPriority {
+			b.atPriority[pr] = &endpoint.LocalityLbEndpoints{Locality: locality, LoadBalancingWeight: weight, Priority: uint32(pr), LbEndpoints: lb}
+		}
 		p.blocks[i] = b
 	}
 	if err := Validate(p.assignment(registry.Locality{})); err != nil {
@@ -91,14 +93,12 @@ func newPortEndpoints(svc *registry.Service, port registry.ServicePort) (*portEn
 // resource as ClusterLoadAssignment(Assign(svc, port, group)), sharing the
 // blocks. Callers must not modify it.
 func (p *portEndpoints) assignment(group registry.Locality) *endpoint.ClusterLoadAssignment {
-	prio, count := p.loc.priorities(group)
+	prio, count := priorities(group, p.localities)
 	cla := &endpoint.ClusterLoadAssignment{ClusterName: p.clusterName, Endpoints: make([]*endpoint.LocalityLbEndpoints, 0, len(p.blocks))}
 	for pr := range count {
 		for i, b := range p.blocks {
 			if prio[i] == pr {
-				cla.Endpoints = append(cla.Endpoints, &endpoint.LocalityLbEndpoints{
-					Locality: b.locality, LoadBalancingWeight: b.weight, Priority: pr, LbEndpoints: b.lb,
-				})
+				cla.Endpoints = append(cla.Endpoints, b.atPriority[pr])
 			}
 		}
 	}
@@ -108,7 +108,7 @@ func (p *portEndpoints) assignment(group registry.Locality) *endpoint.ClusterLoa
 // sum is a hash of group's assignment: equal sums, equal resources. It costs
 // a few nanoseconds per locality, where proto.Equal walks every endpoint.
 func (p *portEndpoints) sum(group registry.Locality) uint64 {
-	prio, _ := p.loc.priorities(group)
+	prio, _ := priorities(group, p.localities)
 	var h maphash.Hash
 	h.SetSeed(seed)
 	var buf [12]byte
