@@ -12,7 +12,6 @@ import (
 
 	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listener "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	route "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	hcm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
@@ -489,11 +488,7 @@ func (c *adsClient) handle(tr transport, r response) error {
 	case typeEDS:
 		phase := int(c.f.phase.Load())
 		for _, a := range r.resources {
-			var cla endpoint.ClusterLoadAssignment
-			if a.UnmarshalTo(&cla) != nil {
-				continue
-			}
-			c.assignment(&cla, now, phase)
+			c.assignment(a.GetValue(), now, phase)
 		}
 		return nil
 	}
@@ -517,34 +512,34 @@ func cmpOr(a, b string) string {
 }
 
 // assignment compares a ClusterLoadAssignment with the ledger, cluster by cluster.
-func (c *adsClient) assignment(cla *endpoint.ClusterLoadAssignment, now time.Time, phase int) {
-	s, ok := c.f.names.service[cla.GetClusterName()]
+func (c *adsClient) assignment(cla []byte, now time.Time, phase int) {
+	clear(c.fps)
+	name, err := scanAssignment(cla, func(addr string, port uint32, health core.HealthStatus) {
+		if health != core.HealthStatus_HEALTHY && health != core.HealthStatus_UNKNOWN {
+			return
+		}
+		a, err := netip.ParseAddr(addr)
+		if err != nil {
+			return
+		}
+		ip, ok := ipv4(a)
+		if !ok {
+			return
+		}
+		if ci, ok := c.f.layout.cluster(ip); ok && ci < len(c.fps) {
+			c.fps[ci] += endpointHash(ip, port)
+		}
+	})
+	if err != nil {
+		return
+	}
+	s, ok := c.f.names.service[name]
 	if !ok {
 		return // not a bench service (echo)
 	}
 	slot, ok := c.slotOf(s)
 	if !ok {
 		return
-	}
-	clear(c.fps)
-	for _, lle := range cla.GetEndpoints() {
-		for _, e := range lle.GetLbEndpoints() {
-			if h := e.GetHealthStatus(); h != core.HealthStatus_HEALTHY && h != core.HealthStatus_UNKNOWN {
-				continue
-			}
-			sa := e.GetEndpoint().GetAddress().GetSocketAddress()
-			a, err := netip.ParseAddr(sa.GetAddress())
-			if err != nil {
-				continue
-			}
-			ip, ok := ipv4(a)
-			if !ok {
-				continue
-			}
-			if ci, ok := c.f.layout.cluster(ip); ok && ci < len(c.fps) {
-				c.fps[ci] += endpointHash(ip, sa.GetPortValue())
-			}
-		}
 	}
 	latest := true
 	c.conv = c.conv[:0]

@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"syscall"
@@ -74,6 +75,8 @@ type config struct {
 	heapProfile string
 	// restartProfile is where the warm restart's CPU profile goes.
 	restartProfile string
+	// selfProfile is where the bench's own CPU profile goes (is the load generator the bottleneck?).
+	selfProfile string
 	naveBin     string
 	keep        bool
 	settle      time.Duration
@@ -115,6 +118,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&cfg.out, "out", "bench-results.json", "where to write the results as JSON (empty: nowhere)")
 	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "save the hub's CPU profile during the churn here (starts the hub with --pprof)")
 	fs.StringVar(&cfg.heapProfile, "heapprofile", "", "save the hub's heap profile after the churn here (starts the hub with --pprof)")
+	fs.StringVar(&cfg.selfProfile, "bench-cpuprofile", "", "save the benchmark process's own CPU profile (the whole run) here")
 	fs.StringVar(&cfg.restartProfile, "restart-cpuprofile", "", "save the hub's CPU profile of the first seconds after the warm restart here (starts the hub with --pprof)")
 	fs.StringVar(&cfg.naveBin, "nave-bin", "", "a built nave binary (default: build ./cmd/nave into the work dir)")
 	fs.BoolVar(&cfg.keep, "keep", false, "keep the work dir (hub data, logs) after a successful run")
@@ -201,9 +205,21 @@ func main() {
 	// After the first signal the bench cleans up (the hub is stopped either
 	// way); a second one kills it at once.
 	context.AfterFunc(ctx, stop)
+	if cfg.selfProfile != "" {
+		f, err := os.Create(cfg.selfProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(2)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	err = run(ctx, cfg, os.Stdout)
 	stop()
 	if err != nil {
+		pprof.StopCPUProfile()
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
