@@ -379,8 +379,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 		<-ctx.Done()
 		log.Info("hub stopping")
 		stopCoord()
-		stopGRPC(fedServer)
-		stopGRPC(xdsGRPC)
+		stopGRPC(fedServer, xdsGRPC)
 		shutdownCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_ = adminServer.Shutdown(shutdownCtx)
 		cancel()
@@ -394,16 +393,29 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 	return h, nil
 }
 
-// stopGRPC lets in-flight RPCs finish briefly, then cuts the long-lived streams.
-func stopGRPC(s *grpc.Server) {
-	done := make(chan struct{})
-	go func() { s.GracefulStop(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(time.Second):
-		s.Stop()
-		<-done
+// stopGrace is how long a stopping hub lets RPCs finish. Its RPCs are
+// streams that never end by themselves (spoke sessions, replication, xDS):
+// the grace only lets the GOAWAY reach clients, so they move to another
+// replica without an error, before the streams are cut.
+const stopGrace = 250 * time.Millisecond
+
+// stopGRPC stops the servers together: a GOAWAY first, then, after the
+// grace, whatever streams remain are cut.
+func stopGRPC(servers ...*grpc.Server) {
+	var wg sync.WaitGroup
+	for _, s := range servers {
+		wg.Go(func() {
+			done := make(chan struct{})
+			go func() { s.GracefulStop(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(stopGrace):
+				s.Stop()
+				<-done
+			}
+		})
 	}
+	wg.Wait()
 }
 
 // etcdTimeout bounds every etcd call made on a spoke's behalf.
