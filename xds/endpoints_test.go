@@ -14,9 +14,9 @@ import (
 // TestSharedAssignmentsMatchAssign checks the fast path against the reference:
 // for random services (several clusters and localities, draining and
 // not-ready endpoints, addresses repeated across clusters) and every locality
-// group, the assignment derived from shared blocks is exactly
-// ClusterLoadAssignment(Assign(...)), is valid, and its sum changes exactly
-// when the resource does.
+// group, the assignment derived from shared blocks decodes, as a client
+// decodes it, to exactly ClusterLoadAssignment(Assign(...)), is valid, and
+// its sum changes exactly when the resource does.
 func TestSharedAssignmentsMatchAssign(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	localities := []registry.Locality{loc("r1", "z1"), loc("r1", "z2"), loc("r2", "z3"), {Region: "r2", Zone: "z3", Subzone: "rack1"}, {}}
@@ -56,7 +56,7 @@ func TestSharedAssignmentsMatchAssign(t *testing.T) {
 		}
 		for _, g := range groups {
 			want := ClusterLoadAssignment(Assign(svc, port, g))
-			got := pe.assignment(g)
+			got := decoded(t, pe.assignment(g))
 			if !proto.Equal(got, want) {
 				t.Fatalf("round %d, group %v:\nshared %v\nAssign %v", round, g, got, want)
 			}

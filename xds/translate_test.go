@@ -151,7 +151,21 @@ func served(t *testing.T, r *registry.Registry, client registry.Locality) Resour
 }
 
 // publishedOf reads what c's LinearCache holds, checking that it is what c
-// believes it published.
+// believes it published, as clients decode it.
+// decoded is m as a client reads it: marshalled, then unmarshalled.
+func decoded[T proto.Message](t testing.TB, m T) T {
+	t.Helper()
+	b, err := proto.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := m.ProtoReflect().New().Interface().(T)
+	if err := proto.Unmarshal(b, out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
 func publishedOf[T proto.Message](t *testing.T, c *resourceCache) []T {
 	t.Helper()
 	held := c.linear.GetResources()
@@ -164,7 +178,7 @@ func publishedOf[T proto.Message](t *testing.T, c *resourceCache) []T {
 		if !ok {
 			t.Fatalf("%s cache holds %T", c.label, held[name])
 		}
-		out = append(out, m)
+		out = append(out, decoded(t, m))
 	}
 	return out
 }
