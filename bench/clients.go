@@ -138,6 +138,10 @@ type fleet struct {
 	phase    atomic.Int32
 	// observed counts stale (obsOlder) and unknown states seen, by phase.
 	observed [phases][2]atomic.Int64
+	// restarting is true while the rolling restart runs; restartPushes counts
+	// the assignments of service 0 its subscribers received meanwhile.
+	restarting    atomic.Bool
+	restartPushes atomic.Int64
 
 	samplesMu sync.Mutex
 	samples   []sample
@@ -540,6 +544,9 @@ func (c *adsClient) assignment(cla []byte, now time.Time, phase int) {
 	slot, ok := c.slotOf(s)
 	if !ok {
 		return
+	}
+	if s == 0 && c.f.restarting.Load() {
+		c.f.restartPushes.Add(1)
 	}
 	latest := true
 	c.conv = c.conv[:0]

@@ -42,6 +42,9 @@ type scaleConfig struct {
 	Duration          time.Duration `json:"churnDuration"`
 	// RestartOver is how long the rolling restart of one service takes (0: none).
 	RestartOver time.Duration `json:"restartOver"`
+	// RestartEndpoints is how many endpoints the restarted service (service 0
+	// of cluster 0) has; the churn's random changes leave it alone.
+	RestartEndpoints int `json:"restartEndpoints"`
 	// PhaseTimeout bounds every wait (sync, clients, drain, restarts).
 	PhaseTimeout time.Duration `json:"phaseTimeout"`
 }
@@ -59,9 +62,9 @@ func (s scaleConfig) MarshalJSON() ([]byte, error) {
 
 var scales = map[string]scaleConfig{
 	"small": {Name: "small", Clusters: 3, Services: 100, Endpoints: 10, GRPCClients: 100, ServicesPerClient: 5, Gateways: 2,
-		Rate: 20, Duration: 20 * time.Second, RestartOver: 10 * time.Second, PhaseTimeout: 2 * time.Minute},
+		Rate: 20, Duration: 20 * time.Second, RestartOver: 10 * time.Second, RestartEndpoints: 100, PhaseTimeout: 2 * time.Minute},
 	"large": {Name: "large", Clusters: 10, Services: 1000, Endpoints: 10, GRPCClients: 1000, ServicesPerClient: 5, Gateways: 10,
-		Rate: 100, Duration: 60 * time.Second, RestartOver: 30 * time.Second, PhaseTimeout: 10 * time.Minute},
+		Rate: 100, Duration: 60 * time.Second, RestartOver: 30 * time.Second, RestartEndpoints: 1000, PhaseTimeout: 10 * time.Minute},
 }
 
 // config is everything a run needs.
@@ -109,6 +112,7 @@ func parseFlags(args []string) (config, error) {
 	fs.Float64Var(&o.Rate, "rate", 0, "endpoint changes per second during the churn")
 	fs.DurationVar(&o.Duration, "duration", 0, "how long the churn lasts")
 	fs.DurationVar(&o.RestartOver, "restart-over", 0, "how long the rolling restart of one service takes")
+	fs.IntVar(&o.RestartEndpoints, "restart-endpoints", 0, "endpoints of the service the rolling restart replaces, one by one")
 	fs.DurationVar(&o.PhaseTimeout, "phase-timeout", 0, "longest wait for any phase (sync, clients, drain, restart)")
 	noRestart := fs.Bool("no-rolling-restart", false, "churn without the rolling restart of one service")
 	fs.BoolVar(&cfg.noRestarts, "no-restarts", false, "skip the warm and cold hub restarts")
@@ -155,12 +159,14 @@ func parseFlags(args []string) (config, error) {
 			sc.Duration = o.Duration
 		case "restart-over":
 			sc.RestartOver = o.RestartOver
+		case "restart-endpoints":
+			sc.RestartEndpoints = o.RestartEndpoints
 		case "phase-timeout":
 			sc.PhaseTimeout = o.PhaseTimeout
 		}
 	})
 	if *noRestart {
-		sc.RestartOver = 0
+		sc.RestartOver, sc.RestartEndpoints = 0, 0
 	}
 	cfg.scale = sc
 	cfg.hubArgs = strings.Fields(*hubArgs)
@@ -176,6 +182,8 @@ func validate(cfg config) error {
 		return fmt.Errorf("-services %d: a cluster may export at most %d", sc.Services, lim.MaxServicesPerCluster-1)
 	case 2*sc.Endpoints > lim.MaxEndpoints:
 		return fmt.Errorf("-endpoints %d: the churn doubles it at most, and a shard holds at most %d", sc.Endpoints, lim.MaxEndpoints)
+	case sc.RestartOver > 0 && (sc.RestartEndpoints < 1 || sc.RestartEndpoints > lim.MaxEndpoints):
+		return fmt.Errorf("-restart-endpoints %d: want 1 to %d (a shard's limit)", sc.RestartEndpoints, lim.MaxEndpoints)
 	case 2*sc.Services*sc.Endpoints > lim.MaxEndpointsPerCluster:
 		return fmt.Errorf("-services x -endpoints: the churn may double them, and a cluster holds at most %d endpoints", lim.MaxEndpointsPerCluster)
 	case sc.GRPCClients < 0 || sc.Gateways < 0 || sc.GRPCClients+sc.Gateways == 0:
@@ -571,7 +579,9 @@ func (b *bench) churn(ctx context.Context) error {
 	}
 	progress("churn: %.0f changes/s for %s", sc.Rate, sc.Duration)
 	start := b.ledger.since(time.Now())
+	b.world.onRestart = b.fleet.restarting.Store
 	cr, err := b.world.churn(ctx, sc.Rate, sc.Duration, sc.RestartOver)
+	b.fleet.restarting.Store(false)
 	if err != nil {
 		return err
 	}
@@ -626,8 +636,16 @@ func (b *bench) churnResults(cr churnResult, start, end time.Duration, pendingAt
 		Converged: len(samples),
 	}
 	if cr.Restart != "" {
-		st.RollingRestart = &restartChurn{Service: cr.Restart, FromS: (cr.RestartSpan[0] - start).Seconds(), ToS: (cr.RestartSpan[1] - start).Seconds(),
-			Latency: summarize(latencies(samples, 0, 1<<62, func(s sample) bool { return s.kind == kindRestart }))}
+		subscribers := 0
+		for _, c := range b.fleet.clients {
+			if slices.Contains(c.services, 0) {
+				subscribers++
+			}
+		}
+		st.RollingRestart = &restartChurn{Service: cr.Restart, Endpoints: b.cfg.scale.RestartEndpoints, Steps: cr.kinds[kindRestart],
+			FromS: (cr.RestartSpan[0] - start).Seconds(), ToS: (cr.RestartSpan[1] - start).Seconds(),
+			Latency:     summarize(latencies(samples, 0, 1<<62, func(s sample) bool { return s.kind == kindRestart })),
+			Subscribers: subscribers, Pushes: b.fleet.restartPushes.Load()}
 	}
 	// Pairs: every change of a service, once per client subscribed to it.
 	var pairs [profiles]int64

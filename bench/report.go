@@ -77,10 +77,16 @@ type churnStats struct {
 
 // restartChurn is the rolling restart within the churn.
 type restartChurn struct {
-	Service string         `json:"service"`
-	FromS   float64        `json:"fromS"`
-	ToS     float64        `json:"toS"`
-	Latency latencySummary `json:"latency"`
+	Service   string         `json:"service"`
+	Endpoints int            `json:"endpoints"`
+	Steps     int            `json:"steps"` // endpoints replaced
+	FromS     float64        `json:"fromS"`
+	ToS       float64        `json:"toS"`
+	Latency   latencySummary `json:"latency"`
+	// Subscribers are the clients subscribed to the service; Pushes the
+	// assignments of it they received while the restart ran.
+	Subscribers int   `json:"subscribers"`
+	Pushes      int64 `json:"pushes"`
 }
 
 // clientTraffic is what one profile of clients received during the churn and its drain.
@@ -253,7 +259,12 @@ func printReport(w io.Writer, r *results) {
 		row("  gRPC clients", "%s", c.GRPC)
 		row("  gateways", "%s", c.Gateway)
 		if c.RollingRestart != nil {
-			row("  rolling restart", "%s  (%s, %.0f-%.0fs)", c.RollingRestart.Latency, c.RollingRestart.Service, c.RollingRestart.FromS, c.RollingRestart.ToS)
+			rr := c.RollingRestart
+			row("  rolling restart", "%s  (%s, %d endpoints replaced one by one, %.0f-%.0fs)", rr.Latency, rr.Service, rr.Steps, rr.FromS, rr.ToS)
+			if rr.Subscribers > 0 && rr.Steps > 0 {
+				row("  restart pushes", "%.2f per subscribed client per replaced endpoint (%d pushes to %d clients)",
+					float64(rr.Pushes)/float64(rr.Subscribers)/float64(rr.Steps), rr.Pushes, rr.Subscribers)
+			}
 		}
 		row("  first third", "%s", c.Backlog.FirstThird)
 		row("  last third", "%s", c.Backlog.LastThird)

@@ -79,6 +79,12 @@ type world struct {
 	endpoints int // per (cluster, service) at start; the churn keeps counts within [endpoints/2, 2*endpoints]
 	clusters  []*simCluster
 	services  int
+	// restarted: service 0 of cluster 0 is the rolling restart's, with its
+	// own size; random changes leave service 0 alone, in every cluster, so
+	// every push of it during the restart is the restart's.
+	restarted bool
+	// onRestart, when set, hears when the rolling restart starts and ends.
+	onRestart func(running bool)
 }
 
 // newWorld builds every cluster's initial state (generation 0 of every pair)
@@ -86,18 +92,23 @@ type world struct {
 func newWorld(cfg scaleConfig, l *ledger, seed uint64, echo netip.AddrPort) (*world, error) {
 	layout := newAddrLayout(cfg.Clusters)
 	// Initial addresses plus one fresh one per change (generous: restarts add a few more).
-	need := uint64(cfg.Services)*uint64(cfg.Endpoints) + uint64(cfg.Rate*cfg.Duration.Seconds()) + uint64(2*cfg.Endpoints) + 1
+	need := uint64(cfg.Services)*uint64(cfg.Endpoints) + uint64(cfg.Rate*cfg.Duration.Seconds()) + uint64(2*cfg.Endpoints) + uint64(2*cfg.RestartEndpoints) + 1
 	if need > uint64(layout.capacity()) {
 		return nil, fmt.Errorf("%d clusters leave %d addresses per cluster, fewer than the %d the scale needs", cfg.Clusters, layout.capacity(), need)
 	}
-	w := &world{layout: layout, ledger: l, rng: rand.New(rand.NewPCG(seed, seed^0x5eed)), endpoints: cfg.Endpoints, services: cfg.Services}
+	w := &world{layout: layout, ledger: l, rng: rand.New(rand.NewPCG(seed, seed^0x5eed)), endpoints: cfg.Endpoints, services: cfg.Services,
+		restarted: cfg.RestartOver > 0 && cfg.Services > 1}
 	for c := range cfg.Clusters {
 		cl := &simCluster{index: c, id: registry.ClusterID(fmt.Sprintf("c%02d", c)), region: regionOf(c),
 			shards: make([]*registry.Shard, cfg.Services), state: make(federation.State, cfg.Services+1), out: make(chan federation.State, 1)}
 		w.clusters = append(w.clusters, cl)
 		for s := range cfg.Services {
-			eps := make([]registry.Endpoint, 0, cfg.Endpoints)
-			for range cfg.Endpoints {
+			n := cfg.Endpoints
+			if w.isRestarted(c, s) {
+				n = cfg.RestartEndpoints
+			}
+			eps := make([]registry.Endpoint, 0, n)
+			for range n {
 				eps = append(eps, w.freshEndpoint(cl))
 			}
 			sh := w.shard(cl, s, eps)
@@ -242,6 +253,9 @@ func (w *world) randomChange(c, s int) (changeKind, error) {
 	return kindReplace, w.commit(cl, s, eps, fingerprint(w.layout, eps), kindReplace)
 }
 
+// isRestarted reports whether (c, s) is the rolling restart's service.
+func (w *world) isRestarted(c, s int) bool { return w.restarted && c == 0 && s == 0 }
+
 // restartStep replaces the endpoint with address old (if service s of
 // cluster c still has it) by a ready one with a new address, as a rolling
 // restart does; false when old is gone.
@@ -344,6 +358,9 @@ func (w *world) churn(ctx context.Context, rate float64, d, restartOver time.Dur
 			nextRestart = nextRestart.Add(step)
 			if res.RestartSpan[0] == 0 {
 				res.RestartSpan[0] = w.ledger.since(time.Now())
+				if w.onRestart != nil {
+					w.onRestart(true)
+				}
 			}
 			ok, err := w.restartStep(0, 0, old)
 			if err != nil {
@@ -355,10 +372,16 @@ func (w *world) churn(ctx context.Context, rate float64, d, restartOver time.Dur
 				res.Changes++
 			}
 			res.RestartSpan[1] = w.ledger.since(time.Now())
+			if len(plan) == 0 && w.onRestart != nil {
+				w.onRestart(false)
+			}
 			continue
 		}
 		nextRandom = nextRandom.Add(interval)
 		c, s := w.rng.IntN(len(w.clusters)), w.rng.IntN(w.services)
+		for w.restarted && s == 0 {
+			s = w.rng.IntN(w.services)
+		}
 		kind, err := w.randomChange(c, s)
 		if err != nil {
 			return res, err
