@@ -823,7 +823,7 @@ func (b *bench) restart(ctx context.Context, phase int, dataDir string) (*restar
 func (b *bench) profileStart(ctx context.Context) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		err := b.hub.fetchProfile(ctx, "/debug/pprof/profile?seconds=8", b.cfg.restartProfile)
+		err := b.hub.fetchProfile(ctx, "/debug/pprof/profile?seconds=4", b.cfg.restartProfile)
 		if err == nil || errors.Is(err, errNoPprof) || ctx.Err() != nil || time.Now().After(deadline) {
 			if err != nil {
 				progress("restart cpu profile: %v", err)
