@@ -3,6 +3,7 @@ package registry
 import (
 	"errors"
 	"net/netip"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -216,5 +217,35 @@ func TestValidateServiceKey(t *testing.T) {
 		if err != nil && !errors.Is(err, ErrInvalid) {
 			t.Errorf("ValidateServiceKey(%v) = %v, not ErrInvalid", tt.key, err)
 		}
+	}
+}
+
+func TestSyntaxesMatchTheirRegexps(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		fn   func(string) bool
+		re   *regexp.Regexp
+	}{
+		{"dnsLabel", dnsLabel, regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)},
+		{"dns1035Label", dns1035Label, regexp.MustCompile(`^[a-z]([-a-z0-9]*[a-z0-9])?$`)},
+		{"dnsSubdomain", dnsSubdomain, regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)},
+		{"labelValue", labelValue, regexp.MustCompile(`^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$`)},
+	} {
+		// Every string of up to four characters over an alphabet with one
+		// character of each class the syntaxes tell apart.
+		alphabet := []byte{'a', 'z', 'A', '0', '9', '-', '.', '_', ' ', 0xc3}
+		var check func(s []byte)
+		check = func(s []byte) {
+			if got, want := tc.fn(string(s)), tc.re.MatchString(string(s)); got != want {
+				t.Fatalf("%s(%q) = %v, the regexp says %v", tc.name, s, got, want)
+			}
+			if len(s) == 4 {
+				return
+			}
+			for _, c := range alphabet {
+				check(append(s, c))
+			}
+		}
+		check(nil)
 	}
 }
