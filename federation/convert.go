@@ -55,6 +55,20 @@ func ShardToProto(s *registry.Shard) *fedv1.Shard {
 // ShardFromProto decodes, normalizes and validates a shard received from
 // cluster. The error is a *registry.ValidationError naming the service.
 func ShardFromProto(cluster registry.ClusterID, in *fedv1.Shard, lim registry.Limits) (*registry.Shard, error) {
+	s, err := shardFromProto(cluster, in, lim)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.Validate(lim); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// shardFromProto is ShardFromProto but for the shard's validation: it checks
+// sizes before allocating and parses addresses, for callers that validate
+// the shard later themselves.
+func shardFromProto(cluster registry.ClusterID, in *fedv1.Shard, lim registry.Limits) (*registry.Shard, error) {
 	key := KeyFromProto(in.GetService())
 	bad := func(format string, args ...any) error {
 		return &registry.ValidationError{Service: key, Reason: fmt.Sprintf(format, args...)}
@@ -109,9 +123,6 @@ func ShardFromProto(cluster registry.ClusterID, in *fedv1.Shard, lim registry.Li
 		s.Endpoints[i] = e
 	}
 	s.Normalize()
-	if err := s.Validate(lim); err != nil {
-		return nil, err
-	}
 	return s, nil
 }
 

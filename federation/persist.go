@@ -101,7 +101,7 @@ func (s *SnapshotStore) chunkKey(rev uint64, n int) string {
 // pointer is switched, the chunks of older revisions are deleted in the same
 // Txn. Saves of different revisions may run concurrently.
 func (s *SnapshotStore) Save(ctx context.Context, snap registry.Snapshot) (int, error) {
-	b, err := registry.EncodeSnapshot(snap)
+	b, err := EncodeSnapshot(snap)
 	if err != nil {
 		return 0, fmt.Errorf("save snapshot %d: %w", snap.Revision, err)
 	}
@@ -294,7 +294,7 @@ func (s *SnapshotStore) load(ctx context.Context) (registry.Snapshot, bool, erro
 	if sum := sha256.Sum256(b); !bytes.Equal(sum[:], want) {
 		return corrupt("sha256 %x does not match the pointer's %s", sum, p.SHA256)
 	}
-	snap, err := registry.DecodeSnapshot(b)
+	snap, err := DecodeSnapshot(b)
 	if err != nil {
 		return registry.Snapshot{}, false, fmt.Errorf("load snapshot %d: %w", p.Revision, err)
 	}

@@ -316,7 +316,7 @@ func TestSnapshotStoreConcurrentWritersKeepTheNewest(t *testing.T) {
 				}
 				if snap, ok, err := store.Load(ctx); err != nil || !ok {
 					t.Errorf("Load during saves: %v (found %t)", err, ok)
-				} else if _, err := registry.EncodeSnapshot(snap); err != nil {
+				} else if _, err := EncodeSnapshot(snap); err != nil {
 					t.Errorf("Load during saves returned an invalid snapshot: %v", err)
 				}
 			}

@@ -81,28 +81,73 @@ func (r *Registry) Snapshot(stamps map[ClusterID]ClusterStamp) Snapshot {
 // an unknown format version, garbage, truncation, or invalid content.
 var ErrBadSnapshot = errors.New("registry: bad snapshot")
 
-// The encoded form: snapshotMagic, one byte of format version, then (format 1)
-// a single gzip member holding the JSON of the Snapshot. gzip's CRC-32 and
-// length trailer catch corruption and truncation; JSON keeps the format
-// readable with standard tools (tail -c +10 | gunzip | jq) and tolerant of
-// fields added later within a version. An incompatible change bumps the version.
+// An encoded snapshot is framed: snapshotMagic, one byte of format version,
+// then a single gzip member holding the body. gzip's CRC-32 and length
+// trailer catch corruption and truncation. Format 1's body is the JSON of the
+// Snapshot, readable with standard tools (tail -c +10 | gunzip | jq); hubs
+// now write format 2 (protobuf, federation.EncodeSnapshot), which decodes
+// three times faster, and still read format 1.
 const (
 	snapshotMagic  = "NAVESNAP"
-	snapshotFormat = 1
 	snapshotHeader = len(snapshotMagic) + 1
-	// maxSnapshotJSON bounds what decoding may inflate (a gzip bomb stops here).
-	maxSnapshotJSON = 1 << 30
-	// The default level: a quarter fewer bytes than gzip.BestSpeed for about 0.3s more per
-	// 100k endpoints (BenchmarkSnapshot). The bytes stay in etcd's history until compaction.
-	snapshotCompression = gzip.DefaultCompression
+	// SnapshotFormatJSON is format 1, which EncodeSnapshot writes.
+	SnapshotFormatJSON = 1
+	// maxSnapshotBody bounds what decoding may inflate (a gzip bomb stops here).
+	maxSnapshotBody = 1 << 30
 )
 
-// EncodeSnapshot encodes s compactly and deterministically: equal snapshots
-// (clusters and shards in any order, shards normalized as the registry holds
-// them) encode to equal bytes. It refuses what DecodeSnapshot would refuse, so
-// nothing unreadable is ever written (its errors wrap ErrBadSnapshot, and
-// ErrInvalid for invalid content). s is not modified.
-func EncodeSnapshot(s Snapshot) ([]byte, error) {
+// WriteSnapshotFrame frames body as an encoded snapshot of the given format.
+func WriteSnapshotFrame(format byte, body []byte) ([]byte, error) {
+	var buf bytes.Buffer
+	buf.Grow(snapshotHeader + len(body)/4)
+	buf.WriteString(snapshotMagic)
+	buf.WriteByte(format)
+	zw, err := gzip.NewWriterLevel(&buf, gzip.DefaultCompression)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := zw.Write(body); err != nil {
+		return nil, err
+	}
+	if err := zw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// ReadSnapshotFrame checks an encoded snapshot's frame and returns its
+// format version and inflated body. It refuses garbage, truncated input and
+// bodies larger than 1 GiB; errors wrap ErrBadSnapshot.
+func ReadSnapshotFrame(b []byte) (format byte, body []byte, err error) {
+	bad := func(format string, args ...any) (byte, []byte, error) {
+		return 0, nil, fmt.Errorf("%w: "+format, append([]any{ErrBadSnapshot}, args...)...)
+	}
+	if len(b) < snapshotHeader || string(b[:len(snapshotMagic)]) != snapshotMagic {
+		return bad("not a Nave snapshot (no %q header)", snapshotMagic)
+	}
+	in := bytes.NewReader(b[snapshotHeader:])
+	zr, err := gzip.NewReader(in)
+	if err != nil {
+		return bad("not gzip: %v", readError(err))
+	}
+	zr.Multistream(false)
+	body, err = io.ReadAll(io.LimitReader(zr, maxSnapshotBody+1))
+	if err != nil {
+		return bad("corrupt: %v", readError(err))
+	}
+	if len(body) > maxSnapshotBody {
+		return bad("inflates to more than %d bytes", maxSnapshotBody)
+	}
+	if in.Len() > 0 {
+		return bad("%d bytes of garbage after the data", in.Len())
+	}
+	return b[len(snapshotMagic)], body, nil
+}
+
+// Sorted returns s with its clusters sorted by ID and every cluster's shards
+// by service, and Taken in UTC: the order both encodings write. s is not
+// modified; slices are copied only where they need sorting.
+func (s Snapshot) Sorted() Snapshot {
 	s.Taken = s.Taken.UTC()
 	s.Clusters = slices.Clone(s.Clusters)
 	slices.SortFunc(s.Clusters, func(a, b SnapshotCluster) int { return cmp.Compare(a.Cluster, b.Cluster) })
@@ -113,62 +158,52 @@ func EncodeSnapshot(s Snapshot) ([]byte, error) {
 			slices.SortFunc(c.Shards, compareShardService)
 		}
 	}
-	if err := checkSnapshot(&s, DefaultLimits()); err != nil {
-		return nil, fmt.Errorf("encode snapshot %d: %w: %w", s.Revision, ErrBadSnapshot, err)
-	}
-	var buf bytes.Buffer
-	buf.WriteString(snapshotMagic)
-	buf.WriteByte(snapshotFormat)
-	zw, err := gzip.NewWriterLevel(&buf, snapshotCompression)
-	if err != nil {
-		return nil, fmt.Errorf("encode snapshot %d: %w", s.Revision, err)
-	}
-	if err := json.NewEncoder(zw).Encode(&s); err != nil {
-		return nil, fmt.Errorf("encode snapshot %d: %w: %w", s.Revision, ErrBadSnapshot, err)
-	}
-	if err := zw.Close(); err != nil {
-		return nil, fmt.Errorf("encode snapshot %d: %w", s.Revision, err)
-	}
-	return buf.Bytes(), nil
+	return s
 }
 
-// DecodeSnapshot decodes what EncodeSnapshot encoded. It refuses unknown
-// format versions, garbage and truncated input, and content that is not
-// valid: cluster IDs, every shard (Shard.Validate with DefaultLimits),
-// per-cluster limits, shards filed under another cluster, and duplicates.
-// Every error wraps ErrBadSnapshot (and ErrInvalid for invalid content).
-// The shards returned are normalized.
+// EncodeSnapshot encodes s in format 1 (JSON), deterministically: equal
+// snapshots (clusters and shards in any order, shards normalized as the
+// registry holds them) encode to equal bytes. It refuses what DecodeSnapshot
+// would refuse, so nothing unreadable is ever written (its errors wrap
+// ErrBadSnapshot, and ErrInvalid for invalid content). s is not modified.
+func EncodeSnapshot(s Snapshot) ([]byte, error) {
+	s = s.Sorted()
+	if err := CheckSnapshot(&s, DefaultLimits()); err != nil {
+		return nil, fmt.Errorf("encode snapshot %d: %w: %w", s.Revision, ErrBadSnapshot, err)
+	}
+	js, err := json.Marshal(&s)
+	if err != nil {
+		return nil, fmt.Errorf("encode snapshot %d: %w: %w", s.Revision, ErrBadSnapshot, err)
+	}
+	b, err := WriteSnapshotFrame(SnapshotFormatJSON, append(js, '\n'))
+	if err != nil {
+		return nil, fmt.Errorf("encode snapshot %d: %w", s.Revision, err)
+	}
+	return b, nil
+}
+
+// DecodeSnapshot decodes what EncodeSnapshot encoded (format 1). It refuses
+// other format versions, garbage and truncated input, and content that is
+// not valid (CheckSnapshot). Every error wraps ErrBadSnapshot (and ErrInvalid
+// for invalid content). The shards returned are normalized.
 func DecodeSnapshot(b []byte) (Snapshot, error) {
-	bad := func(format string, args ...any) (Snapshot, error) {
-		return Snapshot{}, fmt.Errorf("%w: "+format, append([]any{ErrBadSnapshot}, args...)...)
-	}
-	if len(b) < snapshotHeader || string(b[:len(snapshotMagic)]) != snapshotMagic {
-		return bad("not a Nave snapshot (no %q header)", snapshotMagic)
-	}
-	if v := b[len(snapshotMagic)]; v != snapshotFormat {
-		return bad("format version %d is not supported (this build reads version %d)", v, snapshotFormat)
-	}
-	body := bytes.NewReader(b[snapshotHeader:])
-	zr, err := gzip.NewReader(body)
+	format, body, err := ReadSnapshotFrame(b)
 	if err != nil {
-		return bad("not gzip: %v", readError(err))
+		return Snapshot{}, err
 	}
-	zr.Multistream(false)
-	js, err := io.ReadAll(io.LimitReader(zr, maxSnapshotJSON+1))
-	if err != nil {
-		return bad("corrupt: %v", readError(err))
+	if format != SnapshotFormatJSON {
+		return Snapshot{}, fmt.Errorf("%w: format version %d is not supported (this decoder reads version %d)", ErrBadSnapshot, format, SnapshotFormatJSON)
 	}
-	if len(js) > maxSnapshotJSON {
-		return bad("inflates to more than %d bytes", maxSnapshotJSON)
-	}
-	if body.Len() > 0 {
-		return bad("%d bytes of garbage after the data", body.Len())
-	}
+	return DecodeSnapshotJSON(body)
+}
+
+// DecodeSnapshotJSON decodes the body of a format 1 snapshot, as DecodeSnapshot does.
+func DecodeSnapshotJSON(body []byte) (Snapshot, error) {
 	var s Snapshot
-	if err := json.Unmarshal(js, &s); err != nil {
-		return bad("corrupt: %v", err)
+	if err := json.Unmarshal(body, &s); err != nil {
+		return Snapshot{}, fmt.Errorf("%w: corrupt: %v", ErrBadSnapshot, err)
 	}
-	if err := checkSnapshot(&s, DefaultLimits()); err != nil {
+	if err := CheckSnapshot(&s, DefaultLimits()); err != nil {
 		return Snapshot{}, fmt.Errorf("%w: %w", ErrBadSnapshot, err)
 	}
 	for _, c := range s.Clusters {
@@ -187,8 +222,10 @@ func readError(err error) error {
 	return err
 }
 
-// checkSnapshot validates every cluster and shard of s against lim.
-func checkSnapshot(s *Snapshot, lim Limits) error {
+// CheckSnapshot validates every cluster and shard of s against lim: cluster
+// IDs, every shard (Shard.Validate), per-cluster limits, shards filed under
+// another cluster, and duplicates. Errors wrap ErrInvalid.
+func CheckSnapshot(s *Snapshot, lim Limits) error {
 	clusters := make(map[ClusterID]bool, len(s.Clusters))
 	for _, c := range s.Clusters {
 		if err := ValidateClusterID(c.Cluster); err != nil {
@@ -230,7 +267,7 @@ func checkSnapshot(s *Snapshot, lim Limits) error {
 }
 
 func compareShardService(a, b *Shard) int {
-	switch { // a nil shard is refused by checkSnapshot; only keep sorting from panicking
+	switch { // a nil shard is refused by CheckSnapshot; only keep sorting from panicking
 	case a == nil && b == nil:
 		return 0
 	case a == nil:

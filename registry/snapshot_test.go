@@ -198,7 +198,7 @@ func TestDecodeSnapshotRefusesWhatItCannotTrust(t *testing.T) {
 		{"empty", nil, "not a Nave snapshot", false},
 		{"garbage", []byte("hello, world, this is not a snapshot"), "not a Nave snapshot", false},
 		{"header only", good[:snapshotHeader], "not gzip: truncated", false},
-		{"unknown version", newer, "format version 2 is not supported (this build reads version 1)", false},
+		{"unknown version", newer, "format version 2 is not supported (this decoder reads version 1)", false},
 		{"truncated in the gzip header", good[:snapshotHeader+5], "truncated", false},
 		{"truncated in the data", good[:len(good)/2], "truncated", false},
 		{"truncated trailer", good[:len(good)-3], "truncated", false},
@@ -259,14 +259,14 @@ func TestSnapshotsKeepPerClusterLimits(t *testing.T) {
 		return &Snapshot{Clusters: []SnapshotCluster{{Cluster: "east", Shards: shards}}}
 	}
 	web, api, db := webShard("east", "10.0.0.1", "10.0.0.2"), apiShard("east", "10.0.0.3"), dbShard("east", "10.0.0.4")
-	if err := checkSnapshot(snap(web, api), lim); err != nil {
+	if err := CheckSnapshot(snap(web, api), lim); err != nil {
 		t.Errorf("2 services, 3 endpoints: %v", err)
 	}
-	if err := checkSnapshot(snap(web, api, db), lim); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "3 services, more than the limit of 2") {
+	if err := CheckSnapshot(snap(web, api, db), lim); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "3 services, more than the limit of 2") {
 		t.Errorf("3 services: %v", err)
 	}
 	web3 := webShard("east", "10.0.0.1", "10.0.0.2", "10.0.0.5")
-	if err := checkSnapshot(snap(web3, api), lim); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "4 endpoints, more than the limit of 3") {
+	if err := CheckSnapshot(snap(web3, api), lim); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "4 endpoints, more than the limit of 3") {
 		t.Errorf("4 endpoints: %v", err)
 	}
 }
@@ -337,66 +337,5 @@ func FuzzDecodeSnapshot(f *testing.F) {
 		if err != nil || !bytes.Equal(b1, b2) {
 			t.Fatalf("encoding is not stable: %v", err)
 		}
-	})
-}
-
-// bigSnapshot builds clusters × services × endpoints, shaped like real
-// services: two ports, three zones, node names, some draining endpoints.
-func bigSnapshot(clusters, services, endpoints int) Snapshot {
-	snap := Snapshot{Revision: 1, Taken: t0}
-	for c := range clusters {
-		id := ClusterID(fmt.Sprintf("cluster-%d", c))
-		sc := SnapshotCluster{Cluster: id, Network: Network(fmt.Sprintf("net-%d", c%3)), Epoch: 4, Version: 1000}
-		for s := range services {
-			key := ServiceKey{Namespace: fmt.Sprintf("team-%d", s%40), Name: fmt.Sprintf("svc-%d", s)}
-			eps := make([]Endpoint, endpoints)
-			for e := range eps {
-				n := s*endpoints + e
-				eps[e] = Endpoint{
-					Addresses:  []netip.Addr{netip.AddrFrom4([4]byte{10, byte(c), byte(n >> 8), byte(n)})},
-					Ports:      []EndpointPort{{Name: "http", Port: 8080}, {Name: "grpc", Port: 9090}},
-					Locality:   Locality{Region: "eu-west-1", Zone: fmt.Sprintf("eu-west-1%c", 'a'+e%3)},
-					NodeName:   fmt.Sprintf("ip-10-%d-%d-%d.eu-west-1.compute.internal", c, n%256, n%61),
-					Conditions: Conditions{Ready: n%17 != 0, Serving: true, Terminating: n%17 == 0},
-				}
-			}
-			sh := &Shard{Cluster: id, Service: key, ExportedAt: t0,
-				Ports: []ServicePort{tcp("http", 80), {Name: "grpc", Port: 9090, Protocol: ProtocolTCP, AppProtocol: "kubernetes.io/h2c"}}, Endpoints: eps}
-			sh.Normalize()
-			sc.Shards = append(sc.Shards, sh)
-		}
-		snap.Clusters = append(snap.Clusters, sc)
-	}
-	return snap
-}
-
-// BenchmarkSnapshot encodes and decodes 10 clusters × 1000 services × 10
-// endpoints (100k endpoints) and reports the encoded size.
-func BenchmarkSnapshot(b *testing.B) {
-	snap := bigSnapshot(10, 1000, 10)
-	enc, err := EncodeSnapshot(snap)
-	if err != nil {
-		b.Fatal(err)
-	}
-	js, _ := json.Marshal(snap)
-	b.Run("encode", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			if _, err := EncodeSnapshot(snap); err != nil {
-				b.Fatal(err)
-			}
-		}
-		b.ReportMetric(float64(len(enc)), "bytes")
-		b.ReportMetric(float64(len(js)), "json-bytes")
-		b.ReportMetric(float64(len(enc))/100_000, "bytes/endpoint")
-	})
-	b.Run("decode", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			if _, err := DecodeSnapshot(enc); err != nil {
-				b.Fatal(err)
-			}
-		}
-		b.ReportMetric(float64(len(enc)), "bytes")
 	})
 }

@@ -1971,6 +1971,141 @@ func (x *Locality) GetSubzone() string {
 	return ""
 }
 
+// Snapshot is the merged registry a hub leader persists and a starting
+// replica restores: every cluster's shards with the stamp they were held at.
+// It is the body of format 2 of the snapshot encoding (see
+// federation.EncodeSnapshot); nothing sends it over the wire.
+type Snapshot struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// revision orders snapshots; the writer makes it increase.
+	Revision      uint64 `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	TakenUnixNano int64  `protobuf:"varint,2,opt,name=taken_unix_nano,json=takenUnixNano,proto3" json:"taken_unix_nano,omitempty"`
+	// clusters are sorted by cluster ID.
+	Clusters      []*SnapshotCluster `protobuf:"bytes,3,rep,name=clusters,proto3" json:"clusters,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Snapshot) Reset() {
+	*x = Snapshot{}
+	mi := &file_federation_v1_federation_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Snapshot) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Snapshot) ProtoMessage() {}
+
+func (x *Snapshot) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
+func (*Snapshot) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *Snapshot) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *Snapshot) GetTakenUnixNano() int64 {
+	if x != nil {
+		return x.TakenUnixNano
+	}
+	return 0
+}
+
+func (x *Snapshot) GetClusters() []*SnapshotCluster {
+	if x != nil {
+		return x.Clusters
+	}
+	return nil
+}
+
+type SnapshotCluster struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Cluster string                 `protobuf:"bytes,1,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	Network string                 `protobuf:"bytes,2,opt,name=network,proto3" json:"network,omitempty"`
+	Stamp   *Stamp                 `protobuf:"bytes,3,opt,name=stamp,proto3" json:"stamp,omitempty"`
+	// shards are sorted by service; a cluster may hold none (known, empty).
+	Shards        []*Shard `protobuf:"bytes,4,rep,name=shards,proto3" json:"shards,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotCluster) Reset() {
+	*x = SnapshotCluster{}
+	mi := &file_federation_v1_federation_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotCluster) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotCluster) ProtoMessage() {}
+
+func (x *SnapshotCluster) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotCluster.ProtoReflect.Descriptor instead.
+func (*SnapshotCluster) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *SnapshotCluster) GetCluster() string {
+	if x != nil {
+		return x.Cluster
+	}
+	return ""
+}
+
+func (x *SnapshotCluster) GetNetwork() string {
+	if x != nil {
+		return x.Network
+	}
+	return ""
+}
+
+func (x *SnapshotCluster) GetStamp() *Stamp {
+	if x != nil {
+		return x.Stamp
+	}
+	return nil
+}
+
+func (x *SnapshotCluster) GetShards() []*Shard {
+	if x != nil {
+		return x.Shards
+	}
+	return nil
+}
+
 var File_federation_v1_federation_proto protoreflect.FileDescriptor
 
 const file_federation_v1_federation_proto_rawDesc = "" +
@@ -2114,7 +2249,16 @@ const file_federation_v1_federation_proto_rawDesc = "" +
 	"\bLocality\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x12\n" +
 	"\x04zone\x18\x02 \x01(\tR\x04zone\x12\x18\n" +
-	"\asubzone\x18\x03 \x01(\tR\asubzone2]\n" +
+	"\asubzone\x18\x03 \x01(\tR\asubzone\"\x8f\x01\n" +
+	"\bSnapshot\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\x04R\brevision\x12&\n" +
+	"\x0ftaken_unix_nano\x18\x02 \x01(\x03R\rtakenUnixNano\x12?\n" +
+	"\bclusters\x18\x03 \x03(\v2#.nave.federation.v1.SnapshotClusterR\bclusters\"\xa9\x01\n" +
+	"\x0fSnapshotCluster\x12\x18\n" +
+	"\acluster\x18\x01 \x01(\tR\acluster\x12\x18\n" +
+	"\anetwork\x18\x02 \x01(\tR\anetwork\x12/\n" +
+	"\x05stamp\x18\x03 \x01(\v2\x19.nave.federation.v1.StampR\x05stamp\x121\n" +
+	"\x06shards\x18\x04 \x03(\v2\x19.nave.federation.v1.ShardR\x06shards2]\n" +
 	"\n" +
 	"Federation\x12O\n" +
 	"\aPublish\x12 .nave.federation.v1.SpokeMessage\x1a\x1e.nave.federation.v1.HubMessage(\x010\x012f\n" +
@@ -2133,7 +2277,7 @@ func file_federation_v1_federation_proto_rawDescGZIP() []byte {
 	return file_federation_v1_federation_proto_rawDescData
 }
 
-var file_federation_v1_federation_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_federation_v1_federation_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_federation_v1_federation_proto_goTypes = []any{
 	(*ReplicaRequest)(nil),   // 0: nave.federation.v1.ReplicaRequest
 	(*ReplicaMessage)(nil),   // 1: nave.federation.v1.ReplicaMessage
@@ -2162,6 +2306,8 @@ var file_federation_v1_federation_proto_goTypes = []any{
 	(*Endpoint)(nil),         // 24: nave.federation.v1.Endpoint
 	(*EndpointPort)(nil),     // 25: nave.federation.v1.EndpointPort
 	(*Locality)(nil),         // 26: nave.federation.v1.Locality
+	(*Snapshot)(nil),         // 27: nave.federation.v1.Snapshot
+	(*SnapshotCluster)(nil),  // 28: nave.federation.v1.SnapshotCluster
 }
 var file_federation_v1_federation_proto_depIdxs = []int32{
 	2,  // 0: nave.federation.v1.ReplicaRequest.hello:type_name -> nave.federation.v1.ReplicaHello
@@ -2196,15 +2342,18 @@ var file_federation_v1_federation_proto_depIdxs = []int32{
 	24, // 29: nave.federation.v1.Shard.endpoints:type_name -> nave.federation.v1.Endpoint
 	25, // 30: nave.federation.v1.Endpoint.ports:type_name -> nave.federation.v1.EndpointPort
 	26, // 31: nave.federation.v1.Endpoint.locality:type_name -> nave.federation.v1.Locality
-	9,  // 32: nave.federation.v1.Federation.Publish:input_type -> nave.federation.v1.SpokeMessage
-	0,  // 33: nave.federation.v1.Replication.Subscribe:input_type -> nave.federation.v1.ReplicaRequest
-	10, // 34: nave.federation.v1.Federation.Publish:output_type -> nave.federation.v1.HubMessage
-	1,  // 35: nave.federation.v1.Replication.Subscribe:output_type -> nave.federation.v1.ReplicaMessage
-	34, // [34:36] is the sub-list for method output_type
-	32, // [32:34] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	28, // 32: nave.federation.v1.Snapshot.clusters:type_name -> nave.federation.v1.SnapshotCluster
+	4,  // 33: nave.federation.v1.SnapshotCluster.stamp:type_name -> nave.federation.v1.Stamp
+	22, // 34: nave.federation.v1.SnapshotCluster.shards:type_name -> nave.federation.v1.Shard
+	9,  // 35: nave.federation.v1.Federation.Publish:input_type -> nave.federation.v1.SpokeMessage
+	0,  // 36: nave.federation.v1.Replication.Subscribe:input_type -> nave.federation.v1.ReplicaRequest
+	10, // 37: nave.federation.v1.Federation.Publish:output_type -> nave.federation.v1.HubMessage
+	1,  // 38: nave.federation.v1.Replication.Subscribe:output_type -> nave.federation.v1.ReplicaMessage
+	37, // [37:39] is the sub-list for method output_type
+	35, // [35:37] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_federation_v1_federation_proto_init() }
@@ -2239,7 +2388,7 @@ func file_federation_v1_federation_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_federation_v1_federation_proto_rawDesc), len(file_federation_v1_federation_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   27,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
