@@ -3,8 +3,12 @@ package hub
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"maps"
 	"runtime/debug"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,6 +48,37 @@ type Saved struct {
 	Bytes    int       `json:"bytes,omitempty"`
 	Clusters int       `json:"clusters"`
 	Restored bool      `json:"restored,omitempty"` // loaded at start, not saved by this replica
+	// held is what the snapshot holds, when restored: a leader need not save
+	// it again until that changes.
+	held heldState
+}
+
+// heldState identifies what a snapshot holds: the registry's version and
+// every cluster's network and stamp. A spoke's resume re-stamps its cluster
+// without changing the registry, and is saved too: a replica that restores
+// an older stamp would make that spoke resync everything instead of resuming.
+type heldState struct {
+	version uint64
+	stamps  string
+}
+
+func heldOf(version uint64, clusters []registry.SnapshotCluster) heldState {
+	var b strings.Builder
+	for _, c := range clusters {
+		fmt.Fprintf(&b, "%s/%s/%d/%d;", c.Cluster, c.Network, c.Epoch, c.Version)
+	}
+	return heldState{version: version, stamps: b.String()}
+}
+
+// held is what a snapshot of v would hold (see state.snapshot).
+func (v *View) held() heldState {
+	var clusters []registry.SnapshotCluster
+	for _, id := range slices.Sorted(maps.Keys(v.Clusters)) {
+		if c := v.Clusters[id]; c.Epoch != 0 || c.Version != 0 {
+			clusters = append(clusters, registry.SnapshotCluster{Cluster: id, Network: c.Network, Epoch: c.Epoch, Version: c.Version})
+		}
+	}
+	return heldOf(v.Registry.Version(), clusters)
 }
 
 // coordinator runs what makes replicas one hub: etcd health, leadership
@@ -125,7 +160,8 @@ func (c *coordinator) restore(ctx context.Context) bool {
 		return false
 	}
 	c.mu.Lock()
-	c.saved = Saved{Revision: snap.Revision, At: snap.Taken, Clusters: len(snap.Clusters), Restored: true}
+	c.saved = Saved{Revision: snap.Revision, At: snap.Taken, Clusters: len(snap.Clusters), Restored: true,
+		held: c.state.View().held()}
 	c.mu.Unlock()
 	c.metrics.snapshotRevision.Set(float64(snap.Revision))
 	return true
@@ -228,17 +264,19 @@ func nextSave(start time.Time, took, interval time.Duration, ok bool) time.Time 
 func (c *coordinator) leaderDuties(ctx context.Context) {
 	t := time.NewTicker(c.interval)
 	defer t.Stop()
-	var savedVersion uint64
-	saved := false
+	// What was restored at start is saved already.
+	c.mu.Lock()
+	held, saved := c.saved.held, c.saved.Restored
+	c.mu.Unlock()
 	var next time.Time // no save before then
 	for {
-		if due := !saved || c.state.View().Registry.Version() != savedVersion; due && !time.Now().Before(next) {
+		if due := !saved || c.state.View().held() != held; due && !time.Now().Before(next) {
 			start := time.Now()
 			v, ok := c.persist(ctx)
 			took := time.Since(start)
 			c.metrics.snapshotSeconds.Observe(took.Seconds())
 			if ok {
-				savedVersion, saved = v, true
+				held, saved = v, true
 			}
 			next = nextSave(start, took, c.interval, ok)
 		}
@@ -251,11 +289,11 @@ func (c *coordinator) leaderDuties(ctx context.Context) {
 	}
 }
 
-// persist saves a snapshot of the registry; it reports the registry version saved.
-func (c *coordinator) persist(ctx context.Context) (uint64, bool) {
+// persist saves a snapshot of the registry; it reports what the snapshot holds.
+func (c *coordinator) persist(ctx context.Context) (heldState, bool) {
 	snap, version, err := c.state.snapshot(ctx)
 	if err != nil {
-		return 0, false
+		return heldState{}, false
 	}
 	c.mu.Lock()
 	snap.Revision = max(c.saved.Revision+1, uint64(time.Now().UnixMilli()))
@@ -274,7 +312,7 @@ func (c *coordinator) persist(ctx context.Context) (uint64, bool) {
 				c.mu.Unlock()
 			}
 		}
-		return 0, false
+		return heldState{}, false
 	}
 	c.mu.Lock()
 	c.saved = Saved{Revision: snap.Revision, At: snap.Taken, Bytes: n, Clusters: len(snap.Clusters)}
@@ -282,7 +320,7 @@ func (c *coordinator) persist(ctx context.Context) (uint64, bool) {
 	c.metrics.snapshotRevision.Set(float64(snap.Revision))
 	c.metrics.snapshotBytes.Set(float64(n))
 	c.log.Debug("persisted the registry", "revision", snap.Revision, "bytes", n, "clusters", len(snap.Clusters))
-	return version, true
+	return heldOf(version, snap.Clusters), true
 }
 
 // collect drops the clusters whose drop policy is due, each under a new epoch.
