@@ -40,7 +40,10 @@ type scaleConfig struct {
 	Gateways          int           `json:"gatewayClients"`
 	Rate              float64       `json:"changesPerSecond"`
 	Duration          time.Duration `json:"churnDuration"`
-	// RestartOver is how long the rolling restart of one service takes (0: none).
+	// RestartOver is how long the rolling restart of one service takes (0:
+	// none). It starts a third of the way into the churn; at most a third
+	// long, it leaves the first and last thirds, which the backlog check
+	// compares, to the random changes alone.
 	RestartOver time.Duration `json:"restartOver"`
 	// RestartEndpoints is how many endpoints the restarted service (service 0
 	// of cluster 0) has; the churn's random changes leave it alone.
@@ -62,9 +65,9 @@ func (s scaleConfig) MarshalJSON() ([]byte, error) {
 
 var scales = map[string]scaleConfig{
 	"small": {Name: "small", Clusters: 3, Services: 100, Endpoints: 10, GRPCClients: 100, ServicesPerClient: 5, Gateways: 2,
-		Rate: 20, Duration: 20 * time.Second, RestartOver: 10 * time.Second, RestartEndpoints: 100, PhaseTimeout: 2 * time.Minute},
+		Rate: 20, Duration: 20 * time.Second, RestartOver: 6 * time.Second, RestartEndpoints: 100, PhaseTimeout: 2 * time.Minute},
 	"large": {Name: "large", Clusters: 10, Services: 1000, Endpoints: 10, GRPCClients: 1000, ServicesPerClient: 5, Gateways: 10,
-		Rate: 100, Duration: 60 * time.Second, RestartOver: 30 * time.Second, RestartEndpoints: 1000, PhaseTimeout: 10 * time.Minute},
+		Rate: 100, Duration: 60 * time.Second, RestartOver: 20 * time.Second, RestartEndpoints: 1000, PhaseTimeout: 10 * time.Minute},
 }
 
 // config is everything a run needs.
