@@ -48,8 +48,8 @@ type Saved struct {
 	Bytes    int       `json:"bytes,omitempty"`
 	Clusters int       `json:"clusters"`
 	Restored bool      `json:"restored,omitempty"` // loaded at start, not saved by this replica
-	// held is what the snapshot holds, when restored: a leader need not save
-	// it again until that changes.
+	// held is what the snapshot holds, when restored and the state holds
+	// exactly that: a leader need not save it again until that changes.
 	held heldState
 }
 
@@ -65,7 +65,7 @@ type heldState struct {
 func heldOf(version uint64, clusters []registry.SnapshotCluster) heldState {
 	var b strings.Builder
 	for _, c := range clusters {
-		fmt.Fprintf(&b, "%s/%s/%d/%d;", c.Cluster, c.Network, c.Epoch, c.Version)
+		fmt.Fprintf(&b, "%q %q %d %d;", c.Cluster, c.Network, c.Epoch, c.Version)
 	}
 	return heldState{version: version, stamps: b.String()}
 }
@@ -155,13 +155,16 @@ func (c *coordinator) restore(ctx context.Context) bool {
 		c.log.Info("no persisted registry yet; starting empty")
 		return true
 	}
-	if err := c.state.restore(ctx, snap); err != nil {
+	held, exact, err := c.state.restoreHeld(ctx, snap)
+	if err != nil {
 		c.log.Warn("cannot restore the persisted registry", "err", err)
 		return false
 	}
 	c.mu.Lock()
-	c.saved = Saved{Revision: snap.Revision, At: snap.Taken, Clusters: len(snap.Clusters), Restored: true,
-		held: c.state.View().held()}
+	c.saved = Saved{Revision: snap.Revision, At: snap.Taken, Clusters: len(snap.Clusters), Restored: true}
+	if exact {
+		c.saved.held = held
+	}
 	c.mu.Unlock()
 	c.metrics.snapshotRevision.Set(float64(snap.Revision))
 	return true
@@ -264,9 +267,10 @@ func nextSave(start time.Time, took, interval time.Duration, ok bool) time.Time 
 func (c *coordinator) leaderDuties(ctx context.Context) {
 	t := time.NewTicker(c.interval)
 	defer t.Stop()
-	// What was restored at start is saved already.
+	// What was restored, when nothing else was held, is saved already.
 	c.mu.Lock()
-	held, saved := c.saved.held, c.saved.Restored
+	held := c.saved.held
+	saved := held != heldState{}
 	c.mu.Unlock()
 	var next time.Time // no save before then
 	for {

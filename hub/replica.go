@@ -155,11 +155,31 @@ func (s *state) superseded(id registry.ClusterID, epoch uint64) {
 // from it, or sends newer data) or a peer sends newer data. Clusters the
 // state already holds newer data for are left alone.
 func (s *state) restore(ctx context.Context, snap registry.Snapshot) error {
-	return s.do(ctx, func() {
+	_, _, err := s.restoreHeld(ctx, snap)
+	return err
+}
+
+// restoreHeld restores snap and reports what it held when the state now
+// holds exactly that (ok): every cluster of snap applied, and no other
+// cluster known with a stamp. A leader need not save that state again;
+// otherwise (a restore after peers or spokes brought newer data) it must.
+func (s *state) restoreHeld(ctx context.Context, snap registry.Snapshot) (held heldState, ok bool, err error) {
+	err = s.do(ctx, func() {
+		ok = true
+		inSnapshot := make(map[registry.ClusterID]bool, len(snap.Clusters))
+		for _, sc := range snap.Clusters {
+			inSnapshot[sc.Cluster] = true
+		}
+		for id, c := range s.clusters {
+			if !inSnapshot[id] && (c.Epoch != 0 || c.Version != 0) {
+				ok = false
+			}
+		}
 		now := time.Now()
 		for _, sc := range snap.Clusters {
 			c := s.cluster(sc.Cluster)
 			if !(federation.Stamp{Epoch: c.Epoch, Version: c.Version}).Less(federation.Stamp{Epoch: sc.Epoch, Version: sc.Version}) {
+				ok = false // held at this stamp or a newer one already
 				continue
 			}
 			prev := s.reg
@@ -175,8 +195,10 @@ func (s *state) restore(ctx context.Context, snap registry.Snapshot) error {
 			s.replicaChanged(sc.Cluster)
 			s.publish(diff)
 		}
+		held = s.view.Load().held()
 		s.log.Info("restored the persisted registry", "revision", snap.Revision, "taken", snap.Taken, "clusters", len(snap.Clusters))
 	})
+	return held, ok, err
 }
 
 // snapshot returns the registry with every cluster's stamp, for persistence.

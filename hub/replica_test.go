@@ -227,3 +227,42 @@ func TestDropArrivingAsADelta(t *testing.T) {
 		t.Errorf("east restored from a snapshot taken after the drop = %+v, want dropped", c)
 	}
 }
+
+// A restore tells the leader whether the state now holds exactly the
+// snapshot: only then may it skip saving. A restore that comes late (etcd
+// was down at start) finds newer data from peers, which must be saved.
+func TestRestoreReportsWhetherTheSnapshotIsAllThereIs(t *testing.T) {
+	ctx := context.Background()
+	snap := registry.Snapshot{Revision: 1, Clusters: []registry.SnapshotCluster{{Cluster: "east", Epoch: 5, Version: 10,
+		Shards: []*registry.Shard{apiShard("east", time.Unix(1, 0), "grpc")}}}}
+
+	fresh := startState(t)
+	held, exact, err := fresh.restoreHeld(ctx, snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !exact || held != fresh.View().held() {
+		t.Errorf("restore into an empty state: exact %v, held %+v, view %+v; want exact and equal", exact, held, fresh.View().held())
+	}
+
+	newer := startState(t)
+	if err := newer.ApplyReplica(ctx, "peer", replicaUpdate("peer", stamp(6, 1), nil, "http")); err != nil {
+		t.Fatal(err)
+	}
+	if _, exact, err := newer.restoreHeld(ctx, snap); err != nil || exact {
+		t.Errorf("restore under newer data from a peer: exact %v, err %v; want not exact", exact, err)
+	}
+	if heldPort(newer) != "http" {
+		t.Errorf("the restore replaced newer data: port %q", heldPort(newer))
+	}
+
+	other := startState(t)
+	west := federation.ReplicaUpdate{Cluster: "west", Stamp: stamp(2, 1), Origin: "peer",
+		Change: registry.Change{Cluster: "west", Replace: true, Upserts: []*registry.Shard{apiShard("west", time.Unix(1, 0), "grpc")}}}
+	if err := other.ApplyReplica(ctx, "peer", west); err != nil {
+		t.Fatal(err)
+	}
+	if _, exact, err := other.restoreHeld(ctx, snap); err != nil || exact {
+		t.Errorf("restore beside another cluster: exact %v, err %v; want not exact", exact, err)
+	}
+}
