@@ -58,6 +58,7 @@ type SnapshotStore struct {
 	dir        string // prefix + "snapshots/"
 	maxBytes   int
 	chunkBytes int
+	encode     func(registry.Snapshot) ([]byte, error)
 }
 
 // snapshotPointer is the value of snapshots/current.
@@ -80,7 +81,23 @@ func NewSnapshotStore(etcd *clientv3.Client, prefix string, maxBytes int) *Snaps
 		maxBytes = DefaultMaxSnapshotBytes
 	}
 	maxBytes = min(maxBytes, maxSnapshotChunks*snapshotChunkBytes)
-	return &SnapshotStore{etcd: etcd, dir: prefix + "snapshots/", maxBytes: maxBytes, chunkBytes: snapshotChunkBytes}
+	return &SnapshotStore{etcd: etcd, dir: prefix + "snapshots/", maxBytes: maxBytes, chunkBytes: snapshotChunkBytes, encode: EncodeSnapshot}
+}
+
+// WriteFormat sets the format Save writes: 2 (protobuf, the default) or 1
+// (JSON), the only one that versions before format 2 read; write it before
+// going back to such a version, so it restores the snapshot. Load reads both.
+// Call it before the store is used.
+func (s *SnapshotStore) WriteFormat(format int) error {
+	switch format {
+	case snapshotFormat:
+		s.encode = EncodeSnapshot
+	case registry.SnapshotFormatJSON:
+		s.encode = registry.EncodeSnapshot
+	default:
+		return fmt.Errorf("snapshot format %d: want %d or %d", format, registry.SnapshotFormatJSON, snapshotFormat)
+	}
+	return nil
 }
 
 func (s *SnapshotStore) currentKey() string { return s.dir + "current" }
@@ -101,7 +118,7 @@ func (s *SnapshotStore) chunkKey(rev uint64, n int) string {
 // pointer is switched, the chunks of older revisions are deleted in the same
 // Txn. Saves of different revisions may run concurrently.
 func (s *SnapshotStore) Save(ctx context.Context, snap registry.Snapshot) (int, error) {
-	b, err := EncodeSnapshot(snap)
+	b, err := s.encode(snap)
 	if err != nil {
 		return 0, fmt.Errorf("save snapshot %d: %w", snap.Revision, err)
 	}

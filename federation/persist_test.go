@@ -383,3 +383,33 @@ func TestSnapshotSaveWithinATermNeedsLeadership(t *testing.T) {
 		t.Errorf("Load returned revision %d, want 1", got.Revision)
 	}
 }
+
+// A store told to write format 1 writes what versions before format 2 read,
+// and reads it back; it refuses formats it does not know.
+func TestSnapshotStoreWritesFormat1OnRequest(t *testing.T) {
+	ctx := context.Background()
+	store, cli, prefix := testStore(t, 0)
+	if err := store.WriteFormat(1); err != nil {
+		t.Fatal(err)
+	}
+	snap := testSnapshot(1, 2, 3, 2)
+	if _, err := store.Save(ctx, snap); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := cli.Get(ctx, prefix+"snapshots/00000000000000000001/0000")
+	if err != nil || len(resp.Kvs) == 0 {
+		t.Fatalf("first chunk: %v", err)
+	}
+	if v := resp.Kvs[0].Value; len(v) < 9 || v[8] != 1 {
+		t.Fatalf("stored snapshot is not format 1: % x", v[:min(len(v), 9)])
+	}
+	if got, err := registry.DecodeSnapshot(resp.Kvs[0].Value); err != nil || !sameSnapshot(got, snap) {
+		t.Fatalf("a format 1 reader: %v", err)
+	}
+	if got, _ := load(t, store); !sameSnapshot(got, snap) {
+		t.Fatal("the store does not read back what it wrote")
+	}
+	if err := store.WriteFormat(3); err == nil {
+		t.Fatal("format 3 accepted")
+	}
+}

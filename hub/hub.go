@@ -73,6 +73,9 @@ type Config struct {
 	// bounds one.
 	SnapshotInterval time.Duration
 	MaxSnapshotBytes int
+	// SnapshotFormat is the format snapshots are written in: 2 (protobuf) or
+	// 1 (JSON, what versions before format 2 read; for a downgrade).
+	SnapshotFormat int
 	// FastGossip uses test timings for gossip (failure detection in ~1s).
 	FastGossip bool
 	// Pprof serves Go's profiles at /debug/pprof on the admin address.
@@ -95,6 +98,7 @@ func DefaultConfig() Config {
 		Liveness:         DefaultLiveness(),
 		SnapshotInterval: 2 * time.Second,
 		MaxSnapshotBytes: 64 << 20,
+		SnapshotFormat:   2,
 		Federation:       federation.DefaultHubConfig(),
 		Replication:      federation.DefaultReplicationConfig(),
 		XDS:              xds.DefaultConfig(),
@@ -145,6 +149,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 	cfg.Federation.HubID = cfg.ID
 	if cfg.SnapshotInterval <= 0 {
 		cfg.SnapshotInterval = DefaultConfig().SnapshotInterval
+	}
+	if cfg.SnapshotFormat == 0 {
+		cfg.SnapshotFormat = DefaultConfig().SnapshotFormat
 	}
 	// xDS versions unique to this process: a client that reconnects after a
 	// restart, or to another replica, never takes new content for what it acked.
@@ -218,6 +225,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 	cleanup = append(cleanup, func() { etcd.Close() })
 	catalog := federation.NewCatalog(etcd, cfg.EtcdPrefix)
 	snapshots := federation.NewSnapshotStore(etcd, cfg.EtcdPrefix, cfg.MaxSnapshotBytes)
+	if err := snapshots.WriteFormat(cfg.SnapshotFormat); err != nil {
+		return nil, err
+	}
 
 	// 3. Metrics, on a registry of the hub's own.
 	metricsReg := prometheus.NewRegistry()

@@ -113,6 +113,7 @@ func runHub(ctx context.Context, args []string) error {
 	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve Go's CPU and heap profiles at /debug/pprof on the admin address")
 	fs.BoolVar(&cfg.FastGossip, "gossip-fast", false, "gossip with test timings: failures detected in about a second (tests and demos on one machine)")
 	fs.DurationVar(&cfg.SnapshotInterval, "snapshot-interval", cfg.SnapshotInterval, "least time between two persisted snapshots of the registry (saved by the leader after changes)")
+	fs.IntVar(&cfg.SnapshotFormat, "snapshot-format", cfg.SnapshotFormat, "format of the snapshots the leader writes: 2 (protobuf), or 1 (JSON) before going back to a version that reads only format 1")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
