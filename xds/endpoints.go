@@ -38,7 +38,7 @@ type portEndpoints struct {
 // against 3. The decoded form is validated before it is dropped.
 type localityBlock struct {
 	atPriority [tierCount]*endpoint.LocalityLbEndpoints
-	// sum is a hash of what the block puts on the wire, priority aside.
+	// sum is a hash of what the block puts on the wire, priority aside (see blockSum).
 	sum uint64
 }
 
@@ -48,70 +48,104 @@ var seed = maphash.MakeSeed()
 // lbEndpointsField is the field number of LocalityLbEndpoints.lb_endpoints.
 var lbEndpointsField = (&endpoint.LocalityLbEndpoints{}).ProtoReflect().Descriptor().Fields().ByName("lb_endpoints").Number()
 
-// newPortEndpoints builds the xDS form of svc's port and validates it. The
-// assignment of clients without locality holds every served locality at
-// priority 0, so validating it covers every endpoint, weight and address; the
-// other groups' assignments differ only in the priorities, which are
-// contiguous by construction.
-func newPortEndpoints(svc *registry.Service, port registry.ServicePort) (*portEndpoints, error) {
+// newPortEndpoints builds the xDS form of svc's port, reusing the blocks of
+// prev (the port's previous form; nil for none) whose locality holds the same
+// endpoints as before: a change rebuilds only the localities it touched.
+//
+// Each new block is validated as an assignment of that one locality, which
+// covers its endpoints, its weight and its addresses; addresses are unique
+// across localities by construction (see unique), and the locality groups'
+// assignments differ only in the priorities, contiguous by construction.
+func newPortEndpoints(svc *registry.Service, port registry.ServicePort, prev *portEndpoints) (*portEndpoints, error) {
 	loc := groupByLocality(svc, port)
 	p := &portEndpoints{clusterName: ClusterName(svc.Key, port.Port), localities: loc.servedLocalities()}
 	p.blocks = make([]localityBlock, len(loc.served))
-	decoded := &endpoint.ClusterLoadAssignment{ClusterName: p.clusterName, Endpoints: make([]*endpoint.LocalityLbEndpoints, len(loc.served))}
-	weight := wrapperspb.UInt32(1) // every endpoint's, shared by the decoded form
-	for i, le := range loc.served {
-		lle := &endpoint.LocalityLbEndpoints{
-			Locality:            &core.Locality{Region: le.Locality.Region, Zone: le.Locality.Zone, SubZone: le.Locality.Subzone},
-			LoadBalancingWeight: wrapperspb.UInt32(le.Weight),
-			LbEndpoints:         make([]*endpoint.LbEndpoint, 0, len(le.Endpoints)),
+	var before map[registry.Locality]localityBlock
+	if prev != nil {
+		before = make(map[registry.Locality]localityBlock, len(prev.blocks))
+		for i, l := range prev.localities {
+			before[l] = prev.blocks[i]
 		}
-		for _, e := range le.Endpoints {
-			health := core.HealthStatus_HEALTHY
-			if e.Health == StatusDraining {
-				health = core.HealthStatus_DRAINING
-			}
-			lle.LbEndpoints = append(lle.LbEndpoints, &endpoint.LbEndpoint{
-				HostIdentifier: &endpoint.LbEndpoint_Endpoint{Endpoint: &endpoint.Endpoint{
-					Address: socketAddress(e.Address.String(), e.Port),
-				}},
-				HealthStatus:        health,
-				LoadBalancingWeight: weight,
-			})
-		}
-		decoded.Endpoints[i] = lle
-	}
-	if err := Validate(decoded); err != nil {
-		return nil, err
 	}
 	var buf []byte
-	for i, lle := range decoded.Endpoints {
-		var raw []byte
-		for _, e := range lle.LbEndpoints {
-			b, err := marshalDeterministic.Marshal(e)
-			if err != nil {
-				return nil, fmt.Errorf("%w: ClusterLoadAssignment %q: %v", ErrInvalidResource, p.clusterName, err)
-			}
-			raw = protowire.AppendTag(raw, lbEndpointsField, protowire.BytesType)
-			raw = protowire.AppendBytes(raw, b)
+	for i, le := range loc.served {
+		var sum uint64
+		buf, sum = blockSum(buf, le)
+		if b, ok := before[le.Locality]; ok && b.sum == sum {
+			p.blocks[i] = b
+			continue
 		}
-		l := loc.served[i].Locality
-		buf = append(buf[:0], l.Region...)
-		buf = append(buf, 0)
-		buf = append(buf, l.Zone...)
-		buf = append(buf, 0)
-		buf = append(buf, l.Subzone...)
-		buf = append(buf, 0)
-		buf = binary.LittleEndian.AppendUint32(buf, lle.GetLoadBalancingWeight().GetValue())
-		buf = append(buf, raw...)
-		b := localityBlock{sum: maphash.Bytes(seed, buf)}
-		for pr := range b.atPriority {
-			m := &endpoint.LocalityLbEndpoints{Locality: lle.Locality, LoadBalancingWeight: lle.LoadBalancingWeight, Priority: uint32(pr)}
-			m.ProtoReflect().SetUnknown(raw)
-			b.atPriority[pr] = m
+		b, err := newBlock(p.clusterName, le, sum)
+		if err != nil {
+			return nil, err
 		}
 		p.blocks[i] = b
 	}
 	return p, nil
+}
+
+// blockSum hashes what a locality's block holds (buf is scratch space).
+func blockSum(buf []byte, le LocalityEndpoints) ([]byte, uint64) {
+	buf = append(buf[:0], le.Locality.Region...)
+	buf = append(buf, 0)
+	buf = append(buf, le.Locality.Zone...)
+	buf = append(buf, 0)
+	buf = append(buf, le.Locality.Subzone...)
+	buf = append(buf, 0)
+	buf = binary.LittleEndian.AppendUint32(buf, le.Weight)
+	for _, e := range le.Endpoints {
+		buf = e.Address.AppendTo(buf) // the text clients get; never holds a NUL
+		buf = append(buf, 0)
+		buf = binary.LittleEndian.AppendUint32(buf, uint32(e.Port))
+		draining := byte(0)
+		if e.Health == StatusDraining {
+			draining = 1
+		}
+		buf = append(buf, draining)
+	}
+	return buf, maphash.Bytes(seed, buf)
+}
+
+// newBlock builds and validates one locality's block.
+func newBlock(clusterName string, le LocalityEndpoints, sum uint64) (localityBlock, error) {
+	weight := wrapperspb.UInt32(1) // every endpoint's, in the decoded form
+	lle := &endpoint.LocalityLbEndpoints{
+		Locality:            &core.Locality{Region: le.Locality.Region, Zone: le.Locality.Zone, SubZone: le.Locality.Subzone},
+		LoadBalancingWeight: wrapperspb.UInt32(le.Weight),
+		LbEndpoints:         make([]*endpoint.LbEndpoint, 0, len(le.Endpoints)),
+	}
+	for _, e := range le.Endpoints {
+		health := core.HealthStatus_HEALTHY
+		if e.Health == StatusDraining {
+			health = core.HealthStatus_DRAINING
+		}
+		lle.LbEndpoints = append(lle.LbEndpoints, &endpoint.LbEndpoint{
+			HostIdentifier: &endpoint.LbEndpoint_Endpoint{Endpoint: &endpoint.Endpoint{
+				Address: socketAddress(e.Address.String(), e.Port),
+			}},
+			HealthStatus:        health,
+			LoadBalancingWeight: weight,
+		})
+	}
+	if err := Validate(&endpoint.ClusterLoadAssignment{ClusterName: clusterName, Endpoints: []*endpoint.LocalityLbEndpoints{lle}}); err != nil {
+		return localityBlock{}, err
+	}
+	var raw []byte
+	for _, e := range lle.LbEndpoints {
+		b, err := marshalDeterministic.Marshal(e)
+		if err != nil {
+			return localityBlock{}, fmt.Errorf("%w: ClusterLoadAssignment %q: %v", ErrInvalidResource, clusterName, err)
+		}
+		raw = protowire.AppendTag(raw, lbEndpointsField, protowire.BytesType)
+		raw = protowire.AppendBytes(raw, b)
+	}
+	b := localityBlock{sum: sum}
+	for pr := range b.atPriority {
+		m := &endpoint.LocalityLbEndpoints{Locality: lle.Locality, LoadBalancingWeight: lle.LoadBalancingWeight, Priority: uint32(pr)}
+		m.ProtoReflect().SetUnknown(raw)
+		b.atPriority[pr] = m
+	}
+	return b, nil
 }
 
 var marshalDeterministic = proto.MarshalOptions{Deterministic: true}

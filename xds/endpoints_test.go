@@ -29,6 +29,7 @@ func TestSharedAssignmentsMatchAssign(t *testing.T) {
 		sum uint64
 	}
 	var seen []published
+	var prev *portEndpoints
 	for round := range 120 {
 		var shards []*registry.Shard
 		for c, cluster := range []registry.ClusterID{"east", "west", "north"} {
@@ -50,10 +51,16 @@ func TestSharedAssignmentsMatchAssign(t *testing.T) {
 		}
 		r, _ := apply(t, registry.New(), shards...)
 		svc := r.Service(echo)
-		pe, err := newPortEndpoints(svc, port)
+		// Built from scratch, and from the previous round's form (reusing what it can).
+		pe, err := newPortEndpoints(svc, port, nil)
 		if err != nil {
 			t.Fatalf("round %d: %v", round, err)
 		}
+		reused, err := newPortEndpoints(svc, port, prev)
+		if err != nil {
+			t.Fatalf("round %d, reusing: %v", round, err)
+		}
+		prev = reused
 		for _, g := range groups {
 			want := ClusterLoadAssignment(Assign(svc, port, g))
 			got := decoded(t, pe.assignment(g))
@@ -62,6 +69,9 @@ func TestSharedAssignmentsMatchAssign(t *testing.T) {
 			}
 			if err := Validate(got); err != nil {
 				t.Fatalf("round %d, group %v: %v", round, g, err)
+			}
+			if r := decoded(t, reused.assignment(g)); !proto.Equal(r, want) || reused.sum(g) != pe.sum(g) {
+				t.Fatalf("round %d, group %v: built from the previous form\n%v\nwant %v", round, g, r, want)
 			}
 			seen = append(seen, published{got, pe.sum(g)})
 		}
@@ -95,4 +105,39 @@ func dedupe(eps []registry.Endpoint) []registry.Endpoint {
 		}
 	}
 	return out
+}
+
+// A change rebuilds only the localities it touched: the others keep their
+// blocks, already validated and marshalled.
+func TestChangeRebuildsOnlyItsLocalities(t *testing.T) {
+	port := tcp("grpc", 8080)
+	build := func(zone2 registry.Conditions, prev *portEndpoints) *portEndpoints {
+		t.Helper()
+		r, _ := apply(t, registry.New(),
+			shard("east", echo, []registry.ServicePort{port},
+				ep("10.0.0.1", loc("r1", "z1"), ready, eport("grpc", 9090)),
+				ep("10.0.0.2", loc("r1", "z2"), zone2, eport("grpc", 9090)),
+				ep("10.0.0.3", loc("r1", "z2"), ready, eport("grpc", 9090))),
+			shard("west", echo, []registry.ServicePort{port},
+				ep("10.1.0.1", loc("r2", "z3"), ready, eport("grpc", 9090))))
+		pe, err := newPortEndpoints(r.Service(echo), port, prev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pe
+	}
+	before := build(ready, nil)
+	after := build(draining, before)
+	if len(after.blocks) != 3 {
+		t.Fatalf("%d blocks, want 3", len(after.blocks))
+	}
+	for i, l := range after.localities {
+		same := after.blocks[i].atPriority[0] == before.blocks[i].atPriority[0]
+		if want := l.Zone != "z2"; same != want {
+			t.Errorf("locality %v: block reused %v, want %v", l, same, want)
+		}
+	}
+	if after.sum(registry.Locality{}) == before.sum(registry.Locality{}) {
+		t.Error("the assignment's sum did not change")
+	}
 }

@@ -242,7 +242,7 @@ func (s *Server) stage(c *resourceCache, name string, res types.Resource) {
 // assignment of every locality group; if they are invalid, every group keeps
 // the last valid assignment.
 func (s *Server) stageEndpoints(svc *registry.Service, p registry.ServicePort, groups map[registry.Locality]*resourceCache) {
-	pe, err := newPortEndpoints(svc, p)
+	pe, err := newPortEndpoints(svc, p, s.endpoints[ClusterName(svc.Key, p.Port)])
 	if err != nil {
 		s.invalid(typeEDS, ClusterName(svc.Key, p.Port), err)
 		return
