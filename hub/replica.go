@@ -176,6 +176,9 @@ func (s *state) restoreHeld(ctx context.Context, snap registry.Snapshot) (held h
 			}
 		}
 		now := time.Now()
+		// One change for the whole snapshot: clients never see a registry
+		// restored in part, with some clusters' endpoints missing.
+		changed := map[registry.ServiceKey]registry.ServiceDiff{}
 		for _, sc := range snap.Clusters {
 			c := s.cluster(sc.Cluster)
 			if !(federation.Stamp{Epoch: c.Epoch, Version: c.Version}).Less(federation.Stamp{Epoch: sc.Epoch, Version: sc.Version}) {
@@ -193,8 +196,13 @@ func (s *state) restoreHeld(ctx context.Context, snap registry.Snapshot) (held h
 			c.Digest, c.Services, c.Endpoints = sum.Digest, sum.Services, sum.Endpoints
 			c.LiveAt = now // a restart gives every cluster its grace again (fail-static)
 			s.replicaChanged(sc.Cluster)
-			s.publish(diff)
+			mergeDiff(changed, diff)
 		}
+		all := registry.Diff{Version: s.reg.Version()}
+		for _, k := range slices.SortedFunc(maps.Keys(changed), registry.ServiceKey.Compare) {
+			all.Services = append(all.Services, changed[k])
+		}
+		s.publish(all)
 		held = s.view.Load().held()
 		s.log.Info("restored the persisted registry", "revision", snap.Revision, "taken", snap.Taken, "clusters", len(snap.Clusters))
 	})

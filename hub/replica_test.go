@@ -3,6 +3,8 @@ package hub
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -264,5 +266,44 @@ func TestRestoreReportsWhetherTheSnapshotIsAllThereIs(t *testing.T) {
 	}
 	if _, exact, err := other.restoreHeld(ctx, snap); err != nil || exact {
 		t.Errorf("restore beside another cluster: exact %v, err %v; want not exact", exact, err)
+	}
+}
+
+// updates records every registry a publisher is handed.
+type updates struct {
+	mu   sync.Mutex
+	regs []*registry.Registry
+}
+
+func (u *updates) Update(r *registry.Registry, _ registry.Diff) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.regs = append(u.regs, r)
+}
+
+// A restore reaches xDS as one change: a client that connects while it
+// runs never gets a registry restored in part (a few clusters' endpoints,
+// the others missing), which a warm restart of the benchmark caught.
+func TestRestoreIsPublishedWhole(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	pub := &updates{}
+	s := newState("hub-test", DefaultLiveness(), pub, nil, registry.DefaultLimits(), nil, slog.New(slog.DiscardHandler))
+	go s.run(ctx)
+	t.Cleanup(func() { cancel(); <-s.done })
+	snap := registry.Snapshot{Revision: 1}
+	for _, id := range []registry.ClusterID{"east", "north", "west"} {
+		snap.Clusters = append(snap.Clusters, registry.SnapshotCluster{Cluster: id, Epoch: 1, Version: 1,
+			Shards: []*registry.Shard{apiShard(id, time.Unix(1, 0), "grpc")}})
+	}
+	if err := s.restore(ctx, snap); err != nil {
+		t.Fatal(err)
+	}
+	pub.mu.Lock()
+	defer pub.mu.Unlock()
+	if len(pub.regs) != 1 {
+		t.Fatalf("the restore was published in %d parts, want 1", len(pub.regs))
+	}
+	if got := len(pub.regs[0].Service(registry.ServiceKey{Namespace: "default", Name: "api"}).Shards); got != 3 {
+		t.Fatalf("the published registry holds api in %d clusters, want 3", got)
 	}
 }
