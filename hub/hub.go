@@ -380,6 +380,16 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 		})
 	}
 	serve("federation", func() error { return fedServer.Serve(fedLis) })
+	// xDS only once the restored registry is translated: a client that
+	// reconnects to empty caches would be told that every listener and
+	// cluster it knows is gone (its connection waits in the backlog meanwhile).
+	if err := push.caughtUp(ctx); err != nil {
+		stopCoord()
+		stopGRPC(fedServer)
+		stopState()
+		wg.Wait()
+		return nil, err
+	}
 	serve("xds", func() error { return xdsGRPC.Serve(xdsLis) })
 	serve("admin", func() error { return adminServer.Serve(adminLis) })
 	log.Info("hub serving", "federation", h.FederationAddr, "xds", h.XDSAddr, "admin", h.AdminAddr, "etcd", endpoints)

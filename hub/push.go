@@ -21,28 +21,42 @@ type pusher struct {
 	log    *slog.Logger
 	wake   chan struct{} // buffered 1: a push is due
 
-	mu      sync.Mutex // guards reg and pending
+	mu      sync.Mutex // guards the fields below
 	reg     *registry.Registry
 	pending map[registry.ServiceKey]registry.ServiceDiff
+	pushing bool
+	// pushed is closed, and replaced, after every push.
+	pushed chan struct{}
 }
 
 func newPusher(target Publisher, log *slog.Logger) *pusher {
 	return &pusher{target: target, log: log.With("component", "push"), wake: make(chan struct{}, 1),
-		pending: map[registry.ServiceKey]registry.ServiceDiff{}}
+		pending: map[registry.ServiceKey]registry.ServiceDiff{}, pushed: make(chan struct{})}
+}
+
+// caughtUp returns once everything handed to Update so far has been pushed
+// (or ctx ends).
+func (p *pusher) caughtUp(ctx context.Context) error {
+	for {
+		p.mu.Lock()
+		idle, pushed := len(p.pending) == 0 && !p.pushing, p.pushed
+		p.mu.Unlock()
+		if idle {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-pushed:
+		}
+	}
 }
 
 // Update implements Publisher: it never blocks.
 func (p *pusher) Update(r *registry.Registry, d registry.Diff) {
 	p.mu.Lock()
 	p.reg = r
-	for _, sd := range d.Services {
-		if old, ok := p.pending[sd.Key]; ok {
-			// The translation reads the service from the latest registry: only what to redo matters.
-			sd.ShapeChanged = sd.ShapeChanged || old.ShapeChanged
-			sd.EndpointsChanged = sd.EndpointsChanged || old.EndpointsChanged
-		}
-		p.pending[sd.Key] = sd
-	}
+	mergeDiff(p.pending, d)
 	p.mu.Unlock()
 	select {
 	case p.wake <- struct{}{}:
@@ -50,7 +64,20 @@ func (p *pusher) Update(r *registry.Registry, d registry.Diff) {
 	}
 }
 
-// take returns what is due, merged into one diff, and clears it.
+// mergeDiff adds d to pending, a change per service: what to translate
+// again, read from the latest registry, is all that matters.
+func mergeDiff(pending map[registry.ServiceKey]registry.ServiceDiff, d registry.Diff) {
+	for _, sd := range d.Services {
+		if old, ok := pending[sd.Key]; ok {
+			sd.ShapeChanged = sd.ShapeChanged || old.ShapeChanged
+			sd.EndpointsChanged = sd.EndpointsChanged || old.EndpointsChanged
+		}
+		pending[sd.Key] = sd
+	}
+}
+
+// take returns what is due, merged into one diff, and clears it; the push
+// of it is under way until done is called.
 func (p *pusher) take() (*registry.Registry, registry.Diff) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -58,6 +85,7 @@ func (p *pusher) take() (*registry.Registry, registry.Diff) {
 	if r == nil || len(p.pending) == 0 {
 		return r, registry.Diff{}
 	}
+	p.pushing = true
 	d := registry.Diff{Version: r.Version(), Services: make([]registry.ServiceDiff, 0, len(p.pending))}
 	for _, k := range slices.SortedFunc(maps.Keys(p.pending), registry.ServiceKey.Compare) {
 		d.Services = append(d.Services, p.pending[k])
@@ -77,8 +105,18 @@ func (p *pusher) run(ctx context.Context) {
 		r, d := p.take()
 		if r != nil && !d.Empty() {
 			p.push(r, d)
+			p.done()
 		}
 	}
+}
+
+// done ends the push under way.
+func (p *pusher) done() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.pushing = false
+	close(p.pushed)
+	p.pushed = make(chan struct{})
 }
 
 func (p *pusher) push(r *registry.Registry, d registry.Diff) {

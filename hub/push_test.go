@@ -77,3 +77,36 @@ func TestPusherCoalescesWhileBusy(t *testing.T) {
 	default:
 	}
 }
+
+// caughtUp returns only once everything handed over has been pushed: the
+// hub waits on it before it serves xDS after a restore.
+func TestPusherCaughtUp(t *testing.T) {
+	b := &blockingPublisher{release: make(chan struct{}), entered: make(chan struct{}, 10)}
+	p := newPusher(b, slog.New(slog.DiscardHandler))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); p.run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	if err := p.caughtUp(ctx); err != nil {
+		t.Fatalf("an idle pusher: %v", err)
+	}
+	p.Update(registry.New(), registry.Diff{Services: []registry.ServiceDiff{{Key: registry.ServiceKey{Namespace: "ns", Name: "a"}, EndpointsChanged: true}}})
+	caught := make(chan error, 1)
+	go func() { caught <- p.caughtUp(ctx) }()
+	<-b.entered // the push runs, blocked
+	select {
+	case err := <-caught:
+		t.Fatalf("caughtUp returned (%v) while the push ran", err)
+	case <-time.After(50 * time.Millisecond): // the window in which it must not return
+	}
+	b.release <- struct{}{}
+	select {
+	case err := <-caught:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("caughtUp did not return after the push")
+	}
+}
