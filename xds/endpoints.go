@@ -5,11 +5,9 @@ import (
 	"fmt"
 	"hash/maphash"
 
-	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/navemesh/nave/registry"
 )
@@ -108,25 +106,7 @@ func blockSum(buf []byte, le LocalityEndpoints) ([]byte, uint64) {
 
 // newBlock builds and validates one locality's block.
 func newBlock(clusterName string, le LocalityEndpoints, sum uint64) (localityBlock, error) {
-	weight := wrapperspb.UInt32(1) // every endpoint's, in the decoded form
-	lle := &endpoint.LocalityLbEndpoints{
-		Locality:            &core.Locality{Region: le.Locality.Region, Zone: le.Locality.Zone, SubZone: le.Locality.Subzone},
-		LoadBalancingWeight: wrapperspb.UInt32(le.Weight),
-		LbEndpoints:         make([]*endpoint.LbEndpoint, 0, len(le.Endpoints)),
-	}
-	for _, e := range le.Endpoints {
-		health := core.HealthStatus_HEALTHY
-		if e.Health == StatusDraining {
-			health = core.HealthStatus_DRAINING
-		}
-		lle.LbEndpoints = append(lle.LbEndpoints, &endpoint.LbEndpoint{
-			HostIdentifier: &endpoint.LbEndpoint_Endpoint{Endpoint: &endpoint.Endpoint{
-				Address: socketAddress(e.Address.String(), e.Port),
-			}},
-			HealthStatus:        health,
-			LoadBalancingWeight: weight,
-		})
-	}
+	lle := localityLbEndpoints(le, 0)
 	if err := Validate(&endpoint.ClusterLoadAssignment{ClusterName: clusterName, Endpoints: []*endpoint.LocalityLbEndpoints{lle}}); err != nil {
 		return localityBlock{}, err
 	}
@@ -150,10 +130,12 @@ func newBlock(clusterName string, le LocalityEndpoints, sum uint64) (localityBlo
 
 var marshalDeterministic = proto.MarshalOptions{Deterministic: true}
 
-// assignment returns the ClusterLoadAssignment for clients of group: on the
-// wire, the same resource as ClusterLoadAssignment(Assign(svc, port, group)).
-// It shares the blocks; callers must not modify it.
-func (p *portEndpoints) assignment(group registry.Locality) *endpoint.ClusterLoadAssignment {
+// forGroup returns the ClusterLoadAssignment for clients of group (on the
+// wire, the same resource as ClusterLoadAssignment(Assign(svc, port, group)))
+// and a hash of it: equal sums, equal resources. The hash costs a few
+// nanoseconds per locality, where proto.Equal walks every endpoint. The
+// assignment shares the blocks; callers must not modify it.
+func (p *portEndpoints) forGroup(group registry.Locality) (*endpoint.ClusterLoadAssignment, uint64) {
 	prio, count := priorities(group, p.localities)
 	cla := &endpoint.ClusterLoadAssignment{ClusterName: p.clusterName, Endpoints: make([]*endpoint.LocalityLbEndpoints, 0, len(p.blocks))}
 	for pr := range count {
@@ -163,13 +145,6 @@ func (p *portEndpoints) assignment(group registry.Locality) *endpoint.ClusterLoa
 			}
 		}
 	}
-	return cla
-}
-
-// sum is a hash of group's assignment: equal sums, equal resources. It costs
-// a few nanoseconds per locality, where proto.Equal walks every endpoint.
-func (p *portEndpoints) sum(group registry.Locality) uint64 {
-	prio, _ := priorities(group, p.localities)
 	var h maphash.Hash
 	h.SetSeed(seed)
 	var buf [12]byte
@@ -178,5 +153,5 @@ func (p *portEndpoints) sum(group registry.Locality) uint64 {
 		binary.LittleEndian.PutUint32(buf[8:], prio[i])
 		h.Write(buf[:])
 	}
-	return h.Sum64()
+	return cla, h.Sum64()
 }

@@ -249,7 +249,8 @@ func (s *Server) stageEndpoints(svc *registry.Service, p registry.ServicePort, g
 	}
 	s.endpoints[pe.clusterName] = pe
 	for group, eds := range groups {
-		eds.stage(pe.clusterName, pe.assignment(group), pe.sum(group))
+		cla, sum := pe.forGroup(group)
+		eds.stage(pe.clusterName, cla, sum)
 	}
 }
 
@@ -302,7 +303,7 @@ func (s *Server) edsCache(l registry.Locality) *resourceCache {
 	initial := make(map[string]types.Resource, len(s.endpoints))
 	sums := make(map[string]uint64, len(s.endpoints))
 	for name, pe := range s.endpoints {
-		initial[name], sums[name] = pe.assignment(group), pe.sum(group)
+		initial[name], sums[name] = pe.forGroup(group)
 	}
 	c := newResourceCache(resource.EndpointType, s.cfg.VersionPrefix+"eds-"+group.Region+"/"+group.Zone+"-", s.log, initial, sums)
 	next := maps.Clone(groups)

@@ -119,29 +119,34 @@ func ClusterLoadAssignment(a Assignment) *endpoint.ClusterLoadAssignment {
 	cla := &endpoint.ClusterLoadAssignment{ClusterName: a.ClusterName, Endpoints: []*endpoint.LocalityLbEndpoints{}}
 	for _, p := range a.Priorities {
 		for _, l := range p.Localities {
-			lle := &endpoint.LocalityLbEndpoints{
-				Locality:            &core.Locality{Region: l.Locality.Region, Zone: l.Locality.Zone, SubZone: l.Locality.Subzone},
-				LoadBalancingWeight: wrapperspb.UInt32(l.Weight),
-				Priority:            p.Priority,
-				LbEndpoints:         make([]*endpoint.LbEndpoint, 0, len(l.Endpoints)),
-			}
-			for _, e := range l.Endpoints {
-				health := core.HealthStatus_HEALTHY
-				if e.Health == StatusDraining {
-					health = core.HealthStatus_DRAINING
-				}
-				lle.LbEndpoints = append(lle.LbEndpoints, &endpoint.LbEndpoint{
-					HostIdentifier: &endpoint.LbEndpoint_Endpoint{Endpoint: &endpoint.Endpoint{
-						Address: socketAddress(e.Address.String(), e.Port),
-					}},
-					HealthStatus:        health,
-					LoadBalancingWeight: wrapperspb.UInt32(e.Weight),
-				})
-			}
-			cla.Endpoints = append(cla.Endpoints, lle)
+			cla.Endpoints = append(cla.Endpoints, localityLbEndpoints(l, p.Priority))
 		}
 	}
 	return cla
+}
+
+// localityLbEndpoints is the xDS form of one locality's endpoints at priority.
+func localityLbEndpoints(l LocalityEndpoints, priority uint32) *endpoint.LocalityLbEndpoints {
+	lle := &endpoint.LocalityLbEndpoints{
+		Locality:            &core.Locality{Region: l.Locality.Region, Zone: l.Locality.Zone, SubZone: l.Locality.Subzone},
+		LoadBalancingWeight: wrapperspb.UInt32(l.Weight),
+		Priority:            priority,
+		LbEndpoints:         make([]*endpoint.LbEndpoint, 0, len(l.Endpoints)),
+	}
+	for _, e := range l.Endpoints {
+		health := core.HealthStatus_HEALTHY
+		if e.Health == StatusDraining {
+			health = core.HealthStatus_DRAINING
+		}
+		lle.LbEndpoints = append(lle.LbEndpoints, &endpoint.LbEndpoint{
+			HostIdentifier: &endpoint.LbEndpoint_Endpoint{Endpoint: &endpoint.Endpoint{
+				Address: socketAddress(e.Address.String(), e.Port),
+			}},
+			HealthStatus:        health,
+			LoadBalancingWeight: wrapperspb.UInt32(e.Weight),
+		})
+	}
+	return lle
 }
 
 type named interface{ GetName() string }
