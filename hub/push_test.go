@@ -27,15 +27,21 @@ func (b *blockingPublisher) Update(_ *registry.Registry, d registry.Diff) {
 	b.mu.Unlock()
 }
 
-// Changes that arrive while a push runs become one push, with what each
-// service needs redone merged; the caller never waits for a push.
-func TestPusherCoalescesWhileBusy(t *testing.T) {
+// startPusher runs a pusher onto a blockingPublisher until the test ends.
+func startPusher(t *testing.T) (*pusher, *blockingPublisher, context.Context) {
 	b := &blockingPublisher{release: make(chan struct{}), entered: make(chan struct{}, 10)}
 	p := newPusher(b, slog.New(slog.DiscardHandler))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); p.run(ctx) }()
-	defer func() { cancel(); <-done }()
+	t.Cleanup(func() { cancel(); <-done })
+	return p, b, ctx
+}
+
+// Changes that arrive while a push runs become one push, with what each
+// service needs redone merged; the caller never waits for a push.
+func TestPusherCoalescesWhileBusy(t *testing.T) {
+	p, b, _ := startPusher(t)
 
 	key := func(n string) registry.ServiceKey { return registry.ServiceKey{Namespace: "ns", Name: n} }
 	reg := registry.New()
@@ -81,12 +87,7 @@ func TestPusherCoalescesWhileBusy(t *testing.T) {
 // caughtUp returns only once everything handed over has been pushed: the
 // hub waits on it before it serves xDS after a restore.
 func TestPusherCaughtUp(t *testing.T) {
-	b := &blockingPublisher{release: make(chan struct{}), entered: make(chan struct{}, 10)}
-	p := newPusher(b, slog.New(slog.DiscardHandler))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); p.run(ctx) }()
-	defer func() { cancel(); <-done }()
+	p, b, ctx := startPusher(t)
 
 	if err := p.caughtUp(ctx); err != nil {
 		t.Fatalf("an idle pusher: %v", err)
