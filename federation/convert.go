@@ -15,7 +15,7 @@ import (
 // ShardToProto encodes a shard for the wire (the cluster is implied by the session).
 func ShardToProto(s *registry.Shard) *fedv1.Shard {
 	out := &fedv1.Shard{
-		Service:        keyToProto(s.Service),
+		Service:        KeyToProto(s.Service),
 		ExportedAtUnix: s.ExportedAt.Unix(),
 		Headless:       s.Headless,
 		Ports:          make([]*fedv1.ServicePort, len(s.Ports)),
@@ -55,7 +55,7 @@ func ShardToProto(s *registry.Shard) *fedv1.Shard {
 // ShardFromProto decodes, normalizes and validates a shard received from
 // cluster. The error is a *registry.ValidationError naming the service.
 func ShardFromProto(cluster registry.ClusterID, in *fedv1.Shard, lim registry.Limits) (*registry.Shard, error) {
-	s, err := shardFromProto(cluster, in, lim)
+	s, err := ShardFromProtoUnvalidated(cluster, in, lim)
 	if err != nil {
 		return nil, err
 	}
@@ -65,10 +65,10 @@ func ShardFromProto(cluster registry.ClusterID, in *fedv1.Shard, lim registry.Li
 	return s, nil
 }
 
-// shardFromProto is ShardFromProto but for the shard's validation: it checks
+// ShardFromProtoUnvalidated is ShardFromProto but for the shard's validation: it checks
 // sizes before allocating and parses addresses, for callers that validate
 // the shard later themselves.
-func shardFromProto(cluster registry.ClusterID, in *fedv1.Shard, lim registry.Limits) (*registry.Shard, error) {
+func ShardFromProtoUnvalidated(cluster registry.ClusterID, in *fedv1.Shard, lim registry.Limits) (*registry.Shard, error) {
 	key := KeyFromProto(in.GetService())
 	bad := func(format string, args ...any) error {
 		return &registry.ValidationError{Service: key, Reason: fmt.Sprintf(format, args...)}
@@ -126,7 +126,8 @@ func shardFromProto(cluster registry.ClusterID, in *fedv1.Shard, lim registry.Li
 	return s, nil
 }
 
-func keyToProto(k registry.ServiceKey) *fedv1.ServiceKey {
+// KeyToProto encodes a service key.
+func KeyToProto(k registry.ServiceKey) *fedv1.ServiceKey {
 	return &fedv1.ServiceKey{Namespace: k.Namespace, Name: k.Name}
 }
 

@@ -462,6 +462,14 @@ func TestWrongCredentialsAreRefused(t *testing.T) {
 	}
 }
 
+func TestValidatePeerToken(t *testing.T) {
+	for tok, ok := range map[string]bool{"peer-token-0123456789": true, "short": false, testTokens["west"]: false} {
+		if err := ValidatePeerToken(tok, testTokens); (err == nil) != ok {
+			t.Errorf("ValidatePeerToken(%q) = %v", tok, err)
+		}
+	}
+}
+
 func TestReconnectResumesWithoutFullState(t *testing.T) {
 	h := startHub(t, DefaultHubConfig())
 	conn := dial(t, h.addr, testTokens["east"])

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -215,7 +214,7 @@ func (h *HubServer) Publish(stream fedv1.Federation_PublishServer) error {
 	ctx, cancel := context.WithCancelCause(stream.Context())
 	defer cancel(nil)
 
-	msgs, errc := receive(ctx, stream.Recv)
+	msgs, errc := Receive(ctx, stream.Recv)
 	hello, err := h.recvHello(ctx, msgs, errc)
 	if err != nil {
 		return err
@@ -233,7 +232,7 @@ func (h *HubServer) Publish(stream fedv1.Federation_PublishServer) error {
 	}
 	sess := Session{
 		Cluster: cluster, Network: registry.Network(hello.GetNetwork()), SpokeID: hello.GetSpokeId(),
-		Build: hello.GetSpokeBuild(), Epoch: epoch, Started: time.Now(), RemoteIP: peerAddr(ctx),
+		Build: hello.GetSpokeBuild(), Epoch: epoch, Started: time.Now(), RemoteIP: PeerAddr(ctx),
 	}
 	var acked registry.Hash
 	if err := acked.UnmarshalText([]byte(hello.GetAckedDigest())); err == nil {
@@ -404,7 +403,7 @@ func (r rejection) Error() string {
 func reject(service *registry.ServiceKey, format string, args ...any) rejection {
 	rj := &fedv1.Rejection{Reason: fmt.Sprintf(format, args...)}
 	if service != nil {
-		rj.Service = keyToProto(*service)
+		rj.Service = KeyToProto(*service)
 	}
 	return rejection{rj}
 }
@@ -466,7 +465,7 @@ func (s *hubSession) sendConflicts() error {
 	msg := &fedv1.ServiceConflicts{Services: make([]*fedv1.ServiceConflict, 0, len(set))}
 	for _, k := range slices.SortedFunc(maps.Keys(set), registry.ServiceKey.Compare) {
 		if len(set[k]) > 0 {
-			msg.Services = append(msg.Services, &fedv1.ServiceConflict{Service: keyToProto(k), Conflicts: set[k]})
+			msg.Services = append(msg.Services, &fedv1.ServiceConflict{Service: KeyToProto(k), Conflicts: set[k]})
 		}
 	}
 	if err := s.send(&fedv1.HubMessage{Kind: &fedv1.HubMessage_Conflicts{Conflicts: msg}}); err != nil {
@@ -623,13 +622,6 @@ func (s *hubSession) digest(ctx context.Context, d *fedv1.Digest) error {
 		s.h.metrics.Resync(s.cluster, "digest")
 	}
 	return s.send(&fedv1.HubMessage{Kind: &fedv1.HubMessage_Resync{Resync: &fedv1.ResyncRequest{Reason: reason}}})
-}
-
-func peerAddr(ctx context.Context) string {
-	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
-		return p.Addr.String()
-	}
-	return ""
 }
 
 func (s *hubSession) send(m *fedv1.HubMessage) error {

@@ -265,7 +265,7 @@ func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
 	}
 	p.log.Info("hub session started", "epoch", s.epoch, "resume", s.resumed, "hub", welcome.GetHubId())
 
-	msgs, errc := receive(ctx, stream.Recv)
+	msgs, errc := Receive(ctx, stream.Recv)
 	ticker := time.NewTicker(p.cfg.DigestInterval)
 	defer ticker.Stop()
 	s.report()
@@ -687,10 +687,10 @@ func encodeUpdate(u pending) *fedv1.Update {
 		out.Upserts = append(out.Upserts, ShardToProto(s))
 	}
 	for _, k := range u.removes {
-		out.Removes = append(out.Removes, keyToProto(k))
+		out.Removes = append(out.Removes, KeyToProto(k))
 	}
 	for _, k := range u.retain {
-		out.Retain = append(out.Retain, keyToProto(k))
+		out.Retain = append(out.Retain, KeyToProto(k))
 	}
 	return out
 }

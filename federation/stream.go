@@ -1,11 +1,16 @@
 package federation
 
-import "context"
+import (
+	"context"
 
-// receive runs recv in a goroutine of its own, so a session loop can select on
+	"google.golang.org/grpc/peer"
+)
+
+// Receive runs recv in a goroutine of its own, so a session loop can select on
 // messages next to its other inputs. The goroutine ends at the first error
-// (sent on errc) or when ctx ends.
-func receive[T any](ctx context.Context, recv func() (T, error)) (msgs <-chan T, errc <-chan error) {
+// (sent on errc) or when ctx ends. Both ends of the federation stream use it,
+// and so does replication between hub replicas.
+func Receive[T any](ctx context.Context, recv func() (T, error)) (msgs <-chan T, errc <-chan error) {
 	out := make(chan T)
 	errs := make(chan error, 1)
 	go func() {
@@ -23,4 +28,12 @@ func receive[T any](ctx context.Context, recv func() (T, error)) (msgs <-chan T,
 		}
 	}()
 	return out, errs
+}
+
+// PeerAddr is the address of the client of a stream's context, or "".
+func PeerAddr(ctx context.Context) string {
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		return p.Addr.String()
+	}
+	return ""
 }

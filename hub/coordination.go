@@ -15,8 +15,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/registry"
+	"github.com/navemesh/nave/replicas"
 )
 
 // Coordination is what /debug/hub shows of the replicas working together.
@@ -89,9 +89,9 @@ type coordinator struct {
 	id        string
 	state     *state
 	etcd      *clientv3.Client
-	catalog   *federation.Catalog
-	snapshots *federation.SnapshotStore
-	leaderCfg federation.LeaderConfig
+	catalog   *replicas.Catalog
+	snapshots *replicas.SnapshotStore
+	leaderCfg replicas.LeaderConfig
 	interval  time.Duration // between snapshots, at most
 	liveness  Liveness
 	metrics   *metrics
@@ -199,7 +199,7 @@ func (c *coordinator) watchEtcd(ctx context.Context) {
 		_, err := c.etcd.Get(check, "health", clientv3.WithCountOnly())
 		var leader string
 		if err == nil {
-			leader, err = federation.CurrentLeader(check, c.etcd, c.leaderCfg.Prefix)
+			leader, err = replicas.CurrentLeader(check, c.etcd, c.leaderCfg.Prefix)
 		}
 		cancel()
 		if ctx.Err() != nil {
@@ -230,7 +230,7 @@ func (c *coordinator) watchEtcd(ctx context.Context) {
 // drops dead clusters whose policy says so. Leadership ends the moment the
 // etcd session does.
 func (c *coordinator) lead(ctx context.Context) {
-	err := federation.Lead(ctx, c.etcd, c.leaderCfg, c.log, func(term context.Context) {
+	err := replicas.Lead(ctx, c.etcd, c.leaderCfg, c.log, func(term context.Context) {
 		c.isLeader.Store(true)
 		c.metrics.leader.Set(1)
 		c.mu.Lock()
@@ -309,7 +309,7 @@ func (c *coordinator) persist(ctx context.Context) (heldState, bool) {
 		if ctx.Err() == nil {
 			c.log.Warn("cannot persist the registry", "err", err)
 		}
-		if errors.Is(err, federation.ErrSnapshotSuperseded) {
+		if errors.Is(err, replicas.ErrSnapshotSuperseded) {
 			if cur, ok, lerr := c.snapshots.Load(save); lerr == nil && ok {
 				c.mu.Lock()
 				c.saved.Revision = cur.Revision
@@ -359,7 +359,7 @@ func (c *coordinator) tickLiveness(ctx context.Context) {
 
 // follow turns gossip into peers to replicate from and into the clusters
 // other replicas serve, whenever membership changes.
-func (c *coordinator) follow(ctx context.Context, m *federation.Membership, r *federation.Replicator) {
+func (c *coordinator) follow(ctx context.Context, m *replicas.Membership, r *replicas.Replicator) {
 	for {
 		peers := map[string]string{}
 		homes := map[registry.ClusterID]string{}
@@ -374,7 +374,7 @@ func (c *coordinator) follow(ctx context.Context, m *federation.Membership, r *f
 						homes[id] = mem.Name
 					}
 				}
-				if cl, ok := mine.Clusters[id]; !mem.Self && ok && (federation.Stamp{Epoch: cl.Epoch, Version: cl.Version}) != sum.Stamp {
+				if cl, ok := mine.Clusters[id]; !mem.Self && ok && (replicas.Stamp{Epoch: cl.Epoch, Version: cl.Version}) != sum.Stamp {
 					p.Unconverged++
 				}
 			}
@@ -399,6 +399,6 @@ func (c *coordinator) follow(ctx context.Context, m *federation.Membership, r *f
 }
 
 // summaries is the gossip delegate's view of this replica's clusters.
-func (c *coordinator) summaries() map[registry.ClusterID]federation.ClusterSummary {
+func (c *coordinator) summaries() map[registry.ClusterID]replicas.ClusterSummary {
 	return c.state.View().summaries(c.id)
 }

@@ -31,6 +31,7 @@ import (
 	"github.com/navemesh/nave/federation"
 	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/registry"
+	"github.com/navemesh/nave/replicas"
 	"github.com/navemesh/nave/xds"
 )
 
@@ -81,7 +82,7 @@ type Config struct {
 	// Pprof serves Go's profiles at /debug/pprof on the admin address.
 	Pprof       bool
 	Federation  federation.HubConfig
-	Replication federation.ReplicationConfig
+	Replication replicas.ReplicationConfig
 	XDS         xds.Config
 }
 
@@ -100,7 +101,7 @@ func DefaultConfig() Config {
 		MaxSnapshotBytes: 64 << 20,
 		SnapshotFormat:   2,
 		Federation:       federation.DefaultHubConfig(),
-		Replication:      federation.DefaultReplicationConfig(),
+		Replication:      replicas.DefaultReplicationConfig(),
 		XDS:              xds.DefaultConfig(),
 	}
 }
@@ -223,8 +224,8 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 		return nil, err
 	}
 	cleanup = append(cleanup, func() { etcd.Close() })
-	catalog := federation.NewCatalog(etcd, cfg.EtcdPrefix)
-	snapshots := federation.NewSnapshotStore(etcd, cfg.EtcdPrefix, cfg.MaxSnapshotBytes)
+	catalog := replicas.NewCatalog(etcd, cfg.EtcdPrefix)
+	snapshots := replicas.NewSnapshotStore(etcd, cfg.EtcdPrefix, cfg.MaxSnapshotBytes)
 	if err := snapshots.WriteFormat(cfg.SnapshotFormat); err != nil {
 		return nil, err
 	}
@@ -239,7 +240,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 	// 4. The xDS server and the state that feeds it.
 	xdsServer := xds.NewServer(cfg.XDS, log, metricsReg)
 	// Gossip hears about every change of the state (summaries: who is home, at which stamp).
-	var gossipNow atomic.Pointer[federation.Membership]
+	var gossipNow atomic.Pointer[replicas.Membership]
 	onChange := func(v View) {
 		m.observe(v)
 		if g := gossipNow.Load(); g != nil {
@@ -280,7 +281,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 	replCfg.ReplicaID, replCfg.MaxMessageBytes, replCfg.PeerToken = cfg.ID, cfg.Federation.MaxMessageBytes, peerToken
 	replCfg.Limits = cfg.Federation.Limits
 	replCfg.Hooks = m.replicationHooks()
-	fedv1.RegisterReplicationServer(fedServer, federation.NewReplicationServer(st, replCfg, log))
+	fedv1.RegisterReplicationServer(fedServer, replicas.NewReplicationServer(st, replCfg, log))
 
 	xdsGRPC := grpc.NewServer(
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
@@ -352,11 +353,11 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 	loop("liveness", coord.tickLiveness)
 	if gossip {
 		host := advertiseHost(cfg)
-		meta := federation.MemberMeta{
+		meta := replicas.MemberMeta{
 			Federation: advertise(host, fedLis.Addr()), XDS: advertise(host, xdsLis.Addr()),
 			Admin: advertise(host, adminLis.Addr()), Replication: advertise(host, fedLis.Addr()),
 		}
-		members, err := federation.StartMembership(coordCtx, federation.MembershipConfig{
+		members, err := replicas.StartMembership(coordCtx, replicas.MembershipConfig{
 			Name: cfg.ID, BindAddr: cmp.Or(cfg.GossipAddr, ":7946"), AdvertiseAddr: advertiseGossip(host, cfg.GossipAddr),
 			Join: cfg.Join, Meta: meta, Summaries: coord.summaries, Fast: cfg.FastGossip,
 		}, log)
@@ -367,7 +368,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 			return nil, fmt.Errorf("gossip: %w", err)
 		}
 		gossipNow.Store(members)
-		replicator := federation.NewReplicator(st, replCfg, peerCreds, log)
+		replicator := replicas.NewReplicator(st, replCfg, peerCreds, log)
 		wg.Go(func() { replicator.Run(coordCtx) })
 		wg.Go(func() { <-members.Done() })
 		loop("membership", func(ctx context.Context) { coord.follow(ctx, members, replicator) })
@@ -442,7 +443,7 @@ func stopGRPC(servers ...*grpc.Server) {
 const etcdTimeout = 5 * time.Second
 
 // catalogEpochs issues epochs through the etcd catalog.
-type catalogEpochs struct{ catalog *federation.Catalog }
+type catalogEpochs struct{ catalog *replicas.Catalog }
 
 func (c catalogEpochs) NextEpoch(ctx context.Context, cluster registry.ClusterID) (uint64, error) {
 	ctx, cancel := context.WithTimeout(ctx, etcdTimeout)
@@ -489,8 +490,8 @@ func advertiseGossip(host, gossipAddr string) string {
 	return net.JoinHostPort(host, port)
 }
 
-func leaderConfig(cfg Config) federation.LeaderConfig {
-	l := federation.DefaultLeaderConfig()
+func leaderConfig(cfg Config) replicas.LeaderConfig {
+	l := replicas.DefaultLeaderConfig()
 	l.Prefix, l.ID = cfg.EtcdPrefix, cfg.ID
 	return l
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/registry"
+	"github.com/navemesh/nave/replicas"
 )
 
 // Metric names of the hub and its federation server.
@@ -127,8 +128,8 @@ func (m *metrics) federationHooks() federation.HubMetrics {
 	}
 }
 
-func (m *metrics) replicationHooks() federation.ReplicationHooks {
-	return federation.ReplicationHooks{
+func (m *metrics) replicationHooks() replicas.ReplicationHooks {
+	return replicas.ReplicationHooks{
 		Sent:    func(_ registry.ClusterID, kind string) { m.replication.WithLabelValues("sent", kind).Inc() },
 		Applied: func(_ registry.ClusterID, result string) { m.replication.WithLabelValues("received", result).Inc() },
 		Resync:  func(_ registry.ClusterID, reason string) { m.replication.WithLabelValues("resync", reason).Inc() },

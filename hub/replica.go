@@ -8,8 +8,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/registry"
+	"github.com/navemesh/nave/replicas"
 )
 
 // Policy is what happens to a cluster's endpoints once it has been stale
@@ -54,12 +54,12 @@ func (l Liveness) policy(id registry.ClusterID) Policy {
 
 // replicaView is what Replicas hands out: immutable, replaced on each change.
 type replicaView struct {
-	clusters map[registry.ClusterID]federation.ReplicaCluster
+	clusters map[registry.ClusterID]replicas.ReplicaCluster
 	changed  chan struct{} // closed when replaced
 }
 
-// Replicas implements federation.ReplicaStore. It never waits for the state goroutine.
-func (s *state) Replicas() (map[registry.ClusterID]federation.ReplicaCluster, <-chan struct{}) {
+// Replicas implements replicas.ReplicaStore. It never waits for the state goroutine.
+func (s *state) Replicas() (map[registry.ClusterID]replicas.ReplicaCluster, <-chan struct{}) {
 	v := s.replicas.Load()
 	return v.clusters, v.changed
 }
@@ -69,8 +69,8 @@ func (s *state) replicaChanged(id registry.ClusterID) {
 	old := s.replicas.Load()
 	next := &replicaView{clusters: maps.Clone(old.clusters), changed: make(chan struct{})}
 	if c := s.clusters[id]; c != nil && (c.Epoch != 0 || c.Version != 0) {
-		next.clusters[id] = federation.ReplicaCluster{
-			Stamp: federation.Stamp{Epoch: c.Epoch, Version: c.Version}, Digest: s.reg.ClusterDigest(id),
+		next.clusters[id] = replicas.ReplicaCluster{
+			Stamp: replicas.Stamp{Epoch: c.Epoch, Version: c.Version}, Digest: s.reg.ClusterDigest(id),
 			Network: c.Network, Shards: s.reg.ClusterShards(id), Local: c.Origin == s.self, Origin: c.Origin,
 		}
 	} else {
@@ -80,26 +80,26 @@ func (s *state) replicaChanged(id registry.ClusterID) {
 	close(old.changed)
 }
 
-// ApplyReplica implements federation.ReplicaStore: a cluster's data from a
+// ApplyReplica implements replicas.ReplicaStore: a cluster's data from a
 // peer replica, applied only over older data.
-func (s *state) ApplyReplica(ctx context.Context, from string, u federation.ReplicaUpdate) error {
+func (s *state) ApplyReplica(ctx context.Context, from string, u replicas.ReplicaUpdate) error {
 	var applyErr error
 	err := s.do(ctx, func() {
 		c := s.cluster(u.Cluster)
-		held := federation.Stamp{Epoch: c.Epoch, Version: c.Version}
+		held := replicas.Stamp{Epoch: c.Epoch, Version: c.Version}
 		switch {
 		case u.Stamp.Epoch < s.maxEpoch[u.Cluster]:
 			// A newer session of the cluster has begun (here or at another replica).
-			applyErr = fmt.Errorf("%w: epoch %d, newest session %d", federation.ErrStale, u.Stamp.Epoch, s.maxEpoch[u.Cluster])
+			applyErr = fmt.Errorf("%w: epoch %d, newest session %d", replicas.ErrStale, u.Stamp.Epoch, s.maxEpoch[u.Cluster])
 			return
 		case u.Base == nil && u.Stamp.Less(held):
-			applyErr = fmt.Errorf("%w: full state %s, holding %s", federation.ErrStale, u.Stamp, held)
+			applyErr = fmt.Errorf("%w: full state %s, holding %s", replicas.ErrStale, u.Stamp, held)
 			return
 		case u.Base != nil && !u.Stamp.Less(held) && u.Stamp != held && *u.Base != held:
-			applyErr = fmt.Errorf("%w: delta over %s, holding %s", federation.ErrBaseMismatch, *u.Base, held)
+			applyErr = fmt.Errorf("%w: delta over %s, holding %s", replicas.ErrBaseMismatch, *u.Base, held)
 			return
 		case u.Base != nil && *u.Base != held:
-			applyErr = fmt.Errorf("%w: delta %s over %s, holding %s", federation.ErrStale, u.Stamp, *u.Base, held)
+			applyErr = fmt.Errorf("%w: delta %s over %s, holding %s", replicas.ErrStale, u.Stamp, *u.Base, held)
 			return
 		}
 		ch := u.Change
@@ -133,7 +133,7 @@ func (s *state) ApplyReplica(ctx context.Context, from string, u federation.Repl
 // isDrop tells the leader's drop of a dead cluster by its stamp: an empty
 // state at version 0 of a new epoch, which no spoke session produces (their
 // versions start at 1).
-func isDrop(st federation.Stamp, services int) bool {
+func isDrop(st replicas.Stamp, services int) bool {
 	return st.Epoch != 0 && st.Version == 0 && services == 0
 }
 
@@ -181,7 +181,7 @@ func (s *state) restoreHeld(ctx context.Context, snap registry.Snapshot) (held h
 		changed := map[registry.ServiceKey]registry.ServiceDiff{}
 		for _, sc := range snap.Clusters {
 			c := s.cluster(sc.Cluster)
-			if !(federation.Stamp{Epoch: c.Epoch, Version: c.Version}).Less(federation.Stamp{Epoch: sc.Epoch, Version: sc.Version}) {
+			if !(replicas.Stamp{Epoch: c.Epoch, Version: c.Version}).Less(replicas.Stamp{Epoch: sc.Epoch, Version: sc.Version}) {
 				ok = false // held at this stamp or a newer one already
 				continue
 			}
@@ -192,7 +192,7 @@ func (s *state) restoreHeld(ctx context.Context, snap registry.Snapshot) (held h
 			s.maxEpoch[sc.Cluster] = max(s.maxEpoch[sc.Cluster], sc.Epoch)
 			sum := s.reg.Cluster(sc.Cluster)
 			c.Network, c.Epoch, c.Version, c.Restored = sc.Network, sc.Epoch, sc.Version, true
-			c.Dropped = isDrop(federation.Stamp{Epoch: sc.Epoch, Version: sc.Version}, sum.Services)
+			c.Dropped = isDrop(replicas.Stamp{Epoch: sc.Epoch, Version: sc.Version}, sum.Services)
 			c.Digest, c.Services, c.Endpoints = sum.Digest, sum.Services, sum.Endpoints
 			c.LiveAt = now // a restart gives every cluster its grace again (fail-static)
 			s.replicaChanged(sc.Cluster)
@@ -321,11 +321,11 @@ func (s *state) drop(ctx context.Context, id registry.ClusterID, epoch uint64) e
 }
 
 // summaries is this replica's compact view of every cluster, for gossip.
-func (v *View) summaries(self string) map[registry.ClusterID]federation.ClusterSummary {
-	out := make(map[registry.ClusterID]federation.ClusterSummary, len(v.Clusters))
+func (v *View) summaries(self string) map[registry.ClusterID]replicas.ClusterSummary {
+	out := make(map[registry.ClusterID]replicas.ClusterSummary, len(v.Clusters))
 	for id, c := range v.Clusters {
-		out[id] = federation.ClusterSummary{
-			Stamp:  federation.Stamp{Epoch: c.Epoch, Version: c.Version},
+		out[id] = replicas.ClusterSummary{
+			Stamp:  replicas.Stamp{Epoch: c.Epoch, Version: c.Version},
 			Digest: c.Digest.String()[:12],
 			Home:   c.Connected && c.Home == self,
 		}

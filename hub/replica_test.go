@@ -10,16 +10,17 @@ import (
 
 	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/registry"
+	"github.com/navemesh/nave/replicas"
 )
 
-func stamp(e, v uint64) federation.Stamp { return federation.Stamp{Epoch: e, Version: v} }
+func stamp(e, v uint64) replicas.Stamp { return replicas.Stamp{Epoch: e, Version: v} }
 
 // replicaUpdate is a full state of east with the api service on port name,
 // or (with base) a delta upserting it.
-func replicaUpdate(from string, at federation.Stamp, base *federation.Stamp, port string) federation.ReplicaUpdate {
+func replicaUpdate(from string, at replicas.Stamp, base *replicas.Stamp, port string) replicas.ReplicaUpdate {
 	ch := registry.Change{Cluster: "east", Upserts: []*registry.Shard{apiShard("east", time.Unix(1, 0), port)}}
 	ch.Replace = base == nil
-	return federation.ReplicaUpdate{Cluster: "east", Stamp: at, Base: base, Change: ch, Origin: from}
+	return replicas.ReplicaUpdate{Cluster: "east", Stamp: at, Base: base, Change: ch, Origin: from}
 }
 
 func heldPort(s *state) string {
@@ -34,21 +35,21 @@ func heldPort(s *state) string {
 // a delta only over exactly its base, nothing from a superseded epoch.
 func TestApplyReplicaRules(t *testing.T) {
 	ctx := context.Background()
-	base := func(e, v uint64) *federation.Stamp { s := stamp(e, v); return &s }
+	base := func(e, v uint64) *replicas.Stamp { s := stamp(e, v); return &s }
 	for _, tt := range []struct {
 		name    string
-		u       federation.ReplicaUpdate
+		u       replicas.ReplicaUpdate
 		wantErr error
 		port    string
 	}{
 		{"newer full state", replicaUpdate("b", stamp(5, 11), nil, "web"), nil, "web"},
 		{"equal full state (a resync)", replicaUpdate("b", stamp(5, 10), nil, "web"), nil, "web"},
-		{"older full state", replicaUpdate("b", stamp(5, 9), nil, "web"), federation.ErrStale, "grpc"},
-		{"older epoch, newer version", replicaUpdate("b", stamp(4, 99), nil, "web"), federation.ErrStale, "grpc"},
+		{"older full state", replicaUpdate("b", stamp(5, 9), nil, "web"), replicas.ErrStale, "grpc"},
+		{"older epoch, newer version", replicaUpdate("b", stamp(4, 99), nil, "web"), replicas.ErrStale, "grpc"},
 		{"delta over what is held", replicaUpdate("b", stamp(5, 11), base(5, 10), "web"), nil, "web"},
-		{"delta over another base", replicaUpdate("b", stamp(5, 12), base(5, 11), "web"), federation.ErrBaseMismatch, "grpc"},
-		{"delta already held", replicaUpdate("b", stamp(5, 10), base(5, 9), "web"), federation.ErrStale, "grpc"},
-		{"delta of a newer epoch over another base", replicaUpdate("b", stamp(6, 1), base(6, 0), "web"), federation.ErrBaseMismatch, "grpc"},
+		{"delta over another base", replicaUpdate("b", stamp(5, 12), base(5, 11), "web"), replicas.ErrBaseMismatch, "grpc"},
+		{"delta already held", replicaUpdate("b", stamp(5, 10), base(5, 9), "web"), replicas.ErrStale, "grpc"},
+		{"delta of a newer epoch over another base", replicaUpdate("b", stamp(6, 1), base(6, 0), "web"), replicas.ErrBaseMismatch, "grpc"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			s := startState(t)
@@ -87,7 +88,7 @@ func TestResumeFencesTheOldHomeAtEveryReplica(t *testing.T) {
 		t.Fatalf("held after the resume = %+v, want epoch 6, version and digest unchanged", now)
 	}
 	// B replicates the re-stamped state; C takes it.
-	rc := func(s *state) federation.ReplicaCluster { m, _ := s.Replicas(); return m["east"] }
+	rc := func(s *state) replicas.ReplicaCluster { m, _ := s.Replicas(); return m["east"] }
 	if r := rc(b); !r.Local || r.Stamp != stamp(6, 10) {
 		t.Fatalf("B serves %+v to its peers, want a local (6,10)", r)
 	}
@@ -96,9 +97,9 @@ func TestResumeFencesTheOldHomeAtEveryReplica(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A's late delta of the old session, at both.
-	late := replicaUpdate("a", stamp(5, 11), &federation.Stamp{Epoch: 5, Version: 10}, "web")
+	late := replicaUpdate("a", stamp(5, 11), &replicas.Stamp{Epoch: 5, Version: 10}, "web")
 	for name, s := range map[string]*state{"B": b, "C": c} {
-		if err := s.ApplyReplica(ctx, "a", late); !errors.Is(err, federation.ErrStale) {
+		if err := s.ApplyReplica(ctx, "a", late); !errors.Is(err, replicas.ErrStale) {
 			t.Errorf("%s took the old home's late delta: %v", name, err)
 		}
 		if heldPort(s) != "grpc" {
@@ -180,7 +181,7 @@ func TestDropIsReplicated(t *testing.T) {
 	// A peer takes the drop as newer data.
 	peer := startState(t)
 	_ = peer.ApplyReplica(ctx, "a", replicaUpdate("a", stamp(5, 10), nil, "grpc"))
-	if err := peer.ApplyReplica(ctx, "leader", federation.ReplicaUpdate{Cluster: "east", Stamp: stamp(7, 0),
+	if err := peer.ApplyReplica(ctx, "leader", replicas.ReplicaUpdate{Cluster: "east", Stamp: stamp(7, 0),
 		Change: registry.Change{Cluster: "east", Replace: true}}); err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +201,7 @@ func TestNewerLocalSessionFencesOlderReplicas(t *testing.T) {
 	if _, err := s.Begin(ctx, federation.Session{Cluster: "east", Epoch: 6, Started: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.ApplyReplica(ctx, "a", replicaUpdate("a", stamp(5, 11), nil, "web")); !errors.Is(err, federation.ErrStale) {
+	if err := s.ApplyReplica(ctx, "a", replicaUpdate("a", stamp(5, 11), nil, "web")); !errors.Is(err, replicas.ErrStale) {
 		t.Errorf("took a full state of epoch 5 after a session of epoch 6 began: %v", err)
 	}
 }
@@ -214,7 +215,7 @@ func TestDropArrivingAsADelta(t *testing.T) {
 		t.Fatal(err)
 	}
 	base := stamp(5, 10)
-	if err := peer.ApplyReplica(ctx, "leader", federation.ReplicaUpdate{Cluster: "east", Stamp: stamp(7, 0), Base: &base,
+	if err := peer.ApplyReplica(ctx, "leader", replicas.ReplicaUpdate{Cluster: "east", Stamp: stamp(7, 0), Base: &base,
 		Change: registry.Change{Cluster: "east", Removes: []registry.ServiceKey{{Namespace: "default", Name: "api"}}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -259,7 +260,7 @@ func TestRestoreReportsWhetherTheSnapshotIsAllThereIs(t *testing.T) {
 	}
 
 	other := startState(t)
-	west := federation.ReplicaUpdate{Cluster: "west", Stamp: stamp(2, 1), Origin: "peer",
+	west := replicas.ReplicaUpdate{Cluster: "west", Stamp: stamp(2, 1), Origin: "peer",
 		Change: registry.Change{Cluster: "west", Replace: true, Upserts: []*registry.Shard{apiShard("west", time.Unix(1, 0), "grpc")}}}
 	if err := other.ApplyReplica(ctx, "peer", west); err != nil {
 		t.Fatal(err)

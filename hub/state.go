@@ -14,6 +14,7 @@ import (
 
 	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/registry"
+	"github.com/navemesh/nave/replicas"
 )
 
 // Publisher receives every new registry with what changed. It is called from
@@ -76,7 +77,7 @@ type state struct {
 	liveness  Liveness
 	log       *slog.Logger
 	publisher Publisher
-	catalog   *federation.Catalog // nil: no catalog
+	catalog   *replicas.Catalog // nil: no catalog
 	limits    registry.Limits
 	onChange  func(View)
 	ops       chan func()
@@ -108,7 +109,7 @@ type clusterConflicts struct {
 	changed chan struct{} // closed when the entry is replaced
 }
 
-func newState(self string, liveness Liveness, publisher Publisher, catalog *federation.Catalog, limits registry.Limits, onChange func(View), log *slog.Logger) *state {
+func newState(self string, liveness Liveness, publisher Publisher, catalog *replicas.Catalog, limits registry.Limits, onChange func(View), log *slog.Logger) *state {
 	s := &state{
 		self: self, liveness: liveness,
 		log: log.With("component", "state"), publisher: publisher, catalog: catalog, limits: limits, onChange: onChange,
@@ -117,7 +118,7 @@ func newState(self string, liveness Liveness, publisher Publisher, catalog *fede
 		session:   map[registry.ClusterID]uint64{},
 		conflicts: map[registry.ClusterID]*clusterConflicts{},
 	}
-	s.replicas.Store(&replicaView{clusters: map[registry.ClusterID]federation.ReplicaCluster{}, changed: make(chan struct{})})
+	s.replicas.Store(&replicaView{clusters: map[registry.ClusterID]replicas.ReplicaCluster{}, changed: make(chan struct{})})
 	s.publish(registry.Diff{})
 	return s
 }
@@ -249,7 +250,7 @@ func (s *state) Apply(ctx context.Context, epoch, version uint64, ch registry.Ch
 func (s *state) Begin(ctx context.Context, sess federation.Session) (federation.Held, error) {
 	if s.catalog != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), etcdTimeout)
-		err := s.catalog.Record(ctx, federation.ClusterRecord{
+		err := s.catalog.Record(ctx, replicas.ClusterRecord{
 			Cluster: sess.Cluster, Network: sess.Network, FirstSeen: sess.Started.UTC(), LastSeen: sess.Started.UTC(),
 			SpokeID: sess.SpokeID, Build: sess.Build, Epoch: sess.Epoch,
 		})
@@ -311,7 +312,7 @@ func (s *state) End(sess federation.Session) {
 }
 
 // known adds catalog entries of clusters this hub has not seen a session of.
-func (s *state) known(ctx context.Context, records []federation.ClusterRecord) error {
+func (s *state) known(ctx context.Context, records []replicas.ClusterRecord) error {
 	return s.do(ctx, func() {
 		for _, r := range records {
 			if _, ok := s.clusters[r.Cluster]; ok {

@@ -85,7 +85,7 @@ var ErrBadSnapshot = errors.New("registry: bad snapshot")
 // then a single gzip member holding the body. gzip's CRC-32 and length
 // trailer catch corruption and truncation. Format 1's body is the JSON of the
 // Snapshot, readable with standard tools (tail -c +10 | gunzip | jq); hubs
-// now write format 2 (protobuf, federation.EncodeSnapshot), which decodes
+// now write format 2 (protobuf, replicas.EncodeSnapshot), which decodes
 // three times faster, and still read format 1.
 const (
 	snapshotMagic  = "NAVESNAP"

@@ -1,4 +1,4 @@
-package federation
+package replicas
 
 import (
 	"fmt"
@@ -6,6 +6,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/navemesh/nave/federation"
 	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/registry"
 )
@@ -39,7 +40,7 @@ func EncodeSnapshot(s registry.Snapshot) ([]byte, error) {
 		pc := &fedv1.SnapshotCluster{Cluster: string(c.Cluster), Network: string(c.Network),
 			Stamp: &fedv1.Stamp{Epoch: c.Epoch, Version: c.Version}, Shards: make([]*fedv1.Shard, len(c.Shards))}
 		for j, sh := range c.Shards {
-			pc.Shards[j] = ShardToProto(sh)
+			pc.Shards[j] = federation.ShardToProto(sh)
 		}
 		pb.Clusters[i] = pc
 	}
@@ -89,7 +90,7 @@ func DecodeSnapshot(b []byte) (registry.Snapshot, error) {
 		}
 		c.Shards = make([]*registry.Shard, len(pc.GetShards()))
 		for j, ps := range pc.GetShards() {
-			sh, err := shardFromProto(id, ps, lim)
+			sh, err := federation.ShardFromProtoUnvalidated(id, ps, lim)
 			if err != nil {
 				return registry.Snapshot{}, fmt.Errorf("%w: cluster %s: %w", registry.ErrBadSnapshot, id, err)
 			}

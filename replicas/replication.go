@@ -1,4 +1,4 @@
-package federation
+package replicas
 
 import (
 	"context"
@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/navemesh/nave/federation"
 	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/registry"
 )
@@ -97,7 +98,7 @@ type ReplicationConfig struct {
 	// ReplicaID names this replica to its peers; unique among them.
 	ReplicaID string
 	// PeerToken is the secret replicas present to each other (see
-	// WithPeerToken); empty sends none (development).
+	// federation.WithPeerToken); empty sends none (development).
 	PeerToken string
 	// DigestInterval is how often a replica sends subscribers the digests of
 	// the clusters whose changes originate at it (anti-entropy), and how long
@@ -246,7 +247,7 @@ func (s *ReplicationServer) Subscribe(stream fedv1.Replication_SubscribeServer) 
 	}()
 	ctx, cancel := context.WithCancelCause(stream.Context())
 	defer cancel(nil)
-	msgs, errc := receive(ctx, stream.Recv)
+	msgs, errc := federation.Receive(ctx, stream.Recv)
 
 	var hello *fedv1.ReplicaHello
 	timer := time.NewTimer(replicaHelloTimeout)
@@ -284,7 +285,7 @@ func (s *ReplicationServer) Subscribe(stream fedv1.Replication_SubscribeServer) 
 	defer s.register(id, cancel)()
 	sub := &subscription{
 		srv: s, stream: stream, to: id,
-		log:    s.log.With("subscriber", id, "remote", peerAddr(ctx)),
+		log:    s.log.With("subscriber", id, "remote", federation.PeerAddr(ctx)),
 		sent:   map[registry.ClusterID]sentCluster{},
 		forced: map[registry.ClusterID]string{},
 	}
@@ -557,7 +558,7 @@ func sendChunked(head *fedv1.ReplicaUpdate, removes []registry.ServiceKey, upser
 		return nil
 	}
 	for _, k := range removes {
-		p := keyToProto(k)
+		p := federation.KeyToProto(k)
 		n := protowire.SizeTag(8) + protowire.SizeBytes(proto.Size(p))
 		if err := room(n); err != nil {
 			return chunks, err
@@ -566,7 +567,7 @@ func sendChunked(head *fedv1.ReplicaUpdate, removes []registry.ServiceKey, upser
 		size += n
 	}
 	for _, sh := range upserts {
-		p := ShardToProto(sh)
+		p := federation.ShardToProto(sh)
 		n := protowire.SizeTag(7) + protowire.SizeBytes(proto.Size(p))
 		if err := room(n); err != nil {
 			return chunks, err
@@ -627,7 +628,7 @@ func NewReplicator(store ReplicaStore, cfg ReplicationConfig, transport credenti
 		}),
 	}
 	if cfg.PeerToken != "" {
-		opts = append(opts, grpc.WithPerRPCCredentials(TokenCredentials{
+		opts = append(opts, grpc.WithPerRPCCredentials(federation.TokenCredentials{
 			Token: cfg.PeerToken, AllowInsecure: transport.Info().SecurityProtocol == "insecure",
 		}))
 	}
@@ -934,7 +935,7 @@ func (in *inbound) add(u *fedv1.ReplicaUpdate, lim registry.Limits, maxBytes int
 		return false
 	}
 	for _, p := range u.GetUpserts() {
-		sh, err := ShardFromProto(in.cluster, p, lim)
+		sh, err := federation.ShardFromProto(in.cluster, p, lim)
 		switch {
 		case err != nil:
 			in.drop(err.Error())
@@ -946,7 +947,7 @@ func (in *inbound) add(u *fedv1.ReplicaUpdate, lim registry.Limits, maxBytes int
 		in.upserts = append(in.upserts, sh)
 	}
 	for _, p := range u.GetRemoves() {
-		k := KeyFromProto(p)
+		k := federation.KeyFromProto(p)
 		if err := registry.ValidateServiceKey(k); err != nil {
 			in.drop(fmt.Sprintf("remove: %v", err))
 			return

@@ -1,4 +1,4 @@
-package federation
+package replicas
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/navemesh/nave/federation"
 	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/registry"
 )
@@ -129,7 +130,7 @@ func TestDecodeSnapshotRefusesWhatItCannotTrust(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	validShard := func() *fedv1.Shard { return ShardToProto(codecSnapshot().Clusters[0].Shards[0]) }
+	validShard := func() *fedv1.Shard { return federation.ShardToProto(codecSnapshot().Clusters[0].Shards[0]) }
 	cluster := func(id string, shards ...*fedv1.Shard) *fedv1.SnapshotCluster {
 		return &fedv1.SnapshotCluster{Cluster: id, Stamp: &fedv1.Stamp{Epoch: 1, Version: 1}, Shards: shards}
 	}

@@ -1,4 +1,4 @@
-package federation
+package replicas
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"net"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -19,11 +20,52 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/navemesh/nave/federation"
 	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/registry"
 )
 
 const replPeerToken = "peer-token-0123456789"
+
+// testTokens are the cluster tokens the replicas' servers admit next to the peer token.
+var testTokens = federation.Tokens{"east": "east-token-0123456789", "west": "west-token-0123456789"}
+
+func dial(t *testing.T, addr, token string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithPerRPCCredentials(federation.TokenCredentials{Token: token, AllowInsecure: true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+func testShard(cluster registry.ClusterID, name string, addrs ...string) *registry.Shard {
+	s := &registry.Shard{
+		Cluster: cluster, Service: registry.ServiceKey{Namespace: "default", Name: name},
+		Ports: []registry.ServicePort{{Name: "grpc", Port: 8080, Protocol: registry.ProtocolTCP}},
+	}
+	for _, a := range addrs {
+		s.Endpoints = append(s.Endpoints, registry.Endpoint{
+			Addresses: []netip.Addr{netip.MustParseAddr(a)}, Ports: []registry.EndpointPort{{Name: "grpc", Port: 9090}},
+			Locality: registry.Locality{Region: "r1", Zone: "z1"}, Conditions: registry.Conditions{Ready: true, Serving: true},
+		})
+	}
+	s.Normalize()
+	return s
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
 
 // replStore is a ReplicaStore in memory that applies the rules a hub replica
 // follows: a full state over an older or equal stamp, a delta only over its
@@ -225,11 +267,11 @@ func (n *replNode) serve(t *testing.T, addr string) {
 		t.Fatal(err)
 	}
 	n.addr = lis.Addr().String()
-	var opts []AuthOption
+	var opts []federation.AuthOption
 	if n.cfg.PeerToken != "" {
-		opts = append(opts, WithPeerToken(n.cfg.PeerToken))
+		opts = append(opts, federation.WithPeerToken(n.cfg.PeerToken))
 	}
-	g := grpc.NewServer(grpc.MaxRecvMsgSize(2*n.cfg.MaxMessageBytes), grpc.StreamInterceptor(AuthInterceptor(testTokens, opts...)))
+	g := grpc.NewServer(grpc.MaxRecvMsgSize(2*n.cfg.MaxMessageBytes), grpc.StreamInterceptor(federation.AuthInterceptor(testTokens, opts...)))
 	n.srv = NewReplicationServer(n.store, n.cfg, slog.New(slog.DiscardHandler))
 	fedv1.RegisterReplicationServer(g, n.srv)
 	fedv1.RegisterFederationServer(g, noFederation{})
@@ -592,14 +634,6 @@ func TestReplicationPeerToken(t *testing.T) {
 	})
 }
 
-func TestValidatePeerToken(t *testing.T) {
-	for tok, ok := range map[string]bool{replPeerToken: true, "short": false, testTokens["west"]: false} {
-		if err := ValidatePeerToken(tok, testTokens); (err == nil) != ok {
-			t.Errorf("ValidatePeerToken(%q) = %v", tok, err)
-		}
-	}
-}
-
 // scriptedPeer is a peer that follows a script instead of a store.
 type scriptedPeer struct {
 	fedv1.UnimplementedReplicationServer
@@ -617,7 +651,7 @@ func (p *scriptedPeer) Subscribe(stream fedv1.Replication_SubscribeServer) error
 }
 
 func TestReplicationDropsInvalidUpdatesWhole(t *testing.T) {
-	valid, invalid := ShardToProto(testShard("east", "good", "10.0.0.1")), ShardToProto(testShard("east", "bad", "10.0.0.2"))
+	valid, invalid := federation.ShardToProto(testShard("east", "good", "10.0.0.1")), federation.ShardToProto(testShard("east", "bad", "10.0.0.2"))
 	invalid.Ports[0].Port = 0
 	update := func(u *fedv1.ReplicaUpdate) *fedv1.ReplicaMessage {
 		u.ClusterId = "east"
