@@ -54,12 +54,12 @@ func (l Liveness) policy(id registry.ClusterID) Policy {
 
 // replicaView is what Replicas hands out: immutable, replaced on each change.
 type replicaView struct {
-	clusters map[registry.ClusterID]replicas.ReplicaCluster
+	clusters map[registry.ClusterID]replicas.Cluster
 	changed  chan struct{} // closed when replaced
 }
 
-// Replicas implements replicas.ReplicaStore. It never waits for the state goroutine.
-func (s *state) Replicas() (map[registry.ClusterID]replicas.ReplicaCluster, <-chan struct{}) {
+// Replicas implements replicas.Store. It never waits for the state goroutine.
+func (s *state) Replicas() (map[registry.ClusterID]replicas.Cluster, <-chan struct{}) {
 	v := s.replicas.Load()
 	return v.clusters, v.changed
 }
@@ -69,7 +69,7 @@ func (s *state) replicaChanged(id registry.ClusterID) {
 	old := s.replicas.Load()
 	next := &replicaView{clusters: maps.Clone(old.clusters), changed: make(chan struct{})}
 	if c := s.clusters[id]; c != nil && (c.Epoch != 0 || c.Version != 0) {
-		next.clusters[id] = replicas.ReplicaCluster{
+		next.clusters[id] = replicas.Cluster{
 			Stamp: replicas.Stamp{Epoch: c.Epoch, Version: c.Version}, Digest: s.reg.ClusterDigest(id),
 			Network: c.Network, Shards: s.reg.ClusterShards(id), Local: c.Origin == s.self, Origin: c.Origin,
 		}
@@ -80,9 +80,9 @@ func (s *state) replicaChanged(id registry.ClusterID) {
 	close(old.changed)
 }
 
-// ApplyReplica implements replicas.ReplicaStore: a cluster's data from a
+// ApplyReplica implements replicas.Store: a cluster's data from a
 // peer replica, applied only over older data.
-func (s *state) ApplyReplica(ctx context.Context, from string, u replicas.ReplicaUpdate) error {
+func (s *state) ApplyReplica(ctx context.Context, from string, u replicas.Update) error {
 	var applyErr error
 	err := s.do(ctx, func() {
 		c := s.cluster(u.Cluster)

@@ -17,10 +17,10 @@ func stamp(e, v uint64) replicas.Stamp { return replicas.Stamp{Epoch: e, Version
 
 // replicaUpdate is a full state of east with the api service on port name,
 // or (with base) a delta upserting it.
-func replicaUpdate(from string, at replicas.Stamp, base *replicas.Stamp, port string) replicas.ReplicaUpdate {
+func replicaUpdate(from string, at replicas.Stamp, base *replicas.Stamp, port string) replicas.Update {
 	ch := registry.Change{Cluster: "east", Upserts: []*registry.Shard{apiShard("east", time.Unix(1, 0), port)}}
 	ch.Replace = base == nil
-	return replicas.ReplicaUpdate{Cluster: "east", Stamp: at, Base: base, Change: ch, Origin: from}
+	return replicas.Update{Cluster: "east", Stamp: at, Base: base, Change: ch, Origin: from}
 }
 
 func heldPort(s *state) string {
@@ -38,7 +38,7 @@ func TestApplyReplicaRules(t *testing.T) {
 	base := func(e, v uint64) *replicas.Stamp { s := stamp(e, v); return &s }
 	for _, tt := range []struct {
 		name    string
-		u       replicas.ReplicaUpdate
+		u       replicas.Update
 		wantErr error
 		port    string
 	}{
@@ -88,7 +88,7 @@ func TestResumeFencesTheOldHomeAtEveryReplica(t *testing.T) {
 		t.Fatalf("held after the resume = %+v, want epoch 6, version and digest unchanged", now)
 	}
 	// B replicates the re-stamped state; C takes it.
-	rc := func(s *state) replicas.ReplicaCluster { m, _ := s.Replicas(); return m["east"] }
+	rc := func(s *state) replicas.Cluster { m, _ := s.Replicas(); return m["east"] }
 	if r := rc(b); !r.Local || r.Stamp != stamp(6, 10) {
 		t.Fatalf("B serves %+v to its peers, want a local (6,10)", r)
 	}
@@ -181,7 +181,7 @@ func TestDropIsReplicated(t *testing.T) {
 	// A peer takes the drop as newer data.
 	peer := startState(t)
 	_ = peer.ApplyReplica(ctx, "a", replicaUpdate("a", stamp(5, 10), nil, "grpc"))
-	if err := peer.ApplyReplica(ctx, "leader", replicas.ReplicaUpdate{Cluster: "east", Stamp: stamp(7, 0),
+	if err := peer.ApplyReplica(ctx, "leader", replicas.Update{Cluster: "east", Stamp: stamp(7, 0),
 		Change: registry.Change{Cluster: "east", Replace: true}}); err != nil {
 		t.Fatal(err)
 	}
@@ -215,7 +215,7 @@ func TestDropArrivingAsADelta(t *testing.T) {
 		t.Fatal(err)
 	}
 	base := stamp(5, 10)
-	if err := peer.ApplyReplica(ctx, "leader", replicas.ReplicaUpdate{Cluster: "east", Stamp: stamp(7, 0), Base: &base,
+	if err := peer.ApplyReplica(ctx, "leader", replicas.Update{Cluster: "east", Stamp: stamp(7, 0), Base: &base,
 		Change: registry.Change{Cluster: "east", Removes: []registry.ServiceKey{{Namespace: "default", Name: "api"}}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +260,7 @@ func TestRestoreReportsWhetherTheSnapshotIsAllThereIs(t *testing.T) {
 	}
 
 	other := startState(t)
-	west := replicas.ReplicaUpdate{Cluster: "west", Stamp: stamp(2, 1), Origin: "peer",
+	west := replicas.Update{Cluster: "west", Stamp: stamp(2, 1), Origin: "peer",
 		Change: registry.Change{Cluster: "west", Replace: true, Upserts: []*registry.Shard{apiShard("west", time.Unix(1, 0), "grpc")}}}
 	if err := other.ApplyReplica(ctx, "peer", west); err != nil {
 		t.Fatal(err)

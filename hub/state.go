@@ -118,7 +118,7 @@ func newState(self string, liveness Liveness, publisher Publisher, catalog *repl
 		session:   map[registry.ClusterID]uint64{},
 		conflicts: map[registry.ClusterID]*clusterConflicts{},
 	}
-	s.replicas.Store(&replicaView{clusters: map[registry.ClusterID]replicas.ReplicaCluster{}, changed: make(chan struct{})})
+	s.replicas.Store(&replicaView{clusters: map[registry.ClusterID]replicas.Cluster{}, changed: make(chan struct{})})
 	s.publish(registry.Diff{})
 	return s
 }

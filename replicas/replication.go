@@ -34,24 +34,24 @@ import (
 // Every cluster's data carries a Stamp, and a replica applies data only over
 // older data, so a stale home can never overwrite newer data.
 
-// ReplicaStore is what replication needs from a hub replica's state.
-type ReplicaStore interface {
+// Store is what replication needs from a hub replica's state.
+type Store interface {
 	// Replicas returns every cluster the replica holds and a channel closed
 	// at the next change of any of them. Must not block; the returned values
 	// are immutable. A cluster that leaves the map is not removed at peers:
 	// to remove a cluster's data everywhere, keep it with no shards and a
 	// newer stamp.
-	Replicas() (map[registry.ClusterID]ReplicaCluster, <-chan struct{})
+	Replicas() (map[registry.ClusterID]Cluster, <-chan struct{})
 	// ApplyReplica applies a cluster's data received from a peer. It returns
 	// ErrStale (wrapped) when the replica holds newer (or, for a delta,
 	// different) data, and ErrBaseMismatch when a delta's base is not what
 	// the replica holds (the caller then asks for a full state). It must not
 	// block for long.
-	ApplyReplica(ctx context.Context, from string, u ReplicaUpdate) error
+	ApplyReplica(ctx context.Context, from string, u Update) error
 }
 
-// ReplicaCluster is what a replica holds for one cluster.
-type ReplicaCluster struct {
+// Cluster is what a replica holds for one cluster.
+type Cluster struct {
 	Stamp   Stamp
 	Digest  registry.Hash
 	Network registry.Network
@@ -63,13 +63,13 @@ type ReplicaCluster struct {
 	// its origin to every peer directly).
 	Local bool
 	// Origin names the replica where the latest change originated, when it
-	// is not this one (ReplicaUpdate.Origin of the update applied), for
+	// is not this one (Update.Origin of the update applied), for
 	// operators; it may be empty.
 	Origin string
 }
 
-// ReplicaUpdate is a cluster's data received from a peer.
-type ReplicaUpdate struct {
+// Update is a cluster's data received from a peer.
+type Update struct {
 	Cluster registry.ClusterID
 	Network registry.Network
 	Stamp   Stamp
@@ -209,7 +209,7 @@ var errSubscriptionSuperseded = errors.New("federation: superseded by a newer su
 // changes originate at this replica.
 type ReplicationServer struct {
 	fedv1.UnimplementedReplicationServer
-	store ReplicaStore
+	store Store
 	cfg   ReplicationConfig
 	log   *slog.Logger
 
@@ -222,7 +222,7 @@ type subscriberEntry struct {
 }
 
 // NewReplicationServer returns a server that replicates store to subscribers.
-func NewReplicationServer(store ReplicaStore, cfg ReplicationConfig, log *slog.Logger) *ReplicationServer {
+func NewReplicationServer(store Store, cfg ReplicationConfig, log *slog.Logger) *ReplicationServer {
 	return &ReplicationServer{
 		store: store, cfg: cfg.withDefaults(),
 		log:         log.With("component", "replication"),
@@ -408,7 +408,7 @@ func (s *subscription) handle(m *fedv1.ReplicaRequest) error {
 // sync answers the resync requests, then sends every Local cluster that
 // changed since it was last sent: a delta on top of what was sent, or a full
 // state when nothing was.
-func (s *subscription) sync(snap map[registry.ClusterID]ReplicaCluster) error {
+func (s *subscription) sync(snap map[registry.ClusterID]Cluster) error {
 	for id := range s.sent {
 		if c, ok := snap[id]; !ok || !c.Local {
 			// Another replica's now: what the subscriber holds is theirs to
@@ -451,7 +451,7 @@ func (s *subscription) sync(snap map[registry.ClusterID]ReplicaCluster) error {
 	return nil
 }
 
-func (s *subscription) head(id registry.ClusterID, c ReplicaCluster) *fedv1.ReplicaUpdate {
+func (s *subscription) head(id registry.ClusterID, c Cluster) *fedv1.ReplicaUpdate {
 	origin := c.Origin
 	if c.Local {
 		origin = s.srv.cfg.ReplicaID
@@ -459,7 +459,7 @@ func (s *subscription) head(id registry.ClusterID, c ReplicaCluster) *fedv1.Repl
 	return &fedv1.ReplicaUpdate{ClusterId: string(id), Network: string(c.Network), Stamp: stampToProto(c.Stamp), Origin: origin}
 }
 
-func (s *subscription) sendFull(id registry.ClusterID, c ReplicaCluster) error {
+func (s *subscription) sendFull(id registry.ClusterID, c Cluster) error {
 	head := s.head(id, c)
 	head.FullState = true
 	shards := slices.SortedFunc(maps.Values(c.Shards), func(a, b *registry.Shard) int { return a.Service.Compare(b.Service) })
@@ -475,7 +475,7 @@ func (s *subscription) sendFull(id registry.ClusterID, c ReplicaCluster) error {
 	return nil
 }
 
-func (s *subscription) sendDelta(id registry.ClusterID, prev sentCluster, c ReplicaCluster) error {
+func (s *subscription) sendDelta(id registry.ClusterID, prev sentCluster, c Cluster) error {
 	var upserts []*registry.Shard
 	var removes []registry.ServiceKey
 	for k, sh := range c.Shards {
@@ -511,7 +511,7 @@ func (s *subscription) sendUpdate(u *fedv1.ReplicaUpdate) error {
 }
 
 // sendDigests sends the digest of every Local cluster.
-func (s *subscription) sendDigests(snap map[registry.ClusterID]ReplicaCluster) error {
+func (s *subscription) sendDigests(snap map[registry.ClusterID]Cluster) error {
 	d := &fedv1.ReplicaDigests{}
 	for _, id := range slices.Sorted(maps.Keys(snap)) {
 		if c := snap[id]; c.Local {
@@ -594,7 +594,7 @@ type PeerStatus struct {
 // Replicator keeps this replica subscribed to every peer and applies what
 // they send to its store.
 type Replicator struct {
-	store    ReplicaStore
+	store    Store
 	cfg      ReplicationConfig
 	log      *slog.Logger
 	dialOpts []grpc.DialOption
@@ -611,7 +611,7 @@ type Replicator struct {
 // (TLS, or insecure.NewCredentials() on a trusted network) and presents
 // cfg.PeerToken to them; without transport security the token travels in
 // clear, the operator's choice. Nothing happens before Run.
-func NewReplicator(store ReplicaStore, cfg ReplicationConfig, transport credentials.TransportCredentials, log *slog.Logger) *Replicator {
+func NewReplicator(store Store, cfg ReplicationConfig, transport credentials.TransportCredentials, log *slog.Logger) *Replicator {
 	cfg = cfg.withDefaults()
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(transport),
@@ -1004,7 +1004,7 @@ func (s *peerSession) update(ctx context.Context, u *fedv1.ReplicaUpdate) error 
 	if origin == "" {
 		origin = s.peer
 	}
-	ru := ReplicaUpdate{Cluster: in.cluster, Network: in.network, Stamp: in.stamp, Base: in.base, Origin: origin,
+	ru := Update{Cluster: in.cluster, Network: in.network, Stamp: in.stamp, Base: in.base, Origin: origin,
 		Change: registry.Change{Cluster: in.cluster, Replace: in.base == nil, Upserts: in.upserts, Removes: in.removes}}
 	err := s.r.store.ApplyReplica(ctx, s.peer, ru)
 	switch {
@@ -1122,7 +1122,7 @@ type clusterDigest struct {
 	digest  registry.Hash
 }
 
-func clusterDigestOf(id registry.ClusterID, c ReplicaCluster) *fedv1.ClusterDigest {
+func clusterDigestOf(id registry.ClusterID, c Cluster) *fedv1.ClusterDigest {
 	return &fedv1.ClusterDigest{ClusterId: string(id), Stamp: stampToProto(c.Stamp), Digest: c.Digest.String(), Services: uint32(len(c.Shards))}
 }
 

@@ -67,27 +67,27 @@ func waitFor(t *testing.T, cond func() bool) {
 	}
 }
 
-// replStore is a ReplicaStore in memory that applies the rules a hub replica
+// replStore is a Store in memory that applies the rules a hub replica
 // follows: a full state over an older or equal stamp, a delta only over its
 // exact base, ErrStale and ErrBaseMismatch otherwise.
 type replStore struct {
 	mu       sync.Mutex
-	clusters map[registry.ClusterID]ReplicaCluster
+	clusters map[registry.ClusterID]Cluster
 	changed  chan struct{}
-	applied  []ReplicaUpdate // every update applied, in order
+	applied  []Update // every update applied, in order
 }
 
 func newReplStore() *replStore {
-	return &replStore{clusters: map[registry.ClusterID]ReplicaCluster{}, changed: make(chan struct{})}
+	return &replStore{clusters: map[registry.ClusterID]Cluster{}, changed: make(chan struct{})}
 }
 
-func (s *replStore) Replicas() (map[registry.ClusterID]ReplicaCluster, <-chan struct{}) {
+func (s *replStore) Replicas() (map[registry.ClusterID]Cluster, <-chan struct{}) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.clusters, s.changed
 }
 
-func (s *replStore) ApplyReplica(_ context.Context, from string, u ReplicaUpdate) error {
+func (s *replStore) ApplyReplica(_ context.Context, from string, u Update) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	held := s.clusters[u.Cluster]
@@ -125,12 +125,12 @@ func (s *replStore) ApplyReplica(_ context.Context, from string, u ReplicaUpdate
 		shards[sh.Service] = sh
 	}
 	s.applied = append(s.applied, u)
-	s.putLocked(u.Cluster, ReplicaCluster{Stamp: u.Stamp, Digest: registry.Digest(shards), Network: u.Network,
+	s.putLocked(u.Cluster, Cluster{Stamp: u.Stamp, Digest: registry.Digest(shards), Network: u.Network,
 		Shards: shards, Origin: u.Origin})
 	return nil
 }
 
-func (s *replStore) putLocked(id registry.ClusterID, c ReplicaCluster) {
+func (s *replStore) putLocked(id registry.ClusterID, c Cluster) {
 	next := maps.Clone(s.clusters)
 	next[id] = c
 	s.clusters = next
@@ -138,7 +138,7 @@ func (s *replStore) putLocked(id registry.ClusterID, c ReplicaCluster) {
 	s.changed = make(chan struct{})
 }
 
-func (s *replStore) put(id registry.ClusterID, c ReplicaCluster) {
+func (s *replStore) put(id registry.ClusterID, c Cluster) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.putLocked(id, c)
@@ -154,15 +154,15 @@ func (s *replStore) remote(id registry.ClusterID, stamp Stamp, origin string, sh
 	s.put(id, replicaOf(stamp, false, origin, shards...))
 }
 
-func replicaOf(stamp Stamp, local bool, origin string, shards ...*registry.Shard) ReplicaCluster {
+func replicaOf(stamp Stamp, local bool, origin string, shards ...*registry.Shard) Cluster {
 	m := map[registry.ServiceKey]*registry.Shard{}
 	for _, sh := range shards {
 		m[sh.Service] = sh
 	}
-	return ReplicaCluster{Stamp: stamp, Digest: registry.Digest(m), Network: "net-1", Shards: m, Local: local, Origin: origin}
+	return Cluster{Stamp: stamp, Digest: registry.Digest(m), Network: "net-1", Shards: m, Local: local, Origin: origin}
 }
 
-func (s *replStore) get(id registry.ClusterID) (ReplicaCluster, bool) {
+func (s *replStore) get(id registry.ClusterID) (Cluster, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c, ok := s.clusters[id]
@@ -170,10 +170,10 @@ func (s *replStore) get(id registry.ClusterID) (ReplicaCluster, bool) {
 }
 
 // appliedOf returns the updates of cluster id applied so far.
-func (s *replStore) appliedOf(id registry.ClusterID) []ReplicaUpdate {
+func (s *replStore) appliedOf(id registry.ClusterID) []Update {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []ReplicaUpdate
+	var out []Update
 	for _, u := range s.applied {
 		if u.Cluster == id {
 			out = append(out, u)
