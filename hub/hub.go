@@ -21,6 +21,7 @@ import (
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -138,15 +139,69 @@ func (h *Hub) View() *View { return h.state.View() }
 // Start brings a hub up and returns once every server listens. The hub stops
 // when ctx ends; Wait reports when it is done.
 func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error) {
-	log = log.With("hub", cfg.ID)
-	var cleanup []func() // run in reverse on failure or shutdown
+	p := &parts{cfg: startConfig(cfg), log: log.With("hub", cfg.ID)}
 	defer func() {
 		if err != nil {
-			for i := len(cleanup) - 1; i >= 0; i-- {
-				cleanup[i]()
-			}
+			p.stop() // whatever started stops, and whatever was acquired is released in reverse
 		}
 	}()
+	// 1. Credentials: a spoke may only publish for the cluster its token names.
+	if err := p.loadCredentials(); err != nil {
+		return nil, err
+	}
+	// 2. etcd: external, or embedded in the data dir.
+	if err := p.connectEtcd(ctx); err != nil {
+		return nil, err
+	}
+	// 3. Metrics, on a registry of the hub's own.
+	p.registerMetrics()
+	// 4. The xDS server and the state that feeds it.
+	p.buildState()
+	// 5. Servers: federation (authenticated) and xDS over gRPC, admin over HTTP.
+	p.buildServers()
+	// 6. Listen everywhere before serving anything, so a bad address fails fast.
+	if err := p.listen(); err != nil {
+		return nil, err
+	}
+	// 7. Catalog: clusters seen before show up (disconnected) until their spokes return.
+	records := p.readCatalog(ctx)
+	// 8. Run: the state goroutine first, then the servers. Everything ends with ctx.
+	if err := p.runState(ctx, records); err != nil {
+		return nil, err
+	}
+	// 9. Warm start: serve the last persisted registry until live data
+	// replaces it. With etcd unreachable, it goes on trying in the background
+	// (it only ever fills in clusters older than what the hub holds).
+	restored := p.coord.restore(ctx)
+	// 10. Coordination: etcd health, leadership, liveness.
+	p.coordinate(restored)
+	// 11. With peers: gossip and replication.
+	if p.gossip {
+		if err := p.joinReplicas(); err != nil {
+			return nil, err
+		}
+	}
+	// 12. Serve: federation at once, xDS once the restored registry is translated, then admin.
+	if err := p.serve(ctx); err != nil {
+		return nil, err
+	}
+	p.log.Info("hub serving", "federation", p.fedLis.Addr(), "xds", p.xdsLis.Addr(), "admin", p.adminLis.Addr(), "etcd", p.endpoints)
+
+	// 13. When ctx ends, stop: coordination, both gRPC servers together, admin,
+	// the state; then release etcd and the listeners (parts.stop).
+	h := &Hub{FederationAddr: p.fedLis.Addr(), XDSAddr: p.xdsLis.Addr(), AdminAddr: p.adminLis.Addr(), state: p.state, coord: p.coord, done: make(chan struct{})}
+	go func() {
+		defer close(h.done)
+		<-ctx.Done()
+		p.log.Info("hub stopping")
+		p.stop()
+		p.log.Info("hub stopped")
+	}()
+	return h, nil
+}
+
+// startConfig is cfg with what Start derives from it filled in.
+func startConfig(cfg Config) Config {
 	cfg.Federation.HubID = cfg.ID
 	if cfg.SnapshotInterval <= 0 {
 		cfg.SnapshotInterval = DefaultConfig().SnapshotInterval
@@ -157,261 +212,345 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 	// xDS versions unique to this process: a client that reconnects after a
 	// restart, or to another replica, never takes new content for what it acked.
 	cfg.XDS.VersionPrefix = cfg.ID + "-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
+	return cfg
+}
 
-	// 1. Credentials: a spoke may only publish for the cluster its token names.
-	var tokens federation.Tokens
+// parts are the pieces of a hub replica, in the order Start assembles them,
+// and what stop needs to stop and release them.
+type parts struct {
+	cfg Config
+	log *slog.Logger
+
+	// Credentials.
+	tokens              federation.Tokens
+	peerToken           string
+	fedCreds, peerCreds credentials.TransportCredentials
+	gossip              bool // with peer replicas (--join, --gossip-addr)
+
+	// etcd.
+	endpoints []string
+	etcd      *clientv3.Client
+	catalog   *replicas.Catalog
+	snapshots *replicas.SnapshotStore
+
+	// Metrics.
+	metricsReg  *prometheus.Registry
+	metrics     *metrics
+	grpcMetrics *grpcprom.ServerMetrics
+
+	// The state, what it feeds, and what coordinates it with peers.
+	xdsServer *xds.Server
+	gossipNow atomic.Pointer[replicas.Membership] // nil until gossip runs
+	push      *pusher
+	state     *state
+	coord     *coordinator
+
+	// Servers and their listeners.
+	fedServer, xdsGRPC       *grpc.Server
+	replCfg                  replicas.ReplicationConfig
+	adminServer              *http.Server
+	fedLis, xdsLis, adminLis net.Listener
+
+	// What runs, and how it stops: nil, empty or false until started.
+	wg           sync.WaitGroup
+	stopState    context.CancelFunc
+	coordCtx     context.Context
+	stopCoord    context.CancelFunc
+	serving      []*grpc.Server // the gRPC servers serving, stopped together
+	adminServing bool
+	cleanup      []func() // run in reverse on failure or shutdown
+}
+
+// loadCredentials reads the spokes' tokens and the peer token, and sets up
+// the transport credentials of the federation server and of peer replicas.
+func (p *parts) loadCredentials() (err error) {
+	cfg, log := p.cfg, p.log
 	if cfg.TokensFile != "" {
-		if tokens, err = federation.LoadTokens(cfg.TokensFile); err != nil {
-			return nil, err
+		if p.tokens, err = federation.LoadTokens(cfg.TokensFile); err != nil {
+			return err
 		}
 	} else {
 		log.Warn("no --tokens file: any spoke may publish for any cluster (development only)")
 	}
-	fedCreds := insecure.NewCredentials()
+	p.fedCreds = insecure.NewCredentials()
 	if cfg.TLSCertFile != "" || cfg.TLSKeyFile != "" {
-		if fedCreds, err = credentials.NewServerTLSFromFile(cfg.TLSCertFile, cfg.TLSKeyFile); err != nil {
-			return nil, fmt.Errorf("federation TLS: %w", err)
+		if p.fedCreds, err = credentials.NewServerTLSFromFile(cfg.TLSCertFile, cfg.TLSKeyFile); err != nil {
+			return fmt.Errorf("federation TLS: %w", err)
 		}
-	} else if tokens != nil {
+	} else if p.tokens != nil {
 		log.Warn("federation without TLS: spoke tokens travel in clear (set --tls-cert and --tls-key)")
 	}
-	var peerToken string
 	if cfg.PeerTokenFile != "" {
-		if peerToken, err = federation.LoadToken(cfg.PeerTokenFile); err != nil {
-			return nil, err
+		if p.peerToken, err = federation.LoadToken(cfg.PeerTokenFile); err != nil {
+			return err
 		}
 	}
-	gossip := len(cfg.Join) > 0 || cfg.GossipAddr != ""
-	if gossip && len(cfg.EtcdEndpoints) == 0 {
+	p.gossip = len(cfg.Join) > 0 || cfg.GossipAddr != ""
+	if p.gossip && len(cfg.EtcdEndpoints) == 0 {
 		// Epochs fence a cluster's sessions across replicas only if every replica draws them from one etcd.
-		return nil, errors.New("hub replicas (--join, --gossip-addr) need a shared etcd: set --etcd-endpoints")
+		return errors.New("hub replicas (--join, --gossip-addr) need a shared etcd: set --etcd-endpoints")
 	}
-	if gossip && peerToken == "" {
+	if p.gossip && p.peerToken == "" {
 		log.Warn("no --peer-token-file: any process may replicate with this hub (development only)")
 	}
-	if peerToken != "" {
-		if err := federation.ValidatePeerToken(peerToken, tokens); err != nil {
-			return nil, err
+	if p.peerToken != "" {
+		if err := federation.ValidatePeerToken(p.peerToken, p.tokens); err != nil {
+			return err
 		}
 	}
 	// Replicas dial each other's federation port: over TLS when it speaks TLS,
 	// trusting the CA in PeerCAFile.
-	peerCreds := insecure.NewCredentials()
-	if cfg.TLSCertFile != "" && gossip {
+	p.peerCreds = insecure.NewCredentials()
+	if cfg.TLSCertFile != "" && p.gossip {
 		if cfg.PeerCAFile == "" {
-			return nil, errors.New("hub replicas whose federation port speaks TLS need --peer-ca: the CA that signed the replicas' certificates")
+			return errors.New("hub replicas whose federation port speaks TLS need --peer-ca: the CA that signed the replicas' certificates")
 		}
-		if peerCreds, err = credentials.NewClientTLSFromFile(cfg.PeerCAFile, ""); err != nil {
-			return nil, fmt.Errorf("peer TLS: %w", err)
+		if p.peerCreds, err = credentials.NewClientTLSFromFile(cfg.PeerCAFile, ""); err != nil {
+			return fmt.Errorf("peer TLS: %w", err)
 		}
 	}
+	return nil
+}
 
-	// 2. etcd: external, or embedded in the data dir.
-	endpoints := cfg.EtcdEndpoints
-	if len(endpoints) == 0 {
-		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-			return nil, fmt.Errorf("create data dir: %w", err)
+// connectEtcd starts the embedded etcd when no endpoints are configured,
+// connects to etcd, and opens the catalog and the snapshot store in it.
+func (p *parts) connectEtcd(ctx context.Context) error {
+	p.endpoints = p.cfg.EtcdEndpoints
+	if len(p.endpoints) == 0 {
+		if err := os.MkdirAll(p.cfg.DataDir, 0o700); err != nil {
+			return fmt.Errorf("create data dir: %w", err)
 		}
-		e, endpoint, err := startEmbeddedEtcd(ctx, cfg.DataDir, log)
+		e, endpoint, err := startEmbeddedEtcd(ctx, p.cfg.DataDir, p.log)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		cleanup = append(cleanup, e.Close)
-		endpoints = []string{endpoint}
+		p.cleanup = append(p.cleanup, e.Close)
+		p.endpoints = []string{endpoint}
 	}
-	etcd, err := newEtcdClient(endpoints)
+	etcd, err := newEtcdClient(p.endpoints)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	cleanup = append(cleanup, func() { etcd.Close() })
-	catalog := replicas.NewCatalog(etcd, cfg.EtcdPrefix)
-	snapshots := replicas.NewSnapshotStore(etcd, cfg.EtcdPrefix, cfg.MaxSnapshotBytes)
-	if err := snapshots.WriteFormat(cfg.SnapshotFormat); err != nil {
-		return nil, err
-	}
+	p.cleanup = append(p.cleanup, func() { etcd.Close() })
+	p.etcd = etcd
+	p.catalog = replicas.NewCatalog(etcd, p.cfg.EtcdPrefix)
+	p.snapshots = replicas.NewSnapshotStore(etcd, p.cfg.EtcdPrefix, p.cfg.MaxSnapshotBytes)
+	return p.snapshots.WriteFormat(p.cfg.SnapshotFormat)
+}
 
-	// 3. Metrics, on a registry of the hub's own.
-	metricsReg := prometheus.NewRegistry()
-	metricsReg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m := newMetrics(metricsReg)
-	grpcMetrics := grpcprom.NewServerMetrics()
-	metricsReg.MustRegister(grpcMetrics)
+// registerMetrics makes the hub's metrics registry: Go runtime, process,
+// the hub's own and gRPC server metrics.
+func (p *parts) registerMetrics() {
+	p.metricsReg = prometheus.NewRegistry()
+	p.metricsReg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	p.metrics = newMetrics(p.metricsReg)
+	p.grpcMetrics = grpcprom.NewServerMetrics()
+	p.metricsReg.MustRegister(p.grpcMetrics)
+}
 
-	// 4. The xDS server and the state that feeds it.
-	xdsServer := xds.NewServer(cfg.XDS, log, metricsReg)
+// buildState makes the xDS server, the state that feeds it through the
+// pusher, and the coordinator.
+func (p *parts) buildState() {
+	cfg := p.cfg
+	p.xdsServer = xds.NewServer(cfg.XDS, p.log, p.metricsReg)
 	// Gossip hears about every change of the state (summaries: who is home, at which stamp).
-	var gossipNow atomic.Pointer[replicas.Membership]
 	onChange := func(v View) {
-		m.observe(v)
-		if g := gossipNow.Load(); g != nil {
+		p.metrics.observe(v)
+		if g := p.gossipNow.Load(); g != nil {
 			g.UpdateSummaries() // never blocks; pushes at most once a second
 		}
 	}
 	// xDS translation runs off the state goroutine, coalescing what arrives meanwhile.
-	push := newPusher(xdsServer, log)
-	st := newState(cfg.ID, cfg.Liveness, push, catalog, cfg.Federation.Limits, onChange, log)
-	coord := &coordinator{
-		id: cfg.ID, state: st, etcd: etcd, catalog: catalog, snapshots: snapshots,
+	p.push = newPusher(p.xdsServer, p.log)
+	p.state = newState(cfg.ID, cfg.Liveness, p.push, p.catalog, cfg.Federation.Limits, onChange, p.log)
+	p.coord = &coordinator{
+		id: cfg.ID, state: p.state, etcd: p.etcd, catalog: p.catalog, snapshots: p.snapshots,
 		leaderCfg: leaderConfig(cfg),
-		interval:  cfg.SnapshotInterval, liveness: cfg.Liveness, metrics: m, log: log.With("component", "coordination"),
+		interval:  cfg.SnapshotInterval, liveness: cfg.Liveness, metrics: p.metrics, log: p.log.With("component", "coordination"),
 	}
+}
 
-	// 5. gRPC servers: federation (authenticated) and xDS, with recovery, logging and metrics.
-	recoveryOpt := recovery.WithRecoveryHandler(func(p any) error {
-		log.Error("panic in gRPC handler", "panic", p)
+// buildServers makes the gRPC servers, federation (authenticated) and xDS,
+// with recovery, logging and metrics, and the admin HTTP server.
+func (p *parts) buildServers() {
+	cfg, log := p.cfg, p.log
+	recoveryOpt := recovery.WithRecoveryHandler(func(r any) error {
+		log.Error("panic in gRPC handler", "panic", r)
 		return status.Errorf(codes.Internal, "internal error")
 	})
 	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall)}
-	fedServer := grpc.NewServer(
-		grpc.Creds(fedCreds),
+	p.fedServer = grpc.NewServer(
+		grpc.Creds(p.fedCreds),
 		grpc.MaxRecvMsgSize(2*cfg.Federation.MaxMessageBytes), // a chunk, plus the removes that ride with it
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.ChainStreamInterceptor(
-			grpcMetrics.StreamServerInterceptor(),
+			p.grpcMetrics.StreamServerInterceptor(),
 			logging.StreamServerInterceptor(grpcLogger(log.With("component", "federation-grpc")), logOpts...),
 			recovery.StreamServerInterceptor(recoveryOpt),
-			federation.AuthInterceptor(tokens, federation.WithPeerToken(peerToken)),
+			federation.AuthInterceptor(p.tokens, federation.WithPeerToken(p.peerToken)),
 		),
 	)
-	hubFed := federation.NewHubServer(cfg.Federation, st, catalogEpochs{catalog: catalog}, m.federationHooks(), log)
-	fedv1.RegisterFederationServer(fedServer, hubFed)
+	hubFed := federation.NewHubServer(cfg.Federation, p.state, catalogEpochs{catalog: p.catalog}, p.metrics.federationHooks(), log)
+	fedv1.RegisterFederationServer(p.fedServer, hubFed)
 	// Replicas replicate over the federation port, authenticated by the peer token.
-	replCfg := cfg.Replication
-	replCfg.ReplicaID, replCfg.MaxMessageBytes, replCfg.PeerToken = cfg.ID, cfg.Federation.MaxMessageBytes, peerToken
-	replCfg.Limits = cfg.Federation.Limits
-	replCfg.Hooks = m.replicationHooks()
-	fedv1.RegisterReplicationServer(fedServer, replicas.NewReplicationServer(st, replCfg, log))
+	p.replCfg = cfg.Replication
+	p.replCfg.ReplicaID, p.replCfg.MaxMessageBytes, p.replCfg.PeerToken = cfg.ID, cfg.Federation.MaxMessageBytes, p.peerToken
+	p.replCfg.Limits = cfg.Federation.Limits
+	p.replCfg.Hooks = p.metrics.replicationHooks()
+	fedv1.RegisterReplicationServer(p.fedServer, replicas.NewReplicationServer(p.state, p.replCfg, log))
 
-	xdsGRPC := grpc.NewServer(
+	p.xdsGRPC = grpc.NewServer(
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.ChainStreamInterceptor(
-			grpcMetrics.StreamServerInterceptor(),
+			p.grpcMetrics.StreamServerInterceptor(),
 			logging.StreamServerInterceptor(grpcLogger(log.With("component", "xds-grpc")), logOpts...),
 			recovery.StreamServerInterceptor(recoveryOpt),
 		),
-		grpc.ChainUnaryInterceptor(grpcMetrics.UnaryServerInterceptor(), recovery.UnaryServerInterceptor(recoveryOpt)),
+		grpc.ChainUnaryInterceptor(p.grpcMetrics.UnaryServerInterceptor(), recovery.UnaryServerInterceptor(recoveryOpt)),
 	)
-	xdsServer.Register(xdsGRPC)
+	p.xdsServer.Register(p.xdsGRPC)
 
-	// 6. Listen everywhere before serving anything, so a bad address fails fast.
-	fedLis, err := net.Listen("tcp", cfg.FederationAddr)
-	if err != nil {
-		return nil, fmt.Errorf("listen federation: %w", err)
-	}
-	cleanup = append(cleanup, func() { fedLis.Close() })
-	xdsLis, err := net.Listen("tcp", cfg.XDSAddr)
-	if err != nil {
-		return nil, fmt.Errorf("listen xds: %w", err)
-	}
-	cleanup = append(cleanup, func() { xdsLis.Close() })
-	adminLis, err := net.Listen("tcp", cfg.AdminAddr)
-	if err != nil {
-		return nil, fmt.Errorf("listen admin: %w", err)
-	}
-	cleanup = append(cleanup, func() { adminLis.Close() })
-
-	// 7. Catalog: clusters seen before show up (disconnected) until their spokes return.
-	listCtx, cancelList := context.WithTimeout(ctx, 10*time.Second)
-	records, err := catalog.List(listCtx)
-	cancelList()
-	if err != nil {
-		log.Warn("read cluster catalog", "err", err)
-	}
-
-	h := &Hub{FederationAddr: fedLis.Addr(), XDSAddr: xdsLis.Addr(), AdminAddr: adminLis.Addr(), state: st, coord: coord, done: make(chan struct{})}
 	// Ready once started: every listener is up, the state runs and holds the
 	// persisted registry (so a full restart never serves an empty one). An
 	// unreachable etcd degrades the hub but leaves it ready: it serves and replicates.
-	adm := &admin{pprof: cfg.Pprof, state: st, coord: coord, metrics: metricsReg, log: log.With("component", "admin"), ready: func() error { return nil }}
-	adminServer := &http.Server{Handler: adm.handler(), ReadHeaderTimeout: 10 * time.Second}
+	adm := &admin{pprof: cfg.Pprof, state: p.state, coord: p.coord, metrics: p.metricsReg, log: log.With("component", "admin"), ready: func() error { return nil }}
+	p.adminServer = &http.Server{Handler: adm.handler(), ReadHeaderTimeout: 10 * time.Second}
+}
 
-	// 8. Run: the state goroutine first, then the servers. Everything ends with ctx.
-	var wg sync.WaitGroup
+// listen opens every listener.
+func (p *parts) listen() (err error) {
+	if p.fedLis, err = p.listenOn("federation", p.cfg.FederationAddr); err != nil {
+		return err
+	}
+	if p.xdsLis, err = p.listenOn("xds", p.cfg.XDSAddr); err != nil {
+		return err
+	}
+	p.adminLis, err = p.listenOn("admin", p.cfg.AdminAddr)
+	return err
+}
+
+func (p *parts) listenOn(name, addr string) (net.Listener, error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", name, err)
+	}
+	p.cleanup = append(p.cleanup, func() { lis.Close() })
+	return lis, nil
+}
+
+// readCatalog returns the clusters in the catalog; with etcd unreachable, none.
+func (p *parts) readCatalog(ctx context.Context) []replicas.ClusterRecord {
+	listCtx, cancelList := context.WithTimeout(ctx, 10*time.Second)
+	records, err := p.catalog.List(listCtx)
+	cancelList()
+	if err != nil {
+		p.log.Warn("read cluster catalog", "err", err)
+	}
+	return records
+}
+
+// runState starts the state goroutine and the pusher, which run until stop,
+// and tells the state which clusters the catalog knows.
+func (p *parts) runState(ctx context.Context, records []replicas.ClusterRecord) error {
 	stateCtx, stopState := context.WithCancel(context.Background())
-	wg.Go(func() { st.run(stateCtx) })
-	wg.Go(func() { push.run(stateCtx) })
-	if err := st.known(ctx, records); err != nil {
-		stopState()
-		wg.Wait()
-		return nil, err
-	}
-	// 9. Warm start: serve the last persisted registry until live data
-	// replaces it. With etcd unreachable, it goes on trying in the background
-	// (it only ever fills in clusters older than what the hub holds).
-	restored := coord.restore(ctx)
-	// 10. Coordination: etcd health, leadership, liveness; with peers, gossip and replication.
-	coordCtx, stopCoord := context.WithCancel(context.Background())
-	loop := func(name string, fn func(context.Context)) {
-		wg.Go(func() { forever(coordCtx, log, name, fn) })
-	}
-	if !restored {
-		wg.Go(func() { coord.restoreLater(coordCtx) })
-	}
-	loop("etcd-health", coord.watchEtcd)
-	loop("leader", coord.lead)
-	loop("liveness", coord.tickLiveness)
-	if gossip {
-		host := advertiseHost(cfg)
-		meta := replicas.MemberMeta{
-			Federation: advertise(host, fedLis.Addr()), XDS: advertise(host, xdsLis.Addr()),
-			Admin: advertise(host, adminLis.Addr()), Replication: advertise(host, fedLis.Addr()),
-		}
-		members, err := replicas.StartMembership(coordCtx, replicas.MembershipConfig{
-			Name: cfg.ID, BindAddr: cmp.Or(cfg.GossipAddr, ":7946"), AdvertiseAddr: advertiseGossip(host, cfg.GossipAddr),
-			Join: cfg.Join, Meta: meta, Summaries: coord.summaries, Fast: cfg.FastGossip,
-		}, log)
-		if err != nil {
-			stopCoord()
-			stopState()
-			wg.Wait()
-			return nil, fmt.Errorf("gossip: %w", err)
-		}
-		gossipNow.Store(members)
-		replicator := replicas.NewReplicator(st, replCfg, peerCreds, log)
-		wg.Go(func() { replicator.Run(coordCtx) })
-		wg.Go(func() { <-members.Done() })
-		loop("membership", func(ctx context.Context) { coord.follow(ctx, members, replicator) })
-	}
-	serve := func(name string, fn func() error) {
-		wg.Go(func() {
-			if err := fn(); err != nil && !errors.Is(err, grpc.ErrServerStopped) && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("server failed", "server", name, "err", err)
-			}
-		})
-	}
-	serve("federation", func() error { return fedServer.Serve(fedLis) })
-	// xDS only once the restored registry is translated: a client that
-	// reconnects to empty caches would be told that every listener and
-	// cluster it knows is gone (its connection waits in the backlog meanwhile).
-	if err := push.caughtUp(ctx); err != nil {
-		stopCoord()
-		stopGRPC(fedServer)
-		stopState()
-		wg.Wait()
-		return nil, err
-	}
-	serve("xds", func() error { return xdsGRPC.Serve(xdsLis) })
-	serve("admin", func() error { return adminServer.Serve(adminLis) })
-	log.Info("hub serving", "federation", h.FederationAddr, "xds", h.XDSAddr, "admin", h.AdminAddr, "etcd", endpoints)
+	p.stopState = stopState
+	p.wg.Go(func() { p.state.run(stateCtx) })
+	p.wg.Go(func() { p.push.run(stateCtx) })
+	return p.state.known(ctx, records)
+}
 
-	go func() {
-		defer close(h.done)
-		<-ctx.Done()
-		log.Info("hub stopping")
-		stopCoord()
-		stopGRPC(fedServer, xdsGRPC)
-		shutdownCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_ = adminServer.Shutdown(shutdownCtx)
-		cancel()
-		stopState()
-		wg.Wait()
-		for i := len(cleanup) - 1; i >= 0; i-- {
-			cleanup[i]()
+// coordinate starts the coordinator's loops, which run until stop; without
+// a restored snapshot, also the one that restores it once etcd answers.
+func (p *parts) coordinate(restored bool) {
+	p.coordCtx, p.stopCoord = context.WithCancel(context.Background())
+	if !restored {
+		p.wg.Go(func() { p.coord.restoreLater(p.coordCtx) })
+	}
+	p.loop("etcd-health", p.coord.watchEtcd)
+	p.loop("leader", p.coord.lead)
+	p.loop("liveness", p.coord.tickLiveness)
+}
+
+// loop runs fn for as long as coordination runs, again after it returns or panics.
+func (p *parts) loop(name string, fn func(context.Context)) {
+	p.wg.Go(func() { forever(p.coordCtx, p.log, name, fn) })
+}
+
+// joinReplicas starts gossip with the peer replicas, and replication from
+// each member gossip finds.
+func (p *parts) joinReplicas() error {
+	cfg := p.cfg
+	host := advertiseHost(cfg)
+	meta := replicas.MemberMeta{
+		Federation: advertise(host, p.fedLis.Addr()), XDS: advertise(host, p.xdsLis.Addr()),
+		Admin: advertise(host, p.adminLis.Addr()), Replication: advertise(host, p.fedLis.Addr()),
+	}
+	members, err := replicas.StartMembership(p.coordCtx, replicas.MembershipConfig{
+		Name: cfg.ID, BindAddr: cmp.Or(cfg.GossipAddr, ":7946"), AdvertiseAddr: advertiseGossip(host, cfg.GossipAddr),
+		Join: cfg.Join, Meta: meta, Summaries: p.coord.summaries, Fast: cfg.FastGossip,
+	}, p.log)
+	if err != nil {
+		return fmt.Errorf("gossip: %w", err)
+	}
+	p.gossipNow.Store(members)
+	replicator := replicas.NewReplicator(p.state, p.replCfg, p.peerCreds, p.log)
+	p.wg.Go(func() { replicator.Run(p.coordCtx) })
+	p.wg.Go(func() { <-members.Done() })
+	p.loop("membership", func(ctx context.Context) { p.coord.follow(ctx, members, replicator) })
+	return nil
+}
+
+// serve serves federation at once, then xDS and admin once the restored
+// registry is translated: a client that reconnects to empty caches would be
+// told that every listener and cluster it knows is gone (its connection
+// waits in the backlog meanwhile).
+func (p *parts) serve(ctx context.Context) error {
+	p.serveGRPC("federation", p.fedServer, p.fedLis)
+	if err := p.push.caughtUp(ctx); err != nil {
+		return err
+	}
+	p.serveGRPC("xds", p.xdsGRPC, p.xdsLis)
+	p.adminServing = true
+	p.run("admin", func() error { return p.adminServer.Serve(p.adminLis) })
+	return nil
+}
+
+func (p *parts) serveGRPC(name string, s *grpc.Server, lis net.Listener) {
+	p.serving = append(p.serving, s)
+	p.run(name, func() error { return s.Serve(lis) })
+}
+
+// run runs a server until it is stopped, logging why if it fails otherwise.
+func (p *parts) run(name string, serve func() error) {
+	p.wg.Go(func() {
+		if err := serve(); err != nil && !errors.Is(err, grpc.ErrServerStopped) && !errors.Is(err, http.ErrServerClosed) {
+			p.log.Error("server failed", "server", name, "err", err)
 		}
-		log.Info("hub stopped")
-	}()
-	return h, nil
+	})
+}
+
+// stop stops what started, in this order: coordination, the gRPC servers
+// together, admin, the state; waits for all of it; then releases what was
+// acquired (etcd, listeners) in reverse. It is the hub's shutdown, and
+// Start's cleanup when a step fails.
+func (p *parts) stop() {
+	if p.stopCoord != nil {
+		p.stopCoord()
+	}
+	stopGRPC(p.serving...)
+	if p.adminServing {
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = p.adminServer.Shutdown(shutdownCtx)
+		cancel()
+	}
+	if p.stopState != nil {
+		p.stopState()
+	}
+	p.wg.Wait()
+	for i := len(p.cleanup) - 1; i >= 0; i-- {
+		p.cleanup[i]()
+	}
 }
 
 // stopGrace is how long a stopping hub lets RPCs finish. Its RPCs are
