@@ -16,6 +16,8 @@ type Service struct {
 	// Ports is the union of the clusters' ports, conflicts resolved, sorted by number and protocol.
 	Ports    []ServicePort
 	Headless bool
+	// Properties are the oldest export's (IP families: the oldest that states any).
+	Properties
 	// Conflicts lists every property on which clusters disagree, and who won.
 	Conflicts []Conflict
 	// Revision is the registry version at which anything about the service last changed.
@@ -28,10 +30,11 @@ type Service struct {
 // the Kubernetes MCS rules, the oldest export wins (ties go to the lower
 // cluster ID); the loser's value is ignored for that property.
 type Conflict struct {
-	Property string    `json:"property"`
-	Winner   ClusterID `json:"winner"`
-	Loser    ClusterID `json:"loser"`
-	Reason   string    `json:"reason"`
+	Kind     ConflictKind `json:"kind"`
+	Property string       `json:"property"`
+	Winner   ClusterID    `json:"winner"`
+	Loser    ClusterID    `json:"loser"`
+	Reason   string       `json:"reason"`
 }
 
 func (c Conflict) String() string {
@@ -56,7 +59,7 @@ func merge(k ServiceKey, shards []*Shard) *Service {
 	for _, s := range byAge {
 		if s.Headless != oldest.Headless {
 			svc.Conflicts = append(svc.Conflicts, Conflict{
-				Property: "type", Winner: oldest.Cluster, Loser: s.Cluster,
+				Kind: TypeConflict, Property: "type", Winner: oldest.Cluster, Loser: s.Cluster,
 				Reason: fmt.Sprintf("headless is %t in %s but %t in %s", oldest.Headless, oldest.Cluster, s.Headless, s.Cluster),
 			})
 		}
@@ -66,7 +69,7 @@ func merge(k ServiceKey, shards []*Shard) *Service {
 				i := slices.IndexFunc(svc.Ports, func(q ServicePort) bool { return q.Port == p.Port && q.Protocol == p.Protocol })
 				if w := svc.Ports[i]; w != p {
 					svc.Conflicts = append(svc.Conflicts, Conflict{
-						Property: fmt.Sprintf("port %d/%s", p.Port, p.Protocol), Winner: winner, Loser: s.Cluster,
+						Kind: PortConflict, Property: fmt.Sprintf("port %d/%s", p.Port, p.Protocol), Winner: winner, Loser: s.Cluster,
 						Reason: fmt.Sprintf("declared as %s in %s but %s in %s", describePort(w), winner, describePort(p), s.Cluster),
 					})
 				}
@@ -74,7 +77,7 @@ func merge(k ServiceKey, shards []*Shard) *Service {
 			}
 			if w, ok := nameOwner[p.Name]; ok {
 				svc.Conflicts = append(svc.Conflicts, Conflict{
-					Property: fmt.Sprintf("port name %q", p.Name), Winner: owner[portKey{w.Port, w.Protocol}], Loser: s.Cluster,
+					Kind: PortConflict, Property: fmt.Sprintf("port name %q", p.Name), Winner: owner[portKey{w.Port, w.Protocol}], Loser: s.Cluster,
 					Reason: fmt.Sprintf("names port %d/%s but port %d/%s in %s", w.Port, w.Protocol, p.Port, p.Protocol, s.Cluster),
 				})
 				continue
@@ -87,6 +90,7 @@ func merge(k ServiceKey, shards []*Shard) *Service {
 	slices.SortFunc(svc.Ports, func(a, b ServicePort) int {
 		return cmp.Or(cmp.Compare(a.Port, b.Port), cmp.Compare(a.Protocol, b.Protocol))
 	})
+	mergeProperties(svc, byAge)
 	return svc
 }
 
@@ -101,7 +105,8 @@ func describePort(p ServicePort) string {
 func compareTime(a, b time.Time) int { return a.Compare(b) }
 
 func (s *Service) sameShape(o *Service) bool {
-	return s.Headless == o.Headless && slices.Equal(s.Ports, o.Ports) && slices.Equal(s.Conflicts, o.Conflicts)
+	return s.Headless == o.Headless && slices.Equal(s.Ports, o.Ports) && slices.Equal(s.Conflicts, o.Conflicts) &&
+		s.Properties.Equal(&o.Properties)
 }
 
 // Clusters lists the clusters that export the service, sorted.

@@ -152,6 +152,8 @@ type Shard struct {
 	Headless   bool          `json:"headless,omitempty"`
 	Ports      []ServicePort `json:"ports,omitempty"`
 	Endpoints  []Endpoint    `json:"endpoints,omitempty"`
+	// Properties are the rest of what an import mirrors of the Service and its export.
+	Properties
 }
 
 // Normalize sorts a shard's ports, endpoints and addresses so that equal
@@ -185,12 +187,14 @@ func (s *Shard) Equal(o *Shard) bool {
 	}
 	return s.Cluster == o.Cluster && s.Service == o.Service && s.ExportedAt.Equal(o.ExportedAt) &&
 		s.Headless == o.Headless && slices.Equal(s.Ports, o.Ports) &&
-		slices.EqualFunc(s.Endpoints, o.Endpoints, endpointEqual)
+		slices.EqualFunc(s.Endpoints, o.Endpoints, endpointEqual) && s.Properties.Equal(&o.Properties)
 }
 
-// SamePorts reports whether two shards declare the same service shape (ports, headless, export time).
+// SamePorts reports whether two shards declare the same service shape
+// (ports, headless, export time, properties): everything but endpoints.
 func (s *Shard) SamePorts(o *Shard) bool {
-	return s.Headless == o.Headless && s.ExportedAt.Equal(o.ExportedAt) && slices.Equal(s.Ports, o.Ports)
+	return s.Headless == o.Headless && s.ExportedAt.Equal(o.ExportedAt) && slices.Equal(s.Ports, o.Ports) &&
+		s.Properties.Equal(&o.Properties)
 }
 
 func endpointEqual(a, b Endpoint) bool {

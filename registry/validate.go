@@ -146,6 +146,9 @@ func (s *Shard) Validate(lim Limits) error {
 	if len(s.Endpoints) > lim.MaxEndpoints {
 		return bad("%d endpoints, more than the limit of %d", len(s.Endpoints), lim.MaxEndpoints)
 	}
+	if problem := s.Properties.validate(); problem != "" {
+		return bad("%s", problem)
+	}
 	names := map[string]bool{}
 	numbers := map[string]bool{}
 	for _, p := range s.Ports {
