@@ -251,8 +251,8 @@ func TestKube(t *testing.T) {
 				return cond["status"] == "True"
 			})
 			msg := fmt.Sprint(cond["message"])
-			if cond["reason"] != "ConflictFound" || !strings.Contains(msg, "east") || !strings.Contains(msg, "west") {
-				t.Errorf("%s's Conflict condition = %v, want reason ConflictFound and a message naming both clusters", c.name, cond)
+			if cond["reason"] != string(registry.TypeConflict) || !strings.Contains(msg, "east") || !strings.Contains(msg, "west") {
+				t.Errorf("%s's Conflict condition = %v, want reason TypeConflict and a message naming both clusters", c.name, cond)
 			}
 			if v := exportConditions(t, c, ns, "clash")[spoke.ConditionValid]; v["status"] != "True" {
 				t.Errorf("%s's Valid condition = %v", c.name, v)

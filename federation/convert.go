@@ -24,6 +24,7 @@ func ShardToProto(s *registry.Shard) *fedv1.Shard {
 	if s.ExportedAt.IsZero() {
 		out.ExportedAtUnix = 0
 	}
+	propertiesToProto(&s.Properties, out)
 	for i, p := range s.Ports {
 		out.Ports[i] = &fedv1.ServicePort{Name: p.Name, Port: p.Port, Protocol: string(p.Protocol), AppProtocol: p.AppProtocol}
 	}
@@ -90,6 +91,10 @@ func ShardFromProtoUnvalidated(cluster registry.ClusterID, in *fedv1.Shard, lim 
 	if t := in.GetExportedAtUnix(); t != 0 {
 		s.ExportedAt = time.Unix(t, 0).UTC()
 	}
+	if n := len(in.GetLabels()) + len(in.GetAnnotations()); n > maxExportedMetadata {
+		return nil, bad("%d exported labels and annotations, more than the limit of %d", n, maxExportedMetadata)
+	}
+	propertiesFromProto(in, &s.Properties)
 	for i, p := range in.GetPorts() {
 		s.Ports[i] = registry.ServicePort{Name: p.GetName(), Port: p.GetPort(), Protocol: registry.Protocol(p.GetProtocol()), AppProtocol: p.GetAppProtocol()}
 	}
@@ -124,6 +129,39 @@ func ShardFromProtoUnvalidated(cluster registry.ClusterID, in *fedv1.Shard, lim 
 	}
 	s.Normalize()
 	return s, nil
+}
+
+// maxExportedMetadata bounds a shard's exported labels and annotations
+// together, before they are copied (the registry bounds their bytes).
+const maxExportedMetadata = 1024
+
+func propertiesToProto(p *registry.Properties, out *fedv1.Shard) {
+	out.SessionAffinity = p.SessionAffinity
+	out.SessionAffinityTimeoutSeconds = p.SessionAffinityTimeout
+	out.InternalTrafficPolicy = p.InternalTrafficPolicy
+	out.TrafficDistribution = p.TrafficDistribution
+	for _, f := range p.IPFamilies {
+		out.IpFamilies = append(out.IpFamilies, string(f))
+	}
+	out.Labels, out.Annotations = p.Labels, p.Annotations
+}
+
+// propertiesFromProto decodes a shard's properties; empty maps and lists
+// become nil, as the registry's hash and equality treat them alike.
+func propertiesFromProto(in *fedv1.Shard, p *registry.Properties) {
+	p.SessionAffinity = in.GetSessionAffinity()
+	p.SessionAffinityTimeout = in.GetSessionAffinityTimeoutSeconds()
+	p.InternalTrafficPolicy = in.GetInternalTrafficPolicy()
+	p.TrafficDistribution = in.GetTrafficDistribution()
+	for _, f := range in.GetIpFamilies() {
+		p.IPFamilies = append(p.IPFamilies, registry.IPFamily(f))
+	}
+	if len(in.GetLabels()) > 0 {
+		p.Labels = in.GetLabels()
+	}
+	if len(in.GetAnnotations()) > 0 {
+		p.Annotations = in.GetAnnotations()
+	}
 }
 
 // KeyToProto encodes a service key.

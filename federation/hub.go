@@ -99,17 +99,26 @@ type Store interface {
 const CapabilityServiceConflicts = "service-conflicts"
 
 // Conflicts are the merge conflicts that concern one cluster: for each service
-// it exports, one text per property on which its export and another cluster's
-// disagree, whichever won (see ExplainConflicts). Services without conflicts
-// have no entry.
-type Conflicts map[registry.ServiceKey][]string
+// it exports, one explanation per property on which its export and another
+// cluster's disagree, whichever won (see ExplainConflicts). Services without
+// conflicts have no entry.
+type Conflicts map[registry.ServiceKey][]Explanation
+
+// Explanation is one merge conflict as the clusters concerned are told it.
+type Explanation struct {
+	// Kind is the Kubernetes MCS reason ("PortConflict", ...); empty from a
+	// hub that predates kinds.
+	Kind registry.ConflictKind
+	// Text says what differs, whose value the hub kept and why.
+	Text string
+}
 
 // ExplainConflicts words each conflict of a merged service for the two
 // clusters it concerns, winner and loser alike: the property, both values,
 // whose value the hub kept, and why (the oldest export wins; ties go to the
 // lower cluster ID). The texts of each cluster are in the service's conflict
 // order. A nil service has no conflicts.
-func ExplainConflicts(svc *registry.Service) map[registry.ClusterID][]string {
+func ExplainConflicts(svc *registry.Service) map[registry.ClusterID][]Explanation {
 	if svc == nil || len(svc.Conflicts) == 0 {
 		return nil
 	}
@@ -121,7 +130,7 @@ func ExplainConflicts(svc *registry.Service) map[registry.ClusterID][]string {
 		}
 		return time.Time{}
 	}
-	out := make(map[registry.ClusterID][]string, 2)
+	out := make(map[registry.ClusterID][]Explanation, 2)
 	for _, c := range svc.Conflicts {
 		won, lost := exportedAt(c.Winner), exportedAt(c.Loser)
 		why := fmt.Sprintf("%s exported the service first (%s, %s %s), and the oldest export wins",
@@ -130,9 +139,9 @@ func ExplainConflicts(svc *registry.Service) map[registry.ClusterID][]string {
 			why = fmt.Sprintf("both exported the service at the same time (%s), so the lower cluster ID, %s, wins",
 				exportTime(won), c.Winner)
 		}
-		text := c.String() + ": " + why
-		out[c.Winner] = append(out[c.Winner], text)
-		out[c.Loser] = append(out[c.Loser], text)
+		e := Explanation{Kind: c.Kind, Text: c.String() + ": " + why}
+		out[c.Winner] = append(out[c.Winner], e)
+		out[c.Loser] = append(out[c.Loser], e)
 	}
 	return out
 }
@@ -465,7 +474,11 @@ func (s *hubSession) sendConflicts() error {
 	msg := &fedv1.ServiceConflicts{Services: make([]*fedv1.ServiceConflict, 0, len(set))}
 	for _, k := range slices.SortedFunc(maps.Keys(set), registry.ServiceKey.Compare) {
 		if len(set[k]) > 0 {
-			msg.Services = append(msg.Services, &fedv1.ServiceConflict{Service: KeyToProto(k), Conflicts: set[k]})
+			sc := &fedv1.ServiceConflict{Service: KeyToProto(k)}
+			for _, e := range set[k] {
+				sc.Conflicts, sc.Reasons = append(sc.Conflicts, e.Text), append(sc.Reasons, string(e.Kind))
+			}
+			msg.Services = append(msg.Services, sc)
 		}
 	}
 	if err := s.send(&fedv1.HubMessage{Kind: &fedv1.HubMessage_Conflicts{Conflicts: msg}}); err != nil {

@@ -112,9 +112,9 @@ func TestConflictsAreReportedToBothSpokes(t *testing.T) {
 	west.states <- stateOf(w)
 	for cluster, ch := range map[registry.ClusterID]<-chan Reports{"east": eastReports, "west": westReports} {
 		got := awaitReports(t, ch, "the conflict to "+string(cluster), func(r Reports) bool { return len(r[e.Service].Conflicts) > 0 })
-		text := strings.Join(got[e.Service].Conflicts, "\n")
-		if len(got[e.Service].Conflicts) != 1 || !strings.Contains(text, "kept east's, ignored west's") ||
-			!strings.Contains(text, "lower cluster ID, east") || got[e.Service].Refused != "" {
+		c := got[e.Service].Conflicts
+		if len(c) != 1 || c[0].Kind != registry.PortConflict || !strings.Contains(c[0].Text, "kept east's, ignored west's") ||
+			!strings.Contains(c[0].Text, "lower cluster ID, east") || got[e.Service].Refused != "" {
 			t.Errorf("%s's report: %+v", cluster, got[e.Service])
 		}
 	}
@@ -164,9 +164,12 @@ func TestExplainConflicts(t *testing.T) {
 			if len(got) != 2 || len(got["east"]) != 1 || len(got["west"]) != 1 || got["east"][0] != got["west"][0] {
 				t.Fatalf("ExplainConflicts = %q, want one text for each cluster, the same", got)
 			}
+			if got["east"][0].Kind != registry.PortConflict {
+				t.Errorf("kind = %q, want PortConflict", got["east"][0].Kind)
+			}
 			for _, w := range tc.want {
-				if !strings.Contains(got["east"][0], w) {
-					t.Errorf("%q does not say %q", got["east"][0], w)
+				if !strings.Contains(got["east"][0].Text, w) {
+					t.Errorf("%q does not say %q", got["east"][0].Text, w)
 				}
 			}
 		})

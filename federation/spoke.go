@@ -61,11 +61,11 @@ type ServiceReport struct {
 	// It stays until the hub accepts a form equal to the desired one, so a
 	// retry in flight does not clear it. Empty when nothing was refused.
 	Refused string
-	// Conflicts are the hub's texts for the merge conflicts between this
-	// cluster's export of the service and other clusters' (see
+	// Conflicts are the hub's explanations of the merge conflicts between
+	// this cluster's export of the service and other clusters' (see
 	// ExplainConflicts), as of the hub's last report: they outlive a broken
 	// session until the next session's hub reports again.
-	Conflicts []string
+	Conflicts []Explanation
 }
 
 func (r ServiceReport) equal(o ServiceReport) bool {
@@ -461,9 +461,13 @@ func (p *Publisher) rejectedBy(u pending, n *fedv1.Nack) error {
 func (p *Publisher) conflictsFrom(m *fedv1.ServiceConflicts) {
 	set := make(Conflicts, len(m.GetServices()))
 	for _, sc := range m.GetServices() {
-		if len(sc.GetConflicts()) > 0 {
-			k := KeyFromProto(sc.GetService())
-			set[k] = append(set[k], sc.GetConflicts()...)
+		k := KeyFromProto(sc.GetService())
+		for i, text := range sc.GetConflicts() {
+			e := Explanation{Text: text}
+			if i < len(sc.GetReasons()) {
+				e.Kind = registry.ConflictKind(sc.GetReasons()[i])
+			}
+			set[k] = append(set[k], e)
 		}
 	}
 	if len(set) > 0 || len(p.conflicts) > 0 {

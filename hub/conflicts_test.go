@@ -102,8 +102,9 @@ func TestConflictsReachBothSpokesAndClear(t *testing.T) {
 	eastSaw := east.await(t, "the conflict to east", hasConflict)[apiKey]
 	westSaw := west.await(t, "the conflict to west", hasConflict)[apiKey]
 	for cluster, r := range map[string]federation.ServiceReport{"east": eastSaw, "west": westSaw} {
-		if len(r.Conflicts) != 1 || r.Refused != "" || !strings.Contains(r.Conflicts[0], conflictWestWins) ||
-			!strings.Contains(r.Conflicts[0], conflictWestIsOlder) || !strings.Contains(r.Conflicts[0], "port 8080/TCP") {
+		if len(r.Conflicts) != 1 || r.Refused != "" || r.Conflicts[0].Kind != registry.PortConflict ||
+			!strings.Contains(r.Conflicts[0].Text, conflictWestWins) ||
+			!strings.Contains(r.Conflicts[0].Text, conflictWestIsOlder) || !strings.Contains(r.Conflicts[0].Text, "port 8080/TCP") {
 			t.Errorf("%s's report: %+v", cluster, r)
 		}
 	}
@@ -205,7 +206,8 @@ func TestConflictsFollowTheProtocol(t *testing.T) {
 	}
 	m := recv(t, east) // unasked: east sent nothing since
 	if sc := m.GetConflicts().GetServices(); len(sc) != 1 || federation.KeyFromProto(sc[0].GetService()) != apiKey ||
-		len(sc[0].GetConflicts()) != 1 || !strings.Contains(sc[0].GetConflicts()[0], conflictWestWins) {
+		len(sc[0].GetConflicts()) != 1 || !strings.Contains(sc[0].GetConflicts()[0], conflictWestWins) ||
+		len(sc[0].GetReasons()) != 1 || sc[0].GetReasons()[0] != string(registry.PortConflict) {
 		t.Fatalf("east got %v, want the conflict on %s", m, apiKey)
 	}
 	sendShards(t, west, &fedv1.Update{Nonce: "2", Version: 2}, apiShard("west", olderExport, "web", "10.1.0.2"))

@@ -73,8 +73,8 @@ func TestStateTracksConflictsPerCluster(t *testing.T) {
 	eastSet, eastChanged = s.Conflicts("east")
 	westSet, westChanged = s.Conflicts("west")
 	for id, set := range map[registry.ClusterID]federation.Conflicts{"east": eastSet, "west": westSet} {
-		if len(set) != 1 || len(set[key]) != 1 || !strings.Contains(set[key][0], "kept west's, ignored east's") ||
-			!strings.Contains(set[key][0], "west exported the service first") {
+		if len(set) != 1 || len(set[key]) != 1 || !strings.Contains(set[key][0].Text, "kept west's, ignored east's") ||
+			!strings.Contains(set[key][0].Text, "west exported the service first") {
 			t.Errorf("%s's conflicts: %q", id, set)
 		}
 	}

@@ -1,10 +1,12 @@
 package spoke
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -15,15 +17,32 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/registry"
 )
 
-// The ServiceExport conditions a spoke writes (Kubernetes MCS API).
+// The ServiceExport conditions a spoke writes, and their reasons (the
+// Kubernetes MCS API's; InvalidService and RefusedByHub are Nave's own).
 const (
 	// ConditionValid says whether the export is valid and the hub took it.
 	ConditionValid = "Valid"
-	// ConditionConflict says whether the export conflicts with another cluster's export of the service.
+	// ConditionReady says whether the export is in the clusterset: the hub holds it.
+	ConditionReady = "Ready"
+	// ConditionConflict says whether the export conflicts with another cluster's
+	// export of the service; its reason names the conflicting properties
+	// (PortConflict, TypeConflict, ...), several joined by commas.
 	ConditionConflict = "Conflict"
+
+	ReasonValid              = "Valid"
+	ReasonNoService          = "NoService"
+	ReasonInvalidServiceType = "InvalidServiceType"
+	ReasonInvalidService     = "InvalidService"
+	ReasonRefusedByHub       = "RefusedByHub"
+	ReasonExported           = "Exported"
+	ReasonFailed             = "Failed"
+	ReasonNoConflicts        = "NoConflicts"
+	// reasonConflict stands for a conflict whose kind a hub did not say (one that predates kinds).
+	reasonConflict = "ConflictFound"
 )
 
 // statusFieldManager owns the conditions the spoke writes.
@@ -72,7 +91,7 @@ func (k *KubeSource) queueAllStatus() {
 	if l == nil || !k.writing.Load() {
 		return
 	}
-	exps, _ := (*l).List(labelsEverything)
+	exps, _ := l.lister.List(labelsEverything)
 	for _, o := range exps {
 		if u, ok := o.(*unstructured.Unstructured); ok {
 			k.statusQueue.Add(registry.ServiceKey{Namespace: u.GetNamespace(), Name: u.GetName()})
@@ -91,7 +110,7 @@ func (k *KubeSource) writeStatus(ctx context.Context, key registry.ServiceKey) {
 	if key == (registry.ServiceKey{}) {
 		return
 	}
-	export := k.export(key)
+	export, watch := k.export(key), k.exports.Load()
 	if export == nil || !k.filter.allows(key.Namespace) {
 		// Not ours to speak for: another spoke (or controller) may own that namespace.
 		k.statusQueue.Forget(key)
@@ -113,7 +132,7 @@ func (k *KubeSource) writeStatus(ctx context.Context, key registry.ServiceKey) {
 		k.log.Error("cannot encode ServiceExport status", "service", key, "err", err)
 		return
 	}
-	_, err = k.dynamic.Resource(ServiceExportResource).Namespace(key.Namespace).Patch(ctx, key.Name,
+	_, err = k.dynamic.Resource(watch.resource).Namespace(key.Namespace).Patch(ctx, key.Name,
 		types.MergePatchType, patch, metav1.PatchOptions{FieldManager: statusFieldManager}, "status")
 	switch {
 	case err == nil || apierrors.IsNotFound(err):
@@ -141,35 +160,59 @@ func (k *KubeSource) conditions(key registry.ServiceKey) []exportCondition {
 	k.statusMu.Unlock()
 
 	var out []exportCondition
+	// Ready follows Valid: the export is in the clusterset exactly when it is valid and the hub holds it.
 	invalid := func(reason, format string, args ...any) {
-		out = append(out, exportCondition{Type: ConditionValid, Status: metav1.ConditionFalse, Reason: reason,
-			Message: truncate(fmt.Sprintf(format, args...))})
+		msg := truncate(fmt.Sprintf(format, args...))
+		out = append(out,
+			exportCondition{Type: ConditionValid, Status: metav1.ConditionFalse, Reason: reason, Message: msg},
+			exportCondition{Type: ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonFailed, Message: msg})
 	}
 	svc, err := k.services.Services(key.Namespace).Get(key.Name)
 	switch {
 	case err != nil:
-		invalid("ServiceNotFound", "no Service %s in this namespace", key.Name)
+		invalid(ReasonNoService, "no Service %s in this namespace", key.Name)
 	case svc.Spec.Type == corev1.ServiceTypeExternalName:
-		invalid("ServiceTypeNotSupported", "ExternalName services do not federate")
+		invalid(ReasonInvalidServiceType, "ExternalName services do not federate")
 	case problem != "":
-		invalid("InvalidService", "%s", problem)
+		invalid(ReasonInvalidService, "%s", problem)
 	case !known:
 	case report.Refused != "":
-		invalid("RefusedByHub", "%s", report.Refused)
+		invalid(ReasonRefusedByHub, "%s", report.Refused)
 	default:
-		out = append(out, exportCondition{Type: ConditionValid, Status: metav1.ConditionTrue, Reason: "Exported",
-			Message: "the service is exported to the hub"})
+		out = append(out,
+			exportCondition{Type: ConditionValid, Status: metav1.ConditionTrue, Reason: ReasonValid,
+				Message: "the service is valid for export"},
+			exportCondition{Type: ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonExported,
+				Message: "the hub holds the export"})
 	}
 	switch {
 	case !known:
 	case len(report.Conflicts) > 0:
-		out = append(out, exportCondition{Type: ConditionConflict, Status: metav1.ConditionTrue, Reason: "ConflictFound",
-			Message: truncate(strings.Join(report.Conflicts, "; "))})
+		out = append(out, exportCondition{Type: ConditionConflict, Status: metav1.ConditionTrue,
+			Reason: conflictReason(report.Conflicts), Message: truncate(conflictMessage(report.Conflicts))})
 	default:
-		out = append(out, exportCondition{Type: ConditionConflict, Status: metav1.ConditionFalse, Reason: "NoConflict",
+		out = append(out, exportCondition{Type: ConditionConflict, Status: metav1.ConditionFalse, Reason: ReasonNoConflicts,
 			Message: "no other cluster exports the service differently"})
 	}
 	return out
+}
+
+// conflictReason joins the conflicts' kinds, sorted and each once, with commas.
+func conflictReason(conflicts []federation.Explanation) string {
+	var kinds []string
+	for _, c := range conflicts {
+		kinds = append(kinds, cmp.Or(string(c.Kind), reasonConflict))
+	}
+	slices.Sort(kinds)
+	return strings.Join(slices.Compact(kinds), ",")
+}
+
+func conflictMessage(conflicts []federation.Explanation) string {
+	texts := make([]string, len(conflicts))
+	for i, c := range conflicts {
+		texts[i] = c.Text
+	}
+	return strings.Join(texts, "; ")
 }
 
 func truncate(msg string) string {

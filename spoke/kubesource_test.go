@@ -139,6 +139,7 @@ func serviceExport(k registry.ServiceKey) *unstructured.Unstructured {
 	u.SetKind("ServiceExport")
 	u.SetNamespace(k.Namespace)
 	u.SetName(k.Name)
+	u.Object["spec"] = map[string]any{"exportedLabels": map[string]any{"example.com/exported": k.Name}}
 	return u
 }
 
@@ -297,15 +298,20 @@ func TestKubeSource(t *testing.T) {
 	if first[db].ExportedAt.IsZero() {
 		t.Error("db's ExportedAt is not its ServiceExport's creation time")
 	}
+	if got := first[db].Labels; len(got) != 1 || got["example.com/exported"] != "db" {
+		t.Errorf("db's exported labels = %v, want its ServiceExport's exportedLabels", got)
+	}
 
 	// Until the hub has reported, only what the spoke knows itself is written.
-	f.awaitCondition(ghost, ConditionValid, metav1.ConditionFalse, "ServiceNotFound")
+	f.awaitCondition(ghost, ConditionValid, metav1.ConditionFalse, ReasonNoService)
+	f.awaitCondition(ghost, ConditionReady, metav1.ConditionFalse, ReasonFailed)
 	if conds, _ := f.conditions(db); len(conds) != 0 {
 		t.Errorf("db's conditions before the hub reported: %+v, want none yet", conds)
 	}
 	kube.SetReports(federation.Reports{})
-	f.awaitCondition(db, ConditionValid, metav1.ConditionTrue, "Exported")
-	f.awaitCondition(db, ConditionConflict, metav1.ConditionFalse, "NoConflict")
+	f.awaitCondition(db, ConditionValid, metav1.ConditionTrue, ReasonValid)
+	f.awaitCondition(db, ConditionReady, metav1.ConditionTrue, ReasonExported)
+	f.awaitCondition(db, ConditionConflict, metav1.ConditionFalse, ReasonNoConflicts)
 	// Once right, the status is left alone: no write loop.
 	_, rv := f.conditions(db)
 	time.Sleep(time.Second)
@@ -314,17 +320,24 @@ func TestKubeSource(t *testing.T) {
 	}
 
 	t.Run("hub reports reach the ServiceExport", func(t *testing.T) {
-		kube.SetReports(federation.Reports{db: {Conflicts: []string{"port 5432/TCP: west wins"}}})
-		if c := f.awaitCondition(db, ConditionConflict, metav1.ConditionTrue, "ConflictFound"); c.Message != "port 5432/TCP: west wins" {
-			t.Errorf("conflict message = %q", c.Message)
+		kube.SetReports(federation.Reports{db: {Conflicts: []federation.Explanation{
+			{Kind: registry.TypeConflict, Text: "type: west wins"},
+			{Kind: registry.PortConflict, Text: "port 5432/TCP: west wins"},
+			{Kind: registry.PortConflict, Text: `port name "pg": west wins`},
+		}}})
+		c := f.awaitCondition(db, ConditionConflict, metav1.ConditionTrue, "PortConflict,TypeConflict")
+		if want := `type: west wins; port 5432/TCP: west wins; port name "pg": west wins`; c.Message != want {
+			t.Errorf("conflict message = %q, want %q", c.Message, want)
 		}
 		kube.SetReports(federation.Reports{db: {Refused: "too many endpoints"}})
-		if c := f.awaitCondition(db, ConditionValid, metav1.ConditionFalse, "RefusedByHub"); c.Message != "too many endpoints" {
+		if c := f.awaitCondition(db, ConditionValid, metav1.ConditionFalse, ReasonRefusedByHub); c.Message != "too many endpoints" {
 			t.Errorf("refusal message = %q", c.Message)
 		}
-		f.awaitCondition(db, ConditionConflict, metav1.ConditionFalse, "NoConflict")
+		f.awaitCondition(db, ConditionReady, metav1.ConditionFalse, ReasonFailed)
+		f.awaitCondition(db, ConditionConflict, metav1.ConditionFalse, ReasonNoConflicts)
 		kube.SetReports(nil)
-		f.awaitCondition(db, ConditionValid, metav1.ConditionTrue, "Exported")
+		f.awaitCondition(db, ConditionValid, metav1.ConditionTrue, ReasonValid)
+		f.awaitCondition(db, ConditionReady, metav1.ConditionTrue, ReasonExported)
 	})
 
 	kc, apps := f.kc, "apps"

@@ -1511,7 +1511,10 @@ type ServiceConflict struct {
 	// conflicts are human-readable, one per conflicting property: the property,
 	// both values, whose the hub kept and why (the oldest export wins, ties go
 	// to the lower cluster ID). The loser's value is ignored for that property.
-	Conflicts     []string `protobuf:"bytes,2,rep,name=conflicts,proto3" json:"conflicts,omitempty"`
+	Conflicts []string `protobuf:"bytes,2,rep,name=conflicts,proto3" json:"conflicts,omitempty"`
+	// reasons[i] is the Kubernetes MCS API's reason for conflicts[i]
+	// ("PortConflict", "TypeConflict", ...); hubs before reasons send none.
+	Reasons       []string `protobuf:"bytes,3,rep,name=reasons,proto3" json:"reasons,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1556,6 +1559,13 @@ func (x *ServiceConflict) GetService() *ServiceKey {
 func (x *ServiceConflict) GetConflicts() []string {
 	if x != nil {
 		return x.Conflicts
+	}
+	return nil
+}
+
+func (x *ServiceConflict) GetReasons() []string {
+	if x != nil {
+		return x.Reasons
 	}
 	return nil
 }
@@ -1622,8 +1632,20 @@ type Shard struct {
 	Headless       bool           `protobuf:"varint,3,opt,name=headless,proto3" json:"headless,omitempty"`
 	Ports          []*ServicePort `protobuf:"bytes,4,rep,name=ports,proto3" json:"ports,omitempty"`
 	Endpoints      []*Endpoint    `protobuf:"bytes,5,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// What an import mirrors of the Service besides its ports and type
+	// (Kubernetes MCS); Kubernetes' defaults are empty: session_affinity ""
+	// is None, internal_traffic_policy "" is Cluster.
+	SessionAffinity               string `protobuf:"bytes,6,opt,name=session_affinity,json=sessionAffinity,proto3" json:"session_affinity,omitempty"`
+	SessionAffinityTimeoutSeconds int32  `protobuf:"varint,7,opt,name=session_affinity_timeout_seconds,json=sessionAffinityTimeoutSeconds,proto3" json:"session_affinity_timeout_seconds,omitempty"`
+	InternalTrafficPolicy         string `protobuf:"bytes,8,opt,name=internal_traffic_policy,json=internalTrafficPolicy,proto3" json:"internal_traffic_policy,omitempty"`
+	TrafficDistribution           string `protobuf:"bytes,9,opt,name=traffic_distribution,json=trafficDistribution,proto3" json:"traffic_distribution,omitempty"`
+	// ip_families in the Service's order ("IPv4", "IPv6"); empty: not stated.
+	IpFamilies []string `protobuf:"bytes,10,rep,name=ip_families,json=ipFamilies,proto3" json:"ip_families,omitempty"`
+	// The ServiceExport's exportedLabels and exportedAnnotations.
+	Labels        map[string]string `protobuf:"bytes,11,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Annotations   map[string]string `protobuf:"bytes,12,rep,name=annotations,proto3" json:"annotations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Shard) Reset() {
@@ -1687,6 +1709,55 @@ func (x *Shard) GetPorts() []*ServicePort {
 func (x *Shard) GetEndpoints() []*Endpoint {
 	if x != nil {
 		return x.Endpoints
+	}
+	return nil
+}
+
+func (x *Shard) GetSessionAffinity() string {
+	if x != nil {
+		return x.SessionAffinity
+	}
+	return ""
+}
+
+func (x *Shard) GetSessionAffinityTimeoutSeconds() int32 {
+	if x != nil {
+		return x.SessionAffinityTimeoutSeconds
+	}
+	return 0
+}
+
+func (x *Shard) GetInternalTrafficPolicy() string {
+	if x != nil {
+		return x.InternalTrafficPolicy
+	}
+	return ""
+}
+
+func (x *Shard) GetTrafficDistribution() string {
+	if x != nil {
+		return x.TrafficDistribution
+	}
+	return ""
+}
+
+func (x *Shard) GetIpFamilies() []string {
+	if x != nil {
+		return x.IpFamilies
+	}
+	return nil
+}
+
+func (x *Shard) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *Shard) GetAnnotations() map[string]string {
+	if x != nil {
+		return x.Annotations
 	}
 	return nil
 }
@@ -2215,20 +2286,36 @@ const file_federation_v1_federation_proto_rawDesc = "" +
 	"\rResyncRequest\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\"S\n" +
 	"\x10ServiceConflicts\x12?\n" +
-	"\bservices\x18\x01 \x03(\v2#.nave.federation.v1.ServiceConflictR\bservices\"i\n" +
+	"\bservices\x18\x01 \x03(\v2#.nave.federation.v1.ServiceConflictR\bservices\"\x83\x01\n" +
 	"\x0fServiceConflict\x128\n" +
 	"\aservice\x18\x01 \x01(\v2\x1e.nave.federation.v1.ServiceKeyR\aservice\x12\x1c\n" +
-	"\tconflicts\x18\x02 \x03(\tR\tconflicts\">\n" +
+	"\tconflicts\x18\x02 \x03(\tR\tconflicts\x12\x18\n" +
+	"\areasons\x18\x03 \x03(\tR\areasons\">\n" +
 	"\n" +
 	"ServiceKey\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name\"\xfa\x01\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"\x82\x06\n" +
 	"\x05Shard\x128\n" +
 	"\aservice\x18\x01 \x01(\v2\x1e.nave.federation.v1.ServiceKeyR\aservice\x12(\n" +
 	"\x10exported_at_unix\x18\x02 \x01(\x03R\x0eexportedAtUnix\x12\x1a\n" +
 	"\bheadless\x18\x03 \x01(\bR\bheadless\x125\n" +
 	"\x05ports\x18\x04 \x03(\v2\x1f.nave.federation.v1.ServicePortR\x05ports\x12:\n" +
-	"\tendpoints\x18\x05 \x03(\v2\x1c.nave.federation.v1.EndpointR\tendpoints\"t\n" +
+	"\tendpoints\x18\x05 \x03(\v2\x1c.nave.federation.v1.EndpointR\tendpoints\x12)\n" +
+	"\x10session_affinity\x18\x06 \x01(\tR\x0fsessionAffinity\x12G\n" +
+	" session_affinity_timeout_seconds\x18\a \x01(\x05R\x1dsessionAffinityTimeoutSeconds\x126\n" +
+	"\x17internal_traffic_policy\x18\b \x01(\tR\x15internalTrafficPolicy\x121\n" +
+	"\x14traffic_distribution\x18\t \x01(\tR\x13trafficDistribution\x12\x1f\n" +
+	"\vip_families\x18\n" +
+	" \x03(\tR\n" +
+	"ipFamilies\x12=\n" +
+	"\x06labels\x18\v \x03(\v2%.nave.federation.v1.Shard.LabelsEntryR\x06labels\x12L\n" +
+	"\vannotations\x18\f \x03(\v2*.nave.federation.v1.Shard.AnnotationsEntryR\vannotations\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a>\n" +
+	"\x10AnnotationsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"t\n" +
 	"\vServicePort\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\x05R\x04port\x12\x1a\n" +
@@ -2277,7 +2364,7 @@ func file_federation_v1_federation_proto_rawDescGZIP() []byte {
 	return file_federation_v1_federation_proto_rawDescData
 }
 
-var file_federation_v1_federation_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_federation_v1_federation_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_federation_v1_federation_proto_goTypes = []any{
 	(*ReplicaRequest)(nil),   // 0: nave.federation.v1.ReplicaRequest
 	(*ReplicaMessage)(nil),   // 1: nave.federation.v1.ReplicaMessage
@@ -2308,6 +2395,8 @@ var file_federation_v1_federation_proto_goTypes = []any{
 	(*Locality)(nil),         // 26: nave.federation.v1.Locality
 	(*Snapshot)(nil),         // 27: nave.federation.v1.Snapshot
 	(*SnapshotCluster)(nil),  // 28: nave.federation.v1.SnapshotCluster
+	nil,                      // 29: nave.federation.v1.Shard.LabelsEntry
+	nil,                      // 30: nave.federation.v1.Shard.AnnotationsEntry
 }
 var file_federation_v1_federation_proto_depIdxs = []int32{
 	2,  // 0: nave.federation.v1.ReplicaRequest.hello:type_name -> nave.federation.v1.ReplicaHello
@@ -2340,20 +2429,22 @@ var file_federation_v1_federation_proto_depIdxs = []int32{
 	21, // 27: nave.federation.v1.Shard.service:type_name -> nave.federation.v1.ServiceKey
 	23, // 28: nave.federation.v1.Shard.ports:type_name -> nave.federation.v1.ServicePort
 	24, // 29: nave.federation.v1.Shard.endpoints:type_name -> nave.federation.v1.Endpoint
-	25, // 30: nave.federation.v1.Endpoint.ports:type_name -> nave.federation.v1.EndpointPort
-	26, // 31: nave.federation.v1.Endpoint.locality:type_name -> nave.federation.v1.Locality
-	28, // 32: nave.federation.v1.Snapshot.clusters:type_name -> nave.federation.v1.SnapshotCluster
-	4,  // 33: nave.federation.v1.SnapshotCluster.stamp:type_name -> nave.federation.v1.Stamp
-	22, // 34: nave.federation.v1.SnapshotCluster.shards:type_name -> nave.federation.v1.Shard
-	9,  // 35: nave.federation.v1.Federation.Publish:input_type -> nave.federation.v1.SpokeMessage
-	0,  // 36: nave.federation.v1.Replication.Subscribe:input_type -> nave.federation.v1.ReplicaRequest
-	10, // 37: nave.federation.v1.Federation.Publish:output_type -> nave.federation.v1.HubMessage
-	1,  // 38: nave.federation.v1.Replication.Subscribe:output_type -> nave.federation.v1.ReplicaMessage
-	37, // [37:39] is the sub-list for method output_type
-	35, // [35:37] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	29, // 30: nave.federation.v1.Shard.labels:type_name -> nave.federation.v1.Shard.LabelsEntry
+	30, // 31: nave.federation.v1.Shard.annotations:type_name -> nave.federation.v1.Shard.AnnotationsEntry
+	25, // 32: nave.federation.v1.Endpoint.ports:type_name -> nave.federation.v1.EndpointPort
+	26, // 33: nave.federation.v1.Endpoint.locality:type_name -> nave.federation.v1.Locality
+	28, // 34: nave.federation.v1.Snapshot.clusters:type_name -> nave.federation.v1.SnapshotCluster
+	4,  // 35: nave.federation.v1.SnapshotCluster.stamp:type_name -> nave.federation.v1.Stamp
+	22, // 36: nave.federation.v1.SnapshotCluster.shards:type_name -> nave.federation.v1.Shard
+	9,  // 37: nave.federation.v1.Federation.Publish:input_type -> nave.federation.v1.SpokeMessage
+	0,  // 38: nave.federation.v1.Replication.Subscribe:input_type -> nave.federation.v1.ReplicaRequest
+	10, // 39: nave.federation.v1.Federation.Publish:output_type -> nave.federation.v1.HubMessage
+	1,  // 40: nave.federation.v1.Replication.Subscribe:output_type -> nave.federation.v1.ReplicaMessage
+	39, // [39:41] is the sub-list for method output_type
+	37, // [37:39] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_federation_v1_federation_proto_init() }
@@ -2388,7 +2479,7 @@ func file_federation_v1_federation_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_federation_v1_federation_proto_rawDesc), len(file_federation_v1_federation_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   29,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
