@@ -32,16 +32,17 @@ bench:
 demo: build
 	$(BIN)/nave demo
 
-## generate: regenerate the federation protobuf code (committed).
+## generate: regenerate the federation protobuf code and the MCS CRDs in deploy/crds (committed).
 generate: protoc
 	$(PROTOC) --plugin=protoc-gen-go="$$($(GO) tool -n protoc-gen-go)" \
 		--plugin=protoc-gen-go-grpc="$$($(GO) tool -n protoc-gen-go-grpc)" \
 		--go_out=paths=source_relative:. --go-grpc_out=paths=source_relative:. \
 		federation/v1/federation.proto
+	$(GO) run ./internal/mcscrds deploy/crds
 
 ## generate-check: fail when the committed generated code is not what `make generate` produces.
 generate-check: generate
-	@git diff --exit-code -- federation/v1 || { echo "generated code is stale: run 'make generate' and commit"; exit 1; }
+	@git diff --exit-code -- federation/v1 deploy/crds || { echo "generated code is stale: run 'make generate' and commit"; exit 1; }
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); [ -z "$$out" ] || { echo "gofmt needed:"; echo "$$out"; exit 1; }

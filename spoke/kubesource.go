@@ -25,14 +25,24 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
+	mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
+	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 
 	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/registry"
 )
 
 // ServiceExportResource is the Kubernetes Multi-Cluster Services API's
-// ServiceExport: one in a Service's namespace with the Service's name exports it.
-var ServiceExportResource = schema.GroupVersionResource{Group: "multicluster.x-k8s.io", Version: "v1alpha1", Resource: "serviceexports"}
+// ServiceExport, at its storage version: one in a Service's namespace with
+// the Service's name exports it.
+var ServiceExportResource = mcsv1beta1.SchemeGroupVersion.WithResource(mcsv1beta1.ServiceExportPluralName)
+
+// serviceExportVersions are the ServiceExport versions a spoke reads and
+// writes, preferred first: it uses the first the cluster serves.
+var serviceExportVersions = []schema.GroupVersionResource{
+	ServiceExportResource,
+	mcsv1alpha1.SchemeGroupVersion.WithResource(mcsv1alpha1.ServiceExportPluralName),
+}
 
 // DefaultExportsRecheck is how often a spoke started without the
 // ServiceExport CRD looks for it again, so that installing it later needs
@@ -83,9 +93,9 @@ type KubeSource struct {
 	services  corelisters.ServiceLister
 	slicesIdx cache.Indexer
 	nodes     corelisters.NodeLister
-	exports   atomic.Pointer[cache.GenericLister] // nil until the ServiceExport informer has synced
-	synced    chan struct{}                       // closed once the first state is published
-	nodesLive atomic.Bool                         // node events matter: the initial build is done
+	exports   atomic.Pointer[exportWatch] // nil until the ServiceExport informer has synced
+	synced    chan struct{}               // closed once the first state is published
+	nodesLive atomic.Bool                 // node events matter: the initial build is done
 	queue     workqueue.TypedRateLimitingInterface[registry.ServiceKey]
 
 	// status is what the ServiceExport conditions are made of; guarded by statusMu.
@@ -98,6 +108,12 @@ type KubeSource struct {
 	// queueing every ServiceExport.
 	statusQueue workqueue.TypedRateLimitingInterface[registry.ServiceKey]
 	writing     atomic.Bool
+}
+
+// exportWatch is the ServiceExport informer's cache, and the version it watches.
+type exportWatch struct {
+	lister   cache.GenericLister
+	resource schema.GroupVersionResource
 }
 
 // NewKubeSource returns a source over the given clients. opts.ExportAll
@@ -231,7 +247,7 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 	defer stopExports()
 	// Not knowing must not pass for "not installed": the first state would
 	// leave out every service exported by a ServiceExport.
-	installed, err := k.serviceExportsInstalled()
+	gvr, installed, err := k.serviceExportsInstalled()
 	for wait := time.Second; err != nil; wait = min(2*wait, 30*time.Second) {
 		k.log.Warn("cannot tell whether the ServiceExport CRD is installed; holding the first state back", "err", err, "retry", wait)
 		select {
@@ -239,10 +255,10 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 			return ctx.Err()
 		case <-time.After(wait):
 		}
-		installed, err = k.serviceExportsInstalled()
+		gvr, installed, err = k.serviceExportsInstalled()
 	}
 	if installed {
-		if err := k.watchServiceExports(exportsCtx, &exportsDone); err != nil {
+		if err := k.watchServiceExports(exportsCtx, gvr, &exportsDone); err != nil {
 			return err
 		}
 	} else {
@@ -313,7 +329,7 @@ func (k *KubeSource) enqueueAll() {
 		k.enqueue(registry.ServiceKey{Namespace: s.Namespace, Name: s.Name})
 	}
 	if l := k.exports.Load(); l != nil {
-		exps, _ := (*l).List(labelsEverything)
+		exps, _ := l.lister.List(labelsEverything)
 		for _, o := range exps {
 			if u, ok := o.(*unstructured.Unstructured); ok {
 				k.enqueue(registry.ServiceKey{Namespace: u.GetNamespace(), Name: u.GetName()})
@@ -406,8 +422,24 @@ func (k *KubeSource) build(key registry.ServiceKey) (shard *registry.Shard, expo
 		if t := export.GetCreationTimestamp(); !t.IsZero() {
 			shard.ExportedAt = t.Time
 		}
+		// Every import carries the export's exportedLabels and exportedAnnotations.
+		shard.Labels = exportedMetadata(export, "exportedLabels")
+		shard.Annotations = exportedMetadata(export, "exportedAnnotations")
+		if err := shard.Validate(k.opts.limits()); err != nil {
+			return nil, true, err.Error()
+		}
 	}
 	return shard, true, ""
+}
+
+// exportedMetadata reads a ServiceExport's spec.exportedLabels or
+// spec.exportedAnnotations (nil when empty or not a string map).
+func exportedMetadata(export *unstructured.Unstructured, field string) map[string]string {
+	m, _, err := unstructured.NestedStringMap(export.Object, "spec", field)
+	if err != nil || len(m) == 0 {
+		return nil
+	}
+	return m
 }
 
 // export returns the service's ServiceExport, or nil.
@@ -416,7 +448,7 @@ func (k *KubeSource) export(key registry.ServiceKey) *unstructured.Unstructured 
 	if l == nil {
 		return nil
 	}
-	o, err := (*l).ByNamespace(key.Namespace).Get(key.Name)
+	o, err := l.lister.ByNamespace(key.Namespace).Get(key.Name)
 	if err != nil {
 		return nil
 	}
@@ -424,24 +456,27 @@ func (k *KubeSource) export(key registry.ServiceKey) *unstructured.Unstructured 
 	return u
 }
 
-// serviceExportsInstalled asks the API server's discovery for the ServiceExport resource.
-func (k *KubeSource) serviceExportsInstalled() (bool, error) {
+// serviceExportsInstalled asks the API server's discovery for the
+// ServiceExport resource, and returns the preferred version it serves.
+func (k *KubeSource) serviceExportsInstalled() (schema.GroupVersionResource, bool, error) {
 	if k.dynamic == nil {
-		return false, nil
+		return schema.GroupVersionResource{}, false, nil
 	}
-	list, err := k.client.Discovery().ServerResourcesForGroupVersion(ServiceExportResource.GroupVersion().String())
-	if apierrors.IsNotFound(err) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("discover %s: %w", ServiceExportResource.GroupVersion(), err)
-	}
-	for _, r := range list.APIResources {
-		if r.Name == ServiceExportResource.Resource {
-			return true, nil
+	for _, gvr := range serviceExportVersions {
+		list, err := k.client.Discovery().ServerResourcesForGroupVersion(gvr.GroupVersion().String())
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return gvr, false, fmt.Errorf("discover %s: %w", gvr.GroupVersion(), err)
+		}
+		for _, r := range list.APIResources {
+			if r.Name == gvr.Resource {
+				return gvr, true, nil
+			}
 		}
 	}
-	return false, nil
+	return schema.GroupVersionResource{}, false, nil
 }
 
 // awaitServiceExports looks for the ServiceExport CRD until it is installed, then watches it.
@@ -454,14 +489,14 @@ func (k *KubeSource) awaitServiceExports(ctx context.Context, wg *sync.WaitGroup
 			return
 		case <-t.C:
 		}
-		ok, err := k.serviceExportsInstalled()
+		gvr, ok, err := k.serviceExportsInstalled()
 		if err != nil {
 			k.log.Warn("cannot tell whether the ServiceExport CRD is installed", "err", err)
 			continue
 		}
 		if ok {
-			k.log.Info("ServiceExport CRD installed; watching ServiceExports")
-			if err := k.watchServiceExports(ctx, wg); err != nil {
+			k.log.Info("ServiceExport CRD installed; watching ServiceExports", "version", gvr.Version)
+			if err := k.watchServiceExports(ctx, gvr, wg); err != nil {
 				k.log.Error("cannot watch ServiceExports", "err", err)
 				return
 			}
@@ -473,9 +508,9 @@ func (k *KubeSource) awaitServiceExports(ctx context.Context, wg *sync.WaitGroup
 
 // watchServiceExports starts the ServiceExport informer and waits for it to
 // sync (or ctx to end: then it returns ctx's error).
-func (k *KubeSource) watchServiceExports(ctx context.Context, wg *sync.WaitGroup) error {
+func (k *KubeSource) watchServiceExports(ctx context.Context, gvr schema.GroupVersionResource, wg *sync.WaitGroup) error {
 	factory := dynamicinformer.NewDynamicSharedInformerFactory(k.dynamic, 0)
-	inf := factory.ForResource(ServiceExportResource)
+	inf := factory.ForResource(gvr)
 	if err := inf.Informer().SetTransform(strip); err != nil {
 		return fmt.Errorf("strip ServiceExports: %w", err)
 	}
@@ -494,8 +529,7 @@ func (k *KubeSource) watchServiceExports(ctx context.Context, wg *sync.WaitGroup
 	if !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
 		return ctx.Err()
 	}
-	l := inf.Lister()
-	k.exports.Store(&l)
+	k.exports.Store(&exportWatch{lister: inf.Lister(), resource: gvr})
 	return nil
 }
 
@@ -560,7 +594,10 @@ func strip(obj any) (any, error) {
 	case *corev1.Service:
 		o.ManagedFields, o.Annotations, o.OwnerReferences = nil, nil, nil
 		o.Labels = keepLabels(o.Labels, ExportLabel)
-		o.Spec = corev1.ServiceSpec{Type: o.Spec.Type, ClusterIP: o.Spec.ClusterIP, Ports: o.Spec.Ports}
+		o.Spec = corev1.ServiceSpec{Type: o.Spec.Type, ClusterIP: o.Spec.ClusterIP, Ports: o.Spec.Ports,
+			SessionAffinity: o.Spec.SessionAffinity, SessionAffinityConfig: o.Spec.SessionAffinityConfig,
+			InternalTrafficPolicy: o.Spec.InternalTrafficPolicy, TrafficDistribution: o.Spec.TrafficDistribution,
+			IPFamilies: o.Spec.IPFamilies}
 		o.Status = corev1.ServiceStatus{}
 	case *discoveryv1.EndpointSlice:
 		o.ManagedFields, o.Annotations, o.OwnerReferences = nil, nil, nil

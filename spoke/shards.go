@@ -34,6 +34,14 @@ type BuildOptions struct {
 	Limits registry.Limits
 }
 
+// limits are the shard limits the options name, or the default ones.
+func (opts BuildOptions) limits() registry.Limits {
+	if opts.Limits == (registry.Limits{}) {
+		return registry.DefaultLimits()
+	}
+	return opts.Limits
+}
+
 // BuildShards returns one normalized, validated shard per exported service.
 // A service whose shard is invalid as a whole (its name, its ports, too many
 // endpoints...) has no shard; invalid holds its error instead. errs reports
@@ -43,10 +51,7 @@ type BuildOptions struct {
 // the service. The objects are not modified. Empty lists in the shards are
 // empty slices, never nil, as federation decodes them on the hub.
 func BuildShards(objs Objects, opts BuildOptions) (shards map[registry.ServiceKey]*registry.Shard, invalid map[registry.ServiceKey]error, errs []error) {
-	lim := opts.Limits
-	if lim == (registry.Limits{}) {
-		lim = registry.DefaultLimits()
-	}
+	lim := opts.limits()
 	nodes := make(map[string]*corev1.Node, len(objs.Nodes))
 	for _, n := range objs.Nodes {
 		if n != nil {
@@ -109,6 +114,7 @@ func buildShard(k registry.ServiceKey, svc *corev1.Service, eslices []*discovery
 		Headless:   svc.Spec.ClusterIP == corev1.ClusterIPNone,
 		Ports:      make([]registry.ServicePort, 0, len(svc.Spec.Ports)),
 		Endpoints:  []registry.Endpoint{},
+		Properties: properties(&svc.Spec),
 	}
 	for _, p := range svc.Spec.Ports {
 		sp := registry.ServicePort{Name: p.Name, Port: p.Port, Protocol: registry.Protocol(p.Protocol)}
@@ -189,6 +195,30 @@ func buildShard(k registry.ServiceKey, svc *corev1.Service, eslices []*discovery
 	}
 	s.Endpoints = eps.list()
 	return s, errs
+}
+
+// properties are what an import mirrors of a Service's spec, Kubernetes'
+// defaults as the registry's empty values.
+func properties(spec *corev1.ServiceSpec) registry.Properties {
+	var p registry.Properties
+	if spec.SessionAffinity == corev1.ServiceAffinityClientIP {
+		p.SessionAffinity = registry.SessionAffinityClientIP
+		if c := spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
+			p.SessionAffinityTimeout = *c.ClientIP.TimeoutSeconds
+		}
+	} else if spec.SessionAffinity != "" && spec.SessionAffinity != corev1.ServiceAffinityNone {
+		p.SessionAffinity = string(spec.SessionAffinity) // refused by validation, by name
+	}
+	if spec.InternalTrafficPolicy != nil && *spec.InternalTrafficPolicy != corev1.ServiceInternalTrafficPolicyCluster {
+		p.InternalTrafficPolicy = string(*spec.InternalTrafficPolicy)
+	}
+	if spec.TrafficDistribution != nil {
+		p.TrafficDistribution = *spec.TrafficDistribution
+	}
+	for _, f := range spec.IPFamilies {
+		p.IPFamilies = append(p.IPFamilies, registry.IPFamily(f))
+	}
+	return p
 }
 
 // conditions applies the EndpointSlice API's rules for unset conditions:
