@@ -24,7 +24,7 @@ func ShardToProto(s *registry.Shard) *fedv1.Shard {
 	if s.ExportedAt.IsZero() {
 		out.ExportedAtUnix = 0
 	}
-	propertiesToProto(&s.Properties, out)
+	out.Properties = propertiesToProto(&s.Properties)
 	for i, p := range s.Ports {
 		out.Ports[i] = &fedv1.ServicePort{Name: p.Name, Port: p.Port, Protocol: string(p.Protocol), AppProtocol: p.AppProtocol}
 	}
@@ -91,10 +91,10 @@ func ShardFromProtoUnvalidated(cluster registry.ClusterID, in *fedv1.Shard, lim 
 	if t := in.GetExportedAtUnix(); t != 0 {
 		s.ExportedAt = time.Unix(t, 0).UTC()
 	}
-	if n := len(in.GetLabels()) + len(in.GetAnnotations()); n > maxExportedMetadata {
+	if n := len(in.GetProperties().GetLabels()) + len(in.GetProperties().GetAnnotations()); n > maxExportedMetadata {
 		return nil, bad("%d exported labels and annotations, more than the limit of %d", n, maxExportedMetadata)
 	}
-	propertiesFromProto(in, &s.Properties)
+	s.Properties = propertiesFromProto(in.GetProperties())
 	for i, p := range in.GetPorts() {
 		s.Ports[i] = registry.ServicePort{Name: p.GetName(), Port: p.GetPort(), Protocol: registry.Protocol(p.GetProtocol()), AppProtocol: p.GetAppProtocol()}
 	}
@@ -135,20 +135,25 @@ func ShardFromProtoUnvalidated(cluster registry.ClusterID, in *fedv1.Shard, lim 
 // together, before they are copied (the registry bounds their bytes).
 const maxExportedMetadata = 1024
 
-func propertiesToProto(p *registry.Properties, out *fedv1.Shard) {
-	out.SessionAffinity = p.SessionAffinity
-	out.SessionAffinityTimeoutSeconds = p.SessionAffinityTimeout
-	out.InternalTrafficPolicy = p.InternalTrafficPolicy
-	out.TrafficDistribution = p.TrafficDistribution
+// propertiesToProto encodes properties; the defaults encode as nothing.
+func propertiesToProto(p *registry.Properties) *fedv1.ServiceProperties {
+	if p.Equal(&registry.Properties{}) {
+		return nil
+	}
+	out := &fedv1.ServiceProperties{
+		SessionAffinity: p.SessionAffinity, SessionAffinityTimeoutSeconds: p.SessionAffinityTimeout,
+		InternalTrafficPolicy: p.InternalTrafficPolicy, TrafficDistribution: p.TrafficDistribution,
+		Labels: p.Labels, Annotations: p.Annotations,
+	}
 	for _, f := range p.IPFamilies {
 		out.IpFamilies = append(out.IpFamilies, string(f))
 	}
-	out.Labels, out.Annotations = p.Labels, p.Annotations
+	return out
 }
 
-// propertiesFromProto decodes a shard's properties; empty maps and lists
-// become nil, as the registry's hash and equality treat them alike.
-func propertiesFromProto(in *fedv1.Shard, p *registry.Properties) {
+// propertiesFromProto decodes properties (unvalidated); empty maps and
+// lists become nil, as the registry's hash and equality treat them alike.
+func propertiesFromProto(in *fedv1.ServiceProperties) (p registry.Properties) {
 	p.SessionAffinity = in.GetSessionAffinity()
 	p.SessionAffinityTimeout = in.GetSessionAffinityTimeoutSeconds()
 	p.InternalTrafficPolicy = in.GetInternalTrafficPolicy()
@@ -162,6 +167,7 @@ func propertiesFromProto(in *fedv1.Shard, p *registry.Properties) {
 	if len(in.GetAnnotations()) > 0 {
 		p.Annotations = in.GetAnnotations()
 	}
+	return p
 }
 
 // KeyToProto encodes a service key.

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/registry"
 )
 
@@ -48,14 +49,14 @@ func TestShardFromProtoBoundsMetadata(t *testing.T) {
 	s := &registry.Shard{Cluster: "east", Service: registry.ServiceKey{Namespace: "demo", Name: "web"},
 		Ports: []registry.ServicePort{{Name: "http", Port: 80, Protocol: registry.ProtocolTCP}}}
 	p := ShardToProto(s)
-	p.Labels = map[string]string{}
+	p.Properties = &fedv1.ServiceProperties{Labels: map[string]string{}}
 	for i := range maxExportedMetadata + 1 {
-		p.Labels["l"+strconv.Itoa(i)] = "v"
+		p.Properties.Labels["l"+strconv.Itoa(i)] = "v"
 	}
 	if _, err := ShardFromProto("east", p, registry.DefaultLimits()); err == nil || !strings.Contains(err.Error(), "exported labels and annotations") {
 		t.Fatalf("ShardFromProto() = %v, want the metadata limit", err)
 	}
-	p.Labels = map[string]string{"bad key!": "v"}
+	p.Properties.Labels = map[string]string{"bad key!": "v"}
 	if _, err := ShardFromProto("east", p, registry.DefaultLimits()); err == nil || !strings.Contains(err.Error(), "label key") {
 		t.Fatalf("ShardFromProto() = %v, want an invalid label key", err)
 	}

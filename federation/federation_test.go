@@ -178,6 +178,7 @@ func stateOf(shards ...*registry.Shard) State {
 
 // publisher runs a Publisher and reports every status it passes through.
 type publisher struct {
+	pub    *Publisher
 	states chan State
 	status chan SessionStatus
 	cancel context.CancelFunc
@@ -190,7 +191,7 @@ func startPublisher(t *testing.T, conn *grpc.ClientConn, cluster registry.Cluste
 	p := &publisher{states: make(chan State, 1), status: make(chan SessionStatus, 1000), done: make(chan struct{})}
 	pub := NewPublisher(cfg, conn, slog.New(slog.DiscardHandler), func(s SessionStatus) { p.status <- s })
 	ctx, cancel := context.WithCancel(context.Background())
-	p.cancel = cancel
+	p.cancel, p.pub = cancel, pub
 	go func() { defer close(p.done); _ = pub.Run(ctx, p.states) }()
 	t.Cleanup(p.stop)
 	return p

@@ -202,6 +202,11 @@ type HubServer struct {
 
 	sessionsMu sync.Mutex
 	sessions   map[registry.ClusterID]*liveSession // the newest session per cluster
+
+	// imports, when set, feeds the import stream of spokes that take it.
+	imports      ImportSource
+	importsMu    sync.Mutex
+	importStatus map[registry.ClusterID]ImportStatus
 }
 
 type liveSession struct {
@@ -214,9 +219,13 @@ func NewHubServer(cfg HubConfig, store Store, epochs EpochIssuer, metrics HubMet
 	return &HubServer{
 		cfg: cfg, store: store, epochs: epochs, metrics: metrics,
 		log:      log.With("component", "federation"),
-		sessions: map[registry.ClusterID]*liveSession{},
+		sessions: map[registry.ClusterID]*liveSession{}, importStatus: map[registry.ClusterID]ImportStatus{},
 	}
 }
+
+// ServeImports makes the hub send imports from src to every spoke that takes
+// the import stream. Call it before the server serves.
+func (h *HubServer) ServeImports(src ImportSource) { h.imports = src }
 
 // Publish implements the Federation service.
 func (h *HubServer) Publish(stream fedv1.Federation_PublishServer) error {
@@ -275,7 +284,12 @@ func (h *HubServer) Publish(stream fedv1.Federation_PublishServer) error {
 	// them, a new one (perhaps a restarted spoke) may start again from 1.
 	s := &hubSession{h: h, cluster: cluster, epoch: epoch, log: log, stream: stream,
 		wantConflicts: slices.Contains(hello.GetCapabilities(), CapabilityServiceConflicts)}
-	if resume {
+	if h.imports != nil && slices.Contains(hello.GetCapabilities(), CapabilityImports) {
+		s.imports = newHubImports(s, hello.GetNamespaces())
+		defer h.dropImportStatus(cluster, epoch)
+		err = s.imports.next()
+	}
+	if resume && err == nil {
 		s.version = held.Version
 		err = s.synced()
 	}
@@ -369,6 +383,17 @@ type hubSession struct {
 	// sentConflicts is the set the spoke was last sent, valid when conflictsSent.
 	sentConflicts Conflicts
 	conflictsSent bool
+
+	// imports is the session's import stream; nil when the spoke does not take it.
+	imports *hubImports
+}
+
+// importsChanged is closed once the hub's import set changes (nil: never).
+func (s *hubSession) importsChanged() <-chan struct{} {
+	if s.imports == nil {
+		return nil
+	}
+	return s.imports.changed
 }
 
 func (s *hubSession) run(ctx context.Context, msgs <-chan *fedv1.SpokeMessage, errc <-chan error) error {
@@ -382,6 +407,10 @@ func (s *hubSession) run(ctx context.Context, msgs <-chan *fedv1.SpokeMessage, e
 			if err := s.sendConflicts(); err != nil {
 				return err
 			}
+		case <-s.importsChanged():
+			if err := s.imports.next(); err != nil {
+				return err
+			}
 		case m := <-msgs:
 			var err error
 			switch k := m.GetKind().(type) {
@@ -389,6 +418,11 @@ func (s *hubSession) run(ctx context.Context, msgs <-chan *fedv1.SpokeMessage, e
 				err = s.update(ctx, k.Update)
 			case *fedv1.SpokeMessage_Digest:
 				err = s.digest(ctx, k.Digest)
+			case *fedv1.SpokeMessage_Namespaces, *fedv1.SpokeMessage_ImportAck, *fedv1.SpokeMessage_ImportNack, *fedv1.SpokeMessage_ImportsWritten:
+				if s.imports == nil {
+					return status.Errorf(codes.InvalidArgument, "%T without the %q capability", k, CapabilityImports)
+				}
+				err = s.imports.handle(m)
 			default:
 				return status.Errorf(codes.InvalidArgument, "unexpected %T after hello", k)
 			}

@@ -9,6 +9,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	fedv1 "github.com/navemesh/nave/federation/v1"
+	"github.com/navemesh/nave/imports"
 	"github.com/navemesh/nave/registry"
 )
 
@@ -45,6 +47,11 @@ type SpokeConfig struct {
 	// is called from Run's goroutine and must not block; the Reports are the
 	// callee's to keep, but must not be modified.
 	OnReport func(Reports)
+	// OnImports, if not nil, takes the import stream: it is given the imports
+	// the cluster must hold each time the hub changes them (see ImportState),
+	// and the publisher sends nothing before SetNamespaces has named the
+	// cluster's namespaces. It is called from Run's goroutine and must not block.
+	OnImports func(ImportState)
 }
 
 // Reports says, for each desired service with something to report, what the
@@ -140,6 +147,15 @@ type Publisher struct {
 	// have not been sent since: the hub may hold a shard the spoke never saw.
 	retained map[registry.ServiceKey]bool
 	nonce    uint64
+	// imports is what the hub last said the cluster must hold (never nil).
+	imports *ImportState
+
+	// The cluster's namespaces (SetNamespaces), and the writer's last report (ImportsWritten).
+	nsMu      sync.Mutex
+	ns        []string
+	nsKnown   bool
+	nsChanged chan struct{}
+	written   chan [2]uint64
 }
 
 // NewPublisher returns a publisher that talks to the hub over conn. status,
@@ -156,6 +172,9 @@ func NewPublisher(cfg SpokeConfig, conn grpc.ClientConnInterface, log *slog.Logg
 		rejected:    map[registry.ServiceKey]registry.Hash{},
 		tooBig:      map[registry.ServiceKey]registry.Hash{},
 		refusals:    map[registry.ServiceKey]string{},
+		imports:     &ImportState{Imports: map[registry.ServiceKey]*imports.Import{}, Removed: map[registry.ServiceKey]bool{}},
+		nsChanged:   make(chan struct{}, 1),
+		written:     make(chan [2]uint64, 1),
 	}
 }
 
@@ -166,6 +185,15 @@ func (p *Publisher) Run(ctx context.Context, desired <-chan State) error {
 	case p.desired = <-desired:
 	case <-ctx.Done():
 		return nil
+	}
+	for _, known := p.namespaces(); p.cfg.OnImports != nil && !known; _, known = p.namespaces() {
+		// Without its namespaces the hub could not tell what the cluster imports.
+		select {
+		case p.desired = <-desired:
+		case <-p.nsChanged:
+		case <-ctx.Done():
+			return nil
+		}
 	}
 	backoff := p.cfg.MinBackoff
 	for {
@@ -239,6 +267,10 @@ func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
 	if p.ackedKnown {
 		hello.AckedEpoch, hello.AckedVersion, hello.AckedDigest = p.ackedEpoch, p.ackedVersion, p.ackedDigest.String()
 	}
+	if p.cfg.OnImports != nil {
+		hello.Capabilities = append(hello.Capabilities, CapabilityImports)
+		hello.Namespaces, _ = p.namespaces()
+	}
 	if err := stream.Send(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Hello{Hello: hello}}); err != nil {
 		return fmt.Errorf("send hello: %w", err)
 	}
@@ -257,6 +289,10 @@ func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
 	p.sessionEpoch = welcome.GetEpoch()
 	clear(p.tooBig)
 	s := &spokeSession{p: p, stream: stream, epoch: welcome.GetEpoch(), resumed: welcome.GetResume()}
+	var nsChanged <-chan struct{}
+	if p.cfg.OnImports != nil {
+		s.imports, nsChanged = &spokeImports{s: s}, p.nsChanged
+	}
 	s.needFull, s.synced = !s.resumed, s.resumed
 	if s.needFull {
 		p.ackedKnown = false
@@ -290,6 +326,16 @@ func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
 			if err := s.sendDigest(); err != nil {
 				return err
 			}
+		case <-nsChanged:
+			if err := s.imports.sendNamespaces(); err != nil {
+				return err
+			}
+		case w := <-p.written:
+			if s.imports != nil {
+				if err := s.imports.sendWritten(w); err != nil {
+					return err
+				}
+			}
 		case m := <-msgs:
 			if err := s.handle(m); err != nil {
 				return err
@@ -310,6 +356,8 @@ type spokeSession struct {
 	inflight []pending
 	fullAcc  State  // the chunks of the full state in flight, as acknowledged
 	spoiled  uint64 // a full-state version the hub refused: its later chunks are refused too
+	// imports is the session's import stream; nil when the spoke does not take it.
+	imports *spokeImports
 }
 
 func (s *spokeSession) report() { s.p.report(true, s.resumed, s.synced) }
@@ -372,6 +420,11 @@ func (s *spokeSession) handle(m *fedv1.HubMessage) error {
 	case *fedv1.HubMessage_Conflicts:
 		s.p.conflictsFrom(k.Conflicts)
 		return nil
+	case *fedv1.HubMessage_Imports:
+		if s.imports == nil {
+			return fmt.Errorf("the hub sent imports, which this spoke did not ask for")
+		}
+		return s.imports.update(k.Imports)
 	default:
 		return fmt.Errorf("unexpected %T from the hub", k)
 	}

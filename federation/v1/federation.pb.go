@@ -665,6 +665,10 @@ type SpokeMessage struct {
 	//	*SpokeMessage_Hello
 	//	*SpokeMessage_Update
 	//	*SpokeMessage_Digest
+	//	*SpokeMessage_Namespaces
+	//	*SpokeMessage_ImportAck
+	//	*SpokeMessage_ImportNack
+	//	*SpokeMessage_ImportsWritten
 	Kind          isSpokeMessage_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -734,6 +738,42 @@ func (x *SpokeMessage) GetDigest() *Digest {
 	return nil
 }
 
+func (x *SpokeMessage) GetNamespaces() *Namespaces {
+	if x != nil {
+		if x, ok := x.Kind.(*SpokeMessage_Namespaces); ok {
+			return x.Namespaces
+		}
+	}
+	return nil
+}
+
+func (x *SpokeMessage) GetImportAck() *Ack {
+	if x != nil {
+		if x, ok := x.Kind.(*SpokeMessage_ImportAck); ok {
+			return x.ImportAck
+		}
+	}
+	return nil
+}
+
+func (x *SpokeMessage) GetImportNack() *Nack {
+	if x != nil {
+		if x, ok := x.Kind.(*SpokeMessage_ImportNack); ok {
+			return x.ImportNack
+		}
+	}
+	return nil
+}
+
+func (x *SpokeMessage) GetImportsWritten() *ImportsWritten {
+	if x != nil {
+		if x, ok := x.Kind.(*SpokeMessage_ImportsWritten); ok {
+			return x.ImportsWritten
+		}
+	}
+	return nil
+}
+
 type isSpokeMessage_Kind interface {
 	isSpokeMessage_Kind()
 }
@@ -750,11 +790,38 @@ type SpokeMessage_Digest struct {
 	Digest *Digest `protobuf:"bytes,3,opt,name=digest,proto3,oneof"`
 }
 
+type SpokeMessage_Namespaces struct {
+	// The import stream (capability "imports"): the namespaces the
+	// cluster has, whenever they change (the hello carries the first list);
+	// the answers to ImportUpdates; and how far the spoke has written them.
+	Namespaces *Namespaces `protobuf:"bytes,4,opt,name=namespaces,proto3,oneof"`
+}
+
+type SpokeMessage_ImportAck struct {
+	ImportAck *Ack `protobuf:"bytes,5,opt,name=import_ack,json=importAck,proto3,oneof"`
+}
+
+type SpokeMessage_ImportNack struct {
+	ImportNack *Nack `protobuf:"bytes,6,opt,name=import_nack,json=importNack,proto3,oneof"`
+}
+
+type SpokeMessage_ImportsWritten struct {
+	ImportsWritten *ImportsWritten `protobuf:"bytes,7,opt,name=imports_written,json=importsWritten,proto3,oneof"`
+}
+
 func (*SpokeMessage_Hello) isSpokeMessage_Kind() {}
 
 func (*SpokeMessage_Update) isSpokeMessage_Kind() {}
 
 func (*SpokeMessage_Digest) isSpokeMessage_Kind() {}
+
+func (*SpokeMessage_Namespaces) isSpokeMessage_Kind() {}
+
+func (*SpokeMessage_ImportAck) isSpokeMessage_Kind() {}
+
+func (*SpokeMessage_ImportNack) isSpokeMessage_Kind() {}
+
+func (*SpokeMessage_ImportsWritten) isSpokeMessage_Kind() {}
 
 type HubMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -765,6 +832,7 @@ type HubMessage struct {
 	//	*HubMessage_Nack
 	//	*HubMessage_Resync
 	//	*HubMessage_Conflicts
+	//	*HubMessage_Imports
 	Kind          isHubMessage_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -852,6 +920,15 @@ func (x *HubMessage) GetConflicts() *ServiceConflicts {
 	return nil
 }
 
+func (x *HubMessage) GetImports() *ImportUpdate {
+	if x != nil {
+		if x, ok := x.Kind.(*HubMessage_Imports); ok {
+			return x.Imports
+		}
+	}
+	return nil
+}
+
 type isHubMessage_Kind interface {
 	isHubMessage_Kind()
 }
@@ -876,6 +953,10 @@ type HubMessage_Conflicts struct {
 	Conflicts *ServiceConflicts `protobuf:"bytes,5,opt,name=conflicts,proto3,oneof"`
 }
 
+type HubMessage_Imports struct {
+	Imports *ImportUpdate `protobuf:"bytes,6,opt,name=imports,proto3,oneof"`
+}
+
 func (*HubMessage_Welcome) isHubMessage_Kind() {}
 
 func (*HubMessage_Ack) isHubMessage_Kind() {}
@@ -885,6 +966,8 @@ func (*HubMessage_Nack) isHubMessage_Kind() {}
 func (*HubMessage_Resync) isHubMessage_Kind() {}
 
 func (*HubMessage_Conflicts) isHubMessage_Kind() {}
+
+func (*HubMessage_Imports) isHubMessage_Kind() {}
 
 // Hello opens a session. The credential travels in gRPC metadata
 // ("authorization: Bearer <token>"); cluster_id must be the one it was issued for.
@@ -901,7 +984,10 @@ type Hello struct {
 	AckedEpoch   uint64 `protobuf:"varint,6,opt,name=acked_epoch,json=ackedEpoch,proto3" json:"acked_epoch,omitempty"`
 	AckedVersion uint64 `protobuf:"varint,7,opt,name=acked_version,json=ackedVersion,proto3" json:"acked_version,omitempty"`
 	// digest of the state the hub acknowledged (hex), checked before resuming.
-	AckedDigest   string `protobuf:"bytes,8,opt,name=acked_digest,json=ackedDigest,proto3" json:"acked_digest,omitempty"`
+	AckedDigest string `protobuf:"bytes,8,opt,name=acked_digest,json=ackedDigest,proto3" json:"acked_digest,omitempty"`
+	// namespaces the cluster has, with the capability "imports": a service is
+	// imported into every cluster that has its namespace.
+	Namespaces    []string `protobuf:"bytes,9,rep,name=namespaces,proto3" json:"namespaces,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -992,6 +1078,378 @@ func (x *Hello) GetAckedDigest() string {
 	return ""
 }
 
+func (x *Hello) GetNamespaces() []string {
+	if x != nil {
+		return x.Namespaces
+	}
+	return nil
+}
+
+// Namespaces is the complete list of the cluster's namespaces; it replaces the last.
+type Namespaces struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Names         []string               `protobuf:"bytes,1,rep,name=names,proto3" json:"names,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Namespaces) Reset() {
+	*x = Namespaces{}
+	mi := &file_federation_v1_federation_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Namespaces) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Namespaces) ProtoMessage() {}
+
+func (x *Namespaces) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Namespaces.ProtoReflect.Descriptor instead.
+func (*Namespaces) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *Namespaces) GetNames() []string {
+	if x != nil {
+		return x.Names
+	}
+	return nil
+}
+
+// ImportUpdate carries the imports the spoke's cluster must hold (Kubernetes
+// MCS: a ServiceImport, EndpointSlices per source cluster and, for
+// ClusterSetIP, a derived Service). After the welcome the hub sends a full
+// state, in chunks applied together once the last arrives; then deltas.
+// Each is answered by import_ack or import_nack (with the update's nonce and
+// version); the hub has one update (one full state's chunks) in flight at a
+// time, and its next delta is computed against what the spoke acked.
+type ImportUpdate struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Nonce string                 `protobuf:"bytes,1,opt,name=nonce,proto3" json:"nonce,omitempty"`
+	// version increases with every update of a session.
+	Version   uint64        `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	FullState bool          `protobuf:"varint,3,opt,name=full_state,json=fullState,proto3" json:"full_state,omitempty"`
+	LastChunk bool          `protobuf:"varint,4,opt,name=last_chunk,json=lastChunk,proto3" json:"last_chunk,omitempty"`
+	Upserts   []*Import     `protobuf:"bytes,5,rep,name=upserts,proto3" json:"upserts,omitempty"`
+	Removes   []*ServiceKey `protobuf:"bytes,6,rep,name=removes,proto3" json:"removes,omitempty"`
+	// authoritative (full states only): the hub's registry is complete, so
+	// the spoke deletes the imports it holds that the full state does not
+	// name. A full state that is not authoritative (a hub that has not yet
+	// heard from every cluster it knows) only adds and updates.
+	Authoritative bool `protobuf:"varint,7,opt,name=authoritative,proto3" json:"authoritative,omitempty"`
+	// clusterset_cidrs (full states): the ranges clusterset IPs come from.
+	ClustersetCidrs []string `protobuf:"bytes,8,rep,name=clusterset_cidrs,json=clustersetCidrs,proto3" json:"clusterset_cidrs,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *ImportUpdate) Reset() {
+	*x = ImportUpdate{}
+	mi := &file_federation_v1_federation_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportUpdate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportUpdate) ProtoMessage() {}
+
+func (x *ImportUpdate) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportUpdate.ProtoReflect.Descriptor instead.
+func (*ImportUpdate) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ImportUpdate) GetNonce() string {
+	if x != nil {
+		return x.Nonce
+	}
+	return ""
+}
+
+func (x *ImportUpdate) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *ImportUpdate) GetFullState() bool {
+	if x != nil {
+		return x.FullState
+	}
+	return false
+}
+
+func (x *ImportUpdate) GetLastChunk() bool {
+	if x != nil {
+		return x.LastChunk
+	}
+	return false
+}
+
+func (x *ImportUpdate) GetUpserts() []*Import {
+	if x != nil {
+		return x.Upserts
+	}
+	return nil
+}
+
+func (x *ImportUpdate) GetRemoves() []*ServiceKey {
+	if x != nil {
+		return x.Removes
+	}
+	return nil
+}
+
+func (x *ImportUpdate) GetAuthoritative() bool {
+	if x != nil {
+		return x.Authoritative
+	}
+	return false
+}
+
+func (x *ImportUpdate) GetClustersetCidrs() []string {
+	if x != nil {
+		return x.ClustersetCidrs
+	}
+	return nil
+}
+
+// Import is one imported service.
+type Import struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Service  *ServiceKey            `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	Headless bool                   `protobuf:"varint,2,opt,name=headless,proto3" json:"headless,omitempty"`
+	// ports are the merged ports of every export (no target ports).
+	Ports []*ServicePort `protobuf:"bytes,3,rep,name=ports,proto3" json:"ports,omitempty"`
+	// ips are the clusterset IPs (ClusterSetIP only), one per IP family.
+	Ips        []string           `protobuf:"bytes,4,rep,name=ips,proto3" json:"ips,omitempty"`
+	Properties *ServiceProperties `protobuf:"bytes,5,opt,name=properties,proto3" json:"properties,omitempty"`
+	// sources are the exporting clusters, sorted by cluster ID.
+	Sources       []*ImportSource `protobuf:"bytes,6,rep,name=sources,proto3" json:"sources,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Import) Reset() {
+	*x = Import{}
+	mi := &file_federation_v1_federation_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Import) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Import) ProtoMessage() {}
+
+func (x *Import) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Import.ProtoReflect.Descriptor instead.
+func (*Import) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *Import) GetService() *ServiceKey {
+	if x != nil {
+		return x.Service
+	}
+	return nil
+}
+
+func (x *Import) GetHeadless() bool {
+	if x != nil {
+		return x.Headless
+	}
+	return false
+}
+
+func (x *Import) GetPorts() []*ServicePort {
+	if x != nil {
+		return x.Ports
+	}
+	return nil
+}
+
+func (x *Import) GetIps() []string {
+	if x != nil {
+		return x.Ips
+	}
+	return nil
+}
+
+func (x *Import) GetProperties() *ServiceProperties {
+	if x != nil {
+		return x.Properties
+	}
+	return nil
+}
+
+func (x *Import) GetSources() []*ImportSource {
+	if x != nil {
+		return x.Sources
+	}
+	return nil
+}
+
+// ImportSource is one exporting cluster's part of an import.
+type ImportSource struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	ClusterId string                 `protobuf:"bytes,1,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	// stale: no spoke of that cluster is live; its endpoints are kept (the
+	// hub's keep/drop policy decides for how long).
+	Stale bool `protobuf:"varint,2,opt,name=stale,proto3" json:"stale,omitempty"`
+	// ports are the cluster's own service ports (names map endpoint ports).
+	Ports []*ServicePort `protobuf:"bytes,3,rep,name=ports,proto3" json:"ports,omitempty"`
+	// endpoints without node names: those name another cluster's objects.
+	Endpoints     []*Endpoint `protobuf:"bytes,4,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImportSource) Reset() {
+	*x = ImportSource{}
+	mi := &file_federation_v1_federation_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportSource) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportSource) ProtoMessage() {}
+
+func (x *ImportSource) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportSource.ProtoReflect.Descriptor instead.
+func (*ImportSource) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ImportSource) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
+func (x *ImportSource) GetStale() bool {
+	if x != nil {
+		return x.Stale
+	}
+	return false
+}
+
+func (x *ImportSource) GetPorts() []*ServicePort {
+	if x != nil {
+		return x.Ports
+	}
+	return nil
+}
+
+func (x *ImportSource) GetEndpoints() []*Endpoint {
+	if x != nil {
+		return x.Endpoints
+	}
+	return nil
+}
+
+// ImportsWritten says the spoke's cluster holds every import up to version
+// (of the current session) as the hub sent it.
+type ImportsWritten struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Version       uint64                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImportsWritten) Reset() {
+	*x = ImportsWritten{}
+	mi := &file_federation_v1_federation_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportsWritten) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportsWritten) ProtoMessage() {}
+
+func (x *ImportsWritten) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportsWritten.ProtoReflect.Descriptor instead.
+func (*ImportsWritten) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ImportsWritten) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
 // Welcome accepts a session.
 type Welcome struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1010,7 +1468,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_federation_v1_federation_proto_msgTypes[12]
+	mi := &file_federation_v1_federation_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1022,7 +1480,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[12]
+	mi := &file_federation_v1_federation_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1035,7 +1493,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{12}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Welcome) GetEpoch() uint64 {
@@ -1089,7 +1547,7 @@ type Update struct {
 
 func (x *Update) Reset() {
 	*x = Update{}
-	mi := &file_federation_v1_federation_proto_msgTypes[13]
+	mi := &file_federation_v1_federation_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1101,7 +1559,7 @@ func (x *Update) String() string {
 func (*Update) ProtoMessage() {}
 
 func (x *Update) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[13]
+	mi := &file_federation_v1_federation_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1114,7 +1572,7 @@ func (x *Update) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Update.ProtoReflect.Descriptor instead.
 func (*Update) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{13}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Update) GetNonce() string {
@@ -1180,7 +1638,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_federation_v1_federation_proto_msgTypes[14]
+	mi := &file_federation_v1_federation_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1192,7 +1650,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[14]
+	mi := &file_federation_v1_federation_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1205,7 +1663,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{14}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Ack) GetNonce() string {
@@ -1241,7 +1699,7 @@ type Nack struct {
 
 func (x *Nack) Reset() {
 	*x = Nack{}
-	mi := &file_federation_v1_federation_proto_msgTypes[15]
+	mi := &file_federation_v1_federation_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1253,7 +1711,7 @@ func (x *Nack) String() string {
 func (*Nack) ProtoMessage() {}
 
 func (x *Nack) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[15]
+	mi := &file_federation_v1_federation_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1266,7 +1724,7 @@ func (x *Nack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Nack.ProtoReflect.Descriptor instead.
 func (*Nack) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{15}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Nack) GetNonce() string {
@@ -1301,7 +1759,7 @@ type Rejection struct {
 
 func (x *Rejection) Reset() {
 	*x = Rejection{}
-	mi := &file_federation_v1_federation_proto_msgTypes[16]
+	mi := &file_federation_v1_federation_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1313,7 +1771,7 @@ func (x *Rejection) String() string {
 func (*Rejection) ProtoMessage() {}
 
 func (x *Rejection) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[16]
+	mi := &file_federation_v1_federation_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1326,7 +1784,7 @@ func (x *Rejection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rejection.ProtoReflect.Descriptor instead.
 func (*Rejection) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{16}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Rejection) GetService() *ServiceKey {
@@ -1356,7 +1814,7 @@ type Digest struct {
 
 func (x *Digest) Reset() {
 	*x = Digest{}
-	mi := &file_federation_v1_federation_proto_msgTypes[17]
+	mi := &file_federation_v1_federation_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1368,7 +1826,7 @@ func (x *Digest) String() string {
 func (*Digest) ProtoMessage() {}
 
 func (x *Digest) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[17]
+	mi := &file_federation_v1_federation_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1381,7 +1839,7 @@ func (x *Digest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Digest.ProtoReflect.Descriptor instead.
 func (*Digest) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{17}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Digest) GetVersion() uint64 {
@@ -1415,7 +1873,7 @@ type ResyncRequest struct {
 
 func (x *ResyncRequest) Reset() {
 	*x = ResyncRequest{}
-	mi := &file_federation_v1_federation_proto_msgTypes[18]
+	mi := &file_federation_v1_federation_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1427,7 +1885,7 @@ func (x *ResyncRequest) String() string {
 func (*ResyncRequest) ProtoMessage() {}
 
 func (x *ResyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[18]
+	mi := &file_federation_v1_federation_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1440,7 +1898,7 @@ func (x *ResyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResyncRequest.ProtoReflect.Descriptor instead.
 func (*ResyncRequest) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{18}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ResyncRequest) GetReason() string {
@@ -1470,7 +1928,7 @@ type ServiceConflicts struct {
 
 func (x *ServiceConflicts) Reset() {
 	*x = ServiceConflicts{}
-	mi := &file_federation_v1_federation_proto_msgTypes[19]
+	mi := &file_federation_v1_federation_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1482,7 +1940,7 @@ func (x *ServiceConflicts) String() string {
 func (*ServiceConflicts) ProtoMessage() {}
 
 func (x *ServiceConflicts) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[19]
+	mi := &file_federation_v1_federation_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1495,7 +1953,7 @@ func (x *ServiceConflicts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceConflicts.ProtoReflect.Descriptor instead.
 func (*ServiceConflicts) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{19}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ServiceConflicts) GetServices() []*ServiceConflict {
@@ -1521,7 +1979,7 @@ type ServiceConflict struct {
 
 func (x *ServiceConflict) Reset() {
 	*x = ServiceConflict{}
-	mi := &file_federation_v1_federation_proto_msgTypes[20]
+	mi := &file_federation_v1_federation_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1533,7 +1991,7 @@ func (x *ServiceConflict) String() string {
 func (*ServiceConflict) ProtoMessage() {}
 
 func (x *ServiceConflict) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[20]
+	mi := &file_federation_v1_federation_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1546,7 +2004,7 @@ func (x *ServiceConflict) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceConflict.ProtoReflect.Descriptor instead.
 func (*ServiceConflict) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{20}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ServiceConflict) GetService() *ServiceKey {
@@ -1580,7 +2038,7 @@ type ServiceKey struct {
 
 func (x *ServiceKey) Reset() {
 	*x = ServiceKey{}
-	mi := &file_federation_v1_federation_proto_msgTypes[21]
+	mi := &file_federation_v1_federation_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1592,7 +2050,7 @@ func (x *ServiceKey) String() string {
 func (*ServiceKey) ProtoMessage() {}
 
 func (x *ServiceKey) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[21]
+	mi := &file_federation_v1_federation_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1605,7 +2063,7 @@ func (x *ServiceKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceKey.ProtoReflect.Descriptor instead.
 func (*ServiceKey) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{21}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ServiceKey) GetNamespace() string {
@@ -1632,25 +2090,16 @@ type Shard struct {
 	Headless       bool           `protobuf:"varint,3,opt,name=headless,proto3" json:"headless,omitempty"`
 	Ports          []*ServicePort `protobuf:"bytes,4,rep,name=ports,proto3" json:"ports,omitempty"`
 	Endpoints      []*Endpoint    `protobuf:"bytes,5,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
-	// What an import mirrors of the Service besides its ports and type
-	// (Kubernetes MCS); Kubernetes' defaults are empty: session_affinity ""
-	// is None, internal_traffic_policy "" is Cluster.
-	SessionAffinity               string `protobuf:"bytes,6,opt,name=session_affinity,json=sessionAffinity,proto3" json:"session_affinity,omitempty"`
-	SessionAffinityTimeoutSeconds int32  `protobuf:"varint,7,opt,name=session_affinity_timeout_seconds,json=sessionAffinityTimeoutSeconds,proto3" json:"session_affinity_timeout_seconds,omitempty"`
-	InternalTrafficPolicy         string `protobuf:"bytes,8,opt,name=internal_traffic_policy,json=internalTrafficPolicy,proto3" json:"internal_traffic_policy,omitempty"`
-	TrafficDistribution           string `protobuf:"bytes,9,opt,name=traffic_distribution,json=trafficDistribution,proto3" json:"traffic_distribution,omitempty"`
-	// ip_families in the Service's order ("IPv4", "IPv6"); empty: not stated.
-	IpFamilies []string `protobuf:"bytes,10,rep,name=ip_families,json=ipFamilies,proto3" json:"ip_families,omitempty"`
-	// The ServiceExport's exportedLabels and exportedAnnotations.
-	Labels        map[string]string `protobuf:"bytes,11,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Annotations   map[string]string `protobuf:"bytes,12,rep,name=annotations,proto3" json:"annotations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// properties: what an import mirrors of the Service besides its ports
+	// and type (absent: Kubernetes' defaults, nothing exported).
+	Properties    *ServiceProperties `protobuf:"bytes,6,opt,name=properties,proto3" json:"properties,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Shard) Reset() {
 	*x = Shard{}
-	mi := &file_federation_v1_federation_proto_msgTypes[22]
+	mi := &file_federation_v1_federation_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1662,7 +2111,7 @@ func (x *Shard) String() string {
 func (*Shard) ProtoMessage() {}
 
 func (x *Shard) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[22]
+	mi := &file_federation_v1_federation_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1675,7 +2124,7 @@ func (x *Shard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shard.ProtoReflect.Descriptor instead.
 func (*Shard) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{22}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Shard) GetService() *ServiceKey {
@@ -1713,49 +2162,104 @@ func (x *Shard) GetEndpoints() []*Endpoint {
 	return nil
 }
 
-func (x *Shard) GetSessionAffinity() string {
+func (x *Shard) GetProperties() *ServiceProperties {
+	if x != nil {
+		return x.Properties
+	}
+	return nil
+}
+
+// ServiceProperties are what an import mirrors of an exported Service
+// besides its ports and type (Kubernetes MCS). Kubernetes' defaults are
+// empty: session_affinity "" is None, internal_traffic_policy "" is Cluster.
+type ServiceProperties struct {
+	state                         protoimpl.MessageState `protogen:"open.v1"`
+	SessionAffinity               string                 `protobuf:"bytes,1,opt,name=session_affinity,json=sessionAffinity,proto3" json:"session_affinity,omitempty"`
+	SessionAffinityTimeoutSeconds int32                  `protobuf:"varint,2,opt,name=session_affinity_timeout_seconds,json=sessionAffinityTimeoutSeconds,proto3" json:"session_affinity_timeout_seconds,omitempty"`
+	InternalTrafficPolicy         string                 `protobuf:"bytes,3,opt,name=internal_traffic_policy,json=internalTrafficPolicy,proto3" json:"internal_traffic_policy,omitempty"`
+	TrafficDistribution           string                 `protobuf:"bytes,4,opt,name=traffic_distribution,json=trafficDistribution,proto3" json:"traffic_distribution,omitempty"`
+	// ip_families in the Service's order ("IPv4", "IPv6"); empty: not stated.
+	IpFamilies []string `protobuf:"bytes,5,rep,name=ip_families,json=ipFamilies,proto3" json:"ip_families,omitempty"`
+	// The ServiceExport's exportedLabels and exportedAnnotations.
+	Labels        map[string]string `protobuf:"bytes,6,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Annotations   map[string]string `protobuf:"bytes,7,rep,name=annotations,proto3" json:"annotations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServiceProperties) Reset() {
+	*x = ServiceProperties{}
+	mi := &file_federation_v1_federation_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServiceProperties) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServiceProperties) ProtoMessage() {}
+
+func (x *ServiceProperties) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServiceProperties.ProtoReflect.Descriptor instead.
+func (*ServiceProperties) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ServiceProperties) GetSessionAffinity() string {
 	if x != nil {
 		return x.SessionAffinity
 	}
 	return ""
 }
 
-func (x *Shard) GetSessionAffinityTimeoutSeconds() int32 {
+func (x *ServiceProperties) GetSessionAffinityTimeoutSeconds() int32 {
 	if x != nil {
 		return x.SessionAffinityTimeoutSeconds
 	}
 	return 0
 }
 
-func (x *Shard) GetInternalTrafficPolicy() string {
+func (x *ServiceProperties) GetInternalTrafficPolicy() string {
 	if x != nil {
 		return x.InternalTrafficPolicy
 	}
 	return ""
 }
 
-func (x *Shard) GetTrafficDistribution() string {
+func (x *ServiceProperties) GetTrafficDistribution() string {
 	if x != nil {
 		return x.TrafficDistribution
 	}
 	return ""
 }
 
-func (x *Shard) GetIpFamilies() []string {
+func (x *ServiceProperties) GetIpFamilies() []string {
 	if x != nil {
 		return x.IpFamilies
 	}
 	return nil
 }
 
-func (x *Shard) GetLabels() map[string]string {
+func (x *ServiceProperties) GetLabels() map[string]string {
 	if x != nil {
 		return x.Labels
 	}
 	return nil
 }
 
-func (x *Shard) GetAnnotations() map[string]string {
+func (x *ServiceProperties) GetAnnotations() map[string]string {
 	if x != nil {
 		return x.Annotations
 	}
@@ -1774,7 +2278,7 @@ type ServicePort struct {
 
 func (x *ServicePort) Reset() {
 	*x = ServicePort{}
-	mi := &file_federation_v1_federation_proto_msgTypes[23]
+	mi := &file_federation_v1_federation_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1786,7 +2290,7 @@ func (x *ServicePort) String() string {
 func (*ServicePort) ProtoMessage() {}
 
 func (x *ServicePort) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[23]
+	mi := &file_federation_v1_federation_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1799,7 +2303,7 @@ func (x *ServicePort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServicePort.ProtoReflect.Descriptor instead.
 func (*ServicePort) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{23}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ServicePort) GetName() string {
@@ -1846,7 +2350,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_federation_v1_federation_proto_msgTypes[24]
+	mi := &file_federation_v1_federation_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1858,7 +2362,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[24]
+	mi := &file_federation_v1_federation_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1871,7 +2375,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{24}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Endpoint) GetAddresses() []string {
@@ -1940,7 +2444,7 @@ type EndpointPort struct {
 
 func (x *EndpointPort) Reset() {
 	*x = EndpointPort{}
-	mi := &file_federation_v1_federation_proto_msgTypes[25]
+	mi := &file_federation_v1_federation_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1952,7 +2456,7 @@ func (x *EndpointPort) String() string {
 func (*EndpointPort) ProtoMessage() {}
 
 func (x *EndpointPort) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[25]
+	mi := &file_federation_v1_federation_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1965,7 +2469,7 @@ func (x *EndpointPort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointPort.ProtoReflect.Descriptor instead.
 func (*EndpointPort) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{25}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *EndpointPort) GetName() string {
@@ -1993,7 +2497,7 @@ type Locality struct {
 
 func (x *Locality) Reset() {
 	*x = Locality{}
-	mi := &file_federation_v1_federation_proto_msgTypes[26]
+	mi := &file_federation_v1_federation_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2005,7 +2509,7 @@ func (x *Locality) String() string {
 func (*Locality) ProtoMessage() {}
 
 func (x *Locality) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[26]
+	mi := &file_federation_v1_federation_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2018,7 +2522,7 @@ func (x *Locality) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Locality.ProtoReflect.Descriptor instead.
 func (*Locality) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{26}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Locality) GetRegion() string {
@@ -2059,7 +2563,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_federation_v1_federation_proto_msgTypes[27]
+	mi := &file_federation_v1_federation_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2071,7 +2575,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[27]
+	mi := &file_federation_v1_federation_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2084,7 +2588,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{27}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Snapshot) GetRevision() uint64 {
@@ -2121,7 +2625,7 @@ type SnapshotCluster struct {
 
 func (x *SnapshotCluster) Reset() {
 	*x = SnapshotCluster{}
-	mi := &file_federation_v1_federation_proto_msgTypes[28]
+	mi := &file_federation_v1_federation_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2133,7 +2637,7 @@ func (x *SnapshotCluster) String() string {
 func (*SnapshotCluster) ProtoMessage() {}
 
 func (x *SnapshotCluster) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[28]
+	mi := &file_federation_v1_federation_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2146,7 +2650,7 @@ func (x *SnapshotCluster) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotCluster.ProtoReflect.Descriptor instead.
 func (*SnapshotCluster) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{28}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SnapshotCluster) GetCluster() string {
@@ -2225,20 +2729,29 @@ const file_federation_v1_federation_proto_rawDesc = "" +
 	"\rReplicaResync\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\x01 \x01(\tR\tclusterId\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xb5\x01\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xbd\x03\n" +
 	"\fSpokeMessage\x121\n" +
 	"\x05hello\x18\x01 \x01(\v2\x19.nave.federation.v1.HelloH\x00R\x05hello\x124\n" +
 	"\x06update\x18\x02 \x01(\v2\x1a.nave.federation.v1.UpdateH\x00R\x06update\x124\n" +
-	"\x06digest\x18\x03 \x01(\v2\x1a.nave.federation.v1.DigestH\x00R\x06digestB\x06\n" +
-	"\x04kind\"\xad\x02\n" +
+	"\x06digest\x18\x03 \x01(\v2\x1a.nave.federation.v1.DigestH\x00R\x06digest\x12@\n" +
+	"\n" +
+	"namespaces\x18\x04 \x01(\v2\x1e.nave.federation.v1.NamespacesH\x00R\n" +
+	"namespaces\x128\n" +
+	"\n" +
+	"import_ack\x18\x05 \x01(\v2\x17.nave.federation.v1.AckH\x00R\timportAck\x12;\n" +
+	"\vimport_nack\x18\x06 \x01(\v2\x18.nave.federation.v1.NackH\x00R\n" +
+	"importNack\x12M\n" +
+	"\x0fimports_written\x18\a \x01(\v2\".nave.federation.v1.ImportsWrittenH\x00R\x0eimportsWrittenB\x06\n" +
+	"\x04kind\"\xeb\x02\n" +
 	"\n" +
 	"HubMessage\x127\n" +
 	"\awelcome\x18\x01 \x01(\v2\x1b.nave.federation.v1.WelcomeH\x00R\awelcome\x12+\n" +
 	"\x03ack\x18\x02 \x01(\v2\x17.nave.federation.v1.AckH\x00R\x03ack\x12.\n" +
 	"\x04nack\x18\x03 \x01(\v2\x18.nave.federation.v1.NackH\x00R\x04nack\x12;\n" +
 	"\x06resync\x18\x04 \x01(\v2!.nave.federation.v1.ResyncRequestH\x00R\x06resync\x12D\n" +
-	"\tconflicts\x18\x05 \x01(\v2$.nave.federation.v1.ServiceConflictsH\x00R\tconflictsB\x06\n" +
-	"\x04kind\"\x89\x02\n" +
+	"\tconflicts\x18\x05 \x01(\v2$.nave.federation.v1.ServiceConflictsH\x00R\tconflicts\x12<\n" +
+	"\aimports\x18\x06 \x01(\v2 .nave.federation.v1.ImportUpdateH\x00R\aimportsB\x06\n" +
+	"\x04kind\"\xa9\x02\n" +
 	"\x05Hello\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\x01 \x01(\tR\tclusterId\x12\x18\n" +
@@ -2250,7 +2763,41 @@ const file_federation_v1_federation_proto_rawDesc = "" +
 	"\vacked_epoch\x18\x06 \x01(\x04R\n" +
 	"ackedEpoch\x12#\n" +
 	"\racked_version\x18\a \x01(\x04R\fackedVersion\x12!\n" +
-	"\facked_digest\x18\b \x01(\tR\vackedDigest\"z\n" +
+	"\facked_digest\x18\b \x01(\tR\vackedDigest\x12\x1e\n" +
+	"\n" +
+	"namespaces\x18\t \x03(\tR\n" +
+	"namespaces\"\"\n" +
+	"\n" +
+	"Namespaces\x12\x14\n" +
+	"\x05names\x18\x01 \x03(\tR\x05names\"\xbd\x02\n" +
+	"\fImportUpdate\x12\x14\n" +
+	"\x05nonce\x18\x01 \x01(\tR\x05nonce\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x1d\n" +
+	"\n" +
+	"full_state\x18\x03 \x01(\bR\tfullState\x12\x1d\n" +
+	"\n" +
+	"last_chunk\x18\x04 \x01(\bR\tlastChunk\x124\n" +
+	"\aupserts\x18\x05 \x03(\v2\x1a.nave.federation.v1.ImportR\aupserts\x128\n" +
+	"\aremoves\x18\x06 \x03(\v2\x1e.nave.federation.v1.ServiceKeyR\aremoves\x12$\n" +
+	"\rauthoritative\x18\a \x01(\bR\rauthoritative\x12)\n" +
+	"\x10clusterset_cidrs\x18\b \x03(\tR\x0fclustersetCidrs\"\xaa\x02\n" +
+	"\x06Import\x128\n" +
+	"\aservice\x18\x01 \x01(\v2\x1e.nave.federation.v1.ServiceKeyR\aservice\x12\x1a\n" +
+	"\bheadless\x18\x02 \x01(\bR\bheadless\x125\n" +
+	"\x05ports\x18\x03 \x03(\v2\x1f.nave.federation.v1.ServicePortR\x05ports\x12\x10\n" +
+	"\x03ips\x18\x04 \x03(\tR\x03ips\x12E\n" +
+	"\n" +
+	"properties\x18\x05 \x01(\v2%.nave.federation.v1.ServicePropertiesR\n" +
+	"properties\x12:\n" +
+	"\asources\x18\x06 \x03(\v2 .nave.federation.v1.ImportSourceR\asources\"\xb6\x01\n" +
+	"\fImportSource\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x01 \x01(\tR\tclusterId\x12\x14\n" +
+	"\x05stale\x18\x02 \x01(\bR\x05stale\x125\n" +
+	"\x05ports\x18\x03 \x03(\v2\x1f.nave.federation.v1.ServicePortR\x05ports\x12:\n" +
+	"\tendpoints\x18\x04 \x03(\v2\x1c.nave.federation.v1.EndpointR\tendpoints\"*\n" +
+	"\x0eImportsWritten\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion\"z\n" +
 	"\aWelcome\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x16\n" +
 	"\x06resume\x18\x02 \x01(\bR\x06resume\x12\x15\n" +
@@ -2294,22 +2841,25 @@ const file_federation_v1_federation_proto_rawDesc = "" +
 	"\n" +
 	"ServiceKey\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name\"\x82\x06\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"\xc1\x02\n" +
 	"\x05Shard\x128\n" +
 	"\aservice\x18\x01 \x01(\v2\x1e.nave.federation.v1.ServiceKeyR\aservice\x12(\n" +
 	"\x10exported_at_unix\x18\x02 \x01(\x03R\x0eexportedAtUnix\x12\x1a\n" +
 	"\bheadless\x18\x03 \x01(\bR\bheadless\x125\n" +
 	"\x05ports\x18\x04 \x03(\v2\x1f.nave.federation.v1.ServicePortR\x05ports\x12:\n" +
-	"\tendpoints\x18\x05 \x03(\v2\x1c.nave.federation.v1.EndpointR\tendpoints\x12)\n" +
-	"\x10session_affinity\x18\x06 \x01(\tR\x0fsessionAffinity\x12G\n" +
-	" session_affinity_timeout_seconds\x18\a \x01(\x05R\x1dsessionAffinityTimeoutSeconds\x126\n" +
-	"\x17internal_traffic_policy\x18\b \x01(\tR\x15internalTrafficPolicy\x121\n" +
-	"\x14traffic_distribution\x18\t \x01(\tR\x13trafficDistribution\x12\x1f\n" +
-	"\vip_families\x18\n" +
-	" \x03(\tR\n" +
-	"ipFamilies\x12=\n" +
-	"\x06labels\x18\v \x03(\v2%.nave.federation.v1.Shard.LabelsEntryR\x06labels\x12L\n" +
-	"\vannotations\x18\f \x03(\v2*.nave.federation.v1.Shard.AnnotationsEntryR\vannotations\x1a9\n" +
+	"\tendpoints\x18\x05 \x03(\v2\x1c.nave.federation.v1.EndpointR\tendpoints\x12E\n" +
+	"\n" +
+	"properties\x18\x06 \x01(\v2%.nave.federation.v1.ServicePropertiesR\n" +
+	"properties\"\xb3\x04\n" +
+	"\x11ServiceProperties\x12)\n" +
+	"\x10session_affinity\x18\x01 \x01(\tR\x0fsessionAffinity\x12G\n" +
+	" session_affinity_timeout_seconds\x18\x02 \x01(\x05R\x1dsessionAffinityTimeoutSeconds\x126\n" +
+	"\x17internal_traffic_policy\x18\x03 \x01(\tR\x15internalTrafficPolicy\x121\n" +
+	"\x14traffic_distribution\x18\x04 \x01(\tR\x13trafficDistribution\x12\x1f\n" +
+	"\vip_families\x18\x05 \x03(\tR\n" +
+	"ipFamilies\x12I\n" +
+	"\x06labels\x18\x06 \x03(\v21.nave.federation.v1.ServiceProperties.LabelsEntryR\x06labels\x12X\n" +
+	"\vannotations\x18\a \x03(\v26.nave.federation.v1.ServiceProperties.AnnotationsEntryR\vannotations\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a>\n" +
@@ -2364,39 +2914,45 @@ func file_federation_v1_federation_proto_rawDescGZIP() []byte {
 	return file_federation_v1_federation_proto_rawDescData
 }
 
-var file_federation_v1_federation_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_federation_v1_federation_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_federation_v1_federation_proto_goTypes = []any{
-	(*ReplicaRequest)(nil),   // 0: nave.federation.v1.ReplicaRequest
-	(*ReplicaMessage)(nil),   // 1: nave.federation.v1.ReplicaMessage
-	(*ReplicaHello)(nil),     // 2: nave.federation.v1.ReplicaHello
-	(*ReplicaWelcome)(nil),   // 3: nave.federation.v1.ReplicaWelcome
-	(*Stamp)(nil),            // 4: nave.federation.v1.Stamp
-	(*ReplicaUpdate)(nil),    // 5: nave.federation.v1.ReplicaUpdate
-	(*ReplicaDigests)(nil),   // 6: nave.federation.v1.ReplicaDigests
-	(*ClusterDigest)(nil),    // 7: nave.federation.v1.ClusterDigest
-	(*ReplicaResync)(nil),    // 8: nave.federation.v1.ReplicaResync
-	(*SpokeMessage)(nil),     // 9: nave.federation.v1.SpokeMessage
-	(*HubMessage)(nil),       // 10: nave.federation.v1.HubMessage
-	(*Hello)(nil),            // 11: nave.federation.v1.Hello
-	(*Welcome)(nil),          // 12: nave.federation.v1.Welcome
-	(*Update)(nil),           // 13: nave.federation.v1.Update
-	(*Ack)(nil),              // 14: nave.federation.v1.Ack
-	(*Nack)(nil),             // 15: nave.federation.v1.Nack
-	(*Rejection)(nil),        // 16: nave.federation.v1.Rejection
-	(*Digest)(nil),           // 17: nave.federation.v1.Digest
-	(*ResyncRequest)(nil),    // 18: nave.federation.v1.ResyncRequest
-	(*ServiceConflicts)(nil), // 19: nave.federation.v1.ServiceConflicts
-	(*ServiceConflict)(nil),  // 20: nave.federation.v1.ServiceConflict
-	(*ServiceKey)(nil),       // 21: nave.federation.v1.ServiceKey
-	(*Shard)(nil),            // 22: nave.federation.v1.Shard
-	(*ServicePort)(nil),      // 23: nave.federation.v1.ServicePort
-	(*Endpoint)(nil),         // 24: nave.federation.v1.Endpoint
-	(*EndpointPort)(nil),     // 25: nave.federation.v1.EndpointPort
-	(*Locality)(nil),         // 26: nave.federation.v1.Locality
-	(*Snapshot)(nil),         // 27: nave.federation.v1.Snapshot
-	(*SnapshotCluster)(nil),  // 28: nave.federation.v1.SnapshotCluster
-	nil,                      // 29: nave.federation.v1.Shard.LabelsEntry
-	nil,                      // 30: nave.federation.v1.Shard.AnnotationsEntry
+	(*ReplicaRequest)(nil),    // 0: nave.federation.v1.ReplicaRequest
+	(*ReplicaMessage)(nil),    // 1: nave.federation.v1.ReplicaMessage
+	(*ReplicaHello)(nil),      // 2: nave.federation.v1.ReplicaHello
+	(*ReplicaWelcome)(nil),    // 3: nave.federation.v1.ReplicaWelcome
+	(*Stamp)(nil),             // 4: nave.federation.v1.Stamp
+	(*ReplicaUpdate)(nil),     // 5: nave.federation.v1.ReplicaUpdate
+	(*ReplicaDigests)(nil),    // 6: nave.federation.v1.ReplicaDigests
+	(*ClusterDigest)(nil),     // 7: nave.federation.v1.ClusterDigest
+	(*ReplicaResync)(nil),     // 8: nave.federation.v1.ReplicaResync
+	(*SpokeMessage)(nil),      // 9: nave.federation.v1.SpokeMessage
+	(*HubMessage)(nil),        // 10: nave.federation.v1.HubMessage
+	(*Hello)(nil),             // 11: nave.federation.v1.Hello
+	(*Namespaces)(nil),        // 12: nave.federation.v1.Namespaces
+	(*ImportUpdate)(nil),      // 13: nave.federation.v1.ImportUpdate
+	(*Import)(nil),            // 14: nave.federation.v1.Import
+	(*ImportSource)(nil),      // 15: nave.federation.v1.ImportSource
+	(*ImportsWritten)(nil),    // 16: nave.federation.v1.ImportsWritten
+	(*Welcome)(nil),           // 17: nave.federation.v1.Welcome
+	(*Update)(nil),            // 18: nave.federation.v1.Update
+	(*Ack)(nil),               // 19: nave.federation.v1.Ack
+	(*Nack)(nil),              // 20: nave.federation.v1.Nack
+	(*Rejection)(nil),         // 21: nave.federation.v1.Rejection
+	(*Digest)(nil),            // 22: nave.federation.v1.Digest
+	(*ResyncRequest)(nil),     // 23: nave.federation.v1.ResyncRequest
+	(*ServiceConflicts)(nil),  // 24: nave.federation.v1.ServiceConflicts
+	(*ServiceConflict)(nil),   // 25: nave.federation.v1.ServiceConflict
+	(*ServiceKey)(nil),        // 26: nave.federation.v1.ServiceKey
+	(*Shard)(nil),             // 27: nave.federation.v1.Shard
+	(*ServiceProperties)(nil), // 28: nave.federation.v1.ServiceProperties
+	(*ServicePort)(nil),       // 29: nave.federation.v1.ServicePort
+	(*Endpoint)(nil),          // 30: nave.federation.v1.Endpoint
+	(*EndpointPort)(nil),      // 31: nave.federation.v1.EndpointPort
+	(*Locality)(nil),          // 32: nave.federation.v1.Locality
+	(*Snapshot)(nil),          // 33: nave.federation.v1.Snapshot
+	(*SnapshotCluster)(nil),   // 34: nave.federation.v1.SnapshotCluster
+	nil,                       // 35: nave.federation.v1.ServiceProperties.LabelsEntry
+	nil,                       // 36: nave.federation.v1.ServiceProperties.AnnotationsEntry
 }
 var file_federation_v1_federation_proto_depIdxs = []int32{
 	2,  // 0: nave.federation.v1.ReplicaRequest.hello:type_name -> nave.federation.v1.ReplicaHello
@@ -2407,44 +2963,58 @@ var file_federation_v1_federation_proto_depIdxs = []int32{
 	7,  // 5: nave.federation.v1.ReplicaHello.held:type_name -> nave.federation.v1.ClusterDigest
 	4,  // 6: nave.federation.v1.ReplicaUpdate.stamp:type_name -> nave.federation.v1.Stamp
 	4,  // 7: nave.federation.v1.ReplicaUpdate.base:type_name -> nave.federation.v1.Stamp
-	22, // 8: nave.federation.v1.ReplicaUpdate.upserts:type_name -> nave.federation.v1.Shard
-	21, // 9: nave.federation.v1.ReplicaUpdate.removes:type_name -> nave.federation.v1.ServiceKey
+	27, // 8: nave.federation.v1.ReplicaUpdate.upserts:type_name -> nave.federation.v1.Shard
+	26, // 9: nave.federation.v1.ReplicaUpdate.removes:type_name -> nave.federation.v1.ServiceKey
 	7,  // 10: nave.federation.v1.ReplicaDigests.clusters:type_name -> nave.federation.v1.ClusterDigest
 	4,  // 11: nave.federation.v1.ClusterDigest.stamp:type_name -> nave.federation.v1.Stamp
 	11, // 12: nave.federation.v1.SpokeMessage.hello:type_name -> nave.federation.v1.Hello
-	13, // 13: nave.federation.v1.SpokeMessage.update:type_name -> nave.federation.v1.Update
-	17, // 14: nave.federation.v1.SpokeMessage.digest:type_name -> nave.federation.v1.Digest
-	12, // 15: nave.federation.v1.HubMessage.welcome:type_name -> nave.federation.v1.Welcome
-	14, // 16: nave.federation.v1.HubMessage.ack:type_name -> nave.federation.v1.Ack
-	15, // 17: nave.federation.v1.HubMessage.nack:type_name -> nave.federation.v1.Nack
-	18, // 18: nave.federation.v1.HubMessage.resync:type_name -> nave.federation.v1.ResyncRequest
-	19, // 19: nave.federation.v1.HubMessage.conflicts:type_name -> nave.federation.v1.ServiceConflicts
-	22, // 20: nave.federation.v1.Update.upserts:type_name -> nave.federation.v1.Shard
-	21, // 21: nave.federation.v1.Update.removes:type_name -> nave.federation.v1.ServiceKey
-	21, // 22: nave.federation.v1.Update.retain:type_name -> nave.federation.v1.ServiceKey
-	16, // 23: nave.federation.v1.Nack.rejections:type_name -> nave.federation.v1.Rejection
-	21, // 24: nave.federation.v1.Rejection.service:type_name -> nave.federation.v1.ServiceKey
-	20, // 25: nave.federation.v1.ServiceConflicts.services:type_name -> nave.federation.v1.ServiceConflict
-	21, // 26: nave.federation.v1.ServiceConflict.service:type_name -> nave.federation.v1.ServiceKey
-	21, // 27: nave.federation.v1.Shard.service:type_name -> nave.federation.v1.ServiceKey
-	23, // 28: nave.federation.v1.Shard.ports:type_name -> nave.federation.v1.ServicePort
-	24, // 29: nave.federation.v1.Shard.endpoints:type_name -> nave.federation.v1.Endpoint
-	29, // 30: nave.federation.v1.Shard.labels:type_name -> nave.federation.v1.Shard.LabelsEntry
-	30, // 31: nave.federation.v1.Shard.annotations:type_name -> nave.federation.v1.Shard.AnnotationsEntry
-	25, // 32: nave.federation.v1.Endpoint.ports:type_name -> nave.federation.v1.EndpointPort
-	26, // 33: nave.federation.v1.Endpoint.locality:type_name -> nave.federation.v1.Locality
-	28, // 34: nave.federation.v1.Snapshot.clusters:type_name -> nave.federation.v1.SnapshotCluster
-	4,  // 35: nave.federation.v1.SnapshotCluster.stamp:type_name -> nave.federation.v1.Stamp
-	22, // 36: nave.federation.v1.SnapshotCluster.shards:type_name -> nave.federation.v1.Shard
-	9,  // 37: nave.federation.v1.Federation.Publish:input_type -> nave.federation.v1.SpokeMessage
-	0,  // 38: nave.federation.v1.Replication.Subscribe:input_type -> nave.federation.v1.ReplicaRequest
-	10, // 39: nave.federation.v1.Federation.Publish:output_type -> nave.federation.v1.HubMessage
-	1,  // 40: nave.federation.v1.Replication.Subscribe:output_type -> nave.federation.v1.ReplicaMessage
-	39, // [39:41] is the sub-list for method output_type
-	37, // [37:39] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	18, // 13: nave.federation.v1.SpokeMessage.update:type_name -> nave.federation.v1.Update
+	22, // 14: nave.federation.v1.SpokeMessage.digest:type_name -> nave.federation.v1.Digest
+	12, // 15: nave.federation.v1.SpokeMessage.namespaces:type_name -> nave.federation.v1.Namespaces
+	19, // 16: nave.federation.v1.SpokeMessage.import_ack:type_name -> nave.federation.v1.Ack
+	20, // 17: nave.federation.v1.SpokeMessage.import_nack:type_name -> nave.federation.v1.Nack
+	16, // 18: nave.federation.v1.SpokeMessage.imports_written:type_name -> nave.federation.v1.ImportsWritten
+	17, // 19: nave.federation.v1.HubMessage.welcome:type_name -> nave.federation.v1.Welcome
+	19, // 20: nave.federation.v1.HubMessage.ack:type_name -> nave.federation.v1.Ack
+	20, // 21: nave.federation.v1.HubMessage.nack:type_name -> nave.federation.v1.Nack
+	23, // 22: nave.federation.v1.HubMessage.resync:type_name -> nave.federation.v1.ResyncRequest
+	24, // 23: nave.federation.v1.HubMessage.conflicts:type_name -> nave.federation.v1.ServiceConflicts
+	13, // 24: nave.federation.v1.HubMessage.imports:type_name -> nave.federation.v1.ImportUpdate
+	14, // 25: nave.federation.v1.ImportUpdate.upserts:type_name -> nave.federation.v1.Import
+	26, // 26: nave.federation.v1.ImportUpdate.removes:type_name -> nave.federation.v1.ServiceKey
+	26, // 27: nave.federation.v1.Import.service:type_name -> nave.federation.v1.ServiceKey
+	29, // 28: nave.federation.v1.Import.ports:type_name -> nave.federation.v1.ServicePort
+	28, // 29: nave.federation.v1.Import.properties:type_name -> nave.federation.v1.ServiceProperties
+	15, // 30: nave.federation.v1.Import.sources:type_name -> nave.federation.v1.ImportSource
+	29, // 31: nave.federation.v1.ImportSource.ports:type_name -> nave.federation.v1.ServicePort
+	30, // 32: nave.federation.v1.ImportSource.endpoints:type_name -> nave.federation.v1.Endpoint
+	27, // 33: nave.federation.v1.Update.upserts:type_name -> nave.federation.v1.Shard
+	26, // 34: nave.federation.v1.Update.removes:type_name -> nave.federation.v1.ServiceKey
+	26, // 35: nave.federation.v1.Update.retain:type_name -> nave.federation.v1.ServiceKey
+	21, // 36: nave.federation.v1.Nack.rejections:type_name -> nave.federation.v1.Rejection
+	26, // 37: nave.federation.v1.Rejection.service:type_name -> nave.federation.v1.ServiceKey
+	25, // 38: nave.federation.v1.ServiceConflicts.services:type_name -> nave.federation.v1.ServiceConflict
+	26, // 39: nave.federation.v1.ServiceConflict.service:type_name -> nave.federation.v1.ServiceKey
+	26, // 40: nave.federation.v1.Shard.service:type_name -> nave.federation.v1.ServiceKey
+	29, // 41: nave.federation.v1.Shard.ports:type_name -> nave.federation.v1.ServicePort
+	30, // 42: nave.federation.v1.Shard.endpoints:type_name -> nave.federation.v1.Endpoint
+	28, // 43: nave.federation.v1.Shard.properties:type_name -> nave.federation.v1.ServiceProperties
+	35, // 44: nave.federation.v1.ServiceProperties.labels:type_name -> nave.federation.v1.ServiceProperties.LabelsEntry
+	36, // 45: nave.federation.v1.ServiceProperties.annotations:type_name -> nave.federation.v1.ServiceProperties.AnnotationsEntry
+	31, // 46: nave.federation.v1.Endpoint.ports:type_name -> nave.federation.v1.EndpointPort
+	32, // 47: nave.federation.v1.Endpoint.locality:type_name -> nave.federation.v1.Locality
+	34, // 48: nave.federation.v1.Snapshot.clusters:type_name -> nave.federation.v1.SnapshotCluster
+	4,  // 49: nave.federation.v1.SnapshotCluster.stamp:type_name -> nave.federation.v1.Stamp
+	27, // 50: nave.federation.v1.SnapshotCluster.shards:type_name -> nave.federation.v1.Shard
+	9,  // 51: nave.federation.v1.Federation.Publish:input_type -> nave.federation.v1.SpokeMessage
+	0,  // 52: nave.federation.v1.Replication.Subscribe:input_type -> nave.federation.v1.ReplicaRequest
+	10, // 53: nave.federation.v1.Federation.Publish:output_type -> nave.federation.v1.HubMessage
+	1,  // 54: nave.federation.v1.Replication.Subscribe:output_type -> nave.federation.v1.ReplicaMessage
+	53, // [53:55] is the sub-list for method output_type
+	51, // [51:53] is the sub-list for method input_type
+	51, // [51:51] is the sub-list for extension type_name
+	51, // [51:51] is the sub-list for extension extendee
+	0,  // [0:51] is the sub-list for field type_name
 }
 
 func init() { file_federation_v1_federation_proto_init() }
@@ -2465,6 +3035,10 @@ func file_federation_v1_federation_proto_init() {
 		(*SpokeMessage_Hello)(nil),
 		(*SpokeMessage_Update)(nil),
 		(*SpokeMessage_Digest)(nil),
+		(*SpokeMessage_Namespaces)(nil),
+		(*SpokeMessage_ImportAck)(nil),
+		(*SpokeMessage_ImportNack)(nil),
+		(*SpokeMessage_ImportsWritten)(nil),
 	}
 	file_federation_v1_federation_proto_msgTypes[10].OneofWrappers = []any{
 		(*HubMessage_Welcome)(nil),
@@ -2472,6 +3046,7 @@ func file_federation_v1_federation_proto_init() {
 		(*HubMessage_Nack)(nil),
 		(*HubMessage_Resync)(nil),
 		(*HubMessage_Conflicts)(nil),
+		(*HubMessage_Imports)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2479,7 +3054,7 @@ func file_federation_v1_federation_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_federation_v1_federation_proto_rawDesc), len(file_federation_v1_federation_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   31,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

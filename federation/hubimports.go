@@ -1,0 +1,306 @@
+package federation
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	fedv1 "github.com/navemesh/nave/federation/v1"
+	"github.com/navemesh/nave/imports"
+	"github.com/navemesh/nave/registry"
+)
+
+// ImportStatus is where one spoke session's import stream stands, for operators.
+type ImportStatus struct {
+	Cluster    registry.ClusterID `json:"cluster"`
+	Epoch      uint64             `json:"epoch"`
+	Namespaces int                `json:"namespaces"`
+	// Imports is how many imports the cluster should hold (of its namespaces).
+	Imports int `json:"imports"`
+	// Acked is how many the spoke has acknowledged as they are now; Pending
+	// how many differ from what it acknowledged (sent or not yet sent).
+	Acked   int `json:"acked"`
+	Pending int `json:"pending"`
+	// PendingServices names the first of them (at most maxListed), sorted.
+	PendingServices []string `json:"pendingServices,omitempty"`
+	// NamespaceNames are the cluster's namespaces.
+	NamespaceNames []string `json:"namespaceNames,omitempty"`
+	// SentVersion, AckedVersion and WrittenVersion: the last update sent,
+	// the last the spoke acknowledged, and the last it has written into its cluster.
+	SentVersion    uint64 `json:"sentVersion"`
+	AckedVersion   uint64 `json:"ackedVersion"`
+	WrittenVersion uint64 `json:"writtenVersion"`
+	// Authoritative: the spoke holds an authoritative full state (it may delete what the hub does not name).
+	Authoritative bool `json:"authoritative"`
+	// Refused names the services whose current form the spoke refused, with its reasons.
+	Refused   map[string]string `json:"refused,omitempty"`
+	UpdatedAt time.Time         `json:"updatedAt"`
+}
+
+// maxListed bounds the services an ImportStatus names.
+const maxListed = 100
+
+// Written says whether the spoke has written everything it acknowledged
+// and acknowledged everything the cluster should hold.
+func (s ImportStatus) Written() bool {
+	return s.Pending == 0 && len(s.Refused) == 0 && s.WrittenVersion >= s.AckedVersion && s.AckedVersion > 0
+}
+
+// ImportStatuses returns the import stream of every session this hub serves.
+func (h *HubServer) ImportStatuses() []ImportStatus {
+	h.importsMu.Lock()
+	defer h.importsMu.Unlock()
+	out := slices.Collect(maps.Values(h.importStatus))
+	slices.SortFunc(out, func(a, b ImportStatus) int { return strings.Compare(string(a.Cluster), string(b.Cluster)) })
+	return out
+}
+
+func (h *HubServer) setImportStatus(st ImportStatus) {
+	h.importsMu.Lock()
+	defer h.importsMu.Unlock()
+	if old, ok := h.importStatus[st.Cluster]; ok && old.Epoch > st.Epoch {
+		return
+	}
+	h.importStatus[st.Cluster] = st
+}
+
+func (h *HubServer) dropImportStatus(cluster registry.ClusterID, epoch uint64) {
+	h.importsMu.Lock()
+	defer h.importsMu.Unlock()
+	if old, ok := h.importStatus[cluster]; ok && old.Epoch == epoch {
+		delete(h.importStatus, cluster)
+	}
+}
+
+// hubImports is the hub end of one session's import stream, owned by the
+// session's goroutine. One update (the chunks of one full state) is in
+// flight at a time; the next delta is computed against what the spoke acked,
+// so changes that arrive meanwhile are merged into it.
+type hubImports struct {
+	s          *hubSession
+	namespaces map[string]bool
+	set        *ImportSet
+	changed    <-chan struct{}
+	version    uint64
+	// acked is what the spoke acknowledged; sending what acked becomes once
+	// the update in flight is acknowledged.
+	acked, sending         map[registry.ServiceKey]*imports.Import
+	ackedAuth, sendingAuth bool
+	inflight               []string // nonces of the chunks in flight, oldest first
+	inflightFull           bool
+	ackedVersion, written  uint64
+	refused                map[registry.ServiceKey]*imports.Import // forms the spoke refused
+	refusedWhy             map[registry.ServiceKey]string
+	sentOnce               bool
+}
+
+func newHubImports(s *hubSession, namespaces []string) *hubImports {
+	im := &hubImports{s: s, acked: map[registry.ServiceKey]*imports.Import{},
+		refused: map[registry.ServiceKey]*imports.Import{}, refusedWhy: map[registry.ServiceKey]string{}}
+	im.setNamespaces(namespaces)
+	return im
+}
+
+func (im *hubImports) setNamespaces(names []string) {
+	im.namespaces = make(map[string]bool, len(names))
+	for _, n := range names {
+		im.namespaces[n] = true
+	}
+}
+
+// want is what the spoke's cluster should hold of the current set.
+func (im *hubImports) want() map[registry.ServiceKey]*imports.Import {
+	out := make(map[registry.ServiceKey]*imports.Import)
+	for k, imp := range im.set.Imports {
+		if imports.Wanted(k, func(ns string) bool { return im.namespaces[ns] }) {
+			out[k] = imp
+		}
+	}
+	return out
+}
+
+// next sends what the spoke should hold next, unless an update is in flight:
+// a full state first (and again when the hub's set turns authoritative), then deltas.
+func (im *hubImports) next() error {
+	if len(im.inflight) > 0 {
+		return nil
+	}
+	im.set, im.changed = im.s.h.imports.Imports()
+	want := im.want()
+	if !im.sentOnce || im.set.Authoritative && !im.ackedAuth {
+		return im.send(true, want, nil, want)
+	}
+	var upserts []*imports.Import
+	var removes []registry.ServiceKey
+	for _, k := range slices.SortedFunc(maps.Keys(want), registry.ServiceKey.Compare) {
+		imp := want[k]
+		if old := im.acked[k]; old == imp || old != nil && old.Equal(imp) {
+			continue
+		}
+		if r := im.refused[k]; r != nil && (r == imp || r.Equal(imp)) {
+			continue // refused in this form: not again until it changes
+		}
+		upserts = append(upserts, imp)
+	}
+	for _, k := range slices.SortedFunc(maps.Keys(im.acked), registry.ServiceKey.Compare) {
+		if want[k] == nil {
+			removes = append(removes, k)
+		}
+	}
+	if len(upserts) == 0 && len(removes) == 0 {
+		im.report()
+		return nil
+	}
+	next := maps.Clone(im.acked)
+	for _, imp := range upserts {
+		next[imp.Service] = imp
+	}
+	for _, k := range removes {
+		delete(next, k)
+	}
+	return im.send(false, next, removes, upserts)
+}
+
+// send sends a full state (upserts is every import, given as a map) or a
+// delta, in chunks, and records what acked becomes once they are acknowledged.
+func (im *hubImports) send(full bool, next map[registry.ServiceKey]*imports.Import, removes []registry.ServiceKey, upserts any) error {
+	var list []*imports.Import
+	switch u := upserts.(type) {
+	case map[registry.ServiceKey]*imports.Import:
+		for _, k := range slices.SortedFunc(maps.Keys(u), registry.ServiceKey.Compare) {
+			if r := im.refused[k]; r != nil && (r == u[k] || r.Equal(u[k])) {
+				delete(next, k) // the spoke keeps its own form of a refused import
+				continue
+			}
+			list = append(list, u[k])
+		}
+	case []*imports.Import:
+		list = u
+	}
+	im.version++
+	encoded := make([]*fedv1.Import, len(list))
+	for i, imp := range list {
+		encoded[i] = ImportToProto(imp)
+	}
+	head := &fedv1.ImportUpdate{Version: im.version, FullState: full, Authoritative: full && im.set.Authoritative}
+	if full {
+		head.ClustersetCidrs = im.set.CIDRs
+	}
+	chunks := chunkImports(head, removes, encoded, im.s.h.cfg.MaxMessageBytes)
+	im.inflight, im.inflightFull = im.inflight[:0], full
+	for i, c := range chunks {
+		c.Nonce = fmt.Sprintf("import-%d.%d", im.version, i)
+		im.inflight = append(im.inflight, c.Nonce)
+	}
+	for _, c := range chunks {
+		if err := im.s.send(&fedv1.HubMessage{Kind: &fedv1.HubMessage_Imports{Imports: c}}); err != nil {
+			return err
+		}
+	}
+	im.sending, im.sendingAuth, im.sentOnce = next, head.Authoritative || !full && im.ackedAuth, true
+	im.s.log.Debug("sent imports", "version", im.version, "full", full, "upserts", len(list), "removes", len(removes), "chunks", len(chunks))
+	im.report()
+	return nil
+}
+
+// answered takes the answer to the oldest chunk in flight.
+func (im *hubImports) answered(nonce string, version uint64) (last bool, err error) {
+	if len(im.inflight) == 0 || im.inflight[0] != nonce || version != im.version {
+		return false, fmt.Errorf("import answer for nonce %q (version %d), which is not the oldest in flight", nonce, version)
+	}
+	im.inflight = im.inflight[1:]
+	return len(im.inflight) == 0, nil
+}
+
+func (im *hubImports) ack(a *fedv1.Ack) error {
+	last, err := im.answered(a.GetNonce(), a.GetVersion())
+	if err != nil || !last {
+		return err
+	}
+	im.acked, im.ackedAuth, im.ackedVersion = im.sending, im.sendingAuth, a.GetVersion()
+	for k, r := range im.refused {
+		if cur := im.acked[k]; cur != nil && cur != r && !cur.Equal(r) {
+			delete(im.refused, k)
+			delete(im.refusedWhy, k)
+		}
+	}
+	return im.next()
+}
+
+// nack records what the spoke refused. Nothing of the update was applied
+// (a refused chunk spoils its whole full state): the services it names are
+// not sent again in that form, and the rest is sent again.
+func (im *hubImports) nack(n *fedv1.Nack) error {
+	if _, err := im.answered(n.GetNonce(), n.GetVersion()); err != nil {
+		return err
+	}
+	im.inflight = nil // a full state's later chunks are refused with it
+	named := false
+	for _, r := range n.GetRejections() {
+		if r.GetService() == nil {
+			continue
+		}
+		k := KeyFromProto(r.GetService())
+		if imp := im.sending[k]; imp != nil {
+			im.refused[k], im.refusedWhy[k], named = imp, r.GetReason(), true
+		}
+	}
+	im.s.log.Warn("spoke refused imports", "version", n.GetVersion(), "services", len(n.GetRejections()))
+	if !named {
+		// Nothing to hold back by name: retrying the same update would loop.
+		return fmt.Errorf("spoke refused import update %d: %s", n.GetVersion(), rejection(n.GetRejections()).Error())
+	}
+	return im.next()
+}
+
+func (im *hubImports) report() {
+	want := im.want()
+	st := ImportStatus{Cluster: im.s.cluster, Epoch: im.s.epoch, Namespaces: len(im.namespaces), Imports: len(want),
+		SentVersion: im.version, AckedVersion: im.ackedVersion, WrittenVersion: im.written,
+		Authoritative: im.ackedAuth, UpdatedAt: time.Now()}
+	var pending []string
+	for k, imp := range want {
+		if old := im.acked[k]; old == imp || old != nil && old.Equal(imp) {
+			st.Acked++
+		} else {
+			pending = append(pending, k.String())
+		}
+	}
+	for k := range im.acked {
+		if want[k] == nil {
+			pending = append(pending, k.String())
+		}
+	}
+	slices.Sort(pending)
+	st.Pending, st.PendingServices = len(pending), pending[:min(len(pending), maxListed)]
+	st.NamespaceNames = slices.Sorted(maps.Keys(im.namespaces))
+	if len(im.refusedWhy) > 0 {
+		st.Refused = map[string]string{}
+		for k, why := range im.refusedWhy {
+			st.Refused[k.String()] = why
+		}
+	}
+	im.s.h.setImportStatus(st)
+}
+
+// handle takes one of the spoke's import-stream messages.
+func (im *hubImports) handle(m *fedv1.SpokeMessage) error {
+	switch k := m.GetKind().(type) {
+	case *fedv1.SpokeMessage_Namespaces:
+		im.setNamespaces(k.Namespaces.GetNames())
+		return im.next()
+	case *fedv1.SpokeMessage_ImportAck:
+		return im.ack(k.ImportAck)
+	case *fedv1.SpokeMessage_ImportNack:
+		return im.nack(k.ImportNack)
+	case *fedv1.SpokeMessage_ImportsWritten:
+		if v := k.ImportsWritten.GetVersion(); v <= im.version && v > im.written {
+			im.written = v
+			im.report()
+		}
+		return nil
+	}
+	return fmt.Errorf("unexpected %T", m.GetKind())
+}

@@ -1,0 +1,168 @@
+package federation
+
+import (
+	"fmt"
+	"net/netip"
+
+	"google.golang.org/protobuf/proto"
+
+	fedv1 "github.com/navemesh/nave/federation/v1"
+	"github.com/navemesh/nave/imports"
+	"github.com/navemesh/nave/registry"
+)
+
+// CapabilityImports is the capability a spoke announces in its hello when
+// it takes the import stream: the hub then sends it the imports its cluster
+// must hold (ImportUpdate), for the namespaces the hello names.
+const CapabilityImports = "imports"
+
+// ImportSet is every import of the clusterset, as the hub holds it. It is
+// immutable: a new set replaces it.
+type ImportSet struct {
+	Imports map[registry.ServiceKey]*imports.Import
+	// Authoritative: the hub holds every cluster it knows of, so a spoke may
+	// delete the imports the set does not name (see ImportUpdate.authoritative).
+	Authoritative bool
+	// CIDRs are the clusterset IP ranges (a spoke makes them routable in its cluster).
+	CIDRs []string
+}
+
+// ImportSource is where the hub's sessions get the imports from.
+type ImportSource interface {
+	// Imports returns the current set and a channel closed once it is replaced.
+	// It must not block.
+	Imports() (*ImportSet, <-chan struct{})
+}
+
+// ImportToProto encodes an import for the wire.
+func ImportToProto(imp *imports.Import) *fedv1.Import {
+	out := &fedv1.Import{
+		Service: KeyToProto(imp.Service), Headless: imp.Headless,
+		Ports: portsToProto(imp.Ports), Properties: propertiesToProto(&imp.Properties),
+		Sources: make([]*fedv1.ImportSource, len(imp.Sources)),
+	}
+	for _, ip := range imp.IPs {
+		out.Ips = append(out.Ips, ip.String())
+	}
+	for i := range imp.Sources {
+		src := &imp.Sources[i]
+		ps := &fedv1.ImportSource{ClusterId: string(src.Cluster), Stale: src.Stale, Ports: portsToProto(src.Ports),
+			Endpoints: make([]*fedv1.Endpoint, len(src.Endpoints))}
+		for j := range src.Endpoints {
+			e := &src.Endpoints[j]
+			pe := &fedv1.Endpoint{Hostname: e.Hostname, Ready: e.Conditions.Ready, Serving: e.Conditions.Serving,
+				Terminating: e.Conditions.Terminating, Addresses: make([]string, len(e.Addresses)),
+				Ports: make([]*fedv1.EndpointPort, len(e.Ports))}
+			if e.Zone != "" {
+				pe.Locality = &fedv1.Locality{Zone: e.Zone}
+			}
+			for k, a := range e.Addresses {
+				pe.Addresses[k] = a.String()
+			}
+			for k, p := range e.Ports {
+				pe.Ports[k] = &fedv1.EndpointPort{Name: p.Name, Port: p.Port}
+			}
+			ps.Endpoints[j] = pe
+		}
+		out.Sources[i] = ps
+	}
+	return out
+}
+
+func portsToProto(ports []registry.ServicePort) []*fedv1.ServicePort {
+	out := make([]*fedv1.ServicePort, len(ports))
+	for i, p := range ports {
+		out[i] = &fedv1.ServicePort{Name: p.Name, Port: p.Port, Protocol: string(p.Protocol), AppProtocol: p.AppProtocol}
+	}
+	return out
+}
+
+// ImportFromProto decodes and validates an import: its service, ports and
+// properties, and each source as a shard of its cluster would be validated
+// (names, addresses, ports, sizes). The error names the service.
+func ImportFromProto(in *fedv1.Import, lim registry.Limits) (*imports.Import, error) {
+	key := KeyFromProto(in.GetService())
+	bad := func(format string, args ...any) error {
+		return &registry.ValidationError{Service: key, Reason: fmt.Sprintf(format, args...)}
+	}
+	if len(in.GetIps()) > 2 {
+		return nil, bad("%d clusterset IPs, at most 2", len(in.GetIps()))
+	}
+	if len(in.GetSources()) > maxImportSources {
+		return nil, bad("%d source clusters, more than the limit of %d", len(in.GetSources()), maxImportSources)
+	}
+	// The merged service validates as a shard without endpoints.
+	merged, err := ShardFromProtoUnvalidated("hub", &fedv1.Shard{Service: in.GetService(), Headless: in.GetHeadless(),
+		Ports: in.GetPorts(), Properties: in.GetProperties()}, lim)
+	if err == nil {
+		err = merged.Validate(lim)
+	}
+	if err != nil {
+		return nil, err
+	}
+	imp := &imports.Import{Service: key, Headless: in.GetHeadless(), Ports: merged.Ports, Properties: merged.Properties,
+		Sources: make([]imports.Source, len(in.GetSources()))}
+	for _, s := range in.GetIps() {
+		ip, err := netip.ParseAddr(s)
+		if err != nil || ip.Zone() != "" {
+			return nil, bad("clusterset IP %q is not an IP address", s)
+		}
+		imp.IPs = append(imp.IPs, ip)
+	}
+	if imp.Headless && len(imp.IPs) > 0 {
+		return nil, bad("a headless import has clusterset IPs")
+	}
+	for i, src := range in.GetSources() {
+		cluster := registry.ClusterID(src.GetClusterId())
+		if i > 0 && cluster <= imp.Sources[i-1].Cluster {
+			return nil, bad("source clusters are not sorted and unique (%s after %s)", cluster, imp.Sources[i-1].Cluster)
+		}
+		sh, err := ShardFromProto(cluster, &fedv1.Shard{Service: in.GetService(), Headless: in.GetHeadless(),
+			Ports: src.GetPorts(), Endpoints: src.GetEndpoints()}, lim)
+		if err != nil {
+			return nil, fmt.Errorf("source cluster %q: %w", cluster, err)
+		}
+		out := imports.Source{Cluster: cluster, Stale: src.GetStale(), Ports: sh.Ports,
+			Endpoints: make([]imports.Endpoint, len(sh.Endpoints))}
+		for j := range sh.Endpoints {
+			e := &sh.Endpoints[j]
+			out.Endpoints[j] = imports.Endpoint{Addresses: e.Addresses, Ports: e.Ports, Hostname: e.Hostname,
+				Zone: e.Locality.Zone, Conditions: e.Conditions}
+		}
+		imp.Sources[i] = out
+	}
+	return imp, nil
+}
+
+// maxImportSources bounds the source clusters of one import.
+const maxImportSources = 1000
+
+// chunkImports splits an import update into messages of at most budget
+// bytes each (an import larger than the budget travels alone).
+func chunkImports(head *fedv1.ImportUpdate, removes []registry.ServiceKey, upserts []*fedv1.Import, budget int) []*fedv1.ImportUpdate {
+	next := func() *fedv1.ImportUpdate {
+		return &fedv1.ImportUpdate{Version: head.Version, FullState: head.FullState, Authoritative: head.Authoritative,
+			ClustersetCidrs: head.ClustersetCidrs}
+	}
+	var out []*fedv1.ImportUpdate
+	cur, size := next(), 0
+	room := func(n int) {
+		if size > 0 && size+n > budget {
+			out = append(out, cur)
+			cur, size = next(), 0
+		}
+		size += n
+	}
+	for _, k := range removes {
+		p := KeyToProto(k)
+		room(proto.Size(p) + 8)
+		cur.Removes = append(cur.Removes, p)
+	}
+	for _, p := range upserts {
+		room(proto.Size(p) + 8)
+		cur.Upserts = append(cur.Upserts, p)
+	}
+	out = append(out, cur)
+	out[len(out)-1].LastChunk = true
+	return out
+}

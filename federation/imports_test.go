@@ -1,0 +1,255 @@
+package federation
+
+import (
+	"context"
+	"maps"
+	"net/netip"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	fedv1 "github.com/navemesh/nave/federation/v1"
+	"github.com/navemesh/nave/imports"
+	"github.com/navemesh/nave/registry"
+)
+
+// importSource is a settable ImportSource.
+type importSource struct {
+	mu      sync.Mutex
+	set     *ImportSet
+	changed chan struct{}
+}
+
+func newImportSource(auth bool, imps ...*imports.Import) *importSource {
+	s := &importSource{changed: make(chan struct{})}
+	s.set = &ImportSet{Imports: map[registry.ServiceKey]*imports.Import{}, Authoritative: auth, CIDRs: []string{"243.0.0.0/16"}}
+	for _, imp := range imps {
+		s.set.Imports[imp.Service] = imp
+	}
+	return s
+}
+
+func (s *importSource) Imports() (*ImportSet, <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.set, s.changed
+}
+
+// update replaces the set with a changed copy.
+func (s *importSource) update(change func(*ImportSet)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	next := &ImportSet{Imports: maps.Clone(s.set.Imports), Authoritative: s.set.Authoritative, CIDRs: s.set.CIDRs}
+	change(next)
+	s.set = next
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+func (s *importSource) put(imps ...*imports.Import) {
+	s.update(func(set *ImportSet) {
+		for _, imp := range imps {
+			set.Imports[imp.Service] = imp
+		}
+	})
+}
+
+// testImport is a ClusterSetIP import of ns/name from east with the given endpoint addresses.
+func testImport(ns, name string, addrs ...string) *imports.Import {
+	port := registry.ServicePort{Name: "grpc", Port: 8080, Protocol: registry.ProtocolTCP}
+	imp := &imports.Import{
+		Service: registry.ServiceKey{Namespace: ns, Name: name}, Ports: []registry.ServicePort{port},
+		IPs:     []netip.Addr{netip.MustParseAddr("243.0.0.10")},
+		Sources: []imports.Source{{Cluster: "east", Ports: []registry.ServicePort{port}}},
+	}
+	for _, a := range addrs {
+		imp.Sources[0].Endpoints = append(imp.Sources[0].Endpoints, imports.Endpoint{
+			Addresses: []netip.Addr{netip.MustParseAddr(a)}, Ports: []registry.EndpointPort{{Name: "grpc", Port: 9090}},
+			Zone: "z1", Conditions: registry.Conditions{Ready: true, Serving: true},
+		})
+	}
+	return imp
+}
+
+// importSpoke runs a publisher that takes the import stream and reports every state it is given.
+func importSpoke(t *testing.T, h *testHub, namespaces ...string) (*publisher, *Publisher, <-chan ImportState) {
+	t.Helper()
+	states := make(chan ImportState, 100)
+	cfg := fastSpoke()
+	cfg.OnImports = func(s ImportState) { states <- s }
+	p := startPublisher(t, dial(t, h.addr, testTokens["east"]), "east", cfg)
+	pub := p.pub
+	pub.SetNamespaces(namespaces)
+	p.states <- State{}
+	return p, pub, states
+}
+
+func awaitImports(t *testing.T, states <-chan ImportState, what string, cond func(ImportState) bool) ImportState {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case s := <-states:
+			if cond(s) {
+				return s
+			}
+		case <-timeout:
+			t.Fatalf("never got imports: %s", what)
+		}
+	}
+}
+
+func keysOf(s ImportState) []string {
+	var out []string
+	for k := range s.Imports {
+		out = append(out, k.String())
+	}
+	slices.Sort(out)
+	return out
+}
+
+func awaitImportStatus(t *testing.T, h *testHub, what string, cond func(ImportStatus) bool) ImportStatus {
+	t.Helper()
+	var last []ImportStatus
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		last = h.srv.ImportStatuses()
+		if len(last) == 1 && cond(last[0]) {
+			return last[0]
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("import status never %s: %+v", what, last)
+	return ImportStatus{}
+}
+
+func TestImportStream(t *testing.T) {
+	src := newImportSource(true, testImport("default", "web", "10.0.0.1"), testImport("other", "db", "10.0.0.2"))
+	h := startHub(t, DefaultHubConfig())
+	h.srv.ServeImports(src)
+	_, pub, states := importSpoke(t, h, "default")
+
+	// The full state names what the cluster's namespaces import, authoritatively.
+	first := awaitImports(t, states, "the full state", func(s ImportState) bool { return len(s.Imports) > 0 })
+	if got := keysOf(first); !slices.Equal(got, []string{"default/web"}) || !first.Authoritative || !slices.Equal(first.CIDRs, []string{"243.0.0.0/16"}) {
+		t.Fatalf("first state: %v authoritative=%v cidrs=%v", got, first.Authoritative, first.CIDRs)
+	}
+	if !first.Imports[registry.ServiceKey{Namespace: "default", Name: "web"}].Equal(testImport("default", "web", "10.0.0.1")) {
+		t.Errorf("the import changed on the wire: %+v", first.Imports)
+	}
+	if !first.Deletable(registry.ServiceKey{Namespace: "default", Name: "gone"}) {
+		t.Error("after an authoritative full state, an import the hub does not name is not deletable")
+	}
+
+	// Deltas: a changed import, a new one.
+	src.put(testImport("default", "web", "10.0.0.1", "10.0.0.3"), testImport("default", "api", "10.0.0.4"))
+	s := awaitImports(t, states, "the delta", func(s ImportState) bool { return len(s.Imports) == 2 })
+	if web := s.Imports[registry.ServiceKey{Namespace: "default", Name: "web"}]; len(web.Sources[0].Endpoints) != 2 {
+		t.Errorf("web after the delta: %+v", web)
+	}
+	// A namespace appears: its imports arrive.
+	pub.SetNamespaces([]string{"default", "other"})
+	s = awaitImports(t, states, "the new namespace's import", func(s ImportState) bool { return len(s.Imports) == 3 })
+	// An import goes: it is removed, and deletable.
+	src.update(func(set *ImportSet) { delete(set.Imports, registry.ServiceKey{Namespace: "default", Name: "api"}) })
+	s = awaitImports(t, states, "the removal", func(s ImportState) bool { return len(s.Imports) == 2 })
+	if !s.Deletable(registry.ServiceKey{Namespace: "default", Name: "api"}) || s.Deletable(registry.ServiceKey{Namespace: "default", Name: "web"}) {
+		t.Errorf("deletable after the removal: api %v, web %v", s.Deletable(registry.ServiceKey{Namespace: "default", Name: "api"}),
+			s.Deletable(registry.ServiceKey{Namespace: "default", Name: "web"}))
+	}
+
+	// The hub shows what the spoke acknowledged and wrote.
+	st := awaitImportStatus(t, h, "acked", func(st ImportStatus) bool { return st.AckedVersion == s.Version && st.Pending == 0 })
+	if st.Written() || st.Imports != 2 || st.Acked != 2 || !st.Authoritative || st.Namespaces != 2 {
+		t.Errorf("status before the write: %+v", st)
+	}
+	pub.ImportsWritten(s.Epoch, s.Version)
+	awaitImportStatus(t, h, "written", ImportStatus.Written)
+}
+
+func TestImportFullStateIsChunkedAndAppliedOnce(t *testing.T) {
+	var imps []*imports.Import
+	for i := range 50 {
+		imps = append(imps, testImport("default", "svc-"+string(rune('a'+i%26))+string(rune('a'+i/26)), "10.0.0.1", "10.0.0.2"))
+	}
+	src := newImportSource(true, imps...)
+	cfg := DefaultHubConfig()
+	cfg.MaxMessageBytes = 1024 // a few imports a chunk
+	h := startHub(t, cfg)
+	h.srv.ServeImports(src)
+	_, _, states := importSpoke(t, h, "default")
+	first := awaitImports(t, states, "the full state", func(ImportState) bool { return true })
+	if len(first.Imports) != 50 {
+		t.Fatalf("the first state the writer saw has %d imports, want all 50 at once", len(first.Imports))
+	}
+}
+
+// A full state that is not authoritative (the hub has not heard from every
+// cluster it knows) adds and updates, and deletes nothing; the next
+// authoritative one may delete.
+func TestNonAuthoritativeFullStateDeletesNothing(t *testing.T) {
+	src := newImportSource(true, testImport("default", "old", "10.0.0.1"))
+	h := startHub(t, DefaultHubConfig())
+	h.srv.ServeImports(src)
+	p, _, states := importSpoke(t, h, "default")
+	awaitImports(t, states, "the first hub's state", func(s ImportState) bool { return len(s.Imports) == 1 })
+
+	// The spoke moves to a hub that knows less (a cold start).
+	p.stop()
+	h2 := startHub(t, DefaultHubConfig())
+	cold := newImportSource(false, testImport("default", "new", "10.0.0.2"))
+	h2.srv.ServeImports(cold)
+	// The same publisher (it keeps its imports across sessions) connects to the second hub.
+	restartPublisher(t, p, h2)
+	s := awaitImports(t, states, "the cold hub's state", func(s ImportState) bool { return len(s.Imports) == 2 })
+	old := registry.ServiceKey{Namespace: "default", Name: "old"}
+	if s.Authoritative || s.Deletable(old) {
+		t.Fatalf("after a non-authoritative full state: %v authoritative=%v deletable(old)=%v", keysOf(s), s.Authoritative, s.Deletable(old))
+	}
+	// The hub hears from every cluster: an authoritative full state follows.
+	cold.update(func(set *ImportSet) { set.Authoritative = true })
+	s = awaitImports(t, states, "the authoritative state", func(s ImportState) bool { return s.Authoritative })
+	if got := keysOf(s); !slices.Equal(got, []string{"default/new"}) || !s.Deletable(old) {
+		t.Errorf("after the authoritative full state: %v deletable(old)=%v", got, s.Deletable(old))
+	}
+}
+
+// restartPublisher runs a stopped publisher again, against another hub.
+func restartPublisher(t *testing.T, p *publisher, h *testHub) {
+	t.Helper()
+	p.pub.client = fedv1.NewFederationClient(dial(t, h.addr, testTokens["east"]))
+	ctx, cancel := context.WithCancel(context.Background())
+	p.cancel, p.done = cancel, make(chan struct{})
+	go func() { defer close(p.done); _ = p.pub.Run(ctx, p.states) }()
+	p.states <- State{}
+}
+
+// An import the spoke cannot take is refused by name; the others flow, and
+// the refused form is not sent again until it changes.
+func TestRefusedImportIsNotResent(t *testing.T) {
+	bad := testImport("default", "bad", "10.0.0.1")
+	bad.Sources[0].Cluster = "Not_A_Label"
+	src := newImportSource(true, testImport("default", "good", "10.0.0.2"), bad)
+	h := startHub(t, DefaultHubConfig())
+	h.srv.ServeImports(src)
+	_, _, states := importSpoke(t, h, "default")
+	s := awaitImports(t, states, "the good import", func(s ImportState) bool { return len(s.Imports) == 1 })
+	if keysOf(s)[0] != "default/good" {
+		t.Fatalf("imports: %v", keysOf(s))
+	}
+	st := awaitImportStatus(t, h, "refused", func(st ImportStatus) bool { return len(st.Refused) == 1 && st.Pending == 1 })
+	sent := st.SentVersion
+	src.put(testImport("default", "good", "10.0.0.2", "10.0.0.3"))
+	awaitImports(t, states, "the next delta", func(s ImportState) bool {
+		return len(s.Imports[registry.ServiceKey{Namespace: "default", Name: "good"}].Sources[0].Endpoints) == 2
+	})
+	if st := h.srv.ImportStatuses()[0]; st.SentVersion != sent+1 || len(st.Refused) != 1 {
+		t.Errorf("after one more change: %+v, want exactly one more update and the refusal kept", st)
+	}
+	// Fixed, it flows.
+	fixed := testImport("default", "bad", "10.0.0.1")
+	src.put(fixed)
+	awaitImports(t, states, "the fixed import", func(s ImportState) bool { return len(s.Imports) == 2 })
+	awaitImportStatus(t, h, "without refusals", func(st ImportStatus) bool { return len(st.Refused) == 0 && st.Pending == 0 })
+}
