@@ -4,7 +4,7 @@ GO ?= go
 PROTOC ?= protoc
 BIN := bin
 
-.PHONY: all build test bench demo generate generate-check lint protoc kube-apiserver kind-up kind-e2e kind-down clean
+.PHONY: all build test bench demo generate generate-check lint protoc kube-apiserver coredns kind-up kind-e2e kind-down clean
 
 # The end-to-end tests run real Kubernetes API servers, built once per machine
 # from k8s.io/kubernetes (tools/kube-apiserver pins the version) and cached by version.
@@ -12,6 +12,11 @@ KUBE_VERSION := $(shell awk '$$1 == "k8s.io/kubernetes" || $$2 == "k8s.io/kubern
 NAVE_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/nave
 KUBE_APISERVER := $(NAVE_CACHE)/kube-apiserver-$(KUBE_VERSION)
 export NAVE_KUBE_APISERVER := $(KUBE_APISERVER)
+# The DNS tests run a real CoreDNS, built the same way from github.com/coredns/coredns
+# (tools/coredns pins the version and picks the plugins).
+COREDNS_VERSION := $(shell awk '$$1 == "github.com/coredns/coredns" || $$2 == "github.com/coredns/coredns" {print $$NF}' tools/coredns/go.mod | head -1)
+COREDNS := $(NAVE_CACHE)/coredns-$(COREDNS_VERSION)
+export NAVE_COREDNS := $(COREDNS)
 
 all: build
 
@@ -19,7 +24,7 @@ build:
 	$(GO) build -o $(BIN)/ ./cmd/...
 
 ## test: everything CI runs: generated code current, vet, gofmt, and every test with -race.
-test: generate-check lint kube-apiserver
+test: generate-check lint kube-apiserver coredns
 	NAVE_E2E_REQUIRE=1 $(GO) test -race -count=1 -timeout 30m ./...
 
 ## bench: benchmarks print numbers; nothing is asserted. The scale benchmark drives a real hub
@@ -57,6 +62,12 @@ kube-apiserver: $(KUBE_APISERVER)
 $(KUBE_APISERVER):
 	@mkdir -p $(dir $@)
 	cd tools/kube-apiserver && $(GO) build -trimpath -o $@.tmp . && mv $@.tmp $@
+
+## coredns: build the real CoreDNS the DNS tests run (about 4 minutes, once per machine and version).
+coredns: $(COREDNS)
+$(COREDNS):
+	@mkdir -p $(dir $@)
+	cd tools/coredns && $(GO) build -trimpath -o $@.tmp . && mv $@.tmp $@
 
 ## kind-up, kind-e2e, kind-down: three kind clusters with the hub and spokes deployed, and the e2e suite
 ## run against them (needs Docker, kind and kubectl; see deploy/README.md).
