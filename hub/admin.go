@@ -5,12 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/pprof"
+	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/xds"
 )
@@ -44,11 +47,67 @@ type PortAssignment struct {
 	Assignment xds.Assignment       `json:"assignment"`
 }
 
+// ImportsInfo is what /debug/imports shows: every import of the clusterset,
+// and how far each spoke session of this replica has taken them.
+type ImportsInfo struct {
+	// Authoritative: the hub holds every cluster it knows of (spokes may delete what it does not name).
+	Authoritative bool                      `json:"authoritative"`
+	CIDRs         []string                  `json:"clustersetCIDRs,omitempty"`
+	Imports       []ImportInfo              `json:"imports"`
+	Sessions      []federation.ImportStatus `json:"sessions"`
+}
+
+// ImportInfo is one import as /debug/imports shows it.
+type ImportInfo struct {
+	Service  registry.ServiceKey    `json:"service"`
+	Type     string                 `json:"type"`
+	IPs      []string               `json:"ips,omitempty"`
+	Ports    []registry.ServicePort `json:"ports"`
+	Sources  []ImportSourceInfo     `json:"sources"`
+	Revision string                 `json:"hash"`
+}
+
+// ImportSourceInfo is one source cluster of an import.
+type ImportSourceInfo struct {
+	Cluster   registry.ClusterID `json:"cluster"`
+	Stale     bool               `json:"stale,omitempty"`
+	Endpoints int                `json:"endpoints"`
+	Ready     int                `json:"ready"`
+}
+
+// Imports describes an import set and the sessions taking it.
+func Imports(set *federation.ImportSet, sessions []federation.ImportStatus) ImportsInfo {
+	info := ImportsInfo{Authoritative: set.Authoritative, CIDRs: set.CIDRs, Imports: []ImportInfo{}, Sessions: sessions}
+	for _, k := range slices.SortedFunc(maps.Keys(set.Imports), registry.ServiceKey.Compare) {
+		imp := set.Imports[k]
+		ii := ImportInfo{Service: k, Type: "ClusterSetIP", Ports: imp.Ports, Revision: imp.Hash().String()[:12]}
+		if imp.Headless {
+			ii.Type = "Headless"
+		}
+		for _, ip := range imp.IPs {
+			ii.IPs = append(ii.IPs, ip.String())
+		}
+		for _, src := range imp.Sources {
+			si := ImportSourceInfo{Cluster: src.Cluster, Stale: src.Stale, Endpoints: len(src.Endpoints)}
+			for _, e := range src.Endpoints {
+				if e.Conditions.Ready {
+					si.Ready++
+				}
+			}
+			ii.Sources = append(ii.Sources, si)
+		}
+		info.Imports = append(info.Imports, ii)
+	}
+	return info
+}
+
 // admin serves health, metrics and debug JSON.
 type admin struct {
 	pprof   bool // serve /debug/pprof
 	state   *state
 	coord   *coordinator
+	imports *importer
+	fed     *federation.HubServer
 	metrics prometheus.Gatherer
 	ready   func() error
 	log     *slog.Logger
@@ -80,6 +139,10 @@ func (a *admin) handler() http.Handler {
 	})
 	mux.HandleFunc("GET /debug/services", func(w http.ResponseWriter, _ *http.Request) {
 		a.json(w, Services(a.state.View().Registry))
+	})
+	mux.HandleFunc("GET /debug/imports", func(w http.ResponseWriter, _ *http.Request) {
+		set, _ := a.imports.Imports()
+		a.json(w, Imports(set, a.fed.ImportStatuses()))
 	})
 	mux.HandleFunc("GET /debug/endpoints", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -38,27 +39,40 @@ func apiShard(cluster registry.ClusterID, exportedAt time.Time, portName, addr s
 	return s
 }
 
-// spoke runs a real Publisher for cluster against h and hands on what it reports.
+// spoke runs a real Publisher for cluster against h and hands on what it
+// reports and, when it takes the import stream, the imports it is given.
 type spoke struct {
+	pub     *federation.Publisher
 	states  chan federation.State
 	reports chan federation.Reports
+	imports chan federation.ImportState
+	stop    func()
 }
 
-func startSpoke(t *testing.T, h *hub.Hub, cluster registry.ClusterID) *spoke {
+// startSpoke starts a spoke of cluster; with namespaces, it takes the import stream for them.
+func startSpoke(t *testing.T, h *hub.Hub, cluster registry.ClusterID, namespaces ...string) *spoke {
 	t.Helper()
 	conn, err := grpc.NewClient(h.FederationAddr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	sp := &spoke{states: make(chan federation.State, 1), reports: make(chan federation.Reports, 1000)}
+	sp := &spoke{states: make(chan federation.State, 1), reports: make(chan federation.Reports, 1000),
+		imports: make(chan federation.ImportState, 1000)}
 	cfg := federation.DefaultSpokeConfig()
 	cfg.Cluster, cfg.MinBackoff, cfg.MaxBackoff = cluster, 10*time.Millisecond, 50*time.Millisecond
 	cfg.OnReport = func(r federation.Reports) { sp.reports <- r }
+	if len(namespaces) > 0 {
+		cfg.OnImports = func(s federation.ImportState) { sp.imports <- s }
+	}
 	pub := federation.NewPublisher(cfg, conn, slog.New(slog.DiscardHandler), nil)
+	pub.SetNamespaces(namespaces)
+	sp.pub = pub
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = pub.Run(ctx, sp.states) }()
-	t.Cleanup(func() { cancel(); <-done; conn.Close() }) // before the hub stops: cleanups run last first
+	var once sync.Once
+	sp.stop = func() { once.Do(func() { cancel(); <-done; conn.Close() }) }
+	t.Cleanup(sp.stop) // before the hub stops: cleanups run last first
 	return sp
 }
 

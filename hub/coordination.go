@@ -96,6 +96,9 @@ type coordinator struct {
 	liveness  Liveness
 	metrics   *metrics
 	log       *slog.Logger
+	// clustersetIPs, when set, are freed by the leader once released for ipHoldDown.
+	clustersetIPs *replicas.ClusterSetIPs
+	ipHoldDown    time.Duration
 
 	isLeader atomic.Bool
 	mu       sync.Mutex // guards the fields below
@@ -272,7 +275,8 @@ func (c *coordinator) leaderDuties(ctx context.Context) {
 	held := c.saved.held
 	saved := held != heldState{}
 	c.mu.Unlock()
-	var next time.Time // no save before then
+	var next time.Time    // no save before then
+	var nextIPs time.Time // no freeing of clusterset IPs before then
 	for {
 		if due := !saved || c.state.View().held() != held; due && !time.Now().Before(next) {
 			start := time.Now()
@@ -285,11 +289,34 @@ func (c *coordinator) leaderDuties(ctx context.Context) {
 			next = nextSave(start, took, c.interval, ok)
 		}
 		c.collect(ctx)
+		if time.Now().After(nextIPs) {
+			c.collectIPs(ctx)
+			nextIPs = time.Now().Add(ipCollectInterval)
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// ipCollectInterval is how often the leader frees released clusterset IPs.
+const ipCollectInterval = time.Minute
+
+// collectIPs frees the clusterset IPs released longer than the hold-down ago.
+func (c *coordinator) collectIPs(ctx context.Context) {
+	if c.clustersetIPs == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	n, err := c.clustersetIPs.Collect(ctx, time.Now(), c.ipHoldDown)
+	switch {
+	case err != nil && ctx.Err() == nil:
+		c.log.Warn("cannot free released clusterset IPs", "err", err)
+	case n > 0:
+		c.log.Info("freed released clusterset IPs", "claims", n, "holdDown", c.ipHoldDown)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"strconv"
 	"sync"
@@ -80,6 +81,13 @@ type Config struct {
 	SnapshotFormat int
 	// FastGossip uses test timings for gossip (failure detection in ~1s).
 	FastGossip bool
+	// ClustersetCIDRs are the ranges (at most one IPv4, one IPv6) clusterset
+	// IPs of ClusterSetIP imports come from; none: imports carry no IPs and
+	// each cluster allocates its own. A released IP is reused only after
+	// ClustersetIPHoldDown (0: --drop-after plus five minutes, which is
+	// longer than any DNS TTL).
+	ClustersetCIDRs      []netip.Prefix
+	ClustersetIPHoldDown time.Duration
 	// Pprof serves Go's profiles at /debug/pprof on the admin address.
 	Pprof       bool
 	Federation  federation.HubConfig
@@ -101,11 +109,16 @@ func DefaultConfig() Config {
 		SnapshotInterval: 2 * time.Second,
 		MaxSnapshotBytes: 64 << 20,
 		SnapshotFormat:   2,
+		ClustersetCIDRs:  []netip.Prefix{netip.MustParsePrefix(DefaultClustersetCIDR)},
 		Federation:       federation.DefaultHubConfig(),
 		Replication:      replicas.DefaultReplicationConfig(),
 		XDS:              xds.DefaultConfig(),
 	}
 }
+
+// DefaultClustersetCIDR is where clusterset IPs come from by default: a
+// range no cluster's own Service or pod range is likely to use.
+const DefaultClustersetCIDR = "243.0.0.0/16"
 
 // Hub is a running hub replica.
 type Hub struct {
@@ -209,6 +222,9 @@ func startConfig(cfg Config) Config {
 	if cfg.SnapshotFormat == 0 {
 		cfg.SnapshotFormat = DefaultConfig().SnapshotFormat
 	}
+	if cfg.ClustersetIPHoldDown <= 0 {
+		cfg.ClustersetIPHoldDown = cfg.Liveness.DropAfter + 5*time.Minute
+	}
 	// xDS versions unique to this process: a client that reconnects after a
 	// restart, or to another replica, never takes new content for what it acked.
 	cfg.XDS.VersionPrefix = cfg.ID + "-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
@@ -228,10 +244,11 @@ type parts struct {
 	gossip              bool // with peer replicas (--join, --gossip-addr)
 
 	// etcd.
-	endpoints []string
-	etcd      *clientv3.Client
-	catalog   *replicas.Catalog
-	snapshots *replicas.SnapshotStore
+	endpoints     []string
+	etcd          *clientv3.Client
+	catalog       *replicas.Catalog
+	snapshots     *replicas.SnapshotStore
+	clustersetIPs *replicas.ClusterSetIPs // nil without clusterset CIDRs
 
 	// Metrics.
 	metricsReg  *prometheus.Registry
@@ -242,6 +259,7 @@ type parts struct {
 	xdsServer *xds.Server
 	gossipNow atomic.Pointer[replicas.Membership] // nil until gossip runs
 	push      *pusher
+	imports   *importer
 	state     *state
 	coord     *coordinator
 
@@ -335,7 +353,21 @@ func (p *parts) connectEtcd(ctx context.Context) error {
 	p.etcd = etcd
 	p.catalog = replicas.NewCatalog(etcd, p.cfg.EtcdPrefix)
 	p.snapshots = replicas.NewSnapshotStore(etcd, p.cfg.EtcdPrefix, p.cfg.MaxSnapshotBytes)
-	return p.snapshots.WriteFormat(p.cfg.SnapshotFormat)
+	if err := p.snapshots.WriteFormat(p.cfg.SnapshotFormat); err != nil {
+		return err
+	}
+	if len(p.cfg.ClustersetCIDRs) > 0 {
+		if p.clustersetIPs, err = replicas.NewClusterSetIPs(etcd, p.cfg.EtcdPrefix, p.cfg.ClustersetCIDRs); err != nil {
+			return err
+		}
+		// Known claims spare an etcd round trip per service; with etcd unreachable, they are read as needed.
+		loadCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if err := p.clustersetIPs.Load(loadCtx); err != nil {
+			p.log.Warn("cannot read the clusterset IPs yet", "err", err)
+		}
+	}
+	return nil
 }
 
 // registerMetrics makes the hub's metrics registry: Go runtime, process,
@@ -354,8 +386,15 @@ func (p *parts) buildState() {
 	cfg := p.cfg
 	p.xdsServer = xds.NewServer(cfg.XDS, p.log, p.metricsReg)
 	// Gossip hears about every change of the state (summaries: who is home, at which stamp).
+	// Imports follow every change too, off the state goroutine.
+	var cidrs []string
+	for _, c := range cfg.ClustersetCIDRs {
+		cidrs = append(cidrs, c.String())
+	}
+	p.imports = newImporter(p.clustersetIPs, cidrs, p.log)
 	onChange := func(v View) {
 		p.metrics.observe(v)
+		p.imports.observe(v)
 		if g := p.gossipNow.Load(); g != nil {
 			g.UpdateSummaries() // never blocks; pushes at most once a second
 		}
@@ -367,6 +406,7 @@ func (p *parts) buildState() {
 		id: cfg.ID, state: p.state, etcd: p.etcd, catalog: p.catalog, snapshots: p.snapshots,
 		leaderCfg: leaderConfig(cfg),
 		interval:  cfg.SnapshotInterval, liveness: cfg.Liveness, metrics: p.metrics, log: p.log.With("component", "coordination"),
+		clustersetIPs: p.clustersetIPs, ipHoldDown: cfg.ClustersetIPHoldDown,
 	}
 }
 
@@ -392,6 +432,7 @@ func (p *parts) buildServers() {
 		),
 	)
 	hubFed := federation.NewHubServer(cfg.Federation, p.state, catalogEpochs{catalog: p.catalog}, p.metrics.federationHooks(), log)
+	hubFed.ServeImports(p.imports)
 	fedv1.RegisterFederationServer(p.fedServer, hubFed)
 	// Replicas replicate over the federation port, authenticated by the peer token.
 	p.replCfg = cfg.Replication
@@ -414,7 +455,8 @@ func (p *parts) buildServers() {
 	// Ready once started: every listener is up, the state runs and holds the
 	// persisted registry (so a full restart never serves an empty one). An
 	// unreachable etcd degrades the hub but leaves it ready: it serves and replicates.
-	adm := &admin{pprof: cfg.Pprof, state: p.state, coord: p.coord, metrics: p.metricsReg, log: log.With("component", "admin"), ready: func() error { return nil }}
+	adm := &admin{pprof: cfg.Pprof, state: p.state, coord: p.coord, imports: p.imports, fed: hubFed,
+		metrics: p.metricsReg, log: log.With("component", "admin"), ready: func() error { return nil }}
 	p.adminServer = &http.Server{Handler: adm.handler(), ReadHeaderTimeout: 10 * time.Second}
 }
 
@@ -457,6 +499,7 @@ func (p *parts) runState(ctx context.Context, records []replicas.ClusterRecord) 
 	p.stopState = stopState
 	p.wg.Go(func() { p.state.run(stateCtx) })
 	p.wg.Go(func() { p.push.run(stateCtx) })
+	p.wg.Go(func() { p.imports.run(stateCtx) })
 	return p.state.known(ctx, records)
 }
 

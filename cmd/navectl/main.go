@@ -23,8 +23,12 @@ Usage:
   navectl [--hub URL] [-o table|json] clusters
   navectl [--hub URL] [-o table|json] services
   navectl [--hub URL] [-o table|json] endpoints NAMESPACE/NAME [--region R] [--zone Z]
+  navectl [--hub URL] [-o table|json] imports [CLUSTER]
 
 endpoints shows what an xDS client in that locality receives, priority by priority.
+imports shows, for each cluster whose spoke takes imports (at any replica),
+how many imports it should hold and whether its spoke has written them; with
+CLUSTER, every import that cluster should hold and where it stands.
 `
 
 func main() {
@@ -59,6 +63,15 @@ func run(args []string, out io.Writer) error {
 		return c.clusters()
 	case "services":
 		return c.services()
+	case "imports":
+		if len(rest) > 2 {
+			return errors.New("imports takes at most one cluster")
+		}
+		var cluster string
+		if len(rest) == 2 {
+			cluster = rest[1]
+		}
+		return c.imports(cluster)
 	case "endpoints":
 		efs := flag.NewFlagSet("navectl endpoints", flag.ContinueOnError)
 		region := efs.String("region", "", "the client's region")
@@ -83,7 +96,7 @@ func run(args []string, out io.Writer) error {
 		}
 		return c.endpoints(service, *region, *zone)
 	default:
-		return fmt.Errorf("unknown command %q (clusters, services, endpoints)", rest[0])
+		return fmt.Errorf("unknown command %q (clusters, services, endpoints, imports)", rest[0])
 	}
 }
 

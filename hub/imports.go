@@ -1,0 +1,260 @@
+package hub
+
+import (
+	"context"
+	"log/slog"
+	"maps"
+	"net/netip"
+	"runtime/debug"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/navemesh/nave/federation"
+	"github.com/navemesh/nave/imports"
+	"github.com/navemesh/nave/registry"
+	"github.com/navemesh/nave/replicas"
+)
+
+// importer keeps the clusterset's imports current for the spoke sessions
+// (federation.ImportSource): it follows the state's views off the state
+// goroutine, rebuilds the import of every service that changed or one of
+// whose source clusters turned stale or fresh, claims clusterset IPs for
+// ClusterSetIP services, and publishes an immutable set. Views that arrive
+// while it works are merged into its next round.
+type importer struct {
+	ips *replicas.ClusterSetIPs // nil: imports carry no clusterset IPs
+	log *slog.Logger
+	// claimTimeout bounds one round of etcd calls for clusterset IPs.
+	claimTimeout time.Duration
+	// retry is how soon a service whose IP could not be claimed is tried again.
+	retry time.Duration
+
+	latest chan View // the newest view not yet taken (capacity 1)
+
+	mu      sync.Mutex
+	current *federation.ImportSet
+	changed chan struct{} // closed when current is replaced
+
+	// Owned by run's goroutine.
+	reg      *registry.Registry
+	stale    map[registry.ClusterID]bool
+	built    map[registry.ServiceKey]*imports.Import
+	waiting  map[registry.ServiceKey]bool // ClusterSetIP services still without their IPs
+	released map[registry.ServiceKey]bool // services whose IPs are released (or never held)
+}
+
+func newImporter(ips *replicas.ClusterSetIPs, cidrs []string, log *slog.Logger) *importer {
+	im := &importer{
+		ips: ips, log: log.With("component", "imports"), claimTimeout: 5 * time.Second, retry: time.Second,
+		latest:  make(chan View, 1),
+		current: &federation.ImportSet{Imports: map[registry.ServiceKey]*imports.Import{}, CIDRs: cidrs},
+		changed: make(chan struct{}),
+		reg:     registry.New(), stale: map[registry.ClusterID]bool{},
+		built: map[registry.ServiceKey]*imports.Import{}, waiting: map[registry.ServiceKey]bool{},
+		released: map[registry.ServiceKey]bool{},
+	}
+	return im
+}
+
+// Imports implements federation.ImportSource.
+func (im *importer) Imports() (*federation.ImportSet, <-chan struct{}) {
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	return im.current, im.changed
+}
+
+// observe hands the importer a new view; it never blocks (the newest wins).
+func (im *importer) observe(v View) {
+	for {
+		select {
+		case im.latest <- v:
+			return
+		default:
+		}
+		select {
+		case <-im.latest: // drop the older view not yet taken
+		default:
+		}
+	}
+}
+
+// run rebuilds imports until ctx ends.
+func (im *importer) run(ctx context.Context) {
+	var retry <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case v := <-im.latest:
+			im.safeRound(ctx, v)
+		case <-retry:
+			im.safeRound(ctx, View{})
+		}
+		retry = nil
+		if len(im.waiting) > 0 {
+			retry = time.After(im.retry)
+		}
+	}
+}
+
+func (im *importer) safeRound(ctx context.Context, v View) {
+	defer func() {
+		if r := recover(); r != nil {
+			im.log.Error("panic while building imports; the last set stays", "panic", r, "stack", string(debug.Stack()))
+		}
+	}()
+	im.round(ctx, v)
+}
+
+// round rebuilds what changed since the last round; a zero view retries the
+// services still waiting for their clusterset IPs.
+func (im *importer) round(ctx context.Context, v View) {
+	reg, auth := im.reg, im.current.Authoritative
+	if v.Registry != nil {
+		reg, auth = v.Registry, authoritative(v.Clusters)
+	}
+	touched := map[registry.ServiceKey]bool{}
+	for k := range im.waiting {
+		touched[k] = true
+	}
+	if v.Registry != nil {
+		for k := range im.built {
+			if reg.Service(k) == nil {
+				touched[k] = true
+			}
+		}
+		stale := map[registry.ClusterID]bool{}
+		for id, c := range v.Clusters {
+			if c.Stale {
+				stale[id] = true
+			}
+		}
+		flipped := map[registry.ClusterID]bool{}
+		for id := range stale {
+			if !im.stale[id] {
+				flipped[id] = true
+			}
+		}
+		for id := range im.stale {
+			if !stale[id] {
+				flipped[id] = true
+			}
+		}
+		for _, svc := range reg.Services() {
+			if im.reg.Service(svc.Key) != svc || im.built[svc.Key] == nil && !im.waiting[svc.Key] {
+				touched[svc.Key] = true
+				continue
+			}
+			for _, sh := range svc.Shards {
+				if flipped[sh.Cluster] {
+					touched[svc.Key] = true
+					break
+				}
+			}
+		}
+		im.reg, im.stale = reg, stale
+	}
+	if len(touched) == 0 && auth == im.current.Authoritative {
+		return
+	}
+	next := maps.Clone(im.current.Imports)
+	claimCtx, cancel := context.WithTimeout(ctx, im.claimTimeout)
+	defer cancel()
+	isStale := func(id registry.ClusterID) bool { return im.stale[id] }
+	for _, k := range slices.SortedFunc(maps.Keys(touched), registry.ServiceKey.Compare) {
+		svc := im.reg.Service(k)
+		if svc == nil {
+			delete(next, k)
+			delete(im.built, k)
+			delete(im.waiting, k)
+			im.release(claimCtx, k)
+			continue
+		}
+		var ips []netip.Addr
+		if old := im.built[k]; !svc.Headless && im.ips != nil && old != nil && !old.Headless &&
+			sameFamilies(old.IPs, im.ips.Ranged(families(svc))) {
+			ips = old.IPs // claimed when the service was first built
+		} else if !svc.Headless && im.ips != nil {
+			got, err := im.ips.Claim(claimCtx, k, families(svc))
+			if err != nil {
+				// Never an import without its IP: the derived Service's IP cannot change later.
+				if !im.waiting[k] {
+					im.log.Warn("cannot claim the clusterset IP; the import waits", "service", k, "err", err)
+				}
+				im.waiting[k] = true
+				continue
+			}
+			ips = got
+			delete(im.released, k)
+		} else if svc.Headless {
+			im.release(claimCtx, k)
+		}
+		delete(im.waiting, k)
+		imp, skipped := imports.Build(svc, isStale, ips)
+		for _, s := range skipped {
+			im.log.Debug("endpoint address not imported", "service", k, "cluster", s.Cluster, "address", s.Address, "reason", s.Reason)
+		}
+		if old := next[k]; old == nil || !old.Equal(imp) {
+			next[k] = imp
+		}
+		im.built[k] = next[k]
+	}
+	im.publish(&federation.ImportSet{Imports: next, Authoritative: auth, CIDRs: im.current.CIDRs})
+}
+
+// release marks a service's clusterset IPs released (once), so that the
+// leader can free them after the hold-down.
+func (im *importer) release(ctx context.Context, k registry.ServiceKey) {
+	if im.ips == nil || im.released[k] {
+		return
+	}
+	if err := im.ips.Release(ctx, k, time.Now()); err != nil {
+		im.log.Warn("cannot release the clusterset IP", "service", k, "err", err)
+		return
+	}
+	im.released[k] = true
+}
+
+func (im *importer) publish(set *federation.ImportSet) {
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	im.current = set
+	close(im.changed)
+	im.changed = make(chan struct{})
+}
+
+// families are the IP families a service's clusterset IPs are claimed in:
+// the oldest export's, or IPv4 when no export states any.
+func families(svc *registry.Service) []registry.IPFamily {
+	if len(svc.IPFamilies) > 0 {
+		return svc.IPFamilies
+	}
+	return []registry.IPFamily{registry.IPv4}
+}
+
+// sameFamilies says whether ips hold one address of each family, in order.
+func sameFamilies(ips []netip.Addr, families []registry.IPFamily) bool {
+	if len(ips) != len(families) {
+		return false
+	}
+	for i, ip := range ips {
+		if ip.Is4() != (families[i] == registry.IPv4) {
+			return false
+		}
+	}
+	return true
+}
+
+// authoritative says whether the hub holds every cluster it knows of: each
+// has data (live, or restored from the snapshot), was dropped, or has gone
+// stale without any (its spoke has not come back within the grace). Until
+// then a spoke must not delete imports the hub does not name.
+func authoritative(clusters map[registry.ClusterID]ClusterStatus) bool {
+	for _, c := range clusters {
+		if !c.Restored && c.LastUpdate.IsZero() && !c.Dropped && !c.Stale {
+			return false
+		}
+	}
+	return true
+}
