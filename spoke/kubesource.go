@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -90,13 +91,17 @@ type KubeSource struct {
 	filter  NamespaceFilter
 	log     *slog.Logger
 
-	services  corelisters.ServiceLister
-	slicesIdx cache.Indexer
-	nodes     corelisters.NodeLister
-	exports   atomic.Pointer[exportWatch] // nil until the ServiceExport informer has synced
-	synced    chan struct{}               // closed once the first state is published
-	nodesLive atomic.Bool                 // node events matter: the initial build is done
-	queue     workqueue.TypedRateLimitingInterface[registry.ServiceKey]
+	services   corelisters.ServiceLister
+	slicesIdx  cache.Indexer
+	nodes      corelisters.NodeLister
+	namespaces corelisters.NamespaceLister
+	// onNamespaces is told the cluster's namespaces (OnNamespaces); guarded by nsMu.
+	nsMu         sync.Mutex
+	onNamespaces func([]string)
+	exports      atomic.Pointer[exportWatch] // nil until the ServiceExport informer has synced
+	synced       chan struct{}               // closed once the first state is published
+	nodesLive    atomic.Bool                 // node events matter: the initial build is done
+	queue        workqueue.TypedRateLimitingInterface[registry.ServiceKey]
 
 	// status is what the ServiceExport conditions are made of; guarded by statusMu.
 	statusMu     sync.Mutex
@@ -164,7 +169,8 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 	svcInf := factory.Core().V1().Services()
 	esInf := factory.Discovery().V1().EndpointSlices()
 	nodeInf := factory.Core().V1().Nodes()
-	k.services, k.nodes = svcInf.Lister(), nodeInf.Lister()
+	nsInf := factory.Core().V1().Namespaces()
+	k.services, k.nodes, k.namespaces = svcInf.Lister(), nodeInf.Lister(), nsInf.Lister()
 	k.slicesIdx = esInf.Informer().GetIndexer()
 	if err := esInf.Informer().AddIndexers(cache.Indexers{
 		byServiceIndex: func(obj any) ([]string, error) {
@@ -231,6 +237,9 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 			UpdateFunc: func(old, cur any) { enqueueSlice(old); enqueueSlice(cur) }}},
 		{nodeInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: func(cur any) { nodeChanged(nil, cur) },
 			DeleteFunc: func(old any) { nodeChanged(old, nil) }, UpdateFunc: nodeChanged}},
+		// Namespaces only matter by name (which services the cluster imports).
+		{nsInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: func(any) { k.namespacesChanged() },
+			DeleteFunc: func(any) { k.namespacesChanged() }}},
 	} {
 		if _, err := reg.inf.AddEventHandler(reg.h); err != nil {
 			return fmt.Errorf("watch: %w", err)
@@ -286,6 +295,7 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 	k.log.Info("caches synced; publishing the cluster's state", "services", len(state))
 	publish(maps.Clone(state))
 	close(k.synced)
+	k.namespacesChanged()
 
 	go func() { <-ctx.Done(); k.queue.ShutDown() }()
 	// Publish once the queue is drained, so that a burst of changes is one
@@ -533,6 +543,35 @@ func (k *KubeSource) watchServiceExports(ctx context.Context, gvr schema.GroupVe
 	return nil
 }
 
+// OnNamespaces makes the source tell f the cluster's namespaces, now (once
+// its caches have synced) and whenever one is created or deleted, until the
+// next call replaces f (nil: nobody). f must not block.
+func (k *KubeSource) OnNamespaces(f func([]string)) {
+	k.nsMu.Lock()
+	k.onNamespaces = f
+	k.nsMu.Unlock()
+	k.namespacesChanged()
+}
+
+func (k *KubeSource) namespacesChanged() {
+	select {
+	case <-k.synced:
+	default:
+		return // told once the caches have synced
+	}
+	k.nsMu.Lock()
+	defer k.nsMu.Unlock()
+	if k.onNamespaces == nil {
+		return
+	}
+	list, _ := k.namespaces.List(labelsEverything)
+	names := make([]string, len(list))
+	for i, ns := range list {
+		names[i] = ns.Name
+	}
+	k.onNamespaces(names)
+}
+
 func (k *KubeSource) setProblem(key registry.ServiceKey, problem string) {
 	k.statusMu.Lock()
 	defer k.statusMu.Unlock()
@@ -606,6 +645,9 @@ func strip(obj any) (any, error) {
 			e := &o.Endpoints[i]
 			e.TargetRef, e.DeprecatedTopology, e.Hints = nil, nil, nil
 		}
+	case *corev1.Namespace:
+		o.ObjectMeta = metav1.ObjectMeta{Name: o.Name, ResourceVersion: o.ResourceVersion}
+		o.Spec, o.Status = corev1.NamespaceSpec{}, corev1.NamespaceStatus{}
 	case *corev1.Node:
 		o.ManagedFields, o.Annotations, o.OwnerReferences = nil, nil, nil
 		o.Labels = keepLabels(o.Labels, corev1.LabelTopologyRegion, corev1.LabelTopologyZone)
