@@ -1,6 +1,6 @@
-// Package federation is how Nave's parts talk: the spoke and hub sides of the
-// federation stream, validation of what arrives, credentials, and the cluster
-// catalog and epochs kept in etcd.
+// Package federation is the spoke<->hub protocol and its two ends: the
+// spoke's publisher and the hub's sessions (shards up, imports down),
+// validation of what arrives, and credentials.
 package federation
 
 import (

@@ -24,7 +24,7 @@ import (
 )
 
 // ErrMetaTooLarge marks member metadata that does not fit in a memberlist node's metadata.
-var ErrMetaTooLarge = errors.New("federation: member metadata over memberlist's limit")
+var ErrMetaTooLarge = errors.New("replicas: member metadata over memberlist's limit")
 
 // membershipLabel is sent with every gossip packet and stream; memberlist
 // drops traffic with another label. Other systems gossip with memberlist on

@@ -21,14 +21,14 @@ import (
 var (
 	// ErrSnapshotSuperseded: a snapshot of the same or a newer revision is
 	// current (or being written), so this one was not stored.
-	ErrSnapshotSuperseded = errors.New("federation: snapshot superseded")
+	ErrSnapshotSuperseded = errors.New("replicas: snapshot superseded")
 	// ErrSnapshotTooLarge: the encoded snapshot is larger than the store takes.
-	ErrSnapshotTooLarge = errors.New("federation: snapshot too large")
+	ErrSnapshotTooLarge = errors.New("replicas: snapshot too large")
 	// ErrSnapshotCorrupt: the stored snapshot does not match its pointer.
-	ErrSnapshotCorrupt = errors.New("federation: stored snapshot corrupt")
+	ErrSnapshotCorrupt = errors.New("replicas: stored snapshot corrupt")
 	// ErrNotLeader: a save made within a leader term (see LeaderFence) found
 	// that this replica no longer leads.
-	ErrNotLeader = errors.New("federation: not the leader")
+	ErrNotLeader = errors.New("replicas: not the leader")
 )
 
 const (

@@ -87,11 +87,11 @@ type Update struct {
 
 // ErrStale marks replicated data that is not newer than what the replica
 // holds: it is ignored.
-var ErrStale = errors.New("federation: the replica holds newer data")
+var ErrStale = errors.New("replicas: the replica holds newer data")
 
 // ErrBaseMismatch marks a replicated delta whose base is not what the
 // replica holds: the replica asks the peer for a full state instead.
-var ErrBaseMismatch = errors.New("federation: delta base is not what the replica holds")
+var ErrBaseMismatch = errors.New("replicas: delta base is not what the replica holds")
 
 // ReplicationConfig configures both sides of hub-to-hub replication.
 type ReplicationConfig struct {
@@ -202,7 +202,7 @@ func (h ReplicationHooks) resync(c registry.ClusterID, reason string) {
 const replicaHelloTimeout = 10 * time.Second
 
 // errSubscriptionSuperseded ends a subscription when the same replica subscribes again.
-var errSubscriptionSuperseded = errors.New("federation: superseded by a newer subscription of the same replica")
+var errSubscriptionSuperseded = errors.New("replicas: superseded by a newer subscription of the same replica")
 
 // ReplicationServer serves the Replication service: it sends each
 // subscribing peer a catch-up, then the changes of the clusters whose
