@@ -147,3 +147,23 @@ func TestClusterState(t *testing.T) {
 		}
 	}
 }
+
+func TestNavectlImports(t *testing.T) {
+	url := startDemoHub(t)
+	var info hub.ImportsInfo
+	if err := json.Unmarshal([]byte(navectl(t, "--hub", url, "-o", "json", "imports")), &info); err != nil {
+		t.Fatalf("-o json is not JSON: %v", err)
+	}
+	if len(info.Imports) != 1 || info.Imports[0].Service.String() != "demo/echo" || len(info.Imports[0].IPs) != 1 ||
+		!strings.HasPrefix(info.Imports[0].IPs[0], "243.0.") || len(info.Imports[0].Sources) != 2 {
+		t.Errorf("imports: %+v, want demo/echo from east and west with a clusterset IP of the default range", info.Imports)
+	}
+	out := navectl(t, "--hub", url, "imports")
+	if !strings.Contains(out, "1 imports") || !strings.Contains(out, "no spoke takes imports") {
+		t.Errorf("imports output:\n%s", out)
+	}
+	var buf bytes.Buffer
+	if err := run([]string{"--hub", url, "imports", "east"}, &buf); err == nil || !strings.Contains(err.Error(), "no spoke of cluster \"east\" takes imports") {
+		t.Errorf("imports east = %v, want that no spoke of east takes imports", err)
+	}
+}
