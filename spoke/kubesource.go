@@ -157,7 +157,7 @@ const (
 // sliceService is the key of the service an EndpointSlice belongs to.
 func sliceService(es *discoveryv1.EndpointSlice) (registry.ServiceKey, bool) {
 	name := es.Labels[discoveryv1.LabelServiceName]
-	return registry.ServiceKey{Namespace: es.Namespace, Name: name}, name != ""
+	return registry.ServiceKey{Namespace: es.Namespace, Name: name}, name != "" && !imported(es)
 }
 
 // Run watches the cluster until ctx ends; see KubeSource. It fails only when
@@ -396,7 +396,7 @@ func (k *KubeSource) build(key registry.ServiceKey) (shard *registry.Shard, expo
 		return nil, false, ""
 	}
 	export := k.export(key)
-	if !k.opts.ExportAll && svc.Labels[ExportLabel] != "true" && export == nil {
+	if !k.opts.ExportAll && svc.Labels[ExportLabel] != "true" && export == nil || imported(svc) {
 		return nil, false, ""
 	}
 	if svc.Spec.Type == corev1.ServiceTypeExternalName {
@@ -632,7 +632,7 @@ func strip(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *corev1.Service:
 		o.ManagedFields, o.Annotations, o.OwnerReferences = nil, nil, nil
-		o.Labels = keepLabels(o.Labels, ExportLabel)
+		o.Labels = keepLabels(o.Labels, ExportLabel, ManagedByLabel)
 		o.Spec = corev1.ServiceSpec{Type: o.Spec.Type, ClusterIP: o.Spec.ClusterIP, Ports: o.Spec.Ports,
 			SessionAffinity: o.Spec.SessionAffinity, SessionAffinityConfig: o.Spec.SessionAffinityConfig,
 			InternalTrafficPolicy: o.Spec.InternalTrafficPolicy, TrafficDistribution: o.Spec.TrafficDistribution,
@@ -640,7 +640,7 @@ func strip(obj any) (any, error) {
 		o.Status = corev1.ServiceStatus{}
 	case *discoveryv1.EndpointSlice:
 		o.ManagedFields, o.Annotations, o.OwnerReferences = nil, nil, nil
-		o.Labels = keepLabels(o.Labels, discoveryv1.LabelServiceName)
+		o.Labels = keepLabels(o.Labels, discoveryv1.LabelServiceName, ManagedByLabel)
 		for i := range o.Endpoints {
 			e := &o.Endpoints[i]
 			e.TargetRef, e.DeprecatedTopology, e.Hints = nil, nil, nil

@@ -58,6 +58,9 @@ type Config struct {
 	Region string
 	// ExportAll federates every service, not only those labelled nave.io/export=true.
 	ExportAll bool
+	// Imports makes the leader of a kube source write the MCS imports the hub
+	// sends: ServiceImports, EndpointSlices and derived Services.
+	Imports bool
 	// PollInterval is how often a dir source looks for changes.
 	PollInterval time.Duration
 	// AdminAddr serves /healthz, /readyz and /metrics; empty serves nothing.
@@ -75,6 +78,7 @@ func DefaultConfig() Config {
 		KubeQPS: 20, KubeBurst: 40,
 		Namespaces:     NamespaceFilter{Exclude: slices.Clone(DefaultExcludedNamespaces)},
 		LeaderElection: DefaultLeaderElection(),
+		Imports:        true,
 	}
 }
 
@@ -144,13 +148,31 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		if kube != nil {
 			kube.forgetReports() // an earlier term's hub session is not this one's
 		}
-		pub := federation.NewPublisher(fc, conn, log, mon.observe)
-		states := make(chan State)
 		var wg sync.WaitGroup
 		defer wg.Wait()
+		var pub *federation.Publisher
+		tc := fc
+		if kube != nil && cfg.Imports {
+			// The hub's imports go to the writer, which says how far it has written them.
+			writer := NewImportWriter(kube.client, kube.dynamic, ImportWriterConfig{
+				Cluster: cfg.Cluster, Written: func(epoch, version uint64) { pub.ImportsWritten(epoch, version) },
+			}, log)
+			tc.OnImports = writer.Set
+			wg.Go(func() {
+				if err := writer.Run(ctx); err != nil && ctx.Err() == nil {
+					log.Error("import writer failed; imports are not written this term", "err", err)
+				}
+			})
+		}
+		pub = federation.NewPublisher(tc, conn, log, mon.observe)
+		states := make(chan State)
 		wg.Go(func() { latest.feed(ctx, states) })
 		if kube != nil {
 			wg.Go(func() { kube.WriteStatus(ctx) })
+		}
+		if tc.OnImports != nil {
+			kube.OnNamespaces(pub.SetNamespaces)
+			defer kube.OnNamespaces(nil)
 		}
 		_ = pub.Run(ctx, states) // returns once ctx ends
 	}

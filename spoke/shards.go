@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/navemesh/nave/registry"
 )
@@ -32,6 +33,12 @@ type BuildOptions struct {
 	ExportAll bool
 	// Limits bound each shard; the zero value means registry.DefaultLimits().
 	Limits registry.Limits
+}
+
+// imported says whether an object is one the import writer made (a derived
+// Service, an imported EndpointSlice): another cluster's service, never exported back.
+func imported(o metav1.Object) bool {
+	return o.GetLabels()[ManagedByLabel] == ManagedByValue
 }
 
 // limits are the shard limits the options name, or the default ones.
@@ -60,7 +67,7 @@ func BuildShards(objs Objects, opts BuildOptions) (shards map[registry.ServiceKe
 	}
 	slicesOf := map[registry.ServiceKey][]*discoveryv1.EndpointSlice{}
 	for _, es := range objs.EndpointSlices {
-		if es == nil || es.Labels[discoveryv1.LabelServiceName] == "" {
+		if es == nil || es.Labels[discoveryv1.LabelServiceName] == "" || imported(es) {
 			continue
 		}
 		k := registry.ServiceKey{Namespace: es.Namespace, Name: es.Labels[discoveryv1.LabelServiceName]}
@@ -76,7 +83,7 @@ func BuildShards(objs Objects, opts BuildOptions) (shards map[registry.ServiceKe
 	invalid = map[registry.ServiceKey]error{}
 	seen := map[registry.ServiceKey]bool{}
 	for _, svc := range services {
-		if !opts.ExportAll && svc.Labels[ExportLabel] != "true" {
+		if !opts.ExportAll && svc.Labels[ExportLabel] != "true" || imported(svc) {
 			continue
 		}
 		if svc.Spec.Type == corev1.ServiceTypeExternalName {

@@ -492,3 +492,22 @@ func mustJSON(v any) string {
 	}
 	return string(b)
 }
+
+// What the import writer made (a derived Service, imported EndpointSlices)
+// is another cluster's service: it is never exported back, even with ExportAll.
+func TestImportedObjectsAreNeverExported(t *testing.T) {
+	derived := svc("derived-abc", port("grpc", 8080))
+	derived.Labels = map[string]string{ManagedByLabel: ManagedByValue}
+	local := svc("web", port("http", 80))
+	imported := slice("web-east-ipv4-x-0", "web", discoveryv1.AddressTypeIPv4, map[string]int32{"http": 8080}, ep("10.9.0.1", true))
+	imported.Labels[ManagedByLabel] = ManagedByValue
+	own := slice("web-1", "web", discoveryv1.AddressTypeIPv4, map[string]int32{"http": 8080}, ep("10.0.0.1", true))
+	shards, _, _ := BuildShards(Objects{Services: []*corev1.Service{derived, local},
+		EndpointSlices: []*discoveryv1.EndpointSlice{imported, own}}, BuildOptions{Cluster: "east", ExportAll: true})
+	if got := keys(shards); len(got) != 1 || got[0] != "shop/web" {
+		t.Fatalf("shards = %v, want only shop/web", got)
+	}
+	if eps := shards[registry.ServiceKey{Namespace: "shop", Name: "web"}].Endpoints; len(eps) != 1 || eps[0].Addresses[0].String() != "10.0.0.1" {
+		t.Errorf("web's endpoints = %+v, want only the cluster's own", eps)
+	}
+}

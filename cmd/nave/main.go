@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/signal"
 	"strings"
@@ -114,8 +115,19 @@ func runHub(ctx context.Context, args []string) error {
 	fs.BoolVar(&cfg.FastGossip, "gossip-fast", false, "gossip with test timings: failures detected in about a second (tests and demos on one machine)")
 	fs.DurationVar(&cfg.SnapshotInterval, "snapshot-interval", cfg.SnapshotInterval, "least time between two persisted snapshots of the registry (saved by the leader after changes)")
 	fs.IntVar(&cfg.SnapshotFormat, "snapshot-format", cfg.SnapshotFormat, "format of the snapshots the leader writes: 2 (protobuf), or 1 (JSON) before going back to a version that reads only format 1")
+	cidrs := hub.DefaultClustersetCIDR
+	fs.StringVar(&cidrs, "clusterset-cidr", cidrs, "comma-separated ranges (one IPv4, one IPv6 at most) that ClusterSetIP imports get their clusterset IP from; empty: each cluster allocates its own")
+	fs.DurationVar(&cfg.ClustersetIPHoldDown, "clusterset-ip-hold-down", 0, "how long a released clusterset IP stays reserved for its service (default: --drop-after plus 5m)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	cfg.ClustersetCIDRs = nil
+	for _, c := range splitList(cidrs) {
+		prefix, err := netip.ParsePrefix(c)
+		if err != nil {
+			return fmt.Errorf("--clusterset-cidr %q: %w", c, err)
+		}
+		cfg.ClustersetCIDRs = append(cfg.ClustersetCIDRs, prefix)
 	}
 	if etcd != "" {
 		cfg.EtcdEndpoints = strings.Split(etcd, ",")
@@ -171,6 +183,7 @@ func runSpoke(ctx context.Context, args []string) error {
 	fs.DurationVar(&le.RetryPeriod, "retry-period", le.RetryPeriod, "how often leader election retries")
 	fs.StringVar(&cfg.Region, "region", "", "region of endpoints whose node has no topology.kubernetes.io/region label")
 	fs.StringVar(&export, "export", "labeled", "which services federate: labeled (nave.io/export=true) or all")
+	fs.BoolVar(&cfg.Imports, "imports", cfg.Imports, "write the MCS imports the hub sends (ServiceImports, EndpointSlices, derived Services) into the cluster (kube source, leader only)")
 	fs.DurationVar(&cfg.PollInterval, "poll", cfg.PollInterval, "how often a dir source looks for changes")
 	fs.StringVar(&cfg.AdminAddr, "admin-addr", "", "listen address for /healthz, /readyz and /metrics (HTTP); empty serves none")
 	fs.StringVar(&cfg.Federation.SpokeID, "spoke-id", cfg.Federation.SpokeID, "name of this spoke instance")
