@@ -38,6 +38,11 @@ type kubeEnv struct {
 	admin    string // the hub's admin base URL
 	xds      string // the hub's xDS address
 	spokes   spokeControl
+	// hub is the local hub process and what starts it (nil against kind).
+	hub     *proc
+	hubArgs []string
+	bin     string
+	t       *testing.T
 }
 
 // kubeCluster is one cluster as a test sees it.
@@ -64,14 +69,23 @@ var testLease = []string{"--lease-duration=4s", "--renew-deadline=3s", "--retry-
 // startKubeEnv returns the environment for clusters; locally, the first
 // cluster's spoke runs as two replicas (leader and standby), the others as one.
 func startKubeEnv(t *testing.T, clusters ...string) *kubeEnv {
+	return startKubeEnvWith(t, nil, clusters...)
+}
+
+// startKubeEnvWith is startKubeEnv with extra `nave hub` flags.
+func startKubeEnvWith(t *testing.T, hubFlags []string, clusters ...string) *kubeEnv {
 	if os.Getenv("NAVE_E2E_KUBECONFIGS") != "" {
 		return kindEnv(t, clusters)
 	}
 	bin := buildNave(t)
 	local := kubetest.StartClusters(t, clusters...)
-	env := &kubeEnv{clusters: map[string]*kubeCluster{}}
+	env := &kubeEnv{clusters: map[string]*kubeCluster{}, bin: bin, t: t}
+	crds, err := filepath.Glob("../deploy/crds/*.yaml")
+	if err != nil || len(crds) == 0 {
+		t.Fatalf("no CRDs in deploy/crds: %v", err)
+	}
 	for _, c := range local {
-		c.Apply(t, "../deploy/crds/serviceexports.yaml", "../deploy/base/namespace.yaml", "../deploy/spoke/rbac.yaml")
+		c.Apply(t, append(crds, "../deploy/base/namespace.yaml", "../deploy/spoke/rbac.yaml")...)
 		env.clusters[c.Name] = &kubeCluster{name: c.Name, client: c.Client, dynamic: c.Dynamic, local: c}
 	}
 
@@ -80,10 +94,10 @@ func startKubeEnv(t *testing.T, clusters ...string) *kubeEnv {
 	tokensFile := filepath.Join(dir, "tokens.yaml")
 	writeFile(t, tokensFile, string(tb))
 	fed, xdsAddr, admin := freeAddr(t), freeAddr(t), freeAddr(t)
-	startProc(t, "hub", bin, "hub", "--id=hub-0", "--data-dir="+filepath.Join(dir, "hub"), "--tokens="+tokensFile,
-		"--federation-addr="+fed, "--xds-addr="+xdsAddr, "--admin-addr="+admin)
+	env.hubArgs = append([]string{"hub", "--id=hub-0", "--data-dir=" + filepath.Join(dir, "hub"), "--tokens=" + tokensFile,
+		"--federation-addr=" + fed, "--xds-addr=" + xdsAddr, "--admin-addr=" + admin}, hubFlags...)
 	env.admin, env.xds = "http://"+admin, xdsAddr
-	await(t, "hub ready", func() bool { return httpStatus(env.admin+"/readyz") == http.StatusOK })
+	env.startHub(t)
 
 	spokes := &localSpokes{t: t, bin: bin, hub: fed, env: env, procs: map[string][]*proc{}, args: map[string][]string{}}
 	for i, c := range local {
@@ -103,6 +117,16 @@ func startKubeEnv(t *testing.T, clusters ...string) *kubeEnv {
 	env.awaitSpokes(t)
 	return env
 }
+
+// startHub starts the local hub process (again) and waits until it is ready;
+// extra flags are added to the ones it started with.
+func (e *kubeEnv) startHub(t *testing.T, extra ...string) {
+	e.hub = startProc(e.t, "hub", e.bin, append(slices.Clone(e.hubArgs), extra...)...)
+	await(t, "hub ready", func() bool { return httpStatus(e.admin+"/readyz") == http.StatusOK })
+}
+
+// stopHub stops the local hub process (SIGTERM).
+func (e *kubeEnv) stopHub() { e.hub.stop() }
 
 // awaitSpokes waits until every cluster's spoke has a synced session with the hub.
 func (e *kubeEnv) awaitSpokes(t *testing.T) {

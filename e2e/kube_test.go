@@ -53,6 +53,12 @@ func exportService(t *testing.T, c *kubeCluster, ns, name string, headless bool)
 	if _, err := c.client.CoreV1().Services(ns).Create(t.Context(), svc, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	createServiceExport(t, c, ns, name)
+}
+
+// createServiceExport exports the service ns/name.
+func createServiceExport(t *testing.T, c *kubeCluster, ns, name string) {
+	t.Helper()
 	se := &unstructured.Unstructured{}
 	se.SetAPIVersion(spoke.ServiceExportResource.GroupVersion().String())
 	se.SetKind("ServiceExport")
