@@ -38,6 +38,10 @@ func TestBuildShardsProperties(t *testing.T) {
 			s.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: ptr[int32](600)}}
 		}},
 		{name: "unknown affinity", spec: func(s *corev1.ServiceSpec) { s.SessionAffinity = "Cookie" }, invalid: "unknown sessionAffinity"},
+		{name: "a headless service states no IP families", spec: func(s *corev1.ServiceSpec) {
+			s.ClusterIP = corev1.ClusterIPNone
+			s.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -222,8 +222,13 @@ func properties(spec *corev1.ServiceSpec) registry.Properties {
 	if spec.TrafficDistribution != nil {
 		p.TrafficDistribution = *spec.TrafficDistribution
 	}
-	for _, f := range spec.IPFamilies {
-		p.IPFamilies = append(p.IPFamilies, registry.IPFamily(f))
+	// A headless Service has no cluster IP, and the API server gives a
+	// selectorless one both families whatever its pods have: only a
+	// ClusterSetIP export's families say something.
+	if spec.ClusterIP != corev1.ClusterIPNone {
+		for _, f := range spec.IPFamilies {
+			p.IPFamilies = append(p.IPFamilies, registry.IPFamily(f))
+		}
 	}
 	return p
 }
