@@ -13,7 +13,7 @@ import (
 )
 
 // buildNave builds the nave binary, as `make build` does.
-func buildNave(t *testing.T) string {
+func buildNave(t testing.TB) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "nave")
 	cmd := exec.Command("go", "build", "-o", bin, "./cmd/nave")

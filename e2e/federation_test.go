@@ -281,7 +281,7 @@ func TestSpokeRestartCausesNoChurn(t *testing.T) {
 	}
 }
 
-func mustSend(t *testing.T, s fedv1.Federation_PublishClient, m *fedv1.SpokeMessage) {
+func mustSend(t testing.TB, s fedv1.Federation_PublishClient, m *fedv1.SpokeMessage) {
 	t.Helper()
 	if err := s.Send(m); err != nil {
 		t.Fatal(err)

@@ -24,7 +24,7 @@ import (
 
 // testEtcd is an etcd the hub replicas share, that a test can stop and start again.
 type testEtcd struct {
-	t          *testing.T
+	t          testing.TB
 	dir        string
 	client     *url.URL
 	peer       *url.URL
@@ -33,7 +33,7 @@ type testEtcd struct {
 	clientAddr string
 }
 
-func startTestEtcd(t *testing.T, ip string) *testEtcd {
+func startTestEtcd(t testing.TB, ip string) *testEtcd {
 	e := &testEtcd{t: t, dir: t.TempDir()}
 	e.clientAddr = onIP(ip, freeAddr(t))
 	e.client = &url.URL{Scheme: "http", Host: e.clientAddr}
@@ -89,7 +89,7 @@ type hubReplica struct {
 // haGroup is a replica group: hub processes over one etcd, with balancers
 // in front of their federation and xDS ports.
 type haGroup struct {
-	t        *testing.T
+	t        testing.TB
 	bin      string
 	etcd     *testEtcd
 	replicas []*hubReplica
@@ -116,7 +116,7 @@ func onIP(ip, addr string) string {
 }
 
 // startHAGroupAt starts n hub replicas where at says; extra flags go to every replica.
-func startHAGroupAt(t *testing.T, n int, at placement, extra ...string) *haGroup {
+func startHAGroupAt(t testing.TB, n int, at placement, extra ...string) *haGroup {
 	g := &haGroup{t: t, bin: buildNave(t), etcd: startTestEtcd(t, at.etcdIP)}
 	dir := t.TempDir()
 	tb, _ := yaml.Marshal(tokens)
@@ -205,7 +205,7 @@ func (g *haGroup) alive() []*hubReplica {
 func (r *hubReplica) url(path string) string { return "http://" + r.admin + path }
 
 // coordination is a replica's /debug/hub.
-func (r *hubReplica) coordination(t *testing.T) hub.Coordination {
+func (r *hubReplica) coordination(t testing.TB) hub.Coordination {
 	var c hub.Coordination
 	getJSON(t, r.url("/debug/hub"), &c)
 	return c

@@ -30,11 +30,11 @@ type haFixture struct {
 	stopPolling          context.CancelFunc
 }
 
-func startHAFixture(t *testing.T, extra ...string) *haFixture {
+func startHAFixture(t testing.TB, extra ...string) *haFixture {
 	return startHAFixtureAt(t, onLoopback, extra...)
 }
 
-func startHAFixtureAt(t *testing.T, at placement, extra ...string) *haFixture {
+func startHAFixtureAt(t testing.TB, at placement, extra ...string) *haFixture {
 	f := &haFixture{haGroup: startHAGroupAt(t, 3, at, extra...), root: t.TempDir(),
 		spokes: map[registry.ClusterID]*proc{}, tokenFiles: map[registry.ClusterID]string{}, dirs: map[registry.ClusterID]string{},
 		regions: map[registry.ClusterID]string{"east": "us-east", "west": "us-west"}}
@@ -435,7 +435,7 @@ func TestHAPartitionHeals(t *testing.T) {
 }
 
 // netnsLink returns the name of the one non-loopback link in a network namespace.
-func netnsLink(t *testing.T, netns string) string {
+func netnsLink(t testing.TB, netns string) string {
 	out, err := exec.Command("ip", "-n", netns, "-o", "link", "show").Output()
 	if err != nil {
 		t.Fatalf("ip -n %s link show: %v", netns, err)

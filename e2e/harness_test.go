@@ -48,7 +48,7 @@ type testHub struct {
 }
 
 // startHub runs a hub with its embedded etcd in a temporary data dir.
-func startHub(t *testing.T, tune ...func(*hub.Config)) *testHub {
+func startHub(t testing.TB, tune ...func(*hub.Config)) *testHub {
 	t.Helper()
 	dir := t.TempDir()
 	tb, _ := yaml.Marshal(tokens)
@@ -81,7 +81,7 @@ type testSpoke struct {
 }
 
 // startSpoke runs a spoke for cluster over dir (created if needed).
-func startSpoke(t *testing.T, h *testHub, cluster registry.ClusterID, dir, region string, tune ...func(*spoke.Config)) *testSpoke {
+func startSpoke(t testing.TB, h *testHub, cluster registry.ClusterID, dir, region string, tune ...func(*spoke.Config)) *testSpoke {
 	t.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -123,7 +123,7 @@ type endpoint struct {
 
 // writeService writes a manifest file with an exported Service on port 8080
 // and one EndpointSlice per endpoint (each backend listens on its own port).
-func writeService(t *testing.T, dir, name string, eps ...endpoint) {
+func writeService(t testing.TB, dir, name string, eps ...endpoint) {
 	t.Helper()
 	svc := corev1.Service{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
@@ -162,7 +162,7 @@ func writeService(t *testing.T, dir, name string, eps ...endpoint) {
 
 // writeFile replaces a file atomically, so a spoke never reads half of it
 // (creating its directory if needed).
-func writeFile(t *testing.T, path, content string) {
+func writeFile(t testing.TB, path, content string) {
 	t.Helper()
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		t.Fatal(err)
@@ -179,13 +179,13 @@ func writeFile(t *testing.T, path, content string) {
 func ptr[T any](v T) *T { return &v }
 
 // await polls cond until it holds, failing the test after 20 seconds.
-func await(t *testing.T, what string, cond func() bool) {
+func await(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	awaitFor(t, what, 20*time.Second, cond)
 }
 
 // awaitFor polls cond until it holds, failing the test after timeout.
-func awaitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+func awaitFor(t testing.TB, what string, timeout time.Duration, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {
@@ -206,7 +206,7 @@ func (h *testHub) clustersOf(service string) []registry.ClusterID {
 }
 
 // getJSON decodes an admin API answer.
-func (h *testHub) getJSON(t *testing.T, path string, v any) {
+func (h *testHub) getJSON(t testing.TB, path string, v any) {
 	t.Helper()
 	getJSON(t, h.admin+path, v)
 }
@@ -215,14 +215,14 @@ func locality(region, zone string) registry.Locality {
 	return registry.Locality{Region: region, Zone: zone}
 }
 
-func testContext(t *testing.T) context.Context {
+func testContext(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
 	return ctx
 }
 
 // freeAddr returns a loopback address nothing listens on (see nettest.FreeAddr).
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	t.Helper()
 	addr, err := nettest.FreeAddr()
 	if err != nil {

@@ -35,7 +35,7 @@ type importView struct {
 	slices  []discoveryv1.EndpointSlice
 }
 
-func (c *kubeCluster) importOf(t *testing.T, ns, name string) importView {
+func (c *kubeCluster) importOf(t testing.TB, ns, name string) importView {
 	t.Helper()
 	var v importView
 	si, err := c.dynamic.Resource(serviceImports).Namespace(ns).Get(t.Context(), name, metav1.GetOptions{})
@@ -93,7 +93,7 @@ func (v importView) versions() map[string]string {
 	return out
 }
 
-func (e *kubeEnv) awaitImport(t *testing.T, c *kubeCluster, ns, name, what string, cond func(importView) bool) importView {
+func (e *kubeEnv) awaitImport(t testing.TB, c *kubeCluster, ns, name, what string, cond func(importView) bool) importView {
 	t.Helper()
 	var v importView
 	awaitFor(t, c.name+": "+what, 30*time.Second, func() bool {
@@ -104,7 +104,7 @@ func (e *kubeEnv) awaitImport(t *testing.T, c *kubeCluster, ns, name, what strin
 }
 
 // allVersions are the resourceVersions of every import object in ns of every cluster.
-func (e *kubeEnv) allVersions(t *testing.T, ns string, names ...string) map[string]string {
+func (e *kubeEnv) allVersions(t testing.TB, ns string, names ...string) map[string]string {
 	out := map[string]string{}
 	for _, c := range e.clusters {
 		for _, n := range names {
@@ -370,7 +370,7 @@ func TestImportsEndToEnd(t *testing.T) {
 }
 
 // stopNorth kills every spoke replica of north.
-func (e *kubeEnv) stopNorth(t *testing.T) {
+func (e *kubeEnv) stopNorth(t testing.TB) {
 	s := e.spokes.(*localSpokes)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -381,7 +381,7 @@ func (e *kubeEnv) stopNorth(t *testing.T) {
 }
 
 // awaitImportsWritten waits until the hub shows every cluster's imports written.
-func awaitImportsWritten(t *testing.T, env *kubeEnv, clusters ...string) {
+func awaitImportsWritten(t testing.TB, env *kubeEnv, clusters ...string) {
 	t.Helper()
 	awaitFor(t, "imports written in "+strings.Join(clusters, ", "), 30*time.Second, func() bool {
 		var info hub.ImportsInfo
@@ -399,7 +399,7 @@ func awaitImportsWritten(t *testing.T, env *kubeEnv, clusters ...string) {
 }
 
 // exportServiceWith is exportService with the Service changed first.
-func exportServiceWith(t *testing.T, c *kubeCluster, ns, name string, change func(*corev1.Service)) {
+func exportServiceWith(t testing.TB, c *kubeCluster, ns, name string, change func(*corev1.Service)) {
 	t.Helper()
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "grpc", Port: backendPort, Protocol: corev1.ProtocolTCP}}}}
@@ -411,7 +411,7 @@ func exportServiceWith(t *testing.T, c *kubeCluster, ns, name string, change fun
 }
 
 // setEndpointsWith writes the service's EndpointSlice as change makes it.
-func setEndpointsWith(t *testing.T, c *kubeCluster, ns, service string, change func(*discoveryv1.EndpointSlice)) {
+func setEndpointsWith(t testing.TB, c *kubeCluster, ns, service string, change func(*discoveryv1.EndpointSlice)) {
 	t.Helper()
 	es := &discoveryv1.EndpointSlice{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: service + "-e2e", Labels: map[string]string{

@@ -42,7 +42,7 @@ type kubeEnv struct {
 	hub     *proc
 	hubArgs []string
 	bin     string
-	t       *testing.T
+	t       testing.TB
 }
 
 // kubeCluster is one cluster as a test sees it.
@@ -57,9 +57,9 @@ type kubeCluster struct {
 // spokeControl stops and starts a cluster's spoke replicas.
 type spokeControl interface {
 	// killLeader kills (SIGKILL: no clean handover) the replica holding the cluster's Lease, and returns its name.
-	killLeader(t *testing.T, cluster string) string
+	killLeader(t testing.TB, cluster string) string
 	// restart stops every replica of the cluster's spoke and starts them again.
-	restart(t *testing.T, cluster string)
+	restart(t testing.TB, cluster string)
 }
 
 // Lease timing of the spokes the local harness starts: a standby takes
@@ -68,12 +68,12 @@ var testLease = []string{"--lease-duration=4s", "--renew-deadline=3s", "--retry-
 
 // startKubeEnv returns the environment for clusters; locally, the first
 // cluster's spoke runs as two replicas (leader and standby), the others as one.
-func startKubeEnv(t *testing.T, clusters ...string) *kubeEnv {
+func startKubeEnv(t testing.TB, clusters ...string) *kubeEnv {
 	return startKubeEnvWith(t, nil, clusters...)
 }
 
 // startKubeEnvWith is startKubeEnv with extra `nave hub` flags.
-func startKubeEnvWith(t *testing.T, hubFlags []string, clusters ...string) *kubeEnv {
+func startKubeEnvWith(t testing.TB, hubFlags []string, clusters ...string) *kubeEnv {
 	if os.Getenv("NAVE_E2E_KUBECONFIGS") != "" {
 		return kindEnv(t, clusters)
 	}
@@ -120,7 +120,7 @@ func startKubeEnvWith(t *testing.T, hubFlags []string, clusters ...string) *kube
 
 // startHub starts the local hub process (again) and waits until it is ready;
 // extra flags are added to the ones it started with.
-func (e *kubeEnv) startHub(t *testing.T, extra ...string) {
+func (e *kubeEnv) startHub(t testing.TB, extra ...string) {
 	e.hub = startProc(e.t, "hub", e.bin, append(slices.Clone(e.hubArgs), extra...)...)
 	await(t, "hub ready", func() bool { return httpStatus(e.admin+"/readyz") == http.StatusOK })
 }
@@ -129,14 +129,14 @@ func (e *kubeEnv) startHub(t *testing.T, extra ...string) {
 func (e *kubeEnv) stopHub() { e.hub.stop() }
 
 // awaitSpokes waits until every cluster's spoke has a synced session with the hub.
-func (e *kubeEnv) awaitSpokes(t *testing.T) {
+func (e *kubeEnv) awaitSpokes(t testing.TB) {
 	for name := range e.clusters {
 		e.awaitResynced(t, name, 0)
 	}
 }
 
 // kindEnv is the environment make kind-e2e describes.
-func kindEnv(t *testing.T, clusters []string) *kubeEnv {
+func kindEnv(t testing.TB, clusters []string) *kubeEnv {
 	env := &kubeEnv{clusters: map[string]*kubeCluster{}, admin: os.Getenv("NAVE_E2E_HUB_ADMIN"), xds: os.Getenv("NAVE_E2E_HUB_XDS")}
 	if env.admin == "" || env.xds == "" {
 		t.Fatal("NAVE_E2E_KUBECONFIGS needs NAVE_E2E_HUB_ADMIN and NAVE_E2E_HUB_XDS")
@@ -162,7 +162,7 @@ func kindEnv(t *testing.T, clusters []string) *kubeEnv {
 }
 
 // cluster returns the hub's status of a cluster.
-func (e *kubeEnv) cluster(t *testing.T, id string) hub.ClusterStatus {
+func (e *kubeEnv) cluster(t testing.TB, id string) hub.ClusterStatus {
 	var all []hub.ClusterStatus
 	getJSON(t, e.admin+"/debug/clusters", &all)
 	for _, c := range all {
@@ -174,7 +174,7 @@ func (e *kubeEnv) cluster(t *testing.T, id string) hub.ClusterStatus {
 }
 
 // service returns the hub's view of a service (the zero value when it has none).
-func (e *kubeEnv) service(t *testing.T, key string) hub.ServiceInfo {
+func (e *kubeEnv) service(t testing.TB, key string) hub.ServiceInfo {
 	t.Helper()
 	s, err := e.tryService(t.Context(), key)
 	if err != nil {
@@ -199,7 +199,7 @@ func (e *kubeEnv) tryService(ctx context.Context, key string) (hub.ServiceInfo, 
 
 // awaitResynced waits until the hub has applied the state of a new session
 // of cluster (epoch after since).
-func (e *kubeEnv) awaitResynced(t *testing.T, cluster string, since uint64) hub.ClusterStatus {
+func (e *kubeEnv) awaitResynced(t testing.TB, cluster string, since uint64) hub.ClusterStatus {
 	t.Helper()
 	var c hub.ClusterStatus
 	// Against kind, a crashed leader's Lease runs out after the default 15s.
@@ -211,7 +211,7 @@ func (e *kubeEnv) awaitResynced(t *testing.T, cluster string, since uint64) hub.
 }
 
 // node returns a Node in the zone: an existing one (kind), or one the test creates (local API servers have none).
-func (c *kubeCluster) node(t *testing.T, region, zone string) string {
+func (c *kubeCluster) node(t testing.TB, region, zone string) string {
 	t.Helper()
 	nodes, err := c.client.CoreV1().Nodes().List(t.Context(), metav1.ListOptions{LabelSelector: corev1.LabelTopologyZone + "=" + zone})
 	if err != nil {
@@ -233,7 +233,7 @@ func (c *kubeCluster) node(t *testing.T, region, zone string) string {
 
 // localSpokes runs spoke replicas as processes.
 type localSpokes struct {
-	t        *testing.T // the test the processes last as long as (not a subtest)
+	t        testing.TB // the test the processes last as long as (not a subtest)
 	bin, hub string
 	env      *kubeEnv
 	mu       sync.Mutex
@@ -248,7 +248,7 @@ func (s *localSpokes) start(cluster, id string) {
 	s.procs[cluster] = append(s.procs[cluster], p)
 }
 
-func (s *localSpokes) killLeader(t *testing.T, cluster string) string {
+func (s *localSpokes) killLeader(t testing.TB, cluster string) string {
 	leader := leaseHolder(t, s.env.clusters[cluster])
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -263,7 +263,7 @@ func (s *localSpokes) killLeader(t *testing.T, cluster string) string {
 	return ""
 }
 
-func (s *localSpokes) restart(_ *testing.T, cluster string) {
+func (s *localSpokes) restart(_ testing.TB, cluster string) {
 	s.mu.Lock()
 	old := s.procs[cluster]
 	s.procs[cluster] = nil
@@ -279,7 +279,7 @@ func (s *localSpokes) restart(_ *testing.T, cluster string) {
 // kindSpokes controls the spoke DaemonSet's pods of the kind clusters.
 type kindSpokes struct{ env *kubeEnv }
 
-func (k kindSpokes) killLeader(t *testing.T, cluster string) string {
+func (k kindSpokes) killLeader(t testing.TB, cluster string) string {
 	c := k.env.clusters[cluster]
 	leader := leaseHolder(t, c)
 	zero := int64(0)
@@ -289,7 +289,7 @@ func (k kindSpokes) killLeader(t *testing.T, cluster string) string {
 	return leader
 }
 
-func (k kindSpokes) restart(t *testing.T, cluster string) {
+func (k kindSpokes) restart(t testing.TB, cluster string) {
 	c := k.env.clusters[cluster]
 	zero := int64(0)
 	if err := c.client.CoreV1().Pods("nave-system").DeleteCollection(t.Context(), metav1.DeleteOptions{GracePeriodSeconds: &zero},
@@ -299,7 +299,7 @@ func (k kindSpokes) restart(t *testing.T, cluster string) {
 }
 
 // leaseHolder returns who holds the cluster's spoke Lease.
-func leaseHolder(t *testing.T, c *kubeCluster) string {
+func leaseHolder(t testing.TB, c *kubeCluster) string {
 	t.Helper()
 	var holder string
 	await(t, "a spoke leader in "+c.name, func() bool {
@@ -322,7 +322,7 @@ type proc struct {
 
 // startProc starts a process that is killed when the test ends; its output
 // goes to a file whose tail is printed when the test fails.
-func startProc(t *testing.T, name, bin string, args ...string) *proc {
+func startProc(t testing.TB, name, bin string, args ...string) *proc {
 	t.Helper()
 	logPath := filepath.Join(t.TempDir(), name+".log")
 	out, err := os.Create(logPath)
@@ -363,7 +363,7 @@ func (p *proc) stop() {
 }
 
 // getJSON decodes an HTTP answer.
-func getJSON(t *testing.T, url string, v any) {
+func getJSON(t testing.TB, url string, v any) {
 	t.Helper()
 	if err := fetchJSON(t.Context(), url, v); err != nil {
 		t.Fatal(err)

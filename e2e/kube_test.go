@@ -32,7 +32,7 @@ type kubeEndpoint struct {
 const backendPort = 8080
 
 // startKubeBackend serves a named backend on a new test host.
-func startKubeBackend(t *testing.T, name string) *kubetest.Host {
+func startKubeBackend(t testing.TB, name string) *kubetest.Host {
 	h := kubetest.NewHost(t)
 	lis, err := h.Listen("tcp", fmt.Sprint(backendPort))
 	if err != nil {
@@ -43,7 +43,7 @@ func startKubeBackend(t *testing.T, name string) *kubetest.Host {
 }
 
 // exportService creates a Service (port backendPort) and its ServiceExport.
-func exportService(t *testing.T, c *kubeCluster, ns, name string, headless bool) {
+func exportService(t testing.TB, c *kubeCluster, ns, name string, headless bool) {
 	t.Helper()
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "grpc", Port: backendPort, Protocol: corev1.ProtocolTCP}}}}
@@ -57,7 +57,7 @@ func exportService(t *testing.T, c *kubeCluster, ns, name string, headless bool)
 }
 
 // createServiceExport exports the service ns/name.
-func createServiceExport(t *testing.T, c *kubeCluster, ns, name string) {
+func createServiceExport(t testing.TB, c *kubeCluster, ns, name string) {
 	t.Helper()
 	se := &unstructured.Unstructured{}
 	se.SetAPIVersion(spoke.ServiceExportResource.GroupVersion().String())
@@ -70,7 +70,7 @@ func createServiceExport(t *testing.T, c *kubeCluster, ns, name string) {
 }
 
 // setEndpoints writes the service's EndpointSlice as the EndpointSlice controller would.
-func setEndpoints(t *testing.T, c *kubeCluster, ns, service string, eps ...kubeEndpoint) {
+func setEndpoints(t testing.TB, c *kubeCluster, ns, service string, eps ...kubeEndpoint) {
 	t.Helper()
 	es := &discoveryv1.EndpointSlice{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: service + "-e2e", Labels: map[string]string{
@@ -100,7 +100,7 @@ func setEndpoints(t *testing.T, c *kubeCluster, ns, service string, eps ...kubeE
 	}
 }
 
-func createNamespace(t *testing.T, c *kubeCluster, ns string) {
+func createNamespace(t testing.TB, c *kubeCluster, ns string) {
 	t.Helper()
 	if _, err := c.client.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
 		metav1.CreateOptions{}); err != nil {
@@ -115,7 +115,7 @@ func createNamespace(t *testing.T, c *kubeCluster, ns string) {
 }
 
 // exportConditions returns a ServiceExport's conditions by type.
-func exportConditions(t *testing.T, c *kubeCluster, ns, name string) map[string]map[string]any {
+func exportConditions(t testing.TB, c *kubeCluster, ns, name string) map[string]map[string]any {
 	u, err := c.dynamic.Resource(spoke.ServiceExportResource).Namespace(ns).Get(t.Context(), name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)

@@ -43,7 +43,7 @@ func TestManifestsDryRun(t *testing.T) {
 }
 
 // manifestFiles lists the YAML files under dir, except the demo's.
-func manifestFiles(t *testing.T, dir string) []string {
+func manifestFiles(t testing.TB, dir string) []string {
 	t.Helper()
 	var files []string
 	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {

@@ -28,7 +28,7 @@ import (
 )
 
 // selfSigned writes a self-signed certificate for 127.0.0.1 (it is its own CA) and its key.
-func selfSigned(t *testing.T) (certFile, keyFile string) {
+func selfSigned(t testing.TB) (certFile, keyFile string) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
