@@ -48,7 +48,10 @@ func benchImports(b *testing.B) {
 	node := east.node(tt, "r1", "a")
 
 	// 1. Export -> DNS answer in another cluster.
-	const exports = 20
+	// The first ServiceImport a cluster stores waits for its CRD to settle
+	// (the API server holds a new CRD's first creates up to 2 s): it is
+	// reported apart from the rest.
+	const exports = 50
 	var exportLat []time.Duration
 	for i := range exports {
 		name := fmt.Sprintf("exp-%d", i)
@@ -100,7 +103,7 @@ func benchImports(b *testing.B) {
 	for i := range services {
 		exportService(tt, east, ns, fmt.Sprintf("bulk-%d", i), false)
 	}
-	created := time.Since(start)
+	created := time.Now()
 	for _, c := range []*kubeCluster{west, north} {
 		awaitFor(tt, fmt.Sprintf("%d ServiceImports in %s", services, c.name), 10*time.Minute, func() bool {
 			list, err := c.dynamic.Resource(serviceImports).Namespace(ns).List(b.Context(), metav1.ListOptions{})
@@ -114,14 +117,18 @@ func benchImports(b *testing.B) {
 		slices.Sort(s)
 		return s[min(len(s)-1, int(q*float64(len(s))))]
 	}
+	first, exportLat := exportLat[0], exportLat[1:]
 	b.ReportMetric(float64(p(exportLat, 0.5).Milliseconds()), "export-to-dns-p50-ms")
 	b.ReportMetric(float64(p(exportLat, 0.99).Milliseconds()), "export-to-dns-p99-ms")
 	b.ReportMetric(float64(p(flipLat, 0.5).Microseconds())/1000, "ready-to-slice-p50-ms")
 	b.ReportMetric(float64(p(flipLat, 0.99).Microseconds())/1000, "ready-to-slice-p99-ms")
 	b.ReportMetric(bulk.Seconds(), "bulk-imports-written-s")
-	b.Logf("ServiceExport in east -> A answer in north (%d): p50 %v, p99 %v, max %v", exports, p(exportLat, 0.5), p(exportLat, 0.99), slices.Max(exportLat))
+	b.ReportMetric(time.Since(created).Seconds(), "bulk-after-last-export-s")
+	b.Logf("ServiceExport in east -> A answer in north (%d after the first): p50 %v, p99 %v, max %v; the first (a new CRD) %v",
+		len(exportLat), p(exportLat, 0.5), p(exportLat, 0.99), slices.Max(exportLat), first)
 	b.Logf("readiness flip in east -> slice in north (%d): p50 %v, p99 %v, max %v", flips, p(flipLat, 0.5), p(flipLat, 0.99), slices.Max(flipLat))
-	b.Logf("%d services exported in east (the writes took %v) -> every import written in west and north: %v", services, created, bulk)
+	b.Logf("%d services exported in east (the test's own writes took %v) -> every import written in west and north: %v, %v after the last export",
+		services, created.Sub(start), bulk, start.Add(bulk).Sub(created))
 }
 
 // readyCount counts the ready endpoints of a slice.

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
@@ -59,8 +60,12 @@ type Config struct {
 	// ExportAll federates every service, not only those labelled nave.io/export=true.
 	ExportAll bool
 	// Imports makes the leader of a kube source write the MCS imports the hub
-	// sends: ServiceImports, EndpointSlices and derived Services.
-	Imports bool
+	// sends: ServiceImports, EndpointSlices and derived Services, with a
+	// client of its own limited to ImportsQPS and ImportsBurst (a cluster that
+	// imports a thousand services takes a few thousand writes).
+	Imports      bool
+	ImportsQPS   float32
+	ImportsBurst int
 	// PollInterval is how often a dir source looks for changes.
 	PollInterval time.Duration
 	// AdminAddr serves /healthz, /readyz and /metrics; empty serves nothing.
@@ -78,7 +83,7 @@ func DefaultConfig() Config {
 		KubeQPS: 20, KubeBurst: 40,
 		Namespaces:     NamespaceFilter{Exclude: slices.Clone(DefaultExcludedNamespaces)},
 		LeaderElection: DefaultLeaderElection(),
-		Imports:        true,
+		Imports:        true, ImportsQPS: 50, ImportsBurst: 100,
 	}
 }
 
@@ -91,7 +96,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	log = log.With("cluster", cfg.Cluster)
-	src, client, err := newSource(cfg, log)
+	src, clients, err := newSource(cfg, log)
 	if err != nil {
 		return err
 	}
@@ -154,7 +159,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		tc := fc
 		if kube != nil && cfg.Imports {
 			// The hub's imports go to the writer, which says how far it has written them.
-			writer := NewImportWriter(kube.client, kube.dynamic, ImportWriterConfig{
+			writer := NewImportWriter(clients.importer, clients.importerDynamic, ImportWriterConfig{
 				Cluster: cfg.Cluster, Written: func(epoch, version uint64) { pub.ImportsWritten(epoch, version) },
 			}, log)
 			tc.OnImports = writer.Set
@@ -202,7 +207,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		// the Lease from a warm standby, nor hold it while it cannot publish.
 		select {
 		case <-kube.Synced():
-			leadErr = lead(ctx, client, cfg.LeaderElection, fc.SpokeID, log, term)
+			leadErr = lead(ctx, clients.source, cfg.LeaderElection, fc.SpokeID, log, term)
 		case <-ctx.Done():
 		}
 		cancel()
@@ -216,31 +221,48 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	return leadErr
 }
 
-// newSource returns the source cfg.Source names, and for a kube source its client.
-func newSource(cfg Config, log *slog.Logger) (Source, kubernetes.Interface, error) {
+// kubeClients are a kube source's clients, and the import writer's (rate-limited on their own).
+type kubeClients struct {
+	source          kubernetes.Interface
+	importer        kubernetes.Interface
+	importerDynamic dynamic.Interface
+}
+
+// newSource returns the source cfg.Source names, and for a kube source its clients.
+func newSource(cfg Config, log *slog.Logger) (Source, kubeClients, error) {
 	opts := BuildOptions{Cluster: cfg.Cluster, DefaultRegion: cfg.Region, ExportAll: cfg.ExportAll, Limits: registry.DefaultLimits()}
 	kind, arg, _ := strings.Cut(cfg.Source, ":")
 	switch {
 	case kind == "dir" && arg != "":
-		return NewDirSource(arg, opts, cfg.PollInterval, log), nil, nil
+		return NewDirSource(arg, opts, cfg.PollInterval, log), kubeClients{}, nil
 	case cfg.Source == "kube":
 		klog.SetSlogLogger(log.With("component", "client-go"))
 		rc, err := clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
 		if err != nil {
-			return nil, nil, fmt.Errorf("kubeconfig: %w", err)
+			return nil, kubeClients{}, fmt.Errorf("kubeconfig: %w", err)
 		}
 		rc.QPS, rc.Burst = cfg.KubeQPS, cfg.KubeBurst
 		rc.UserAgent = "nave-spoke/" + cfg.Federation.Build
 		client, err := kubernetes.NewForConfig(rc)
 		if err != nil {
-			return nil, nil, fmt.Errorf("kubernetes client: %w", err)
+			return nil, kubeClients{}, fmt.Errorf("kubernetes client: %w", err)
 		}
 		dyn, err := dynamic.NewForConfig(rc)
 		if err != nil {
-			return nil, nil, fmt.Errorf("kubernetes client: %w", err)
+			return nil, kubeClients{}, fmt.Errorf("kubernetes client: %w", err)
 		}
-		return NewKubeSource(client, dyn, opts, cfg.Namespaces, log), client, nil
+		wc := rest.CopyConfig(rc)
+		wc.QPS, wc.Burst = cfg.ImportsQPS, cfg.ImportsBurst
+		importer, err := kubernetes.NewForConfig(wc)
+		if err != nil {
+			return nil, kubeClients{}, fmt.Errorf("kubernetes client: %w", err)
+		}
+		importerDyn, err := dynamic.NewForConfig(wc)
+		if err != nil {
+			return nil, kubeClients{}, fmt.Errorf("kubernetes client: %w", err)
+		}
+		return NewKubeSource(client, dyn, opts, cfg.Namespaces, log), kubeClients{source: client, importer: importer, importerDynamic: importerDyn}, nil
 	default:
-		return nil, nil, fmt.Errorf("unknown source %q: want kube or dir:PATH", cfg.Source)
+		return nil, kubeClients{}, fmt.Errorf("unknown source %q: want kube or dir:PATH", cfg.Source)
 	}
 }

@@ -184,6 +184,9 @@ func runSpoke(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.Region, "region", "", "region of endpoints whose node has no topology.kubernetes.io/region label")
 	fs.StringVar(&export, "export", "labeled", "which services federate: labeled (nave.io/export=true) or all")
 	fs.BoolVar(&cfg.Imports, "imports", cfg.Imports, "write the MCS imports the hub sends (ServiceImports, EndpointSlices, derived Services) into the cluster (kube source, leader only)")
+	importsQPS := float64(cfg.ImportsQPS)
+	fs.Float64Var(&importsQPS, "imports-qps", importsQPS, "writes per second of the import writer to the Kubernetes API (a client of its own)")
+	fs.IntVar(&cfg.ImportsBurst, "imports-burst", cfg.ImportsBurst, "burst of the import writer's writes to the Kubernetes API")
 	fs.DurationVar(&cfg.PollInterval, "poll", cfg.PollInterval, "how often a dir source looks for changes")
 	fs.StringVar(&cfg.AdminAddr, "admin-addr", "", "listen address for /healthz, /readyz and /metrics (HTTP); empty serves none")
 	fs.StringVar(&cfg.Federation.SpokeID, "spoke-id", cfg.Federation.SpokeID, "name of this spoke instance")
@@ -193,7 +196,7 @@ func runSpoke(ctx context.Context, args []string) error {
 	}
 	cfg.Cluster, cfg.Network = registry.ClusterID(cluster), registry.Network(network)
 	cfg.Federation.Build = buildVersion()
-	cfg.KubeQPS = float32(kubeQPS)
+	cfg.KubeQPS, cfg.ImportsQPS = float32(kubeQPS), float32(importsQPS)
 	cfg.Namespaces.Include, cfg.Namespaces.Exclude = splitList(namespaces), splitList(exclude)
 	switch export {
 	case "labeled":
