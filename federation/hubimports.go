@@ -90,6 +90,7 @@ type hubImports struct {
 	ackedAuth, sendingAuth bool
 	inflight               []string // nonces of the chunks in flight, oldest first
 	inflightFull           bool
+	spoiled                uint64 // a version the spoke refused: answers to its other chunks are ignored
 	ackedVersion, written  uint64
 	refused                map[registry.ServiceKey]*imports.Import // forms the spoke refused
 	refusedWhy             map[registry.ServiceKey]string
@@ -124,10 +125,10 @@ func (im *hubImports) want() map[registry.ServiceKey]*imports.Import {
 // next sends what the spoke should hold next, unless an update is in flight:
 // a full state first (and again when the hub's set turns authoritative), then deltas.
 func (im *hubImports) next() error {
-	if len(im.inflight) > 0 {
-		return nil
-	}
 	im.set, im.changed = im.s.h.imports.Imports()
+	if len(im.inflight) > 0 {
+		return nil // the answer sends what changed meanwhile
+	}
 	want := im.want()
 	if !im.sentOnce || im.set.Authoritative && !im.ackedAuth {
 		return im.send(true, want, nil, want)
@@ -167,11 +168,14 @@ func (im *hubImports) next() error {
 // delta, in chunks, and records what acked becomes once they are acknowledged.
 func (im *hubImports) send(full bool, next map[registry.ServiceKey]*imports.Import, removes []registry.ServiceKey, upserts any) error {
 	var list []*imports.Import
+	var retain []*fedv1.ServiceKey
 	switch u := upserts.(type) {
 	case map[registry.ServiceKey]*imports.Import:
 		for _, k := range slices.SortedFunc(maps.Keys(u), registry.ServiceKey.Compare) {
 			if r := im.refused[k]; r != nil && (r == u[k] || r.Equal(u[k])) {
-				delete(next, k) // the spoke keeps its own form of a refused import
+				// The spoke keeps its own form of a refused import, even under an authoritative full state.
+				delete(next, k)
+				retain = append(retain, KeyToProto(k))
 				continue
 			}
 			list = append(list, u[k])
@@ -189,6 +193,7 @@ func (im *hubImports) send(full bool, next map[registry.ServiceKey]*imports.Impo
 		head.ClustersetCidrs = im.set.CIDRs
 	}
 	chunks := chunkImports(head, removes, encoded, im.s.h.cfg.MaxMessageBytes)
+	chunks[len(chunks)-1].Retain = retain
 	im.inflight, im.inflightFull = im.inflight[:0], full
 	for i, c := range chunks {
 		c.Nonce = fmt.Sprintf("import-%d.%d", im.version, i)
@@ -205,18 +210,22 @@ func (im *hubImports) send(full bool, next map[registry.ServiceKey]*imports.Impo
 	return nil
 }
 
-// answered takes the answer to the oldest chunk in flight.
-func (im *hubImports) answered(nonce string, version uint64) (last bool, err error) {
+// answered takes the answer to the oldest chunk in flight; stale is an
+// answer to a chunk of an update the spoke already refused (ignored).
+func (im *hubImports) answered(nonce string, version uint64) (last, stale bool, err error) {
+	if version == im.spoiled && version != im.version {
+		return false, true, nil
+	}
 	if len(im.inflight) == 0 || im.inflight[0] != nonce || version != im.version {
-		return false, fmt.Errorf("import answer for nonce %q (version %d), which is not the oldest in flight", nonce, version)
+		return false, false, fmt.Errorf("import answer for nonce %q (version %d), which is not the oldest in flight", nonce, version)
 	}
 	im.inflight = im.inflight[1:]
-	return len(im.inflight) == 0, nil
+	return len(im.inflight) == 0, false, nil
 }
 
 func (im *hubImports) ack(a *fedv1.Ack) error {
-	last, err := im.answered(a.GetNonce(), a.GetVersion())
-	if err != nil || !last {
+	last, stale, err := im.answered(a.GetNonce(), a.GetVersion())
+	if err != nil || !last || stale {
 		return err
 	}
 	im.acked, im.ackedAuth, im.ackedVersion = im.sending, im.sendingAuth, a.GetVersion()
@@ -233,10 +242,14 @@ func (im *hubImports) ack(a *fedv1.Ack) error {
 // (a refused chunk spoils its whole full state): the services it names are
 // not sent again in that form, and the rest is sent again.
 func (im *hubImports) nack(n *fedv1.Nack) error {
-	if _, err := im.answered(n.GetNonce(), n.GetVersion()); err != nil {
+	if _, stale, err := im.answered(n.GetNonce(), n.GetVersion()); err != nil || stale {
 		return err
 	}
-	im.inflight = nil // a full state's later chunks are refused with it
+	// The update is dropped whole: its later chunks go unanswered.
+	im.inflight, im.spoiled = nil, n.GetVersion()
+	if im.inflightFull {
+		im.sentOnce = false // send a full state again, without what was refused
+	}
 	named := false
 	for _, r := range n.GetRejections() {
 		if r.GetService() == nil {

@@ -2,6 +2,7 @@ package federation
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"net/netip"
 	"slices"
@@ -252,4 +253,95 @@ func TestRefusedImportIsNotResent(t *testing.T) {
 	src.put(fixed)
 	awaitImports(t, states, "the fixed import", func(s ImportState) bool { return len(s.Imports) == 2 })
 	awaitImportStatus(t, h, "without refusals", func(st ImportStatus) bool { return len(st.Refused) == 0 && st.Pending == 0 })
+}
+
+func manyImports(n int, prefix string) []*imports.Import {
+	var out []*imports.Import
+	for i := range n {
+		out = append(out, testImport("default", fmt.Sprintf("%s-%03d", prefix, i), "10.0.0.1", "10.0.0.2"))
+	}
+	return out
+}
+
+// A delta larger than one message travels in chunks of one version, applied together.
+func TestImportDeltaLargerThanOneMessage(t *testing.T) {
+	src := newImportSource(true, testImport("default", "first", "10.0.0.1"))
+	cfg := DefaultHubConfig()
+	cfg.MaxMessageBytes = 1024
+	h := startHub(t, cfg)
+	h.srv.ServeImports(src)
+	_, _, states := importSpoke(t, h, "default")
+	first := awaitImports(t, states, "the first import", func(s ImportState) bool { return len(s.Imports) == 1 })
+	src.put(manyImports(50, "d")...)
+	last := awaitImports(t, states, "the delta", func(s ImportState) bool { return len(s.Imports) > 1 })
+	if len(last.Imports) != 51 || last.Epoch != first.Epoch {
+		t.Errorf("after a chunked delta: %d imports, epoch %d -> %d; want all 51 at once in the same session", len(last.Imports), first.Epoch, last.Epoch)
+	}
+}
+
+// A refusal in the middle of a chunked full state drops that full state
+// whole; the hub sends it again without the refused import, in the same session.
+func TestImportRefusalInTheMiddleOfAFullState(t *testing.T) {
+	imps := manyImports(50, "f")
+	imps[25].Sources[0].Cluster = "Not_A_Label"
+	src := newImportSource(true, imps...)
+	cfg := DefaultHubConfig()
+	cfg.MaxMessageBytes = 1024
+	h := startHub(t, cfg)
+	h.srv.ServeImports(src)
+	_, _, states := importSpoke(t, h, "default")
+	s := awaitImports(t, states, "the full state without the refused import", func(ImportState) bool { return true })
+	if len(s.Imports) != 49 || s.Epoch != 1 || s.Imports[imps[25].Service] != nil {
+		t.Fatalf("first state: %d imports at epoch %d, want the 49 good ones in the first session", len(s.Imports), s.Epoch)
+	}
+	if st := awaitImportStatus(t, h, "refused", func(st ImportStatus) bool { return len(st.Refused) == 1 }); st.Epoch != 1 {
+		t.Errorf("status %+v, want the first session", st)
+	}
+}
+
+// A new hub that is not authoritative and whose first full state the spoke
+// refuses deletes nothing: the earlier hub's authority does not carry over.
+func TestImportRefusedFirstFullStateOfAColdHubDeletesNothing(t *testing.T) {
+	src := newImportSource(true, testImport("default", "old", "10.0.0.1"))
+	h := startHub(t, DefaultHubConfig())
+	h.srv.ServeImports(src)
+	p, _, states := importSpoke(t, h, "default")
+	awaitImports(t, states, "the first hub's state", func(s ImportState) bool { return len(s.Imports) == 1 && s.Authoritative })
+	p.stop()
+	bad := testImport("default", "bad", "10.0.0.1")
+	bad.Sources[0].Cluster = "Not_A_Label"
+	h2 := startHub(t, DefaultHubConfig())
+	h2.srv.ServeImports(newImportSource(false, testImport("default", "new", "10.0.0.2"), bad))
+	restartPublisher(t, p, h2)
+	s := awaitImports(t, states, "the cold hub's state", func(s ImportState) bool {
+		return s.Imports[registry.ServiceKey{Namespace: "default", Name: "new"}] != nil
+	})
+	old := registry.ServiceKey{Namespace: "default", Name: "old"}
+	if s.Authoritative || s.Deletable(old) {
+		t.Errorf("from a cold hub: authoritative=%v deletable(old)=%v imports=%v", s.Authoritative, s.Deletable(old), keysOf(s))
+	}
+}
+
+// An import the spoke holds, whose new form it refuses, survives an
+// authoritative full state that cannot name it (retain).
+func TestImportRefusedFormIsRetained(t *testing.T) {
+	src := newImportSource(true, testImport("default", "k", "10.0.0.1"), testImport("default", "other", "10.0.0.3"))
+	h := startHub(t, DefaultHubConfig())
+	h.srv.ServeImports(src)
+	p, _, states := importSpoke(t, h, "default")
+	awaitImports(t, states, "the first hub's state", func(s ImportState) bool { return len(s.Imports) == 2 && s.Authoritative })
+	p.stop()
+	bad := testImport("default", "k", "10.0.0.1", "10.0.0.2")
+	bad.Sources[0].Cluster = "Not_A_Label"
+	h2 := startHub(t, DefaultHubConfig())
+	h2.srv.ServeImports(newImportSource(true, bad, testImport("default", "other", "10.0.0.4")))
+	restartPublisher(t, p, h2)
+	s := awaitImports(t, states, "the second hub's state", func(s ImportState) bool {
+		o := s.Imports[registry.ServiceKey{Namespace: "default", Name: "other"}]
+		return o != nil && o.Sources[0].Endpoints[0].Addresses[0].String() == "10.0.0.4"
+	})
+	k := registry.ServiceKey{Namespace: "default", Name: "k"}
+	if !s.Authoritative || s.Deletable(k) || !s.Imports[k].Equal(testImport("default", "k", "10.0.0.1")) {
+		t.Errorf("the refused import: authoritative=%v deletable=%v held=%+v; want the last good form kept", s.Authoritative, s.Deletable(k), s.Imports[k])
+	}
 }

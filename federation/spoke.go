@@ -292,6 +292,11 @@ func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
 	var nsChanged <-chan struct{}
 	if p.cfg.OnImports != nil {
 		s.imports, nsChanged = &spokeImports{s: s}, p.nsChanged
+		// An earlier hub's authority is not this one's: until this hub's
+		// authoritative full state, nothing it does not name is deleted.
+		held := *p.imports
+		held.Authoritative = false
+		p.imports = &held
 	}
 	s.needFull, s.synced = !s.resumed, s.resumed
 	if s.needFull {

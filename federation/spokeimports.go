@@ -79,20 +79,36 @@ type spokeImports struct {
 	s *spokeSession
 	// version is the last update applied (or refused) in this session.
 	version uint64
-	// A full state in progress: its version and the imports of its chunks so far.
-	fullVersion uint64
-	full        map[registry.ServiceKey]*imports.Import
-	spoiled     uint64
+	// acc is the update whose chunks are arriving (nil between updates).
+	acc *importChunks
+	// spoiled is a version one of whose chunks was refused: its later chunks are dropped unanswered.
+	spoiled uint64
 }
 
-// update applies one import update (a full state once its last chunk
-// arrives) and answers it.
+// importChunks are the chunks of one update received so far.
+type importChunks struct {
+	version       uint64
+	full          bool
+	upserts       map[registry.ServiceKey]*imports.Import
+	removes       []registry.ServiceKey
+	retain        []registry.ServiceKey
+	authoritative bool
+	cidrs         []string
+}
+
+// update takes one chunk of an import update, applies the update once its
+// last chunk arrives, and answers the chunk.
 func (si *spokeImports) update(u *fedv1.ImportUpdate) error {
 	p := si.s.p
 	v := u.GetVersion()
+	if v == si.spoiled {
+		return nil // refused already, answered once
+	}
 	rj := si.check(u)
-	var upserts []*imports.Import
 	if len(rj) == 0 {
+		if si.acc == nil {
+			si.acc = &importChunks{version: v, full: u.GetFullState(), upserts: map[registry.ServiceKey]*imports.Import{}}
+		}
 		for _, in := range u.GetUpserts() {
 			imp, err := ImportFromProto(in, registry.DefaultLimits())
 			if err != nil {
@@ -100,84 +116,81 @@ func (si *spokeImports) update(u *fedv1.ImportUpdate) error {
 				rj = append(rj, reject(&k, "%v", err)...)
 				continue
 			}
-			upserts = append(upserts, imp)
+			si.acc.upserts[imp.Service] = imp
+		}
+		for _, k := range u.GetRemoves() {
+			si.acc.removes = append(si.acc.removes, KeyFromProto(k))
+		}
+		for _, k := range u.GetRetain() {
+			si.acc.retain = append(si.acc.retain, KeyFromProto(k))
+		}
+		if u.GetLastChunk() {
+			si.acc.authoritative, si.acc.cidrs = u.GetAuthoritative(), u.GetClustersetCidrs()
 		}
 	}
 	if len(rj) > 0 {
-		if u.GetFullState() {
-			si.full, si.spoiled = nil, v
-		}
-		si.version = max(si.version, v)
+		si.acc, si.spoiled, si.version = nil, v, max(si.version, v)
 		p.log.Warn("refused an import update", "version", v, "reason", rj.Error())
 		return si.s.send(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_ImportNack{ImportNack: &fedv1.Nack{
 			Nonce: u.GetNonce(), Version: v, Rejections: rj}}})
 	}
-	held := p.imports
-	next := ImportState{Epoch: si.s.epoch, Version: v, Authoritative: held.Authoritative, CIDRs: held.CIDRs}
-	switch {
-	case u.GetFullState():
-		if si.full == nil || si.fullVersion != v {
-			si.full, si.fullVersion = map[registry.ServiceKey]*imports.Import{}, v
-		}
-		for _, imp := range upserts {
-			si.full[imp.Service] = imp
-		}
-		if !u.GetLastChunk() {
-			return si.ack(u)
-		}
-		next.CIDRs = u.GetClustersetCidrs()
-		if u.GetAuthoritative() {
-			next.Imports, next.Authoritative, next.Removed = si.full, true, map[registry.ServiceKey]bool{}
-		} else {
-			// Not authoritative: add and update, delete nothing (but what a hub removed by name).
-			next.Imports, next.Removed, next.Authoritative = maps.Clone(held.Imports), maps.Clone(held.Removed), false
-			for k, imp := range si.full {
-				next.Imports[k] = imp
-				delete(next.Removed, k)
-			}
-		}
-		si.full = nil
-	default:
-		next.Imports, next.Removed = maps.Clone(held.Imports), maps.Clone(held.Removed)
-		for _, imp := range upserts {
-			next.Imports[imp.Service] = imp
-			delete(next.Removed, imp.Service)
-		}
-		for _, pk := range u.GetRemoves() {
-			k := KeyFromProto(pk)
-			delete(next.Imports, k)
-			next.Removed[k] = true
-		}
+	if !u.GetLastChunk() {
+		return si.ack(u)
 	}
-	if next.Imports == nil {
-		next.Imports = map[registry.ServiceKey]*imports.Import{}
-	}
-	if next.Removed == nil {
-		next.Removed = map[registry.ServiceKey]bool{}
-	}
-	si.version = v
-	p.imports = &next
+	next := si.acc.apply(p.imports, si.s.epoch)
+	si.acc, si.version = nil, v
+	p.imports = next
 	if err := si.ack(u); err != nil {
 		return err
 	}
-	p.cfg.OnImports(next)
+	p.cfg.OnImports(*next)
 	return nil
 }
 
-// check refuses an update out of order or of the wrong shape (nothing of it is applied).
+// apply returns the state held after the update, given the state held before.
+func (c *importChunks) apply(held *ImportState, epoch uint64) *ImportState {
+	next := &ImportState{Epoch: epoch, Version: c.version, Authoritative: held.Authoritative, CIDRs: held.CIDRs,
+		Imports: maps.Clone(held.Imports), Removed: maps.Clone(held.Removed)}
+	if c.full {
+		next.CIDRs = c.cidrs
+		if c.authoritative {
+			// What the hub names, and what the spoke refused and keeps; nothing else.
+			next.Imports, next.Removed, next.Authoritative = c.upserts, map[registry.ServiceKey]bool{}, true
+			for _, k := range c.retain {
+				if imp := held.Imports[k]; imp != nil {
+					next.Imports[k] = imp
+				}
+			}
+			return next
+		}
+		// Not authoritative: add and update; delete only what a hub removed by name.
+		next.Authoritative = false
+	}
+	for k, imp := range c.upserts {
+		next.Imports[k] = imp
+		delete(next.Removed, k)
+	}
+	for _, k := range c.removes {
+		delete(next.Imports, k)
+		next.Removed[k] = true
+	}
+	return next
+}
+
+// check refuses a chunk out of order or of the wrong shape (nothing of its update is applied).
 func (si *spokeImports) check(u *fedv1.ImportUpdate) rejection {
 	v := u.GetVersion()
 	switch {
-	case u.GetFullState() && v == si.spoiled:
-		return reject(nil, "import full state %d was already refused", v)
 	case u.GetFullState() && len(u.GetRemoves()) > 0:
 		return reject(nil, "an import full state cannot remove imports")
-	case u.GetFullState() && si.full != nil && si.fullVersion == v:
+	case !u.GetFullState() && len(u.GetRetain()) > 0:
+		return reject(nil, "only an import full state can retain imports")
+	case si.acc != nil && si.acc.version == v && si.acc.full == u.GetFullState():
 		return nil // the next chunk
+	case si.acc != nil:
+		return reject(nil, "import update %d before the last chunk of update %d", v, si.acc.version)
 	case v <= si.version:
 		return reject(nil, "import version %d is not above the last applied version %d", v, si.version)
-	case !u.GetFullState() && si.full != nil:
-		return reject(nil, "import delta %d in the middle of full state %d", v, si.fullVersion)
 	}
 	return nil
 }

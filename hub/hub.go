@@ -249,6 +249,7 @@ type parts struct {
 	catalog       *replicas.Catalog
 	snapshots     *replicas.SnapshotStore
 	clustersetIPs *replicas.ClusterSetIPs // nil without clusterset CIDRs
+	catalogRead   bool                    // the catalog was read at start, and names clusters
 
 	// Metrics.
 	metricsReg  *prometheus.Registry
@@ -360,7 +361,7 @@ func (p *parts) connectEtcd(ctx context.Context) error {
 		if p.clustersetIPs, err = replicas.NewClusterSetIPs(etcd, p.cfg.EtcdPrefix, p.cfg.ClustersetCIDRs); err != nil {
 			return err
 		}
-		// Known claims spare an etcd round trip per service; with etcd unreachable, they are read as needed.
+		// Known claims say which IPs are taken, so a new claim rarely collides; with etcd unreachable, they are learnt as needed.
 		loadCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		if err := p.clustersetIPs.Load(loadCtx); err != nil {
@@ -391,7 +392,7 @@ func (p *parts) buildState() {
 	for _, c := range cfg.ClustersetCIDRs {
 		cidrs = append(cidrs, c.String())
 	}
-	p.imports = newImporter(p.clustersetIPs, cidrs, p.log)
+	p.imports = newImporter(p.clustersetIPs, cidrs, cfg.Liveness.StaleAfter, p.log)
 	onChange := func(v View) {
 		p.metrics.observe(v)
 		p.imports.observe(v)
@@ -489,6 +490,7 @@ func (p *parts) readCatalog(ctx context.Context) []replicas.ClusterRecord {
 	if err != nil {
 		p.log.Warn("read cluster catalog", "err", err)
 	}
+	p.catalogRead = err == nil && len(records) > 0 // an empty catalog may be a lost etcd
 	return records
 }
 
@@ -500,7 +502,12 @@ func (p *parts) runState(ctx context.Context, records []replicas.ClusterRecord) 
 	p.wg.Go(func() { p.state.run(stateCtx) })
 	p.wg.Go(func() { p.push.run(stateCtx) })
 	p.wg.Go(func() { p.imports.run(stateCtx) })
-	return p.state.known(ctx, records)
+	if err := p.state.known(ctx, records); err != nil {
+		return err
+	}
+	// The importer may trust the clusters the state now knows (see importer.authoritative).
+	p.imports.catalogRead.Store(p.catalogRead)
+	return nil
 }
 
 // coordinate starts the coordinator's loops, which run until stop; without

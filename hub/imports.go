@@ -8,6 +8,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/navemesh/nave/federation"
@@ -27,8 +28,14 @@ type importer struct {
 	log *slog.Logger
 	// claimTimeout bounds one round of etcd calls for clusterset IPs.
 	claimTimeout time.Duration
-	// retry is how soon a service whose IP could not be claimed is tried again.
+	// retry is how soon a service whose IP could not be claimed (or released) is tried again.
 	retry time.Duration
+	// Authority: the set is authoritative only once the catalog has been read
+	// and every cluster it names is held, or, without a catalog (a new or
+	// lost etcd), after grace (see authoritative).
+	started     time.Time
+	grace       time.Duration
+	catalogRead atomic.Bool
 
 	latest chan View // the newest view not yet taken (capacity 1)
 
@@ -37,16 +44,23 @@ type importer struct {
 	changed chan struct{} // closed when current is replaced
 
 	// Owned by run's goroutine.
-	reg      *registry.Registry
-	stale    map[registry.ClusterID]bool
-	built    map[registry.ServiceKey]*imports.Import
-	waiting  map[registry.ServiceKey]bool // ClusterSetIP services still without their IPs
-	released map[registry.ServiceKey]bool // services whose IPs are released (or never held)
+	reg       *registry.Registry
+	last      View // the last view taken
+	rebuild   bool // a round panicked: the next one looks at every service again
+	clusters  map[registry.ClusterID]ClusterStatus
+	stale     map[registry.ClusterID]bool
+	built     map[registry.ServiceKey]*imports.Import
+	waiting   map[registry.ServiceKey]bool // ClusterSetIP services still without their IPs
+	released  map[registry.ServiceKey]bool // services whose IPs are released (or never held)
+	releasing map[registry.ServiceKey]bool // services whose IPs could not be released yet
 }
 
-func newImporter(ips *replicas.ClusterSetIPs, cidrs []string, log *slog.Logger) *importer {
+// newImporter returns an importer; grace bounds how long a hub without a
+// readable catalog waits for clusters before its set is authoritative.
+func newImporter(ips *replicas.ClusterSetIPs, cidrs []string, grace time.Duration, log *slog.Logger) *importer {
 	im := &importer{
 		ips: ips, log: log.With("component", "imports"), claimTimeout: 5 * time.Second, retry: time.Second,
+		started: time.Now(), grace: grace, releasing: map[registry.ServiceKey]bool{},
 		latest:  make(chan View, 1),
 		current: &federation.ImportSet{Imports: map[registry.ServiceKey]*imports.Import{}, CIDRs: cidrs},
 		changed: make(chan struct{}),
@@ -82,6 +96,7 @@ func (im *importer) observe(v View) {
 // run rebuilds imports until ctx ends.
 func (im *importer) run(ctx context.Context) {
 	var retry <-chan time.Time
+	settled := time.After(im.grace) // authority may change without any new view
 	for {
 		select {
 		case <-ctx.Done():
@@ -90,9 +105,12 @@ func (im *importer) run(ctx context.Context) {
 			im.safeRound(ctx, v)
 		case <-retry:
 			im.safeRound(ctx, View{})
+		case <-settled:
+			settled = nil
+			im.safeRound(ctx, View{})
 		}
 		retry = nil
-		if len(im.waiting) > 0 {
+		if len(im.waiting) > 0 || len(im.releasing) > 0 || im.rebuild {
 			retry = time.After(im.retry)
 		}
 	}
@@ -101,7 +119,9 @@ func (im *importer) run(ctx context.Context) {
 func (im *importer) safeRound(ctx context.Context, v View) {
 	defer func() {
 		if r := recover(); r != nil {
-			im.log.Error("panic while building imports; the last set stays", "panic", r, "stack", string(debug.Stack()))
+			im.log.Error("panic while building imports; the last set stays, and everything is rebuilt next round",
+				"panic", r, "stack", string(debug.Stack()))
+			im.reg, im.rebuild = registry.New(), true // what the round had taken in is rebuilt, not forgotten
 		}
 	}()
 	im.round(ctx, v)
@@ -110,12 +130,19 @@ func (im *importer) safeRound(ctx context.Context, v View) {
 // round rebuilds what changed since the last round; a zero view retries the
 // services still waiting for their clusterset IPs.
 func (im *importer) round(ctx context.Context, v View) {
-	reg, auth := im.reg, im.current.Authoritative
+	if v.Registry == nil && im.rebuild {
+		v = im.last // after a panic: every service of the last view is looked at again
+	}
+	im.rebuild = false
+	reg := im.reg
 	if v.Registry != nil {
-		reg, auth = v.Registry, authoritative(v.Clusters)
+		reg, im.clusters, im.last = v.Registry, v.Clusters, v
 	}
 	touched := map[registry.ServiceKey]bool{}
 	for k := range im.waiting {
+		touched[k] = true
+	}
+	for k := range im.releasing {
 		touched[k] = true
 	}
 	if v.Registry != nil {
@@ -155,7 +182,7 @@ func (im *importer) round(ctx context.Context, v View) {
 		}
 		im.reg, im.stale = reg, stale
 	}
-	if len(touched) == 0 && auth == im.current.Authoritative {
+	if len(touched) == 0 && im.authoritative() == im.current.Authoritative {
 		return
 	}
 	next := maps.Clone(im.current.Imports)
@@ -176,6 +203,7 @@ func (im *importer) round(ctx context.Context, v View) {
 			sameFamilies(old.IPs, im.ips.Ranged(families(svc))) {
 			ips = old.IPs // claimed when the service was first built
 		} else if !svc.Headless && im.ips != nil {
+			delete(im.releasing, k) // back before its release went through: the claim is taken back
 			got, err := im.ips.Claim(claimCtx, k, families(svc))
 			if err != nil {
 				// Never an import without its IP: the derived Service's IP cannot change later.
@@ -200,7 +228,7 @@ func (im *importer) round(ctx context.Context, v View) {
 		}
 		im.built[k] = next[k]
 	}
-	im.publish(&federation.ImportSet{Imports: next, Authoritative: auth, CIDRs: im.current.CIDRs})
+	im.publish(&federation.ImportSet{Imports: next, Authoritative: im.authoritative(), CIDRs: im.current.CIDRs})
 }
 
 // release marks a service's clusterset IPs released (once), so that the
@@ -210,9 +238,14 @@ func (im *importer) release(ctx context.Context, k registry.ServiceKey) {
 		return
 	}
 	if err := im.ips.Release(ctx, k, time.Now()); err != nil {
-		im.log.Warn("cannot release the clusterset IP", "service", k, "err", err)
+		// Tried again every round: an unreleased claim would hold its IP forever.
+		if !im.releasing[k] {
+			im.log.Warn("cannot release the clusterset IP yet", "service", k, "err", err)
+		}
+		im.releasing[k] = true
 		return
 	}
+	delete(im.releasing, k)
 	im.released[k] = true
 }
 
@@ -246,12 +279,22 @@ func sameFamilies(ips []netip.Addr, families []registry.IPFamily) bool {
 	return true
 }
 
-// authoritative says whether the hub holds every cluster it knows of: each
-// has data (live, or restored from the snapshot), was dropped, or has gone
-// stale without any (its spoke has not come back within the grace). Until
-// then a spoke must not delete imports the hub does not name.
-func authoritative(clusters map[registry.ClusterID]ClusterStatus) bool {
-	for _, c := range clusters {
+// authoritative says whether the set names every import there is, so that a
+// spoke may delete what it does not name: no service waits for its
+// clusterset IP, the hub knows which clusters there are (it read a catalog
+// that names some, or, without one, grace has passed since the start) and
+// it holds every one of them: each has data (live, or restored from the
+// snapshot), was dropped, or went stale without any (its spoke did not come
+// back within the grace). An empty or unread catalog is never trusted at
+// once: a hub that lost its etcd must not tell every spoke to delete.
+func (im *importer) authoritative() bool {
+	if len(im.waiting) > 0 {
+		return false
+	}
+	if !im.catalogRead.Load() && time.Since(im.started) < im.grace {
+		return false
+	}
+	for _, c := range im.clusters {
 		if !c.Restored && c.LastUpdate.IsZero() && !c.Dropped && !c.Stale {
 			return false
 		}

@@ -1133,10 +1133,13 @@ func (x *Namespaces) GetNames() []string {
 // ImportUpdate carries the imports the spoke's cluster must hold (Kubernetes
 // MCS: a ServiceImport, EndpointSlices per source cluster and, for
 // ClusterSetIP, a derived Service). After the welcome the hub sends a full
-// state, in chunks applied together once the last arrives; then deltas.
-// Each is answered by import_ack or import_nack (with the update's nonce and
-// version); the hub has one update (one full state's chunks) in flight at a
-// time, and its next delta is computed against what the spoke acked.
+// state, then deltas. An update travels in chunks of one version, applied
+// together once the one with last_chunk arrives. Each chunk is answered by
+// import_ack (with its nonce and version) until one is refused: that one is
+// answered by import_nack, the update is dropped whole, and the spoke answers
+// none of its later chunks. The hub has one update in flight at a time; its
+// next delta is computed against what the spoke acked, and after a refused
+// full state it sends a full state again.
 type ImportUpdate struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Nonce string                 `protobuf:"bytes,1,opt,name=nonce,proto3" json:"nonce,omitempty"`
@@ -1153,8 +1156,12 @@ type ImportUpdate struct {
 	Authoritative bool `protobuf:"varint,7,opt,name=authoritative,proto3" json:"authoritative,omitempty"`
 	// clusterset_cidrs (full states): the ranges clusterset IPs come from.
 	ClustersetCidrs []string `protobuf:"bytes,8,rep,name=clusterset_cidrs,json=clustersetCidrs,proto3" json:"clusterset_cidrs,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// retain (full states) names imports the spoke refused in their current
+	// form: it keeps whatever it holds for them, even under an authoritative
+	// full state that does not name them.
+	Retain        []*ServiceKey `protobuf:"bytes,9,rep,name=retain,proto3" json:"retain,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ImportUpdate) Reset() {
@@ -1239,6 +1246,13 @@ func (x *ImportUpdate) GetAuthoritative() bool {
 func (x *ImportUpdate) GetClustersetCidrs() []string {
 	if x != nil {
 		return x.ClustersetCidrs
+	}
+	return nil
+}
+
+func (x *ImportUpdate) GetRetain() []*ServiceKey {
+	if x != nil {
+		return x.Retain
 	}
 	return nil
 }
@@ -2769,7 +2783,7 @@ const file_federation_v1_federation_proto_rawDesc = "" +
 	"namespaces\"\"\n" +
 	"\n" +
 	"Namespaces\x12\x14\n" +
-	"\x05names\x18\x01 \x03(\tR\x05names\"\xbd\x02\n" +
+	"\x05names\x18\x01 \x03(\tR\x05names\"\xf5\x02\n" +
 	"\fImportUpdate\x12\x14\n" +
 	"\x05nonce\x18\x01 \x01(\tR\x05nonce\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x1d\n" +
@@ -2780,7 +2794,8 @@ const file_federation_v1_federation_proto_rawDesc = "" +
 	"\aupserts\x18\x05 \x03(\v2\x1a.nave.federation.v1.ImportR\aupserts\x128\n" +
 	"\aremoves\x18\x06 \x03(\v2\x1e.nave.federation.v1.ServiceKeyR\aremoves\x12$\n" +
 	"\rauthoritative\x18\a \x01(\bR\rauthoritative\x12)\n" +
-	"\x10clusterset_cidrs\x18\b \x03(\tR\x0fclustersetCidrs\"\xaa\x02\n" +
+	"\x10clusterset_cidrs\x18\b \x03(\tR\x0fclustersetCidrs\x126\n" +
+	"\x06retain\x18\t \x03(\v2\x1e.nave.federation.v1.ServiceKeyR\x06retain\"\xaa\x02\n" +
 	"\x06Import\x128\n" +
 	"\aservice\x18\x01 \x01(\v2\x1e.nave.federation.v1.ServiceKeyR\aservice\x12\x1a\n" +
 	"\bheadless\x18\x02 \x01(\bR\bheadless\x125\n" +
@@ -2982,39 +2997,40 @@ var file_federation_v1_federation_proto_depIdxs = []int32{
 	13, // 24: nave.federation.v1.HubMessage.imports:type_name -> nave.federation.v1.ImportUpdate
 	14, // 25: nave.federation.v1.ImportUpdate.upserts:type_name -> nave.federation.v1.Import
 	26, // 26: nave.federation.v1.ImportUpdate.removes:type_name -> nave.federation.v1.ServiceKey
-	26, // 27: nave.federation.v1.Import.service:type_name -> nave.federation.v1.ServiceKey
-	29, // 28: nave.federation.v1.Import.ports:type_name -> nave.federation.v1.ServicePort
-	28, // 29: nave.federation.v1.Import.properties:type_name -> nave.federation.v1.ServiceProperties
-	15, // 30: nave.federation.v1.Import.sources:type_name -> nave.federation.v1.ImportSource
-	29, // 31: nave.federation.v1.ImportSource.ports:type_name -> nave.federation.v1.ServicePort
-	30, // 32: nave.federation.v1.ImportSource.endpoints:type_name -> nave.federation.v1.Endpoint
-	27, // 33: nave.federation.v1.Update.upserts:type_name -> nave.federation.v1.Shard
-	26, // 34: nave.federation.v1.Update.removes:type_name -> nave.federation.v1.ServiceKey
-	26, // 35: nave.federation.v1.Update.retain:type_name -> nave.federation.v1.ServiceKey
-	21, // 36: nave.federation.v1.Nack.rejections:type_name -> nave.federation.v1.Rejection
-	26, // 37: nave.federation.v1.Rejection.service:type_name -> nave.federation.v1.ServiceKey
-	25, // 38: nave.federation.v1.ServiceConflicts.services:type_name -> nave.federation.v1.ServiceConflict
-	26, // 39: nave.federation.v1.ServiceConflict.service:type_name -> nave.federation.v1.ServiceKey
-	26, // 40: nave.federation.v1.Shard.service:type_name -> nave.federation.v1.ServiceKey
-	29, // 41: nave.federation.v1.Shard.ports:type_name -> nave.federation.v1.ServicePort
-	30, // 42: nave.federation.v1.Shard.endpoints:type_name -> nave.federation.v1.Endpoint
-	28, // 43: nave.federation.v1.Shard.properties:type_name -> nave.federation.v1.ServiceProperties
-	35, // 44: nave.federation.v1.ServiceProperties.labels:type_name -> nave.federation.v1.ServiceProperties.LabelsEntry
-	36, // 45: nave.federation.v1.ServiceProperties.annotations:type_name -> nave.federation.v1.ServiceProperties.AnnotationsEntry
-	31, // 46: nave.federation.v1.Endpoint.ports:type_name -> nave.federation.v1.EndpointPort
-	32, // 47: nave.federation.v1.Endpoint.locality:type_name -> nave.federation.v1.Locality
-	34, // 48: nave.federation.v1.Snapshot.clusters:type_name -> nave.federation.v1.SnapshotCluster
-	4,  // 49: nave.federation.v1.SnapshotCluster.stamp:type_name -> nave.federation.v1.Stamp
-	27, // 50: nave.federation.v1.SnapshotCluster.shards:type_name -> nave.federation.v1.Shard
-	9,  // 51: nave.federation.v1.Federation.Publish:input_type -> nave.federation.v1.SpokeMessage
-	0,  // 52: nave.federation.v1.Replication.Subscribe:input_type -> nave.federation.v1.ReplicaRequest
-	10, // 53: nave.federation.v1.Federation.Publish:output_type -> nave.federation.v1.HubMessage
-	1,  // 54: nave.federation.v1.Replication.Subscribe:output_type -> nave.federation.v1.ReplicaMessage
-	53, // [53:55] is the sub-list for method output_type
-	51, // [51:53] is the sub-list for method input_type
-	51, // [51:51] is the sub-list for extension type_name
-	51, // [51:51] is the sub-list for extension extendee
-	0,  // [0:51] is the sub-list for field type_name
+	26, // 27: nave.federation.v1.ImportUpdate.retain:type_name -> nave.federation.v1.ServiceKey
+	26, // 28: nave.federation.v1.Import.service:type_name -> nave.federation.v1.ServiceKey
+	29, // 29: nave.federation.v1.Import.ports:type_name -> nave.federation.v1.ServicePort
+	28, // 30: nave.federation.v1.Import.properties:type_name -> nave.federation.v1.ServiceProperties
+	15, // 31: nave.federation.v1.Import.sources:type_name -> nave.federation.v1.ImportSource
+	29, // 32: nave.federation.v1.ImportSource.ports:type_name -> nave.federation.v1.ServicePort
+	30, // 33: nave.federation.v1.ImportSource.endpoints:type_name -> nave.federation.v1.Endpoint
+	27, // 34: nave.federation.v1.Update.upserts:type_name -> nave.federation.v1.Shard
+	26, // 35: nave.federation.v1.Update.removes:type_name -> nave.federation.v1.ServiceKey
+	26, // 36: nave.federation.v1.Update.retain:type_name -> nave.federation.v1.ServiceKey
+	21, // 37: nave.federation.v1.Nack.rejections:type_name -> nave.federation.v1.Rejection
+	26, // 38: nave.federation.v1.Rejection.service:type_name -> nave.federation.v1.ServiceKey
+	25, // 39: nave.federation.v1.ServiceConflicts.services:type_name -> nave.federation.v1.ServiceConflict
+	26, // 40: nave.federation.v1.ServiceConflict.service:type_name -> nave.federation.v1.ServiceKey
+	26, // 41: nave.federation.v1.Shard.service:type_name -> nave.federation.v1.ServiceKey
+	29, // 42: nave.federation.v1.Shard.ports:type_name -> nave.federation.v1.ServicePort
+	30, // 43: nave.federation.v1.Shard.endpoints:type_name -> nave.federation.v1.Endpoint
+	28, // 44: nave.federation.v1.Shard.properties:type_name -> nave.federation.v1.ServiceProperties
+	35, // 45: nave.federation.v1.ServiceProperties.labels:type_name -> nave.federation.v1.ServiceProperties.LabelsEntry
+	36, // 46: nave.federation.v1.ServiceProperties.annotations:type_name -> nave.federation.v1.ServiceProperties.AnnotationsEntry
+	31, // 47: nave.federation.v1.Endpoint.ports:type_name -> nave.federation.v1.EndpointPort
+	32, // 48: nave.federation.v1.Endpoint.locality:type_name -> nave.federation.v1.Locality
+	34, // 49: nave.federation.v1.Snapshot.clusters:type_name -> nave.federation.v1.SnapshotCluster
+	4,  // 50: nave.federation.v1.SnapshotCluster.stamp:type_name -> nave.federation.v1.Stamp
+	27, // 51: nave.federation.v1.SnapshotCluster.shards:type_name -> nave.federation.v1.Shard
+	9,  // 52: nave.federation.v1.Federation.Publish:input_type -> nave.federation.v1.SpokeMessage
+	0,  // 53: nave.federation.v1.Replication.Subscribe:input_type -> nave.federation.v1.ReplicaRequest
+	10, // 54: nave.federation.v1.Federation.Publish:output_type -> nave.federation.v1.HubMessage
+	1,  // 55: nave.federation.v1.Replication.Subscribe:output_type -> nave.federation.v1.ReplicaMessage
+	54, // [54:56] is the sub-list for method output_type
+	52, // [52:54] is the sub-list for method input_type
+	52, // [52:52] is the sub-list for extension type_name
+	52, // [52:52] is the sub-list for extension extendee
+	0,  // [0:52] is the sub-list for field type_name
 }
 
 func init() { file_federation_v1_federation_proto_init() }
