@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 
+	"github.com/navemesh/nave/hub"
 	"github.com/navemesh/nave/internal/kubetest"
 )
 
@@ -25,7 +26,8 @@ import (
 //   - an endpoint's readiness flipped in east -> the slice changed in north,
 //     and how many EndpointSlice writes each importing cluster saw per flip;
 //   - NAVE_BENCH_SERVICES services (default 200) exported at once in east ->
-//     every import written in west and north.
+//     every import written in west and north;
+//   - a spoke that starts in a cluster holding none of the imports -> all written.
 //
 // Figures are printed and reported as metrics; nothing is asserted.
 func BenchmarkImports(b *testing.B) {
@@ -111,6 +113,48 @@ func benchImports(b *testing.B) {
 		})
 	}
 	bulk := time.Since(start)
+	afterLast := time.Since(created)
+
+	// 4. A spoke that starts in a cluster holding none of the imports: time
+	// until the hub shows them all written there, and the writes it took.
+	env.stopNorth(tt)
+	for _, del := range []func() error{
+		func() error {
+			return north.dynamic.Resource(serviceImports).Namespace(ns).DeleteCollection(b.Context(), metav1.DeleteOptions{}, metav1.ListOptions{})
+		},
+		func() error {
+			return north.client.DiscoveryV1().EndpointSlices(ns).DeleteCollection(b.Context(), metav1.DeleteOptions{}, metav1.ListOptions{})
+		},
+	} {
+		if err := del(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	svcs, err := north.client.CoreV1().Services(ns).List(b.Context(), metav1.ListOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, s := range svcs.Items {
+		_ = north.client.CoreV1().Services(ns).Delete(b.Context(), s.Name, metav1.DeleteOptions{})
+	}
+	want := services + exports + 1
+	coldStart := time.Now()
+	env.spokes.(*localSpokes).start("north", "north-a")
+	awaitFor(tt, fmt.Sprintf("north's %d imports written", want), 15*time.Minute, func() bool {
+		var info hub.ImportsInfo
+		if err := fetchJSON(b.Context(), env.admin+"/debug/imports", &info); err != nil {
+			return false
+		}
+		for _, s := range info.Sessions {
+			if s.Cluster == "north" && s.Imports >= want && s.Written() {
+				return true
+			}
+		}
+		return false
+	})
+	cold := time.Since(coldStart)
+	b.ReportMetric(cold.Seconds(), "cold-spoke-all-written-s")
+	b.Logf("a spoke started in north, which held none of the %d imports -> all written: %v", want, cold)
 
 	p := func(ds []time.Duration, q float64) time.Duration {
 		s := slices.Clone(ds)
@@ -123,12 +167,12 @@ func benchImports(b *testing.B) {
 	b.ReportMetric(float64(p(flipLat, 0.5).Microseconds())/1000, "ready-to-slice-p50-ms")
 	b.ReportMetric(float64(p(flipLat, 0.99).Microseconds())/1000, "ready-to-slice-p99-ms")
 	b.ReportMetric(bulk.Seconds(), "bulk-imports-written-s")
-	b.ReportMetric(time.Since(created).Seconds(), "bulk-after-last-export-s")
+	b.ReportMetric(afterLast.Seconds(), "bulk-after-last-export-s")
 	b.Logf("ServiceExport in east -> A answer in north (%d after the first): p50 %v, p99 %v, max %v; the first (a new CRD) %v",
 		len(exportLat), p(exportLat, 0.5), p(exportLat, 0.99), slices.Max(exportLat), first)
 	b.Logf("readiness flip in east -> slice in north (%d): p50 %v, p99 %v, max %v", flips, p(flipLat, 0.5), p(flipLat, 0.99), slices.Max(flipLat))
 	b.Logf("%d services exported in east (the test's own writes took %v) -> every import written in west and north: %v, %v after the last export",
-		services, created.Sub(start), bulk, start.Add(bulk).Sub(created))
+		services, created.Sub(start), bulk, afterLast)
 }
 
 // readyCount counts the ready endpoints of a slice.
