@@ -167,9 +167,10 @@ ensure_tokens() {
 
 install_base() {
 	local c=$1
-	log "$c: CRD and namespace"
-	kc "$c" apply -f "$deploy/crds/serviceexports.yaml"
-	kc "$c" wait --for=condition=Established --timeout=60s crd/serviceexports.multicluster.x-k8s.io
+	log "$c: MCS CRDs, CoreDNS's RBAC for ServiceImports, and the namespace"
+	kc "$c" apply -f "$deploy/crds/"
+	kc "$c" wait --for=condition=Established --timeout=60s crd/serviceexports.multicluster.x-k8s.io crd/serviceimports.multicluster.x-k8s.io
+	kc "$c" apply -f "$deploy/coredns/rbac.yaml"
 	kc "$c" apply -f "$deploy/base/namespace.yaml"
 }
 
