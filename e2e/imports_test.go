@@ -409,18 +409,3 @@ func exportServiceWith(t testing.TB, c *kubeCluster, ns, name string, change fun
 	}
 	createServiceExport(t, c, ns, name)
 }
-
-// setEndpointsWith writes the service's EndpointSlice as change makes it.
-func setEndpointsWith(t testing.TB, c *kubeCluster, ns, service string, change func(*discoveryv1.EndpointSlice)) {
-	t.Helper()
-	es := &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: service + "-e2e", Labels: map[string]string{
-			discoveryv1.LabelServiceName: service, discoveryv1.LabelManagedBy: "nave-e2e"}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Ports:       []discoveryv1.EndpointPort{{Name: ptr("grpc"), Port: ptr(int32(backendPort))}},
-	}
-	change(es)
-	if _, err := c.client.DiscoveryV1().EndpointSlices(ns).Create(t.Context(), es, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-}

@@ -72,6 +72,20 @@ func createServiceExport(t testing.TB, c *kubeCluster, ns, name string) {
 // setEndpoints writes the service's EndpointSlice as the EndpointSlice controller would.
 func setEndpoints(t testing.TB, c *kubeCluster, ns, service string, eps ...kubeEndpoint) {
 	t.Helper()
+	setEndpointsWith(t, c, ns, service, func(es *discoveryv1.EndpointSlice) {
+		for _, e := range eps {
+			es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{
+				Addresses:  []string{e.host.IP.String()},
+				Conditions: discoveryv1.EndpointConditions{Ready: ptr(e.ready)},
+				NodeName:   ptr(e.node),
+			})
+		}
+	})
+}
+
+// setEndpointsWith writes the service's EndpointSlice (port grpc) as change makes it.
+func setEndpointsWith(t testing.TB, c *kubeCluster, ns, service string, change func(*discoveryv1.EndpointSlice)) {
+	t.Helper()
 	es := &discoveryv1.EndpointSlice{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: service + "-e2e", Labels: map[string]string{
 			discoveryv1.LabelServiceName: service, discoveryv1.LabelManagedBy: "nave-e2e"}},
@@ -79,13 +93,7 @@ func setEndpoints(t testing.TB, c *kubeCluster, ns, service string, eps ...kubeE
 		Ports:       []discoveryv1.EndpointPort{{Name: ptr("grpc"), Port: ptr(int32(backendPort))}},
 		Endpoints:   []discoveryv1.Endpoint{},
 	}
-	for _, e := range eps {
-		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{
-			Addresses:  []string{e.host.IP.String()},
-			Conditions: discoveryv1.EndpointConditions{Ready: ptr(e.ready)},
-			NodeName:   ptr(e.node),
-		})
-	}
+	change(es)
 	slices := c.client.DiscoveryV1().EndpointSlices(ns)
 	old, err := slices.Get(t.Context(), es.Name, metav1.GetOptions{})
 	switch {

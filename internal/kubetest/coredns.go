@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -185,53 +184,7 @@ func (d *CoreDNS) Stop() { d.stop() }
 // CoreDNSBinary returns the path of the CoreDNS binary: $NAVE_COREDNS, else
 // where `make coredns` caches it. A missing binary skips the test, or fails
 // it under NAVE_E2E_REQUIRE=1.
-func CoreDNSBinary(t testing.TB) string {
-	t.Helper()
-	path := os.Getenv(CoreDNSEnv)
-	if path == "" {
-		var err error
-		if path, err = cachedCoreDNSPath(); err != nil {
-			unavailable(t, "coredns: %v; run `make coredns` or set %s", err, CoreDNSEnv)
-		}
-	}
-	if fi, err := os.Stat(path); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
-		unavailable(t, "CoreDNS binary %s is missing: run `make coredns` (about 4 minutes, once per machine) or set %s", path, CoreDNSEnv)
-	}
-	return path
-}
-
-// cachedCoreDNSPath is the Makefile's $(NAVE_CACHE)/coredns-$(COREDNS_VERSION),
-// next to the cached kube-apiserver.
-func cachedCoreDNSPath() (string, error) {
-	apiServer, err := cachedBinaryPath()
-	if err != nil {
-		return "", err
-	}
-	root, err := repoRoot()
-	if err != nil {
-		return "", err
-	}
-	version, err := requiredVersion(filepath.Join(root, "tools", "coredns", "go.mod"), "github.com/coredns/coredns")
-	if err != nil {
-		return "", err
-	}
-	return filepath.Join(filepath.Dir(apiServer), "coredns-"+version), nil
-}
-
-// requiredVersion reads the version of module that a go.mod requires, as the Makefile's awk does.
-func requiredVersion(gomod, module string) (string, error) {
-	b, err := os.ReadFile(gomod)
-	if err != nil {
-		return "", err
-	}
-	for line := range strings.Lines(string(b)) {
-		fields := strings.Fields(line)
-		if len(fields) >= 2 && (fields[0] == module || fields[1] == module) {
-			return fields[len(fields)-1], nil
-		}
-	}
-	return "", fmt.Errorf("%s does not require %s", gomod, module)
-}
+func CoreDNSBinary(t testing.TB) string { return coreDNSTool.binary(t) }
 
 // coreDNSKubeconfig gives ServiceAccount kube-system/coredns CoreDNS's RBAC,
 // waits until the authorizer applies it, and writes a kubeconfig with a token

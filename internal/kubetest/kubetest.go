@@ -5,7 +5,6 @@
 package kubetest
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
@@ -35,28 +34,44 @@ func unavailable(t testing.TB, format string, args ...any) {
 // APIServerBinary returns the path of the kube-apiserver binary: $NAVE_KUBE_APISERVER,
 // else where `make kube-apiserver` caches it. A missing binary skips the test, or
 // fails it under NAVE_E2E_REQUIRE=1.
-func APIServerBinary(t testing.TB) string {
+func APIServerBinary(t testing.TB) string { return apiServerTool.binary(t) }
+
+// tool is a server the tests run, built from a Go module of its own
+// (tools/NAME) and cached by the Makefile as $(NAVE_CACHE)/NAME-VERSION.
+type tool struct {
+	name, module, env, buildTime string
+}
+
+var (
+	apiServerTool = tool{name: "kube-apiserver", module: "k8s.io/kubernetes", env: BinaryEnv, buildTime: "about 10 minutes"}
+	coreDNSTool   = tool{name: "coredns", module: "github.com/coredns/coredns", env: CoreDNSEnv, buildTime: "about 4 minutes"}
+)
+
+// binary returns the tool's path: $env, else the Makefile's cache. A
+// missing binary skips the test, or fails it under NAVE_E2E_REQUIRE=1.
+func (tl tool) binary(t testing.TB) string {
 	t.Helper()
-	path := os.Getenv(BinaryEnv)
+	path := os.Getenv(tl.env)
 	if path == "" {
 		var err error
-		if path, err = cachedBinaryPath(); err != nil {
-			unavailable(t, "kube-apiserver: %v; run `make kube-apiserver` or set %s", err, BinaryEnv)
+		if path, err = tl.cachedPath(); err != nil {
+			unavailable(t, "%s: %v; run `make %s` or set %s", tl.name, err, tl.name, tl.env)
 		}
 	}
 	if fi, err := os.Stat(path); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
-		unavailable(t, "kube-apiserver binary %s is missing: run `make kube-apiserver` (about 10 minutes, once per machine) or set %s", path, BinaryEnv)
+		unavailable(t, "%s binary %s is missing: run `make %s` (%s, once per machine) or set %s", tl.name, path, tl.name, tl.buildTime, tl.env)
 	}
 	return path
 }
 
-// cachedBinaryPath is the Makefile's $(NAVE_CACHE)/kube-apiserver-$(KUBE_VERSION).
-func cachedBinaryPath() (string, error) {
+// cachedPath is the Makefile's $(NAVE_CACHE)/NAME-VERSION, the version being
+// what tools/NAME/go.mod requires of the module.
+func (tl tool) cachedPath() (string, error) {
 	root, err := repoRoot()
 	if err != nil {
 		return "", err
 	}
-	version, err := kubernetesVersion(filepath.Join(root, "tools", "kube-apiserver", "go.mod"))
+	version, err := requiredVersion(filepath.Join(root, "tools", tl.name, "go.mod"), tl.module)
 	if err != nil {
 		return "", err
 	}
@@ -72,7 +87,22 @@ func cachedBinaryPath() (string, error) {
 		}
 		cache = filepath.Join(base, "nave")
 	}
-	return filepath.Join(cache, "kube-apiserver-"+version), nil
+	return filepath.Join(cache, tl.name+"-"+version), nil
+}
+
+// requiredVersion reads the version of module that a go.mod requires, as the Makefile's awk does.
+func requiredVersion(gomod, module string) (string, error) {
+	b, err := os.ReadFile(gomod)
+	if err != nil {
+		return "", err
+	}
+	for line := range strings.Lines(string(b)) {
+		fields := strings.Fields(line)
+		if len(fields) >= 2 && (fields[0] == module || fields[1] == module) {
+			return fields[len(fields)-1], nil
+		}
+	}
+	return "", fmt.Errorf("%s does not require %s", gomod, module)
 }
 
 // repoRoot walks up from the working directory (a test's package directory)
@@ -92,25 +122,4 @@ func repoRoot() (string, error) {
 		}
 		dir = parent
 	}
-}
-
-// kubernetesVersion reads the k8s.io/kubernetes version a go.mod requires,
-// as the Makefile's awk does.
-func kubernetesVersion(gomod string) (string, error) {
-	f, err := os.Open(gomod)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		fields := strings.Fields(s.Text())
-		if len(fields) >= 2 && (fields[0] == "k8s.io/kubernetes" || fields[1] == "k8s.io/kubernetes") {
-			return fields[len(fields)-1], nil
-		}
-	}
-	if err := s.Err(); err != nil {
-		return "", err
-	}
-	return "", fmt.Errorf("%s does not require k8s.io/kubernetes", gomod)
 }
