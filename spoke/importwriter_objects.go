@@ -42,6 +42,10 @@ const (
 	// DerivedServiceAnnotation names a ClusterSetIP ServiceImport's derived
 	// Service (the reference implementation's annotation).
 	DerivedServiceAnnotation = "multicluster.kubernetes.io/derived-service"
+	// StaleClustersAnnotation names, on a ServiceImport, the source clusters
+	// that have no live spoke: their endpoints are kept until the hub's
+	// keep/drop policy says otherwise.
+	StaleClustersAnnotation = "nave.io/stale-clusters"
 	// ServiceCIDRName is the ServiceCIDR through which a cluster routes the
 	// hub's clusterset IPs.
 	ServiceCIDRName = "nave-clusterset"
@@ -155,12 +159,22 @@ func desiredServiceImport(imp *imports.Import, ips []string) *mcsv1beta1.Service
 		labels[k] = v
 	}
 	labels[ManagedByLabel] = ManagedByValue
+	var stale []string
+	for _, src := range imp.Sources {
+		if src.Stale {
+			stale = append(stale, string(src.Cluster))
+		}
+	}
 	var annotations map[string]string
-	if len(p.Annotations) > 0 || !imp.Headless {
+	if len(p.Annotations) > 0 || !imp.Headless || len(stale) > 0 {
 		annotations = map[string]string{}
 		for k, v := range p.Annotations {
 			annotations[k] = v
 		}
+	}
+	if len(stale) > 0 {
+		// Their endpoints are kept (fail-static) until the hub's policy drops them: say so.
+		annotations[StaleClustersAnnotation] = strings.Join(stale, ",")
 	}
 	spec := mcsv1beta1.ServiceImportSpec{
 		Ports:                 make([]mcsv1beta1.ServicePort, 0, len(imp.Ports)),
