@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/imports"
 	"github.com/navemesh/nave/registry"
@@ -94,12 +96,16 @@ type hubImports struct {
 	ackedVersion, written  uint64
 	refused                map[registry.ServiceKey]*imports.Import // forms the spoke refused
 	refusedWhy             map[registry.ServiceKey]string
-	sentOnce               bool
+	// retained names imports the spoke keeps in its own form (sent in a full
+	// state's retain list): a remove is sent for them once the hub has them no more.
+	retained map[registry.ServiceKey]bool
+	sentOnce bool
 }
 
 func newHubImports(s *hubSession, namespaces []string) *hubImports {
 	im := &hubImports{s: s, acked: map[registry.ServiceKey]*imports.Import{},
-		refused: map[registry.ServiceKey]*imports.Import{}, refusedWhy: map[registry.ServiceKey]string{}}
+		refused: map[registry.ServiceKey]*imports.Import{}, refusedWhy: map[registry.ServiceKey]string{},
+		retained: map[registry.ServiceKey]bool{}}
 	im.setNamespaces(namespaces)
 	return im
 }
@@ -130,6 +136,12 @@ func (im *hubImports) next() error {
 		return nil // the answer sends what changed meanwhile
 	}
 	want := im.want()
+	for k := range im.refused {
+		if want[k] == nil { // gone from the hub: its refusal means nothing any more
+			delete(im.refused, k)
+			delete(im.refusedWhy, k)
+		}
+	}
 	if !im.sentOnce || im.set.Authoritative && !im.ackedAuth {
 		return im.send(true, want, nil, want)
 	}
@@ -149,6 +161,16 @@ func (im *hubImports) next() error {
 		if want[k] == nil {
 			removes = append(removes, k)
 		}
+	}
+	// What the spoke keeps in its own form goes too once the hub has it no more.
+	for _, k := range slices.SortedFunc(maps.Keys(im.retained), registry.ServiceKey.Compare) {
+		if want[k] == nil {
+			removes = append(removes, k)
+			delete(im.retained, k)
+		}
+	}
+	for _, imp := range upserts {
+		delete(im.retained, imp.Service) // the spoke takes the hub's form again
 	}
 	if len(upserts) == 0 && len(removes) == 0 {
 		im.report()
@@ -171,11 +193,13 @@ func (im *hubImports) send(full bool, next map[registry.ServiceKey]*imports.Impo
 	var retain []*fedv1.ServiceKey
 	switch u := upserts.(type) {
 	case map[registry.ServiceKey]*imports.Import:
+		clear(im.retained)
 		for _, k := range slices.SortedFunc(maps.Keys(u), registry.ServiceKey.Compare) {
 			if r := im.refused[k]; r != nil && (r == u[k] || r.Equal(u[k])) {
 				// The spoke keeps its own form of a refused import, even under an authoritative full state.
 				delete(next, k)
 				retain = append(retain, KeyToProto(k))
+				im.retained[k] = true
 				continue
 			}
 			list = append(list, u[k])
@@ -192,7 +216,7 @@ func (im *hubImports) send(full bool, next map[registry.ServiceKey]*imports.Impo
 	if full {
 		head.ClustersetCidrs = im.set.CIDRs
 	}
-	chunks := chunkImports(head, removes, encoded, im.s.h.cfg.MaxMessageBytes)
+	chunks := chunkImports(head, removes, encoded, im.s.h.cfg.MaxMessageBytes-retainBytes(retain))
 	chunks[len(chunks)-1].Retain = retain
 	im.inflight, im.inflightFull = im.inflight[:0], full
 	for i, c := range chunks {
@@ -208,6 +232,15 @@ func (im *hubImports) send(full bool, next map[registry.ServiceKey]*imports.Impo
 	im.s.log.Debug("sent imports", "version", im.version, "full", full, "upserts", len(list), "removes", len(removes), "chunks", len(chunks))
 	im.report()
 	return nil
+}
+
+// retainBytes is what a retain list adds to the last chunk.
+func retainBytes(retain []*fedv1.ServiceKey) int {
+	n := 0
+	for _, k := range retain {
+		n += proto.Size(k) + 8
+	}
+	return n
 }
 
 // answered takes the answer to the oldest chunk in flight; stale is an

@@ -145,6 +145,7 @@ func chunkImports(head *fedv1.ImportUpdate, removes []registry.ServiceKey, upser
 			ClustersetCidrs: head.ClustersetCidrs}
 	}
 	var out []*fedv1.ImportUpdate
+	budget -= proto.Size(head) // every chunk repeats the head's fields
 	cur, size := next(), 0
 	room := func(n int) {
 		if size > 0 && size+n > budget {

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/imports"
 	"github.com/navemesh/nave/registry"
@@ -344,4 +346,82 @@ func TestImportRefusedFormIsRetained(t *testing.T) {
 	if !s.Authoritative || s.Deletable(k) || !s.Imports[k].Equal(testImport("default", "k", "10.0.0.1")) {
 		t.Errorf("the refused import: authoritative=%v deletable=%v held=%+v; want the last good form kept", s.Authoritative, s.Deletable(k), s.Imports[k])
 	}
+}
+
+// Both ends send a long chunked state at once, the spoke its shards and the
+// hub its imports: neither stops reading while it sends, so both arrive.
+func TestBothEndsSendLargeStatesAtOnce(t *testing.T) {
+	var imps []*imports.Import
+	for i := range 4000 {
+		imps = append(imps, testImport("default", fmt.Sprintf("imp-%04d", i), "10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"))
+	}
+	cfg := DefaultHubConfig()
+	cfg.MaxMessageBytes = 16 << 10
+	h := startHub(t, cfg)
+	h.srv.ServeImports(newImportSource(true, imps...))
+	states := make(chan ImportState, 10)
+	scfg := fastSpoke()
+	scfg.OnImports = func(s ImportState) { states <- s }
+	p := startPublisher(t, dial(t, h.addr, testTokens["east"]), "east", scfg)
+	p.pub.SetNamespaces([]string{"default"})
+	st := State{}
+	for i := range 4000 {
+		s := testShard("east", fmt.Sprintf("exp-%04d", i), "10.1.0.1", "10.1.0.2", "10.1.0.3", "10.1.0.4")
+		st[s.Service] = s
+	}
+	p.states <- st
+	awaitImports(t, states, "4,000 imports", func(s ImportState) bool { return len(s.Imports) == 4000 })
+	p.awaitAcked(t, 4000)
+}
+
+// An import larger than the hub's chunk budget travels whole.
+func TestImportLargerThanTheChunkBudget(t *testing.T) {
+	big := testImport("default", "big")
+	big.Sources = nil
+	for c := range 12 {
+		src := imports.Source{Cluster: registry.ClusterID(fmt.Sprintf("c%02d", c)), Ports: testImport("default", "x").Sources[0].Ports}
+		for i := range 9000 {
+			src.Endpoints = append(src.Endpoints, imports.Endpoint{
+				Addresses: []netip.Addr{netip.AddrFrom4([4]byte{10, byte(c), byte(i >> 8), byte(i)})},
+				Ports:     []registry.EndpointPort{{Name: "grpc", Port: 9090}},
+				Hostname:  fmt.Sprintf("pod-%05d", i), Zone: "zone-a", Conditions: registry.Conditions{Ready: true, Serving: true},
+			})
+		}
+		big.Sources = append(big.Sources, src)
+	}
+	if n := proto.Size(ImportToProto(big)); n <= DefaultHubConfig().MaxMessageBytes || n > MaxImportMessageBytes {
+		t.Fatalf("the import is %d bytes; the test wants more than the chunk budget", n)
+	}
+	h := startHub(t, DefaultHubConfig())
+	h.srv.ServeImports(newImportSource(true, big))
+	_, _, states := importSpoke(t, h, "default")
+	s := awaitImports(t, states, "the big import", func(s ImportState) bool { return len(s.Imports) == 1 })
+	if got := s.Imports[big.Service]; len(got.Sources) != 12 || len(got.Sources[11].Endpoints) != 9000 {
+		t.Errorf("the big import arrived with %d sources", len(got.Sources))
+	}
+}
+
+// A spoke that restarted (it holds nothing in memory) keeps an import whose
+// new form it refuses: retained, it is not deletable under an authoritative
+// full state; once the hub removes the service, it is.
+func TestRetainedImportIsKeptThenRemoved(t *testing.T) {
+	bad := testImport("default", "k", "10.0.0.1", "10.0.0.2")
+	bad.Sources[0].Cluster = "Not_A_Label"
+	src := newImportSource(true, bad, testImport("default", "other", "10.0.0.4"))
+	h := startHub(t, DefaultHubConfig())
+	h.srv.ServeImports(src)
+	_, _, states := importSpoke(t, h, "default")
+	k, other := registry.ServiceKey{Namespace: "default", Name: "k"}, registry.ServiceKey{Namespace: "default", Name: "other"}
+	s := awaitImports(t, states, "the authoritative state", func(s ImportState) bool { return s.Imports[other] != nil && s.Authoritative })
+	if s.Deletable(k) || !s.Retained[k] {
+		t.Fatalf("a refused import the cluster may hold is deletable (retained=%v)", s.Retained[k])
+	}
+	src.update(func(set *ImportSet) { delete(set.Imports, k) })
+	s = awaitImports(t, states, "k removed", func(s ImportState) bool { return s.Removed[k] })
+	if !s.Deletable(k) || s.Retained[k] {
+		t.Errorf("removed at the hub, k is still kept: deletable=%v retained=%v", s.Deletable(k), s.Retained[k])
+	}
+	awaitImportStatus(t, h, "without the refusal of a service that is gone", func(st ImportStatus) bool {
+		return len(st.Refused) == 0 && st.Pending == 0
+	})
 }

@@ -172,9 +172,10 @@ func NewPublisher(cfg SpokeConfig, conn grpc.ClientConnInterface, log *slog.Logg
 		rejected:    map[registry.ServiceKey]registry.Hash{},
 		tooBig:      map[registry.ServiceKey]registry.Hash{},
 		refusals:    map[registry.ServiceKey]string{},
-		imports:     &ImportState{Imports: map[registry.ServiceKey]*imports.Import{}, Removed: map[registry.ServiceKey]bool{}},
-		nsChanged:   make(chan struct{}, 1),
-		written:     make(chan [2]uint64, 1),
+		imports: &ImportState{Imports: map[registry.ServiceKey]*imports.Import{}, Removed: map[registry.ServiceKey]bool{},
+			Retained: map[registry.ServiceKey]bool{}},
+		nsChanged: make(chan struct{}, 1),
+		written:   make(chan [2]uint64, 1),
 	}
 }
 
@@ -256,7 +257,7 @@ type pending struct {
 func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := p.client.Publish(ctx)
+	stream, err := p.client.Publish(ctx, grpc.MaxCallRecvMsgSize(MaxImportMessageBytes))
 	if err != nil {
 		return fmt.Errorf("open session: %w", err)
 	}

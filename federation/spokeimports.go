@@ -10,6 +10,11 @@ import (
 	"github.com/navemesh/nave/registry"
 )
 
+// MaxImportMessageBytes is what a spoke that takes imports accepts in one
+// message: an import travels whole, and one service of many clusters with
+// many endpoints can outgrow the hub's chunk budget (4 MiB by default).
+const MaxImportMessageBytes = 64 << 20
+
 // ImportState is what the spoke's cluster must hold, as the hub last said.
 // It is immutable. It outlives a broken session (fail-static): only the
 // next hub's updates change it.
@@ -23,6 +28,10 @@ type ImportState struct {
 	Authoritative bool
 	// Removed names imports the hub removed since its last authoritative full state.
 	Removed map[registry.ServiceKey]bool
+	// Retained names imports the spoke refused in the form the hub has now:
+	// the cluster keeps whatever it holds for them (perhaps written by an
+	// earlier spoke process), until the hub removes them.
+	Retained map[registry.ServiceKey]bool
 	// CIDRs are the clusterset IP ranges.
 	CIDRs []string
 }
@@ -30,7 +39,7 @@ type ImportState struct {
 // Deletable says whether the cluster may delete an import it holds: one the
 // hub removed, or, after an authoritative full state, any the hub does not name.
 func (s *ImportState) Deletable(k registry.ServiceKey) bool {
-	if s.Imports[k] != nil {
+	if s.Imports[k] != nil || s.Retained[k] {
 		return false
 	}
 	return s.Authoritative || s.Removed[k]
@@ -150,13 +159,18 @@ func (si *spokeImports) update(u *fedv1.ImportUpdate) error {
 // apply returns the state held after the update, given the state held before.
 func (c *importChunks) apply(held *ImportState, epoch uint64) *ImportState {
 	next := &ImportState{Epoch: epoch, Version: c.version, Authoritative: held.Authoritative, CIDRs: held.CIDRs,
-		Imports: maps.Clone(held.Imports), Removed: maps.Clone(held.Removed)}
+		Imports: maps.Clone(held.Imports), Removed: maps.Clone(held.Removed), Retained: maps.Clone(held.Retained)}
+	if next.Retained == nil {
+		next.Retained = map[registry.ServiceKey]bool{}
+	}
 	if c.full {
 		next.CIDRs = c.cidrs
 		if c.authoritative {
 			// What the hub names, and what the spoke refused and keeps; nothing else.
-			next.Imports, next.Removed, next.Authoritative = c.upserts, map[registry.ServiceKey]bool{}, true
+			next.Imports, next.Removed, next.Retained, next.Authoritative =
+				c.upserts, map[registry.ServiceKey]bool{}, map[registry.ServiceKey]bool{}, true
 			for _, k := range c.retain {
+				next.Retained[k] = true
 				if imp := held.Imports[k]; imp != nil {
 					next.Imports[k] = imp
 				}
@@ -165,13 +179,18 @@ func (c *importChunks) apply(held *ImportState, epoch uint64) *ImportState {
 		}
 		// Not authoritative: add and update; delete only what a hub removed by name.
 		next.Authoritative = false
+		for _, k := range c.retain {
+			next.Retained[k] = true
+		}
 	}
 	for k, imp := range c.upserts {
 		next.Imports[k] = imp
 		delete(next.Removed, k)
+		delete(next.Retained, k)
 	}
 	for _, k := range c.removes {
 		delete(next.Imports, k)
+		delete(next.Retained, k)
 		next.Removed[k] = true
 	}
 	return next

@@ -507,6 +507,7 @@ func (p *parts) runState(ctx context.Context, records []replicas.ClusterRecord) 
 	}
 	// The importer may trust the clusters the state now knows (see importer.authoritative).
 	p.imports.catalogRead.Store(p.catalogRead)
+	p.imports.observe(*p.state.View()) // authority may follow at once
 	return nil
 }
 

@@ -526,6 +526,9 @@ func (r *importRun) process(ctx context.Context, key registry.ServiceKey) {
 // succeed until something else changes (which queues the import again).
 func retryable(err error) bool {
 	switch {
+	case apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause):
+		// A namespace being deleted may come back; the hub removes its imports if it does not.
+		return true
 	case err == nil, apierrors.IsInvalid(err), apierrors.IsForbidden(err), apierrors.IsBadRequest(err),
 		apierrors.IsMethodNotSupported(err), apierrors.IsNotAcceptable(err), apierrors.IsUnsupportedMediaType(err),
 		apierrors.IsRequestEntityTooLargeError(err):
