@@ -1,0 +1,53 @@
+package federation
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	fedv1 "github.com/navemesh/nave/federation/v1"
+)
+
+// Receive reads ahead of a busy loop, up to its byte budget, and reports the
+// stream's end only after every message before it.
+func TestReceiveReadsAheadWithinABudget(t *testing.T) {
+	big := &fedv1.ImportUpdate{Nonce: string(make([]byte, maxQueuedBytes/4))} // a quarter of the budget each
+	reads := make(chan int, 100)
+	n := 0
+	end := errors.New("end of stream")
+	recv := func() (*fedv1.ImportUpdate, error) {
+		if n == 10 {
+			return nil, end
+		}
+		n++
+		reads <- n
+		return big, nil
+	}
+	msgs, errc := Receive(t.Context(), recv)
+	// Nothing is taken: reading goes on until the budget is passed, then pauses.
+	deadline := time.After(10 * time.Second)
+	for read := 0; read < 5; {
+		select {
+		case read = <-reads:
+		case <-deadline:
+			t.Fatalf("read %d messages ahead of a busy loop, want 5 (the budget, passed by one)", read)
+		}
+	}
+	select {
+	case r := <-reads:
+		t.Fatalf("read message %d past the budget before the loop took any", r)
+	case <-time.After(100 * time.Millisecond): // an observation window: nothing may happen
+	}
+	for i := range 10 {
+		select {
+		case <-msgs:
+		case err := <-errc:
+			t.Fatalf("the error came before message %d: %v", i+1, err)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("message %d never came", i+1)
+		}
+	}
+	if err := <-errc; !errors.Is(err, end) {
+		t.Errorf("errc = %v, want the stream's end", err)
+	}
+}
