@@ -168,7 +168,10 @@ func (im *importer) round(ctx context.Context, v View) {
 				flipped[id] = true
 			}
 		}
-		for _, svc := range reg.Services() {
+		for svc := range reg.All() {
+			if reg == im.reg && len(flipped) == 0 {
+				break // the same registry (a liveness or session change): only stale flips matter
+			}
 			if im.reg.Service(svc.Key) != svc || im.built[svc.Key] == nil && !im.waiting[svc.Key] {
 				touched[svc.Key] = true
 				continue

@@ -2,6 +2,7 @@ package registry
 
 import (
 	"cmp"
+	"iter"
 	"maps"
 	"slices"
 )
@@ -44,6 +45,9 @@ func (r *Registry) Services() []*Service {
 	slices.SortFunc(out, func(a, b *Service) int { return a.Key.Compare(b.Key) })
 	return out
 }
+
+// All yields every merged service, in no order (cheaper than Services).
+func (r *Registry) All() iter.Seq[*Service] { return maps.Values(r.services) }
 
 // Len is the number of merged services.
 func (r *Registry) Len() int { return len(r.services) }

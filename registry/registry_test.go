@@ -602,3 +602,15 @@ func clusters(r *Registry) []ClusterSummary {
 	}
 	return out
 }
+
+func TestAllYieldsEveryService(t *testing.T) {
+	r := New()
+	for _, name := range []string{"a", "b", "c"} {
+		r, _ = r.Apply(upsert("east", shard("east", ServiceKey{Namespace: "ns", Name: name}, []ServicePort{tcp("http", 80)})))
+	}
+	all := slices.Collect(r.All())
+	slices.SortFunc(all, func(a, b *Service) int { return a.Key.Compare(b.Key) })
+	if !slices.Equal(all, r.Services()) {
+		t.Errorf("All = %v, want the services %v", all, r.Services())
+	}
+}

@@ -151,8 +151,16 @@ func TestClusterState(t *testing.T) {
 func TestNavectlImports(t *testing.T) {
 	url := startDemoHub(t)
 	var info hub.ImportsInfo
-	if err := json.Unmarshal([]byte(navectl(t, "--hub", url, "-o", "json", "imports")), &info); err != nil {
-		t.Fatalf("-o json is not JSON: %v", err)
+	// The hub builds imports off its state goroutine, and claims the IP in etcd: await them.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		info = hub.ImportsInfo{}
+		if err := json.Unmarshal([]byte(navectl(t, "--hub", url, "-o", "json", "imports")), &info); err != nil {
+			t.Fatalf("-o json is not JSON: %v", err)
+		}
+		if len(info.Imports) > 0 && len(info.Imports[0].Sources) == 2 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	if len(info.Imports) != 1 || info.Imports[0].Service.String() != "demo/echo" || len(info.Imports[0].IPs) != 1 ||
 		!strings.HasPrefix(info.Imports[0].IPs[0], "243.0.") || len(info.Imports[0].Sources) != 2 {
