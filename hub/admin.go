@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/navemesh/nave/federation"
+	"github.com/navemesh/nave/imports"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/xds"
 )
@@ -65,6 +66,8 @@ type ImportInfo struct {
 	Ports    []registry.ServicePort `json:"ports"`
 	Sources  []ImportSourceInfo     `json:"sources"`
 	Revision string                 `json:"hash"`
+	// Skipped are endpoint addresses left out ("cluster address: reason"): loopback, link-local, ...
+	Skipped []string `json:"skipped,omitempty"`
 }
 
 // ImportSourceInfo is one source cluster of an import.
@@ -75,8 +78,8 @@ type ImportSourceInfo struct {
 	Ready     int                `json:"ready"`
 }
 
-// Imports describes an import set and the sessions taking it.
-func Imports(set *federation.ImportSet, sessions []federation.ImportStatus) ImportsInfo {
+// Imports describes an import set, the addresses it leaves out, and the sessions taking it.
+func Imports(set *federation.ImportSet, skipped map[registry.ServiceKey][]imports.Skipped, sessions []federation.ImportStatus) ImportsInfo {
 	info := ImportsInfo{Authoritative: set.Authoritative, CIDRs: set.CIDRs, Imports: []ImportInfo{}, Sessions: sessions}
 	for _, k := range slices.SortedFunc(maps.Keys(set.Imports), registry.ServiceKey.Compare) {
 		imp := set.Imports[k]
@@ -95,6 +98,9 @@ func Imports(set *federation.ImportSet, sessions []federation.ImportStatus) Impo
 				}
 			}
 			ii.Sources = append(ii.Sources, si)
+		}
+		for _, s := range skipped[k] {
+			ii.Skipped = append(ii.Skipped, fmt.Sprintf("%s %s: %s", s.Cluster, s.Address, s.Reason))
 		}
 		info.Imports = append(info.Imports, ii)
 	}
@@ -142,7 +148,7 @@ func (a *admin) handler() http.Handler {
 	})
 	mux.HandleFunc("GET /debug/imports", func(w http.ResponseWriter, _ *http.Request) {
 		set, _ := a.imports.Imports()
-		a.json(w, Imports(set, a.fed.ImportStatuses()))
+		a.json(w, Imports(set, a.imports.Skipped(), a.fed.ImportStatuses()))
 	})
 	mux.HandleFunc("GET /debug/endpoints", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()

@@ -42,6 +42,9 @@ type importer struct {
 	mu      sync.Mutex
 	current *federation.ImportSet
 	changed chan struct{} // closed when current is replaced
+	// skipped are the endpoint addresses each import leaves out (loopback,
+	// link-local, ...), replaced with current.
+	skipped map[registry.ServiceKey][]imports.Skipped
 
 	// Owned by run's goroutine.
 	reg       *registry.Registry
@@ -189,6 +192,12 @@ func (im *importer) round(ctx context.Context, v View) {
 		return
 	}
 	next := maps.Clone(im.current.Imports)
+	im.mu.Lock()
+	skippedNext := maps.Clone(im.skipped)
+	im.mu.Unlock()
+	if skippedNext == nil {
+		skippedNext = map[registry.ServiceKey][]imports.Skipped{}
+	}
 	claimCtx, cancel := context.WithTimeout(ctx, im.claimTimeout)
 	defer cancel()
 	isStale := func(id registry.ClusterID) bool { return im.stale[id] }
@@ -196,6 +205,7 @@ func (im *importer) round(ctx context.Context, v View) {
 		svc := im.reg.Service(k)
 		if svc == nil {
 			delete(next, k)
+			delete(skippedNext, k)
 			delete(im.built, k)
 			delete(im.waiting, k)
 			im.release(claimCtx, k)
@@ -223,15 +233,27 @@ func (im *importer) round(ctx context.Context, v View) {
 		}
 		delete(im.waiting, k)
 		imp, skipped := imports.Build(svc, isStale, ips)
-		for _, s := range skipped {
-			im.log.Debug("endpoint address not imported", "service", k, "cluster", s.Cluster, "address", s.Address, "reason", s.Reason)
+		if len(skipped) != len(skippedNext[k]) {
+			im.log.Info("endpoint addresses not imported (an API server refuses them)", "service", k, "addresses", len(skipped))
+		}
+		if len(skipped) > 0 {
+			skippedNext[k] = skipped
+		} else {
+			delete(skippedNext, k)
 		}
 		if old := next[k]; old == nil || !old.Equal(imp) {
 			next[k] = imp
 		}
 		im.built[k] = next[k]
 	}
-	im.publish(&federation.ImportSet{Imports: next, Authoritative: im.authoritative(), CIDRs: im.current.CIDRs})
+	im.publish(&federation.ImportSet{Imports: next, Authoritative: im.authoritative(), CIDRs: im.current.CIDRs}, skippedNext)
+}
+
+// Skipped returns the addresses each import leaves out (not to be modified).
+func (im *importer) Skipped() map[registry.ServiceKey][]imports.Skipped {
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	return im.skipped
 }
 
 // release marks a service's clusterset IPs released (once), so that the
@@ -252,10 +274,10 @@ func (im *importer) release(ctx context.Context, k registry.ServiceKey) {
 	im.released[k] = true
 }
 
-func (im *importer) publish(set *federation.ImportSet) {
+func (im *importer) publish(set *federation.ImportSet, skipped map[registry.ServiceKey][]imports.Skipped) {
 	im.mu.Lock()
 	defer im.mu.Unlock()
-	im.current = set
+	im.current, im.skipped = set, skipped
 	close(im.changed)
 	im.changed = make(chan struct{})
 }

@@ -165,6 +165,9 @@ func TestNavectlImports(t *testing.T) {
 	if len(info.Imports) != 1 || info.Imports[0].Service.String() != "demo/echo" || len(info.Imports[0].IPs) != 1 ||
 		!strings.HasPrefix(info.Imports[0].IPs[0], "243.0.") || len(info.Imports[0].Sources) != 2 {
 		t.Errorf("imports: %+v, want demo/echo from east and west with a clusterset IP of the default range", info.Imports)
+	} else if sk := info.Imports[0].Skipped; len(sk) == 0 || !strings.Contains(sk[0], "127.0.1.") || !strings.Contains(sk[0], "loopback") {
+		// The demo's backends listen on loopback: no cluster could import them, and the hub says so.
+		t.Errorf("skipped addresses: %v, want the demo's loopback endpoints", sk)
 	}
 	out := navectl(t, "--hub", url, "imports")
 	if !strings.Contains(out, "1 imports") || !strings.Contains(out, "no spoke takes imports") {
