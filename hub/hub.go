@@ -402,7 +402,7 @@ func (p *parts) buildState() {
 	}
 	// xDS translation runs off the state goroutine, coalescing what arrives meanwhile.
 	p.push = newPusher(p.xdsServer, p.log)
-	p.state = newState(cfg.ID, cfg.Liveness, p.push, p.catalog, cfg.Federation.Limits, onChange, p.log)
+	p.state = newState(cfg.ID, cfg.Liveness, publishers{p.push, p.imports}, p.catalog, cfg.Federation.Limits, onChange, p.log)
 	p.coord = &coordinator{
 		id: cfg.ID, state: p.state, etcd: p.etcd, catalog: p.catalog, snapshots: p.snapshots,
 		leaderCfg: leaderConfig(cfg),

@@ -13,13 +13,19 @@ import (
 	"github.com/navemesh/nave/replicas"
 )
 
-func importerView(t *testing.T, clusters map[registry.ClusterID]ClusterStatus, shards ...*registry.Shard) View {
+// importerRound hands im a registry of the shards, as the state would (a
+// change, then a view), and runs a round.
+func importerRound(t *testing.T, im *importer, clusters map[registry.ClusterID]ClusterStatus, shards ...*registry.Shard) {
 	t.Helper()
 	reg := registry.New()
+	var diff registry.Diff
 	for _, s := range shards {
-		reg, _ = reg.Apply(registry.Change{Cluster: s.Cluster, Upserts: []*registry.Shard{s}})
+		var d registry.Diff
+		reg, d = reg.Apply(registry.Change{Cluster: s.Cluster, Upserts: []*registry.Shard{s}})
+		diff.Services = append(diff.Services, d.Services...)
 	}
-	return View{Registry: reg, Clusters: clusters}
+	im.Update(reg, diff)
+	im.round(context.Background(), View{Registry: reg, Clusters: clusters})
 }
 
 func webShard(cluster registry.ClusterID, headless bool) *registry.Shard {
@@ -35,27 +41,25 @@ func webShard(cluster registry.ClusterID, headless bool) *registry.Shard {
 func TestImporterAuthority(t *testing.T) {
 	held := ClusterStatus{Cluster: "east", LastUpdate: time.Now()}
 	known := ClusterStatus{Cluster: "west"} // in the catalog, no data yet
-	ctx := context.Background()
-
 	im := newImporter(nil, nil, time.Hour, slog.New(slog.DiscardHandler))
-	im.round(ctx, importerView(t, map[registry.ClusterID]ClusterStatus{"east": held}, webShard("east", true)))
+	importerRound(t, im, map[registry.ClusterID]ClusterStatus{"east": held}, webShard("east", true))
 	if set, _ := im.Imports(); set.Authoritative || len(set.Imports) != 1 {
 		t.Fatalf("without a catalog, within the grace: authoritative=%v, %d imports; want not authoritative", set.Authoritative, len(set.Imports))
 	}
 	im.catalogRead.Store(true)
-	im.round(ctx, importerView(t, map[registry.ClusterID]ClusterStatus{"east": held, "west": known}, webShard("east", true)))
+	importerRound(t, im, map[registry.ClusterID]ClusterStatus{"east": held, "west": known}, webShard("east", true))
 	if set, _ := im.Imports(); set.Authoritative {
 		t.Fatal("authoritative while a cluster of the catalog has no data")
 	}
 	known.Stale = true
-	im.round(ctx, importerView(t, map[registry.ClusterID]ClusterStatus{"east": held, "west": known}, webShard("east", true)))
+	importerRound(t, im, map[registry.ClusterID]ClusterStatus{"east": held, "west": known}, webShard("east", true))
 	if set, _ := im.Imports(); !set.Authoritative {
 		t.Fatal("not authoritative with every cluster held or stale")
 	}
 
 	// Without a catalog, the grace passing makes it authoritative.
 	late := newImporter(nil, nil, time.Nanosecond, slog.New(slog.DiscardHandler))
-	late.round(ctx, importerView(t, map[registry.ClusterID]ClusterStatus{"east": held}, webShard("east", true)))
+	importerRound(t, late, map[registry.ClusterID]ClusterStatus{"east": held}, webShard("east", true))
 	if set, _ := late.Imports(); !set.Authoritative {
 		t.Fatal("not authoritative after the grace")
 	}
@@ -75,8 +79,8 @@ func TestImporterWaitingForAnIPIsNotAuthoritative(t *testing.T) {
 	}
 	im := newImporter(ips, []string{"243.0.0.0/24"}, time.Nanosecond, slog.New(slog.DiscardHandler))
 	im.claimTimeout = 50 * time.Millisecond
-	im.round(context.Background(), importerView(t, map[registry.ClusterID]ClusterStatus{"east": {Cluster: "east", LastUpdate: time.Now()}},
-		webShard("east", false)))
+	importerRound(t, im, map[registry.ClusterID]ClusterStatus{"east": {Cluster: "east", LastUpdate: time.Now()}},
+		webShard("east", false))
 	set, _ := im.Imports()
 	if set.Authoritative || len(set.Imports) != 0 || !im.waiting[registry.ServiceKey{Namespace: "default", Name: "web"}] {
 		t.Fatalf("authoritative=%v imports=%d waiting=%v; want the import waiting for its IP and the set not authoritative",

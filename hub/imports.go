@@ -46,9 +46,15 @@ type importer struct {
 	// link-local, ...), replaced with current.
 	skipped map[registry.ServiceKey][]imports.Skipped
 
+	// pending are the services changed since the last round, and pendingReg
+	// the registry they changed in (Update); guarded by pendingMu.
+	pendingMu  sync.Mutex
+	pending    map[registry.ServiceKey]bool
+	pendingReg *registry.Registry
+	kick       chan struct{} // a change is pending
+
 	// Owned by run's goroutine.
 	reg       *registry.Registry
-	last      View // the last view taken
 	rebuild   bool // a round panicked: the next one looks at every service again
 	clusters  map[registry.ClusterID]ClusterStatus
 	stale     map[registry.ClusterID]bool
@@ -64,7 +70,7 @@ func newImporter(ips *replicas.ClusterSetIPs, cidrs []string, grace time.Duratio
 	im := &importer{
 		ips: ips, log: log.With("component", "imports"), claimTimeout: 5 * time.Second, retry: time.Second,
 		started: time.Now(), grace: grace, releasing: map[registry.ServiceKey]bool{},
-		latest:  make(chan View, 1),
+		latest: make(chan View, 1), kick: make(chan struct{}, 1), pending: map[registry.ServiceKey]bool{},
 		current: &federation.ImportSet{Imports: map[registry.ServiceKey]*imports.Import{}, CIDRs: cidrs},
 		changed: make(chan struct{}),
 		reg:     registry.New(), stale: map[registry.ClusterID]bool{},
@@ -106,6 +112,8 @@ func (im *importer) run(ctx context.Context) {
 			return
 		case v := <-im.latest:
 			im.safeRound(ctx, v)
+		case <-im.kick:
+			im.safeRound(ctx, View{})
 		case <-retry:
 			im.safeRound(ctx, View{})
 		case <-settled:
@@ -124,70 +132,74 @@ func (im *importer) safeRound(ctx context.Context, v View) {
 		if r := recover(); r != nil {
 			im.log.Error("panic while building imports; the last set stays, and everything is rebuilt next round",
 				"panic", r, "stack", string(debug.Stack()))
-			im.reg, im.rebuild = registry.New(), true // what the round had taken in is rebuilt, not forgotten
+			im.rebuild = true // what the round had taken in is rebuilt, not forgotten
 		}
 	}()
 	im.round(ctx, v)
 }
 
-// round rebuilds what changed since the last round; a zero view retries the
-// services still waiting for their clusterset IPs.
+// Update implements Publisher: it notes the services a change of the
+// registry touched, for the next round (it never blocks).
+func (im *importer) Update(r *registry.Registry, d registry.Diff) {
+	im.pendingMu.Lock()
+	im.pendingReg = r
+	for _, sd := range d.Services {
+		im.pending[sd.Key] = true
+	}
+	im.pendingMu.Unlock()
+	select {
+	case im.kick <- struct{}{}:
+	default:
+	}
+}
+
+// round rebuilds the imports of the services the registry changes since the
+// last round touched, of those whose source clusters turned stale or fresh
+// (the view says), and of those waiting for their clusterset IPs or for a
+// release; a zero view brings no news of the clusters.
 func (im *importer) round(ctx context.Context, v View) {
-	if v.Registry == nil && im.rebuild {
-		v = im.last // after a panic: every service of the last view is looked at again
-	}
-	im.rebuild = false
-	reg := im.reg
 	if v.Registry != nil {
-		reg, im.clusters, im.last = v.Registry, v.Clusters, v
+		im.clusters = v.Clusters
 	}
-	touched := map[registry.ServiceKey]bool{}
+	im.pendingMu.Lock()
+	touched, reg := im.pending, im.pendingReg
+	im.pending, im.pendingReg = map[registry.ServiceKey]bool{}, nil
+	im.pendingMu.Unlock()
+	if reg == nil {
+		reg = im.reg
+	}
 	for k := range im.waiting {
 		touched[k] = true
 	}
 	for k := range im.releasing {
 		touched[k] = true
 	}
-	if v.Registry != nil {
-		for k := range im.built {
-			if reg.Service(k) == nil {
-				touched[k] = true
-			}
-		}
-		stale := map[registry.ClusterID]bool{}
-		for id, c := range v.Clusters {
-			if c.Stale {
-				stale[id] = true
-			}
-		}
-		flipped := map[registry.ClusterID]bool{}
-		for id := range stale {
-			if !im.stale[id] {
-				flipped[id] = true
-			}
-		}
-		for id := range im.stale {
-			if !stale[id] {
-				flipped[id] = true
-			}
-		}
+	if im.rebuild { // after a panic, what the failed round had taken is looked at again: everything
 		for svc := range reg.All() {
-			if reg == im.reg && len(flipped) == 0 {
-				break // the same registry (a liveness or session change): only stale flips matter
-			}
-			if im.reg.Service(svc.Key) != svc || im.built[svc.Key] == nil && !im.waiting[svc.Key] {
-				touched[svc.Key] = true
-				continue
-			}
+			touched[svc.Key] = true
+		}
+		for k := range im.built {
+			touched[k] = true
+		}
+		im.rebuild = false
+	}
+	stale := map[registry.ClusterID]bool{}
+	for id, c := range im.clusters {
+		if c.Stale {
+			stale[id] = true
+		}
+	}
+	if !maps.Equal(stale, im.stale) {
+		for svc := range reg.All() {
 			for _, sh := range svc.Shards {
-				if flipped[sh.Cluster] {
+				if stale[sh.Cluster] != im.stale[sh.Cluster] {
 					touched[svc.Key] = true
 					break
 				}
 			}
 		}
-		im.reg, im.stale = reg, stale
 	}
+	im.reg, im.stale = reg, stale
 	if len(touched) == 0 && im.authoritative() == im.current.Authoritative {
 		return
 	}

@@ -23,6 +23,15 @@ type Publisher interface {
 	Update(r *registry.Registry, d registry.Diff)
 }
 
+// publishers hands every change to each of them, in order.
+type publishers []Publisher
+
+func (ps publishers) Update(r *registry.Registry, d registry.Diff) {
+	for _, p := range ps {
+		p.Update(r, d)
+	}
+}
+
 // ClusterStatus is the hub's view of one cluster.
 type ClusterStatus struct {
 	Cluster      registry.ClusterID `json:"cluster"`
