@@ -240,6 +240,12 @@ func (im *importer) round(ctx context.Context, v View) {
 			}
 			ips = got
 			delete(im.released, k)
+			if old := im.built[k]; old != nil && len(old.IPs) > 0 {
+				// The service's families changed: the IPs of the families it left are released.
+				if err := im.ips.Release(claimCtx, k, time.Now(), im.ips.Ranged(families(svc))...); err != nil {
+					im.log.Warn("cannot release the clusterset IP of a family the service left", "service", k, "err", err)
+				}
+			}
 		} else if svc.Headless {
 			im.release(claimCtx, k)
 		}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -274,10 +275,15 @@ func (s *ClusterSetIPs) put(ctx context.Context, k claimKey, c ipClaim, modRevis
 	return nil
 }
 
-// Release marks the service's claims released at now (its last export is
+// Release marks the service's claims released at now, but those of the
+// families in keep (a service that still holds an IP of one family and no
+// longer of another) (its last export is
 // gone); the IPs stay reserved for it until Collect runs after the hold-down.
-func (s *ClusterSetIPs) Release(ctx context.Context, key registry.ServiceKey, now time.Time) error {
+func (s *ClusterSetIPs) Release(ctx context.Context, key registry.ServiceKey, now time.Time, keep ...registry.IPFamily) error {
 	for f := range s.cidrs {
+		if slices.Contains(keep, f) {
+			continue
+		}
 		k := claimKey{family: f, service: key}
 		resp, err := s.etcd.Get(ctx, s.serviceKey(k))
 		if err != nil {

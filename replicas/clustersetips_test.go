@@ -145,3 +145,23 @@ func TestClusterSetIPsConfig(t *testing.T) {
 		t.Errorf("claim without an IPv6 range: %v, %v", ips, err)
 	}
 }
+
+// A service that leaves an IP family releases that family's IP only.
+func TestClusterSetIPsReleaseKeepsTheFamiliesStillHeld(t *testing.T) {
+	_, endpoint := embeddedEtcd(t)
+	ctx := t.Context()
+	s := newIPs(t, endpoint, "243.0.0.0/24", "fd00:243::/112")
+	both, err := s.Claim(ctx, svcKey("web"), []registry.IPFamily{registry.IPv4, registry.IPv6})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Release(ctx, svcKey("web"), time.Now().Add(-2*time.Hour), registry.IPv4); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.Collect(ctx, time.Now(), time.Hour); err != nil || n != 1 {
+		t.Fatalf("Collect freed %d claims (%v), want the IPv6 one only", n, err)
+	}
+	if got, err := s.Claim(ctx, svcKey("web"), []registry.IPFamily{registry.IPv4}); err != nil || got[0] != both[0] {
+		t.Errorf("the IPv4 IP after releasing IPv6: %v (%v), want %v", got, err, both[0])
+	}
+}
