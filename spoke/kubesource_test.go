@@ -14,6 +14,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -30,6 +31,8 @@ type kubeFixture struct {
 	t       *testing.T
 	cluster *kubetest.Cluster
 	kc      kubernetes.Interface
+	// exports is the ServiceExport version the test reads and writes.
+	exports schema.GroupVersionResource
 }
 
 func newKubeFixture(t *testing.T, withCRD bool) *kubeFixture {
@@ -38,7 +41,7 @@ func newKubeFixture(t *testing.T, withCRD bool) *kubeFixture {
 		c.Apply(t, "../deploy/crds/serviceexports.yaml")
 	}
 	c.Apply(t, "../deploy/base/namespace.yaml", "../deploy/spoke/rbac.yaml")
-	return &kubeFixture{t: t, cluster: c, kc: c.Client}
+	return &kubeFixture{t: t, cluster: c, kc: c.Client, exports: ServiceExportResource}
 }
 
 // startSource runs a kube source as the spoke's service account until the
@@ -77,7 +80,7 @@ func (f *kubeFixture) startSource(tune func(*Config, *KubeSource)) (*KubeSource,
 
 // conditions returns a ServiceExport's conditions by type, and its resourceVersion.
 func (f *kubeFixture) conditions(k registry.ServiceKey) (map[string]exportCondition, string) {
-	u, err := f.cluster.Dynamic.Resource(ServiceExportResource).Namespace(k.Namespace).Get(f.t.Context(), k.Name, metav1.GetOptions{})
+	u, err := f.cluster.Dynamic.Resource(f.exports).Namespace(k.Namespace).Get(f.t.Context(), k.Name, metav1.GetOptions{})
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -123,7 +126,9 @@ func (f *kubeFixture) create(objs ...any) {
 		case *discoveryv1.EndpointSlice:
 			_, err = f.kc.DiscoveryV1().EndpointSlices(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
 		case registry.ServiceKey: // a ServiceExport
-			_, err = f.cluster.Dynamic.Resource(ServiceExportResource).Namespace(o.Namespace).Create(ctx, serviceExport(o), metav1.CreateOptions{})
+			se := serviceExport(o)
+			se.SetAPIVersion(f.exports.GroupVersion().String())
+			_, err = f.cluster.Dynamic.Resource(f.exports).Namespace(o.Namespace).Create(ctx, se, metav1.CreateOptions{})
 		default:
 			f.t.Fatalf("create %T", o)
 		}
@@ -521,4 +526,33 @@ func TestLeaderElectionFencesAnUnreachableLeader(t *testing.T) {
 	}
 	t.Logf("a stopped %v after its connection was cut, %v before b took over",
 		first.at.Sub(cut).Round(time.Millisecond), second.at.Sub(first.at).Round(time.Millisecond))
+}
+
+// On a cluster whose ServiceExport CRD serves only v1alpha1 (an older
+// mcs-api release), the source reads exports and writes their conditions
+// through v1alpha1.
+func TestKubeSourceOnAV1alpha1OnlyCluster(t *testing.T) {
+	f := newKubeFixture(t, false)
+	crd := kubetest.ReadManifests(t, "../deploy/crds/serviceexports.yaml")[0]
+	versions, _, _ := unstructured.NestedSlice(crd.Object, "spec", "versions")
+	for _, v := range versions {
+		m := v.(map[string]any)
+		alpha := m["name"] == "v1alpha1"
+		m["served"], m["storage"] = alpha, alpha
+	}
+	if err := unstructured.SetNestedSlice(crd.Object, versions, "spec", "versions"); err != nil {
+		t.Fatal(err)
+	}
+	f.cluster.ApplyObjects(t, crd)
+	f.exports = serviceExportVersions[1]
+	db := registry.ServiceKey{Namespace: "apps", Name: "db"}
+	f.create(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "apps"}},
+		kubeService("apps", "db", nil, corev1.ServicePort{Name: "http", Port: 5432}), db)
+	kube, latest, _ := f.startSource(nil)
+	st := await(t, latest, "db exported through v1alpha1", func(st State) bool { return st[db] != nil })
+	if st[db].Labels["example.com/exported"] != "db" {
+		t.Errorf("db's exported labels = %v, want its v1alpha1 ServiceExport's", st[db].Labels)
+	}
+	kube.SetReports(federation.Reports{})
+	f.awaitCondition(db, ConditionValid, metav1.ConditionTrue, ReasonValid)
 }
