@@ -166,24 +166,15 @@ func startAPIServer(t testing.TB, bin, etcd, name string) *apiServer {
 // awaitReady polls /readyz as the admin until it answers 200, the process
 // exits, or timeout passes.
 func (s *apiServer) awaitReady(ctx context.Context, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	lastErr := errors.New("no attempt yet")
-	for {
-		select {
-		case <-s.exited:
-			return fmt.Errorf("kube-apiserver %s exited before it was ready: %v (log: %s)", s.name, s.err, filepath.Join(s.dir, "kube-apiserver.log"))
-		case <-ctx.Done():
-			return fmt.Errorf("kube-apiserver %s not ready after %v: %v", s.name, timeout, lastErr)
-		case <-tick.C:
-		}
-		if lastErr = s.probe(ctx); lastErr == nil {
-			s.startup = time.Since(s.started)
-			return nil
-		}
+	err := poll(ctx, timeout, 100*time.Millisecond, s.exited, s.probe)
+	switch {
+	case errors.Is(err, errExited):
+		return fmt.Errorf("kube-apiserver %s exited before it was ready: %v (log: %s)", s.name, s.err, filepath.Join(s.dir, "kube-apiserver.log"))
+	case err != nil:
+		return fmt.Errorf("kube-apiserver %s not ready: %w", s.name, err)
 	}
+	s.startup = time.Since(s.started)
+	return nil
 }
 
 // probe asks /readyz once. The serving certificate is only there once the

@@ -350,9 +350,29 @@ var errExited = errors.New("process exited")
 
 // awaitHTTP200 polls url until it answers 200, exited closes, or timeout passes.
 func awaitHTTP200(ctx context.Context, url string, exited <-chan struct{}, timeout time.Duration) error {
+	return poll(ctx, timeout, 50*time.Millisecond, exited, func(ctx context.Context) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("%s: %s", url, resp.Status)
+		}
+		return nil
+	})
+}
+
+// poll calls probe every interval until it succeeds, exited closes
+// (errExited), or timeout passes (then the last probe's error says why).
+func poll(ctx context.Context, timeout, interval time.Duration, exited <-chan struct{}, probe func(context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	tick := time.NewTicker(50 * time.Millisecond)
+	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	lastErr := errors.New("no attempt yet")
 	for {
@@ -360,25 +380,10 @@ func awaitHTTP200(ctx context.Context, url string, exited <-chan struct{}, timeo
 		case <-exited:
 			return errExited
 		case <-ctx.Done():
-			return fmt.Errorf("%s after %v: %v", url, timeout, lastErr)
+			return fmt.Errorf("not ready after %v: %w", timeout, lastErr)
 		case <-tick.C:
 		}
-		lastErr = func() error {
-			req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-			if err != nil {
-				return err
-			}
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				return err
-			}
-			defer resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				return fmt.Errorf("%s: %s", url, resp.Status)
-			}
-			return nil
-		}()
-		if lastErr == nil {
+		if lastErr = probe(ctx); lastErr == nil {
 			return nil
 		}
 	}
