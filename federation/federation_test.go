@@ -33,11 +33,15 @@ type memStore struct {
 	// conflictsChanged is closed and replaced by every Apply: a broadcast
 	// that wakes every session, whose cluster's conflicts changed or not.
 	conflictsChanged chan struct{}
+	// gateways holds each cluster's announced gateways; gwSets counts the announcements.
+	gateways map[registry.ClusterID][]registry.Gateway
+	gwSets   int
 }
 
 func newMemStore() *memStore {
 	return &memStore{reg: registry.New(), held: map[registry.ClusterID]Held{}, maxEpoch: map[registry.ClusterID]uint64{},
-		changed: make(chan struct{}, 1000), conflictsChanged: make(chan struct{})}
+		changed: make(chan struct{}, 1000), conflictsChanged: make(chan struct{}),
+		gateways: map[registry.ClusterID][]registry.Gateway{}}
 }
 
 // Conflicts computes the cluster's conflicts from the whole registry.
@@ -81,6 +85,10 @@ func (m *memStore) Begin(_ context.Context, s Session) (Held, error) {
 		return Held{}, ErrSuperseded
 	}
 	m.maxEpoch[s.Cluster] = s.Epoch
+	if s.GatewaysKnown {
+		m.gateways[s.Cluster] = s.Gateways
+		m.gwSets++
+	}
 	held := m.held[s.Cluster]
 	if s.Resumes(held) {
 		h := held
@@ -91,6 +99,24 @@ func (m *memStore) Begin(_ context.Context, s Session) (Held, error) {
 }
 
 func (m *memStore) End(Session) {}
+
+func (m *memStore) SetGateways(_ context.Context, c registry.ClusterID, epoch uint64, gws []registry.Gateway) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if epoch < m.maxEpoch[c] {
+		return ErrSuperseded
+	}
+	m.gateways[c] = gws
+	m.gwSets++
+	return nil
+}
+
+// gatewaysOf returns what the store holds of the cluster's gateways and how many announcements it took.
+func (m *memStore) gatewaysOf(c registry.ClusterID) ([]registry.Gateway, int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.gateways[c], m.gwSets
+}
 
 func (m *memStore) appliedCount() int {
 	m.mu.Lock()

@@ -55,6 +55,11 @@ type Session struct {
 	Epoch    uint64
 	Started  time.Time
 	RemoteIP string
+	// Gateways are the gateways the spoke announced for the cluster's
+	// network in its hello, when GatewaysKnown (otherwise the hub keeps
+	// what it holds).
+	Gateways      []registry.Gateway
+	GatewaysKnown bool
 	// Acked is what the spoke says the hub last acknowledged to it: when the
 	// hub holds exactly that, the session resumes (see Resumes).
 	Acked Held
@@ -87,6 +92,10 @@ type Store interface {
 	Apply(ctx context.Context, epoch, version uint64, change registry.Change) (registry.Hash, error)
 	// End reports that session s is over.
 	End(s Session)
+	// SetGateways records the gateways (validated, normalized) the cluster's
+	// session of epoch announces for its network. It fails with
+	// ErrSuperseded when a newer epoch of the cluster has begun.
+	SetGateways(ctx context.Context, cluster registry.ClusterID, epoch uint64, gws []registry.Gateway) error
 	// Conflicts returns the merge conflicts that concern the cluster, and a
 	// channel that is closed once they have changed (the session then asks
 	// again: only the latest set matters). It must not block, and the set
@@ -252,6 +261,7 @@ func (h *HubServer) Publish(stream fedv1.Federation_PublishServer) error {
 		Cluster: cluster, Network: registry.Network(hello.GetNetwork()), SpokeID: hello.GetSpokeId(),
 		Build: hello.GetSpokeBuild(), Epoch: epoch, Started: time.Now(), RemoteIP: PeerAddr(ctx),
 	}
+	h.sessionGateways(&sess, hello)
 	var acked registry.Hash
 	if err := acked.UnmarshalText([]byte(hello.GetAckedDigest())); err == nil {
 		sess.Acked = Held{Epoch: hello.GetAckedEpoch(), Version: hello.GetAckedVersion(), Digest: acked}
@@ -418,6 +428,8 @@ func (s *hubSession) run(ctx context.Context, msgs <-chan *fedv1.SpokeMessage, e
 				err = s.update(ctx, k.Update)
 			case *fedv1.SpokeMessage_Digest:
 				err = s.digest(ctx, k.Digest)
+			case *fedv1.SpokeMessage_Gateways:
+				err = s.gateways(ctx, k.Gateways)
 			case *fedv1.SpokeMessage_Namespaces, *fedv1.SpokeMessage_ImportAck, *fedv1.SpokeMessage_ImportNack, *fedv1.SpokeMessage_ImportsWritten:
 				if s.imports == nil {
 					return status.Errorf(codes.InvalidArgument, "%T without the %q capability", k, CapabilityImports)

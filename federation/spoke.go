@@ -156,6 +156,12 @@ type Publisher struct {
 	nsKnown   bool
 	nsChanged chan struct{}
 	written   chan [2]uint64
+
+	// The gateways the cluster announces for its network (SetGateways).
+	gwMu      sync.Mutex
+	gws       []registry.Gateway
+	gwKnown   bool
+	gwChanged chan struct{}
 }
 
 // NewPublisher returns a publisher that talks to the hub over conn. status,
@@ -176,6 +182,7 @@ func NewPublisher(cfg SpokeConfig, conn grpc.ClientConnInterface, log *slog.Logg
 			Retained: map[registry.ServiceKey]bool{}},
 		nsChanged: make(chan struct{}, 1),
 		written:   make(chan [2]uint64, 1),
+		gwChanged: make(chan struct{}, 1),
 	}
 }
 
@@ -272,6 +279,10 @@ func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
 		hello.Capabilities = append(hello.Capabilities, CapabilityImports)
 		hello.Namespaces, _ = p.namespaces()
 	}
+	gws, gwKnown := p.gateways()
+	if gwKnown {
+		hello.Gateways = &fedv1.NetworkGateways{Gateways: GatewaysToProto(gws)}
+	}
 	if err := stream.Send(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Hello{Hello: hello}}); err != nil {
 		return fmt.Errorf("send hello: %w", err)
 	}
@@ -289,7 +300,7 @@ func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
 	}
 	p.sessionEpoch = welcome.GetEpoch()
 	clear(p.tooBig)
-	s := &spokeSession{p: p, stream: stream, epoch: welcome.GetEpoch(), resumed: welcome.GetResume()}
+	s := &spokeSession{p: p, stream: stream, epoch: welcome.GetEpoch(), resumed: welcome.GetResume(), gwLast: gws, gwSent: gwKnown}
 	var nsChanged <-chan struct{}
 	if p.cfg.OnImports != nil {
 		s.imports, nsChanged = &spokeImports{s: s}, p.nsChanged
@@ -336,6 +347,10 @@ func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
 			if err := s.imports.sendNamespaces(); err != nil {
 				return err
 			}
+		case <-p.gwChanged:
+			if err := s.sendGateways(); err != nil {
+				return err
+			}
 		case w := <-p.written:
 			if s.imports != nil {
 				if err := s.imports.sendWritten(w); err != nil {
@@ -364,6 +379,9 @@ type spokeSession struct {
 	spoiled  uint64 // a full-state version the hub refused: its later chunks are refused too
 	// imports is the session's import stream; nil when the spoke does not take it.
 	imports *spokeImports
+	// gwLast is the gateway set the session last announced, valid when gwSent.
+	gwLast []registry.Gateway
+	gwSent bool
 }
 
 func (s *spokeSession) report() { s.p.report(true, s.resumed, s.synced) }

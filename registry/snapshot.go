@@ -31,9 +31,11 @@ type Snapshot struct {
 type SnapshotCluster struct {
 	Cluster ClusterID `json:"cluster"`
 	Network Network   `json:"network,omitempty"`
-	Epoch   uint64    `json:"epoch"`
-	Version uint64    `json:"version"`
-	Shards  []*Shard  `json:"shards,omitempty"`
+	// Gateways are the east-west gateways the cluster announced for its network.
+	Gateways []Gateway `json:"gateways,omitempty"`
+	Epoch    uint64    `json:"epoch"`
+	Version  uint64    `json:"version"`
+	Shards   []*Shard  `json:"shards,omitempty"`
 }
 
 // Change is the registry change that restores the cluster: its full state.
@@ -45,6 +47,7 @@ func (c SnapshotCluster) Change() Change {
 // does not know: its network and the (epoch, version) of the state held.
 type ClusterStamp struct {
 	Network        Network
+	Gateways       []Gateway
 	Epoch, Version uint64
 }
 
@@ -64,7 +67,7 @@ func (r *Registry) Snapshot(stamps map[ClusterID]ClusterStamp) Snapshot {
 	snap := Snapshot{Clusters: make([]SnapshotCluster, 0, len(ids))}
 	for _, id := range ids {
 		st := stamps[id]
-		sc := SnapshotCluster{Cluster: id, Network: st.Network, Epoch: st.Epoch, Version: st.Version}
+		sc := SnapshotCluster{Cluster: id, Network: st.Network, Gateways: st.Gateways, Epoch: st.Epoch, Version: st.Version}
 		if c := r.clusters[id]; c != nil {
 			sc.Shards = make([]*Shard, 0, len(c.shards))
 			for _, h := range c.shards {
@@ -235,6 +238,9 @@ func CheckSnapshot(s *Snapshot, lim Limits) error {
 			return fmt.Errorf("%w: cluster %s appears twice", ErrInvalid, c.Cluster)
 		}
 		clusters[c.Cluster] = true
+		if _, err := NormalizeGateways(c.Gateways); err != nil {
+			return fmt.Errorf("cluster %s: %w", c.Cluster, err)
+		}
 		if len(c.Shards) > lim.MaxServicesPerCluster {
 			return fmt.Errorf("%w: cluster %s: %d services, more than the limit of %d",
 				ErrInvalid, c.Cluster, len(c.Shards), lim.MaxServicesPerCluster)

@@ -55,7 +55,9 @@ type Cluster struct {
 	Stamp   Stamp
 	Digest  registry.Hash
 	Network registry.Network
-	Shards  map[registry.ServiceKey]*registry.Shard // immutable
+	// Gateways are the gateways the cluster announces for its network (immutable).
+	Gateways []registry.Gateway
+	Shards   map[registry.ServiceKey]*registry.Shard // immutable
 	// Local: the cluster's latest change originated at this replica (a spoke
 	// session here, or a decision of this replica as leader, e.g. dropping a
 	// dead cluster): this replica sends its changes to subscribers. Changes a
@@ -70,9 +72,10 @@ type Cluster struct {
 
 // Update is a cluster's data received from a peer.
 type Update struct {
-	Cluster registry.ClusterID
-	Network registry.Network
-	Stamp   Stamp
+	Cluster  registry.ClusterID
+	Network  registry.Network
+	Gateways []registry.Gateway
+	Stamp    Stamp
 	// Base is nil for a full state (replaces the cluster's shards: apply when
 	// Stamp >= held stamp — equal means a resync) and otherwise the exact
 	// stamp this delta applies on top of (apply only when held == *Base and
@@ -332,9 +335,14 @@ type subscription struct {
 }
 
 type sentCluster struct {
-	stamp   Stamp
-	network registry.Network
-	shards  map[registry.ServiceKey]*registry.Shard
+	stamp    Stamp
+	network  registry.Network
+	gateways []registry.Gateway
+	shards   map[registry.ServiceKey]*registry.Shard
+}
+
+func sentOf(c Cluster) sentCluster {
+	return sentCluster{stamp: c.Stamp, network: c.Network, gateways: c.Gateways, shards: c.Shards}
 }
 
 func (s *subscription) run(ctx context.Context, held map[registry.ClusterID]clusterDigest, msgs <-chan *fedv1.ReplicaRequest, errc <-chan error) error {
@@ -344,7 +352,7 @@ func (s *subscription) run(ctx context.Context, held map[registry.ClusterID]clus
 		c := snap[id]
 		if h, ok := held[id]; ok && h.stamp == c.Stamp && h.digest == c.Digest {
 			if c.Local {
-				s.sent[id] = sentCluster{stamp: c.Stamp, network: c.Network, shards: c.Shards}
+				s.sent[id] = sentOf(c)
 			}
 			continue
 		}
@@ -434,7 +442,7 @@ func (s *subscription) sync(snap map[registry.ClusterID]Cluster) error {
 		}
 		prev, ok := s.sent[id]
 		switch {
-		case ok && prev.stamp == c.Stamp && prev.network == c.Network:
+		case ok && prev.stamp == c.Stamp && prev.network == c.Network && slices.Equal(prev.gateways, c.Gateways):
 			continue // unchanged (or just resynced)
 		case ok && prev.stamp.Less(c.Stamp):
 			if err := s.sendDelta(id, prev, c); err != nil {
@@ -456,7 +464,8 @@ func (s *subscription) head(id registry.ClusterID, c Cluster) *fedv1.ReplicaUpda
 	if c.Local {
 		origin = s.srv.cfg.ReplicaID
 	}
-	return &fedv1.ReplicaUpdate{ClusterId: string(id), Network: string(c.Network), Stamp: stampToProto(c.Stamp), Origin: origin}
+	return &fedv1.ReplicaUpdate{ClusterId: string(id), Network: string(c.Network), Stamp: stampToProto(c.Stamp), Origin: origin,
+		Gateways: federation.GatewaysToProto(c.Gateways)}
 }
 
 func (s *subscription) sendFull(id registry.ClusterID, c Cluster) error {
@@ -470,7 +479,7 @@ func (s *subscription) sendFull(id registry.ClusterID, c Cluster) error {
 	s.log.Debug("sent full state", "cluster", id, "stamp", c.Stamp, "services", len(shards), "chunks", chunks)
 	s.srv.cfg.Hooks.sent(id, "full")
 	if c.Local {
-		s.sent[id] = sentCluster{stamp: c.Stamp, network: c.Network, shards: c.Shards}
+		s.sent[id] = sentOf(c)
 	}
 	return nil
 }
@@ -499,7 +508,7 @@ func (s *subscription) sendDelta(id registry.ClusterID, prev sentCluster, c Clus
 	s.log.Debug("sent delta", "cluster", id, "base", prev.stamp, "stamp", c.Stamp,
 		"upserts", len(upserts), "removes", len(removes), "chunks", chunks)
 	s.srv.cfg.Hooks.sent(id, "delta")
-	s.sent[id] = sentCluster{stamp: c.Stamp, network: c.Network, shards: c.Shards}
+	s.sent[id] = sentOf(c)
 	return nil
 }
 
@@ -873,15 +882,16 @@ func (s *peerSession) run(ctx context.Context, client fedv1.ReplicationClient) e
 
 // inbound is an update whose chunks are arriving.
 type inbound struct {
-	cluster registry.ClusterID
-	network registry.Network
-	origin  string
-	stamp   Stamp
-	base    *Stamp
-	upserts []*registry.Shard
-	removes []registry.ServiceKey
-	seen    map[registry.ServiceKey]bool
-	bytes   int
+	cluster  registry.ClusterID
+	network  registry.Network
+	gateways []registry.Gateway
+	origin   string
+	stamp    Stamp
+	base     *Stamp
+	upserts  []*registry.Shard
+	removes  []registry.ServiceKey
+	seen     map[registry.ServiceKey]bool
+	bytes    int
 	// dropped says why the update will not be applied; its remaining chunks are skipped.
 	dropped string
 }
@@ -895,11 +905,15 @@ func newInbound(u *fedv1.ReplicaUpdate) *inbound {
 		b := stampFromProto(u.GetBase())
 		in.base = &b
 	}
+	gws, gwErr := federation.GatewaysFromProto(u.GetGateways())
+	in.gateways = gws
 	switch {
 	case registry.ValidateClusterID(in.cluster) != nil:
 		in.dropped = fmt.Sprintf("cluster ID %q is not a DNS label", in.cluster)
 	case u.GetStamp() == nil:
 		in.dropped = "no stamp"
+	case gwErr != nil:
+		in.dropped = gwErr.Error()
 	case u.GetFullState() && u.GetBase() != nil:
 		in.dropped = "a full state has no base"
 	case !u.GetFullState() && (u.GetBase() == nil || !in.base.Less(in.stamp)):
@@ -1004,7 +1018,7 @@ func (s *peerSession) update(ctx context.Context, u *fedv1.ReplicaUpdate) error 
 	if origin == "" {
 		origin = s.peer
 	}
-	ru := Update{Cluster: in.cluster, Network: in.network, Stamp: in.stamp, Base: in.base, Origin: origin,
+	ru := Update{Cluster: in.cluster, Network: in.network, Gateways: in.gateways, Stamp: in.stamp, Base: in.base, Origin: origin,
 		Change: registry.Change{Cluster: in.cluster, Replace: in.base == nil, Upserts: in.upserts, Removes: in.removes}}
 	err := s.r.store.ApplyReplica(ctx, s.peer, ru)
 	switch {

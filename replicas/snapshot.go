@@ -37,7 +37,7 @@ func EncodeSnapshot(s registry.Snapshot) ([]byte, error) {
 		pb.TakenUnixNano = s.Taken.UnixNano()
 	}
 	for i, c := range s.Clusters {
-		pc := &fedv1.SnapshotCluster{Cluster: string(c.Cluster), Network: string(c.Network),
+		pc := &fedv1.SnapshotCluster{Cluster: string(c.Cluster), Network: string(c.Network), Gateways: federation.GatewaysToProto(c.Gateways),
 			Stamp: &fedv1.Stamp{Epoch: c.Epoch, Version: c.Version}, Shards: make([]*fedv1.Shard, len(c.Shards))}
 		for j, sh := range c.Shards {
 			pc.Shards[j] = federation.ShardToProto(sh)
@@ -84,6 +84,11 @@ func DecodeSnapshot(b []byte) (registry.Snapshot, error) {
 		id := registry.ClusterID(pc.GetCluster())
 		c := registry.SnapshotCluster{Cluster: id, Network: registry.Network(pc.GetNetwork()),
 			Epoch: pc.GetStamp().GetEpoch(), Version: pc.GetStamp().GetVersion()}
+		gws, err := federation.GatewaysFromProto(pc.GetGateways())
+		if err != nil {
+			return registry.Snapshot{}, fmt.Errorf("%w: cluster %s: %w", registry.ErrBadSnapshot, id, err)
+		}
+		c.Gateways = gws
 		if len(pc.GetShards()) > lim.MaxServicesPerCluster {
 			return registry.Snapshot{}, fmt.Errorf("%w: %w: cluster %s: %d services, more than the limit of %d",
 				registry.ErrBadSnapshot, registry.ErrInvalid, id, len(pc.GetShards()), lim.MaxServicesPerCluster)

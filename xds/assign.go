@@ -27,6 +27,9 @@ type Assignment struct {
 	ClusterName string `json:"clusterName"`
 	// Client is the locality group the assignment was computed for (zero: no locality).
 	Client registry.Locality `json:"client"`
+	// Network is the client's network ("" for a client that names none: it
+	// is handed every endpoint directly).
+	Network registry.Network `json:"network,omitempty"`
 	// Priorities are contiguous from 0; tiers without endpoints are skipped.
 	Priorities []Priority `json:"priorities"`
 	// Skipped lists the localities left out because none of their endpoints is healthy.
@@ -36,6 +39,9 @@ type Assignment struct {
 	// that repeats an address, so only one of them, the healthiest, then the
 	// one of the lowest cluster ID, is handed out.
 	Shadowed []Endpoint `json:"shadowed,omitempty"`
+	// Unreachable lists the networks whose healthy endpoints the client is not
+	// handed because the network has no gateway it could dial.
+	Unreachable []UnreachableNetwork `json:"unreachable,omitempty"`
 }
 
 // Priority is one failover tier.
@@ -58,8 +64,14 @@ type Endpoint struct {
 	Address netip.Addr         `json:"address"`
 	Port    int32              `json:"port"`
 	Health  HealthStatus       `json:"health"`
-	// Weight is the endpoint's weight within its locality (1 for a plain endpoint).
+	// Weight is the endpoint's weight within its locality (1 for a plain
+	// endpoint; for a gateway, the healthy endpoints it stands for).
 	Weight uint32 `json:"weight"`
+	// Network is the network of the endpoint's cluster, when it names one.
+	Network registry.Network `json:"network,omitempty"`
+	// Gateway: the address is the gateway of Network, handed out in place of
+	// that network's endpoints (Cluster is then empty).
+	Gateway bool `json:"gateway,omitempty"`
 }
 
 // Priority tiers, before empty ones are skipped.
@@ -89,6 +101,89 @@ const (
 // cluster, address, port. Assign is pure and safe for concurrent use.
 func Assign(svc *registry.Service, port registry.ServicePort, client registry.Locality) Assignment {
 	return groupByLocality(svc, port).assign(client)
+}
+
+// AssignFor is Assign for a client that may name its network, against the
+// network topology nets (see the split-horizon rules in networks.go): a
+// client without a network gets what Assign gives.
+func AssignFor(svc *registry.Service, port registry.ServicePort, client Client, nets registry.Networks) Assignment {
+	t := newTopology(nets)
+	l := groupByLocality(svc, port)
+	var a Assignment
+	if client.Network == "" {
+		a = l.assign(client.Locality)
+	} else {
+		a = l.assignSplit(client, t)
+	}
+	for _, p := range a.Priorities {
+		for _, le := range p.Localities {
+			for i := range le.Endpoints {
+				if e := &le.Endpoints[i]; !e.Gateway {
+					e.Network = t.networkOf(e.Cluster)
+				}
+			}
+		}
+	}
+	return a
+}
+
+// assignSplit is the assignment of a client with a network.
+func (l localities) assignSplit(client Client, t *topology) Assignment {
+	a := Assignment{Service: l.service, Port: l.port, ClusterName: ClusterName(l.service, l.port), Client: client.Locality,
+		Network: client.Network, Skipped: l.skipped, Shadowed: l.shadowed}
+	counts := make([][]networkCount, len(l.served))
+	for i, le := range l.served {
+		counts[i] = countByNetwork(le.Endpoints, t)
+	}
+	plan := planSplit(client, l.servedLocalities(), counts, t)
+	a.Unreachable = plan.unreachable
+	for p := range plan.count {
+		var in []LocalityEndpoints
+		for i, le := range l.served {
+			lp := plan.localities[i]
+			if lp.weight == 0 || plan.prio[i] != p {
+				continue
+			}
+			out := LocalityEndpoints{Locality: le.Locality, Weight: lp.weight}
+			if lp.direct {
+				for _, e := range le.Endpoints {
+					if reachesDirectly(client.Network, t.networkOf(e.Cluster)) {
+						out.Endpoints = append(out.Endpoints, e)
+					}
+				}
+				if len(out.Endpoints) < len(le.Endpoints) {
+					// As the fast path lays out part of a locality: by network, then in endpoint order.
+					slices.SortStableFunc(out.Endpoints, func(x, y Endpoint) int {
+						return cmp.Compare(t.networkOf(x.Cluster), t.networkOf(y.Cluster))
+					})
+				}
+			}
+			for _, g := range lp.gateways {
+				out.Endpoints = append(out.Endpoints, Endpoint{Address: g.addr.Addr(), Port: int32(g.addr.Port()),
+					Health: StatusHealthy, Weight: g.weight, Network: g.network, Gateway: true})
+			}
+			in = append(in, out)
+		}
+		a.Priorities = append(a.Priorities, Priority{Priority: p, Localities: in})
+	}
+	return a
+}
+
+// countByNetwork counts a locality's endpoints per network, sorted by network.
+func countByNetwork(eps []Endpoint, t *topology) []networkCount {
+	var out []networkCount
+	for _, e := range eps {
+		n := t.networkOf(e.Cluster)
+		i, found := slices.BinarySearchFunc(out, n, func(c networkCount, n registry.Network) int { return cmp.Compare(c.network, n) })
+		if !found {
+			out = slices.Insert(out, i, networkCount{network: n})
+		}
+		out[i].all++
+		if e.Health == StatusHealthy {
+			out[i].healthy++
+		}
+	}
+	return out
 }
 
 // localities is the part of a service port's assignment that does not depend

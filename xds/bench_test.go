@@ -29,7 +29,7 @@ func BenchmarkUpdateOneEndpoint(b *testing.B) {
 	}
 	s.Update(r, registry.Diff{})
 	for _, l := range []registry.Locality{{}, loc("r0", "z0"), loc("r1", "z1"), loc("r0", "z2")} {
-		s.edsCache(registry.Locality{Region: l.Region, Zone: l.Zone})
+		s.edsCache(nodeAt(l, ""))
 	}
 	// Two registries to alternate between, so the loop measures Update alone.
 	drained, toDrained := r.Apply(registry.Change{Cluster: "east", Upserts: []*registry.Shard{shardOf("east", 7, 0, draining)}})

@@ -14,8 +14,6 @@ import (
 	cache "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
-
-	"github.com/navemesh/nave/registry"
 )
 
 // resourceCache is one LinearCache (one type, one audience) plus what we
@@ -125,8 +123,8 @@ var errFetchUnsupported = errors.New("xds: fetch is not supported, use a stream"
 // group, created on first use.
 type dispatchCache struct {
 	lds, rds, cds *resourceCache
-	// eds returns the EDS cache of the group of a client locality, creating it if needed.
-	eds func(registry.Locality) *resourceCache
+	// eds returns the EDS cache of a node's Client, creating it if needed.
+	eds func(*core.Node) *resourceCache
 	log *slog.Logger
 }
 
@@ -134,7 +132,7 @@ var _ cache.Cache = (*dispatchCache)(nil)
 
 // CreateWatch implements cache.ConfigWatcher.
 func (d *dispatchCache) CreateWatch(req *cache.Request, sub cache.Subscription, out chan cache.Response) (func(), error) {
-	c := d.cacheFor(req.GetTypeUrl(), req.GetNode().GetLocality())
+	c := d.cacheFor(req.GetTypeUrl(), req.GetNode())
 	if c == nil {
 		return d.unknownType(req.GetTypeUrl()), nil
 	}
@@ -143,7 +141,7 @@ func (d *dispatchCache) CreateWatch(req *cache.Request, sub cache.Subscription, 
 
 // CreateDeltaWatch implements cache.ConfigWatcher.
 func (d *dispatchCache) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subscription, out chan cache.DeltaResponse) (func(), error) {
-	c := d.cacheFor(req.GetTypeUrl(), req.GetNode().GetLocality())
+	c := d.cacheFor(req.GetTypeUrl(), req.GetNode())
 	if c == nil {
 		return d.unknownType(req.GetTypeUrl()), nil
 	}
@@ -155,7 +153,7 @@ func (d *dispatchCache) Fetch(context.Context, *cache.Request) (cache.Response, 
 	return nil, errFetchUnsupported
 }
 
-func (d *dispatchCache) cacheFor(typeURL string, l *core.Locality) *cache.LinearCache {
+func (d *dispatchCache) cacheFor(typeURL string, node *core.Node) *cache.LinearCache {
 	switch typeURL {
 	case resource.ListenerType:
 		return d.lds.linear
@@ -164,7 +162,7 @@ func (d *dispatchCache) cacheFor(typeURL string, l *core.Locality) *cache.Linear
 	case resource.ClusterType:
 		return d.cds.linear
 	case resource.EndpointType:
-		return d.eds(registry.Locality{Region: l.GetRegion(), Zone: l.GetZone(), Subzone: l.GetSubZone()}).linear
+		return d.eds(node).linear
 	default:
 		return nil
 	}

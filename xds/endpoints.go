@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"hash/maphash"
 
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/navemesh/nave/registry"
 )
@@ -38,6 +40,16 @@ type localityBlock struct {
 	atPriority [tierCount]*endpoint.LocalityLbEndpoints
 	// sum is a hash of what the block puts on the wire, priority aside (see blockSum).
 	sum uint64
+	// parts are the locality's endpoints per network (sorted by network),
+	// for clients that name their network. A locality on one network has one
+	// part, sharing the block's bytes.
+	parts []blockPart
+}
+
+// blockPart is the endpoints of one network within a locality.
+type blockPart struct {
+	count networkCount
+	raw   []byte // their marshalled lb_endpoints
 }
 
 // seed keys the content hashes; they never leave the process.
@@ -54,7 +66,9 @@ var lbEndpointsField = (&endpoint.LocalityLbEndpoints{}).ProtoReflect().Descript
 // covers its endpoints, its weight and its addresses; addresses are unique
 // across localities by construction (see unique), and the locality groups'
 // assignments differ only in the priorities, contiguous by construction.
-func newPortEndpoints(svc *registry.Service, port registry.ServicePort, prev *portEndpoints) (*portEndpoints, error) {
+// The networks of the endpoints' clusters come from t (nil: none); a prev
+// built against another cluster-to-network map must not be passed.
+func newPortEndpoints(svc *registry.Service, port registry.ServicePort, prev *portEndpoints, t *topology) (*portEndpoints, error) {
 	loc := groupByLocality(svc, port)
 	p := &portEndpoints{clusterName: ClusterName(svc.Key, port.Port), localities: loc.servedLocalities()}
 	p.blocks = make([]localityBlock, len(loc.served))
@@ -73,7 +87,7 @@ func newPortEndpoints(svc *registry.Service, port registry.ServicePort, prev *po
 			p.blocks[i] = b
 			continue
 		}
-		b, err := newBlock(p.clusterName, le, sum)
+		b, err := newBlock(p.clusterName, le, sum, t)
 		if err != nil {
 			return nil, err
 		}
@@ -105,21 +119,40 @@ func blockSum(buf []byte, le LocalityEndpoints) ([]byte, uint64) {
 }
 
 // newBlock builds and validates one locality's block.
-func newBlock(clusterName string, le LocalityEndpoints, sum uint64) (localityBlock, error) {
+func newBlock(clusterName string, le LocalityEndpoints, sum uint64, t *topology) (localityBlock, error) {
 	lle := localityLbEndpoints(le, 0)
 	if err := Validate(&endpoint.ClusterLoadAssignment{ClusterName: clusterName, Endpoints: []*endpoint.LocalityLbEndpoints{lle}}); err != nil {
 		return localityBlock{}, err
 	}
-	var raw []byte
-	for _, e := range lle.LbEndpoints {
+	// One wire form per endpoint, gathered per network (a stable order:
+	// network, then endpoint order), then the whole block in endpoint order.
+	counts := countByNetwork(le.Endpoints, t)
+	parts := make([]blockPart, len(counts))
+	wire := make([][]byte, len(lle.LbEndpoints))
+	for i, e := range lle.LbEndpoints {
 		b, err := marshalDeterministic.Marshal(e)
 		if err != nil {
 			return localityBlock{}, fmt.Errorf("%w: ClusterLoadAssignment %q: %v", ErrInvalidResource, clusterName, err)
 		}
-		raw = protowire.AppendTag(raw, lbEndpointsField, protowire.BytesType)
-		raw = protowire.AppendBytes(raw, b)
+		wire[i] = b
 	}
-	b := localityBlock{sum: sum}
+	var raw []byte
+	for _, b := range wire {
+		raw = appendLbEndpoint(raw, b)
+	}
+	for i, c := range counts {
+		parts[i].count = c
+		if len(counts) == 1 {
+			parts[i].raw = raw
+			continue
+		}
+		for j, e := range le.Endpoints {
+			if t.networkOf(e.Cluster) == c.network {
+				parts[i].raw = appendLbEndpoint(parts[i].raw, wire[j])
+			}
+		}
+	}
+	b := localityBlock{sum: sum, parts: parts}
 	for pr := range b.atPriority {
 		m := &endpoint.LocalityLbEndpoints{Locality: lle.Locality, LoadBalancingWeight: lle.LoadBalancingWeight, Priority: uint32(pr)}
 		m.ProtoReflect().SetUnknown(raw)
@@ -154,4 +187,112 @@ func (p *portEndpoints) forGroup(group registry.Locality) (*endpoint.ClusterLoad
 		h.Write(buf[:])
 	}
 	return cla, h.Sum64()
+}
+
+// appendLbEndpoint appends one marshalled LbEndpoint as an lb_endpoints field.
+func appendLbEndpoint(raw, lbEndpoint []byte) []byte {
+	raw = protowire.AppendTag(raw, lbEndpointsField, protowire.BytesType)
+	return protowire.AppendBytes(raw, lbEndpoint)
+}
+
+// forClient returns the ClusterLoadAssignment for client (on the wire, the
+// same resource as ClusterLoadAssignment(AssignFor(svc, port, client, nets)))
+// and a hash of it. A client without a network gets forGroup's. Localities
+// whose endpoints are all on the client's network (or none) share their
+// blocks; the others get a block of their own with the endpoints the client
+// reaches directly and the gateways placed there.
+func (p *portEndpoints) forClient(client Client, t *topology) (*endpoint.ClusterLoadAssignment, uint64) {
+	if client.Network == "" {
+		return p.forGroup(client.Locality)
+	}
+	counts := make([][]networkCount, len(p.blocks))
+	for i, b := range p.blocks {
+		counts[i] = make([]networkCount, len(b.parts))
+		for j, part := range b.parts {
+			counts[i][j] = part.count
+		}
+	}
+	plan := planSplit(client, p.localities, counts, t)
+	cla := &endpoint.ClusterLoadAssignment{ClusterName: p.clusterName, Endpoints: make([]*endpoint.LocalityLbEndpoints, 0, len(p.blocks))}
+	var h maphash.Hash
+	h.SetSeed(seed)
+	h.WriteString(string(client.Network))
+	var buf [32]byte
+	for pr := range plan.count {
+		for i, b := range p.blocks {
+			lp := plan.localities[i]
+			if lp.weight == 0 || plan.prio[i] != pr {
+				continue
+			}
+			// The block's sum covers its locality and endpoints; a locality
+			// that contributes only gateways is hashed by name.
+			if lp.direct {
+				binary.LittleEndian.PutUint64(buf[:8], b.sum)
+				h.Write(buf[:8])
+			} else {
+				l := p.localities[i]
+				h.WriteString(l.Region + "\x00" + l.Zone + "\x00" + l.Subzone + "\x00")
+			}
+			binary.LittleEndian.PutUint32(buf[:4], pr)
+			binary.LittleEndian.PutUint32(buf[4:8], lp.weight)
+			buf[8] = 0
+			if lp.direct {
+				buf[8] = 1
+			}
+			h.Write(buf[:9])
+			whole := allDirect(client.Network, b.parts)
+			if lp.direct && len(lp.gateways) == 0 && whole {
+				cla.Endpoints = append(cla.Endpoints, b.atPriority[pr])
+				continue
+			}
+			var raw []byte
+			switch {
+			case lp.direct && whole:
+				raw = append(raw, b.atPriority[0].ProtoReflect().GetUnknown()...)
+			case lp.direct:
+				for _, part := range b.parts {
+					if reachesDirectly(client.Network, part.count.network) {
+						raw = append(raw, part.raw...)
+					}
+				}
+			}
+			for _, g := range lp.gateways {
+				raw = appendLbEndpoint(raw, gatewayWire(g))
+				a16 := g.addr.Addr().As16()
+				h.Write(a16[:])
+				binary.LittleEndian.PutUint32(buf[:4], uint32(g.addr.Port()))
+				binary.LittleEndian.PutUint32(buf[4:8], g.weight)
+				h.Write(buf[:8])
+			}
+			m := &endpoint.LocalityLbEndpoints{Locality: b.atPriority[0].Locality, LoadBalancingWeight: wrapperspb.UInt32(lp.weight), Priority: pr}
+			m.ProtoReflect().SetUnknown(raw)
+			cla.Endpoints = append(cla.Endpoints, m)
+		}
+	}
+	return cla, h.Sum64()
+}
+
+// allDirect reports whether a client on network client reaches every part directly.
+func allDirect(client registry.Network, parts []blockPart) bool {
+	for _, part := range parts {
+		if !reachesDirectly(client, part.count.network) {
+			return false
+		}
+	}
+	return true
+}
+
+// gatewayWire is the wire form of a gateway's LbEndpoint.
+func gatewayWire(g gatewayEntry) []byte {
+	b, err := marshalDeterministic.Marshal(&endpoint.LbEndpoint{
+		HostIdentifier: &endpoint.LbEndpoint_Endpoint{Endpoint: &endpoint.Endpoint{
+			Address: socketAddress(g.addr.Addr().String(), int32(g.addr.Port())),
+		}},
+		HealthStatus:        core.HealthStatus_HEALTHY,
+		LoadBalancingWeight: wrapperspb.UInt32(g.weight),
+	})
+	if err != nil {
+		panic(fmt.Sprintf("xds: marshal a gateway endpoint: %v", err)) // built from valid parts
+	}
+	return b
 }

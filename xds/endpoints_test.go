@@ -20,13 +20,29 @@ import (
 func TestSharedAssignmentsMatchAssign(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	localities := []registry.Locality{loc("r1", "z1"), loc("r1", "z2"), loc("r2", "z3"), {Region: "r2", Zone: "z3", Subzone: "rack1"}, {}}
-	groups := []registry.Locality{{}, loc("r1", "z1"), loc("r1", "z2"), loc("r2", "z3"), loc("r3", "z9")}
+	var groups []Client
+	for _, network := range []registry.Network{"", "n1", "n2", "n3"} {
+		for _, l := range []registry.Locality{{}, loc("r1", "z1"), loc("r1", "z2"), loc("r2", "z3"), loc("r3", "z9")} {
+			groups = append(groups, Client{Network: network, Locality: l})
+		}
+	}
+	// Topologies: none; every cluster on its own network, some with gateways
+	// (one shared by two networks, one known only by name); two clusters on one network.
+	gwA, gwB := registry.Gateway{Address: "192.0.2.1", Port: 15443}, registry.Gateway{Address: "192.0.2.2", Port: 15443}
+	topologies := []registry.Networks{
+		{},
+		{Clusters: map[registry.ClusterID]registry.Network{"east": "n1", "west": "n2", "north": "n3"},
+			Gateways: map[registry.Network][]registry.Gateway{"n1": {gwA, gwB}, "n2": {gwB}, "n3": {{Address: "gw.example.com", Port: 15443}}}},
+		{Clusters: map[registry.ClusterID]registry.Network{"east": "n1", "west": "n1"},
+			Gateways: map[registry.Network][]registry.Gateway{"n1": {gwA}}},
+	}
 	conditions := []registry.Conditions{ready, ready, ready, draining, notReady}
 	port := tcp("grpc", 8080)
 
 	type published struct {
-		cla *endpoint.ClusterLoadAssignment
-		sum uint64
+		client Client
+		cla    *endpoint.ClusterLoadAssignment
+		sum    uint64
 	}
 	var seen []published
 	var prev *portEndpoints
@@ -51,19 +67,29 @@ func TestSharedAssignmentsMatchAssign(t *testing.T) {
 		}
 		r, _ := apply(t, registry.New(), shards...)
 		svc := r.Service(echo)
+		nets := topologies[(round/3)%len(topologies)]
+		topo := newTopology(nets)
+		if round%3 == 0 {
+			prev = nil // a new topology: nothing to reuse
+		}
 		// Built from scratch, and from the previous round's form (reusing what it can).
-		pe, err := newPortEndpoints(svc, port, nil)
+		pe, err := newPortEndpoints(svc, port, nil, topo)
 		if err != nil {
 			t.Fatalf("round %d: %v", round, err)
 		}
-		reused, err := newPortEndpoints(svc, port, prev)
+		reused, err := newPortEndpoints(svc, port, prev, topo)
 		if err != nil {
 			t.Fatalf("round %d, reusing: %v", round, err)
 		}
 		prev = reused
 		for _, g := range groups {
-			want := ClusterLoadAssignment(Assign(svc, port, g))
-			cla, sum := pe.forGroup(g)
+			want := ClusterLoadAssignment(AssignFor(svc, port, g, nets))
+			if g.Network == "" {
+				if plain := ClusterLoadAssignment(Assign(svc, port, g.Locality)); !proto.Equal(plain, want) {
+					t.Fatalf("round %d, group %v: a client without a network is not assigned as before networks", round, g)
+				}
+			}
+			cla, sum := pe.forClient(g, topo)
 			got := decoded(t, cla)
 			if !proto.Equal(got, want) {
 				t.Fatalf("round %d, group %v:\nshared %v\nAssign %v", round, g, got, want)
@@ -71,16 +97,19 @@ func TestSharedAssignmentsMatchAssign(t *testing.T) {
 			if err := Validate(got); err != nil {
 				t.Fatalf("round %d, group %v: %v", round, g, err)
 			}
-			if rcla, rsum := reused.forGroup(g); !proto.Equal(decoded(t, rcla), want) || rsum != sum {
+			if rcla, rsum := reused.forClient(g, topo); !proto.Equal(decoded(t, rcla), want) || rsum != sum {
 				t.Fatalf("round %d, group %v: built from the previous form\n%v\nwant %v", round, g, decoded(t, rcla), want)
 			}
-			seen = append(seen, published{got, sum})
+			seen = append(seen, published{g, got, sum})
 		}
 	}
-	// Sums agree with proto.Equal on every pair.
+	// Sums agree with proto.Equal on every pair of one client's (what one EDS cache compares).
 	equalPairs := 0
 	for i := range seen {
 		for j := i + 1; j < len(seen); j++ {
+			if seen[i].client != seen[j].client {
+				continue
+			}
 			same := proto.Equal(seen[i].cla, seen[j].cla)
 			if same {
 				equalPairs++
@@ -121,7 +150,7 @@ func TestChangeRebuildsOnlyItsLocalities(t *testing.T) {
 				ep("10.0.0.3", loc("r1", "z2"), ready, eport("grpc", 9090))),
 			shard("west", echo, []registry.ServicePort{port},
 				ep("10.1.0.1", loc("r2", "z3"), ready, eport("grpc", 9090))))
-		pe, err := newPortEndpoints(r.Service(echo), port, prev)
+		pe, err := newPortEndpoints(r.Service(echo), port, prev, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -5,6 +5,9 @@ import (
 	"testing"
 	"time"
 
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"google.golang.org/protobuf/types/known/structpb"
+
 	"github.com/navemesh/nave/registry"
 )
 
@@ -51,4 +54,13 @@ func apply(t testing.TB, r *registry.Registry, shards ...*registry.Shard) (*regi
 		all.Services = append(all.Services, last.Services...)
 	}
 	return r, all
+}
+
+// nodeAt is a client node in locality l that names network (none when "").
+func nodeAt(l registry.Locality, network registry.Network) *core.Node {
+	n := &core.Node{Id: "test", Locality: &core.Locality{Region: l.Region, Zone: l.Zone, SubZone: l.Subzone}}
+	if network != "" {
+		n.Metadata = &structpb.Struct{Fields: map[string]*structpb.Value{MetadataNetwork: structpb.NewStringValue(string(network))}}
+	}
+	return n
 }

@@ -59,7 +59,10 @@ type Server struct {
 	lds, rds, cds *resourceCache
 	// groups maps a locality group to its EDS cache. Copy-on-write under
 	// stateMu, so a watch finds its group's cache without waiting for Update.
-	groups atomic.Pointer[map[registry.Locality]*resourceCache]
+	groups atomic.Pointer[map[Client]*resourceCache]
+	// topo is the network topology EDS is computed against (SetNetworks);
+	// replaced, never modified.
+	topo atomic.Pointer[topology]
 
 	// overLimitWarned is when (unix ns) the last too-many-groups warning was logged.
 	overLimitWarned atomic.Int64
@@ -69,6 +72,8 @@ type Server struct {
 	stateMu sync.Mutex
 	reg     *registry.Registry
 	built   bool
+	// networks is what SetNetworks was last given.
+	networks registry.Networks
 	// ports are the service ports published per service.
 	ports map[registry.ServiceKey][]registry.ServicePort
 	// endpoints holds, by cluster name, the last valid xDS form of each service
@@ -112,7 +117,8 @@ func NewServer(cfg Config, log *slog.Logger, reg prometheus.Registerer) *Server 
 	s.lds = newResourceCache(resource.ListenerType, cfg.VersionPrefix+"lds-", log, nil, nil)
 	s.rds = newResourceCache(resource.RouteType, cfg.VersionPrefix+"rds-", log, nil, nil)
 	s.cds = newResourceCache(resource.ClusterType, cfg.VersionPrefix+"cds-", log, nil, nil)
-	s.groups.Store(&map[registry.Locality]*resourceCache{})
+	s.groups.Store(&map[Client]*resourceCache{})
+	s.topo.Store(newTopology(registry.Networks{}))
 	dispatch := &dispatchCache{lds: s.lds, rds: s.rds, cds: s.cds, eds: s.edsCache, log: log}
 	// The streams end when the gRPC server stops; nothing else needs to end them.
 	s.xds = serverv3.NewServer(context.Background(), dispatch, s.callbacks(), sotw.WithLogger(cacheLogger(log)))
@@ -192,6 +198,52 @@ func (s *Server) Update(r *registry.Registry, d registry.Diff) {
 	s.metrics.updateDuration.Observe(time.Since(start).Seconds())
 }
 
+// SetNetworks sets the network topology that split-horizon EDS is computed
+// against (see networks.go) and republishes the assignments it changes: when
+// a cluster changes network every service port is rebuilt, when only
+// gateways change only the assignments of clients that name a network.
+// Call it from the goroutine that calls Update.
+func (s *Server) SetNetworks(n registry.Networks) {
+	start := time.Now()
+	s.stateMu.Lock()
+	defer s.stateMu.Unlock()
+	if n.Equal(s.networks) {
+		return
+	}
+	rebuild := !maps.Equal(n.Clusters, s.networks.Clusters)
+	s.networks = n
+	t := newTopology(n)
+	s.topo.Store(t)
+	if !s.built {
+		return // the first Update builds everything against it
+	}
+	groups := *s.groups.Load()
+	if rebuild {
+		// Every block was split by the old cluster-to-network map.
+		clear(s.endpoints)
+		for k, ports := range s.ports {
+			svc := s.reg.Service(k)
+			for _, p := range ports {
+				s.stageEndpoints(svc, p, groups)
+			}
+		}
+	} else {
+		for name, pe := range s.endpoints {
+			for client, eds := range groups {
+				if client.Network != "" {
+					cla, sum := pe.forClient(client, t)
+					eds.stage(name, cla, sum)
+				}
+			}
+		}
+	}
+	for _, eds := range groups {
+		s.flush(eds, start)
+	}
+	s.metrics.updateDuration.Observe(time.Since(start).Seconds())
+	s.log.Info("network topology changed", "clusters", len(n.Clusters), "networks with gateways", len(t.gateways), "rebuilt", rebuild)
+}
+
 // everything is a diff that touches every service in r and every service published so far.
 func (s *Server) everything(r *registry.Registry) []registry.ServiceDiff {
 	var out []registry.ServiceDiff
@@ -217,7 +269,7 @@ func hasPort(ports []registry.ServicePort, number int32) bool {
 	return false
 }
 
-func (s *Server) deletePort(k registry.ServiceKey, port int32, groups map[registry.Locality]*resourceCache) {
+func (s *Server) deletePort(k registry.ServiceKey, port int32, groups map[Client]*resourceCache) {
 	name, cluster := ListenerName(k, port), ClusterName(k, port)
 	s.lds.stageDelete(name)
 	s.rds.stageDelete(name)
@@ -241,15 +293,16 @@ func (s *Server) stage(c *resourceCache, name string, res types.Resource) {
 // stageEndpoints rebuilds the endpoints of svc's port once and stages the
 // assignment of every locality group; if they are invalid, every group keeps
 // the last valid assignment.
-func (s *Server) stageEndpoints(svc *registry.Service, p registry.ServicePort, groups map[registry.Locality]*resourceCache) {
-	pe, err := newPortEndpoints(svc, p, s.endpoints[ClusterName(svc.Key, p.Port)])
+func (s *Server) stageEndpoints(svc *registry.Service, p registry.ServicePort, groups map[Client]*resourceCache) {
+	t := s.topo.Load()
+	pe, err := newPortEndpoints(svc, p, s.endpoints[ClusterName(svc.Key, p.Port)], t)
 	if err != nil {
 		s.invalid(typeEDS, ClusterName(svc.Key, p.Port), err)
 		return
 	}
 	s.endpoints[pe.clusterName] = pe
-	for group, eds := range groups {
-		cla, sum := pe.forGroup(group)
+	for client, eds := range groups {
+		cla, sum := pe.forClient(client, t)
 		eds.stage(pe.clusterName, cla, sum)
 	}
 }
@@ -276,10 +329,10 @@ func (s *Server) flush(c *resourceCache, start time.Time) {
 	s.pushMu.Unlock()
 }
 
-// edsCache returns the EDS cache of the locality group of a client, creating
-// and filling it on first use.
-func (s *Server) edsCache(l registry.Locality) *resourceCache {
-	group := groupOf(l)
+// edsCache returns the EDS cache of a node's Client (locality group and
+// network), creating and filling it on first use.
+func (s *Server) edsCache(node *core.Node) *resourceCache {
+	group := clientOf(node, s.topo.Load())
 	if c := (*s.groups.Load())[group]; c != nil {
 		return c
 	}
@@ -293,24 +346,29 @@ func (s *Server) edsCache(l registry.Locality) *resourceCache {
 		// Clients choose their locality: warn at most once a minute, not per request.
 		if now, last := time.Now().UnixNano(), s.overLimitWarned.Load(); now-last > int64(time.Minute) && s.overLimitWarned.CompareAndSwap(last, now) {
 			s.log.Warn("too many locality groups; serving clients of new groups the default group",
-				"region", group.Region, "zone", group.Zone, "limit", s.cfg.MaxLocalityGroups)
+				"region", group.Locality.Region, "zone", group.Locality.Zone, "network", group.Network, "limit", s.cfg.MaxLocalityGroups)
 		}
-		group = registry.Locality{}
+		group = Client{}
 		if c := groups[group]; c != nil {
 			return c
 		}
 	}
 	initial := make(map[string]types.Resource, len(s.endpoints))
 	sums := make(map[string]uint64, len(s.endpoints))
+	t := s.topo.Load()
 	for name, pe := range s.endpoints {
-		initial[name], sums[name] = pe.forGroup(group)
+		initial[name], sums[name] = pe.forClient(group, t)
 	}
-	c := newResourceCache(resource.EndpointType, s.cfg.VersionPrefix+"eds-"+group.Region+"/"+group.Zone+"-", s.log, initial, sums)
+	prefix := s.cfg.VersionPrefix + "eds-" + group.Locality.Region + "/" + group.Locality.Zone + "-"
+	if group.Network != "" {
+		prefix = s.cfg.VersionPrefix + "eds-" + string(group.Network) + "/" + group.Locality.Region + "/" + group.Locality.Zone + "-"
+	}
+	c := newResourceCache(resource.EndpointType, prefix, s.log, initial, sums)
 	next := maps.Clone(groups)
 	next[group] = c
 	s.groups.Store(&next)
 	s.metrics.groups.Set(float64(len(next)))
-	s.log.Info("new locality group", "region", group.Region, "zone", group.Zone, "assignments", len(initial))
+	s.log.Info("new locality group", "region", group.Locality.Region, "zone", group.Locality.Zone, "network", group.Network, "assignments", len(initial))
 	return c
 }
 

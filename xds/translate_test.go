@@ -12,11 +12,13 @@ import (
 	"testing"
 
 	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listener "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	route "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/navemesh/nave/registry"
 )
@@ -63,6 +65,41 @@ func TestServedResourcesGolden(t *testing.T) {
 	golden(t, "listeners", shared.Listeners)
 	golden(t, "routes", shared.Routes)
 	golden(t, "clusters", shared.Clusters)
+}
+
+// goldenNetworks puts east on network net-a and west on net-b, each with a
+// gateway (net-a's second one known only by name), and names net-c, with no
+// gateway, for a cluster that exports nothing.
+var goldenNetworks = registry.Networks{
+	Clusters: map[registry.ClusterID]registry.Network{"east": "net-a", "west": "net-b", "south": "net-c"},
+	Gateways: map[registry.Network][]registry.Gateway{
+		"net-a": {{Address: "192.0.2.10", Port: 15443}, {Address: "gw-a.example.com", Port: 15443}},
+		"net-b": {{Address: "192.0.2.20", Port: 15443}, {Address: "192.0.2.21", Port: 15443}},
+	},
+}
+
+func TestSplitHorizonEndpointsGolden(t *testing.T) {
+	r := goldenRegistry(t)
+	clients := map[string]*core.Node{
+		"net-a-r1-z1": nodeAt(loc("r1", "z1"), "net-a"),
+		"net-b-r2-z3": nodeAt(loc("r2", "z3"), "net-b"),
+		"net-c-r1-z2": nodeAt(loc("r1", "z2"), "net-c"),
+	}
+	for name, node := range clients {
+		res := servedWith(t, r, goldenNetworks, node)
+		golden(t, "split-"+name, res.Assignments)
+		for _, cla := range res.Assignments {
+			if err := Validate(cla); err != nil {
+				t.Errorf("%s: %v", name, err)
+			}
+		}
+	}
+	// A client that names only its cluster is on that cluster's network.
+	byCluster := nodeAt(loc("r2", "z3"), "")
+	byCluster.Metadata = &structpb.Struct{Fields: map[string]*structpb.Value{MetadataCluster: structpb.NewStringValue("west")}}
+	if got, want := servedWith(t, r, goldenNetworks, byCluster), servedWith(t, r, goldenNetworks, clients["net-b-r2-z3"]); !slices.EqualFunc(got.Assignments, want.Assignments, func(a, b *endpoint.ClusterLoadAssignment) bool { return proto.Equal(a, b) }) {
+		t.Errorf("a client naming cluster west got\n%v\nwant net-b's\n%v", got.Assignments, want.Assignments)
+	}
 }
 
 // golden compares the resources, rendered as sorted, indented protojson,
@@ -137,9 +174,17 @@ type Resources struct {
 // for clients in the client locality.
 func served(t *testing.T, r *registry.Registry, client registry.Locality) Resources {
 	t.Helper()
+	return servedWith(t, r, registry.Networks{}, nodeAt(client, ""))
+}
+
+// servedWith publishes r against the network topology nets and reads back
+// what the caches hold for node.
+func servedWith(t *testing.T, r *registry.Registry, nets registry.Networks, node *core.Node) Resources {
+	t.Helper()
 	srv := NewServer(DefaultConfig(), nil, nil)
+	srv.SetNetworks(nets)
 	srv.Update(r, registry.Diff{})
-	eds := srv.edsCache(client)
+	eds := srv.edsCache(node)
 	srv.stateMu.Lock()
 	defer srv.stateMu.Unlock()
 	return Resources{

@@ -389,7 +389,9 @@ type ReplicaUpdate struct {
 	Upserts   []*Shard      `protobuf:"bytes,7,rep,name=upserts,proto3" json:"upserts,omitempty"`
 	Removes   []*ServiceKey `protobuf:"bytes,8,rep,name=removes,proto3" json:"removes,omitempty"`
 	// origin names the replica where the change originated, when known.
-	Origin        string `protobuf:"bytes,9,opt,name=origin,proto3" json:"origin,omitempty"`
+	Origin string `protobuf:"bytes,9,opt,name=origin,proto3" json:"origin,omitempty"`
+	// The gateways the cluster announces for its network (every update carries them).
+	Gateways      []*NetworkGateway `protobuf:"bytes,10,rep,name=gateways,proto3" json:"gateways,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -485,6 +487,13 @@ func (x *ReplicaUpdate) GetOrigin() string {
 		return x.Origin
 	}
 	return ""
+}
+
+func (x *ReplicaUpdate) GetGateways() []*NetworkGateway {
+	if x != nil {
+		return x.Gateways
+	}
+	return nil
 }
 
 // ReplicaDigests describes, for every cluster whose latest change
@@ -669,6 +678,7 @@ type SpokeMessage struct {
 	//	*SpokeMessage_ImportAck
 	//	*SpokeMessage_ImportNack
 	//	*SpokeMessage_ImportsWritten
+	//	*SpokeMessage_Gateways
 	Kind          isSpokeMessage_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -774,6 +784,15 @@ func (x *SpokeMessage) GetImportsWritten() *ImportsWritten {
 	return nil
 }
 
+func (x *SpokeMessage) GetGateways() *NetworkGateways {
+	if x != nil {
+		if x, ok := x.Kind.(*SpokeMessage_Gateways); ok {
+			return x.Gateways
+		}
+	}
+	return nil
+}
+
 type isSpokeMessage_Kind interface {
 	isSpokeMessage_Kind()
 }
@@ -809,6 +828,12 @@ type SpokeMessage_ImportsWritten struct {
 	ImportsWritten *ImportsWritten `protobuf:"bytes,7,opt,name=imports_written,json=importsWritten,proto3,oneof"`
 }
 
+type SpokeMessage_Gateways struct {
+	// The east-west gateways of the cluster's network that the spoke
+	// announces, whenever they change after the hello.
+	Gateways *NetworkGateways `protobuf:"bytes,8,opt,name=gateways,proto3,oneof"`
+}
+
 func (*SpokeMessage_Hello) isSpokeMessage_Kind() {}
 
 func (*SpokeMessage_Update) isSpokeMessage_Kind() {}
@@ -822,6 +847,8 @@ func (*SpokeMessage_ImportAck) isSpokeMessage_Kind() {}
 func (*SpokeMessage_ImportNack) isSpokeMessage_Kind() {}
 
 func (*SpokeMessage_ImportsWritten) isSpokeMessage_Kind() {}
+
+func (*SpokeMessage_Gateways) isSpokeMessage_Kind() {}
 
 type HubMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -987,7 +1014,10 @@ type Hello struct {
 	AckedDigest string `protobuf:"bytes,8,opt,name=acked_digest,json=ackedDigest,proto3" json:"acked_digest,omitempty"`
 	// namespaces the cluster has, with the capability "imports": a service is
 	// imported into every cluster that has its namespace.
-	Namespaces    []string `protobuf:"bytes,9,rep,name=namespaces,proto3" json:"namespaces,omitempty"`
+	Namespaces []string `protobuf:"bytes,9,rep,name=namespaces,proto3" json:"namespaces,omitempty"`
+	// The east-west gateways the cluster announces for its network. Absent
+	// while the spoke does not know them yet: the hub keeps what it holds.
+	Gateways      *NetworkGateways `protobuf:"bytes,10,opt,name=gateways,proto3" json:"gateways,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1085,6 +1115,113 @@ func (x *Hello) GetNamespaces() []string {
 	return nil
 }
 
+func (x *Hello) GetGateways() *NetworkGateways {
+	if x != nil {
+		return x.Gateways
+	}
+	return nil
+}
+
+// NetworkGateways is the complete set of gateways a cluster announces for its
+// network (empty: none).
+type NetworkGateways struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Gateways      []*NetworkGateway      `protobuf:"bytes,1,rep,name=gateways,proto3" json:"gateways,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkGateways) Reset() {
+	*x = NetworkGateways{}
+	mi := &file_federation_v1_federation_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkGateways) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkGateways) ProtoMessage() {}
+
+func (x *NetworkGateways) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkGateways.ProtoReflect.Descriptor instead.
+func (*NetworkGateways) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *NetworkGateways) GetGateways() []*NetworkGateway {
+	if x != nil {
+		return x.Gateways
+	}
+	return nil
+}
+
+// NetworkGateway is an address (IP or DNS name) and port at which the
+// network's endpoints are reached from other networks.
+type NetworkGateway struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Address       string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
+	Port          uint32                 `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkGateway) Reset() {
+	*x = NetworkGateway{}
+	mi := &file_federation_v1_federation_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkGateway) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkGateway) ProtoMessage() {}
+
+func (x *NetworkGateway) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkGateway.ProtoReflect.Descriptor instead.
+func (*NetworkGateway) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *NetworkGateway) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *NetworkGateway) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
 // Namespaces is the complete list of the cluster's namespaces; it replaces the last.
 type Namespaces struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1095,7 +1232,7 @@ type Namespaces struct {
 
 func (x *Namespaces) Reset() {
 	*x = Namespaces{}
-	mi := &file_federation_v1_federation_proto_msgTypes[12]
+	mi := &file_federation_v1_federation_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1107,7 +1244,7 @@ func (x *Namespaces) String() string {
 func (*Namespaces) ProtoMessage() {}
 
 func (x *Namespaces) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[12]
+	mi := &file_federation_v1_federation_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1120,7 +1257,7 @@ func (x *Namespaces) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Namespaces.ProtoReflect.Descriptor instead.
 func (*Namespaces) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{12}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Namespaces) GetNames() []string {
@@ -1166,7 +1303,7 @@ type ImportUpdate struct {
 
 func (x *ImportUpdate) Reset() {
 	*x = ImportUpdate{}
-	mi := &file_federation_v1_federation_proto_msgTypes[13]
+	mi := &file_federation_v1_federation_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1178,7 +1315,7 @@ func (x *ImportUpdate) String() string {
 func (*ImportUpdate) ProtoMessage() {}
 
 func (x *ImportUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[13]
+	mi := &file_federation_v1_federation_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1191,7 +1328,7 @@ func (x *ImportUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportUpdate.ProtoReflect.Descriptor instead.
 func (*ImportUpdate) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{13}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ImportUpdate) GetNonce() string {
@@ -1275,7 +1412,7 @@ type Import struct {
 
 func (x *Import) Reset() {
 	*x = Import{}
-	mi := &file_federation_v1_federation_proto_msgTypes[14]
+	mi := &file_federation_v1_federation_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1287,7 +1424,7 @@ func (x *Import) String() string {
 func (*Import) ProtoMessage() {}
 
 func (x *Import) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[14]
+	mi := &file_federation_v1_federation_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1300,7 +1437,7 @@ func (x *Import) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Import.ProtoReflect.Descriptor instead.
 func (*Import) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{14}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Import) GetService() *ServiceKey {
@@ -1362,7 +1499,7 @@ type ImportSource struct {
 
 func (x *ImportSource) Reset() {
 	*x = ImportSource{}
-	mi := &file_federation_v1_federation_proto_msgTypes[15]
+	mi := &file_federation_v1_federation_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1374,7 +1511,7 @@ func (x *ImportSource) String() string {
 func (*ImportSource) ProtoMessage() {}
 
 func (x *ImportSource) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[15]
+	mi := &file_federation_v1_federation_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1387,7 +1524,7 @@ func (x *ImportSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportSource.ProtoReflect.Descriptor instead.
 func (*ImportSource) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{15}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ImportSource) GetClusterId() string {
@@ -1429,7 +1566,7 @@ type ImportsWritten struct {
 
 func (x *ImportsWritten) Reset() {
 	*x = ImportsWritten{}
-	mi := &file_federation_v1_federation_proto_msgTypes[16]
+	mi := &file_federation_v1_federation_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1441,7 +1578,7 @@ func (x *ImportsWritten) String() string {
 func (*ImportsWritten) ProtoMessage() {}
 
 func (x *ImportsWritten) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[16]
+	mi := &file_federation_v1_federation_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1454,7 +1591,7 @@ func (x *ImportsWritten) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportsWritten.ProtoReflect.Descriptor instead.
 func (*ImportsWritten) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{16}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ImportsWritten) GetVersion() uint64 {
@@ -1482,7 +1619,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_federation_v1_federation_proto_msgTypes[17]
+	mi := &file_federation_v1_federation_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1494,7 +1631,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[17]
+	mi := &file_federation_v1_federation_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1507,7 +1644,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{17}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Welcome) GetEpoch() uint64 {
@@ -1561,7 +1698,7 @@ type Update struct {
 
 func (x *Update) Reset() {
 	*x = Update{}
-	mi := &file_federation_v1_federation_proto_msgTypes[18]
+	mi := &file_federation_v1_federation_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1573,7 +1710,7 @@ func (x *Update) String() string {
 func (*Update) ProtoMessage() {}
 
 func (x *Update) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[18]
+	mi := &file_federation_v1_federation_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1586,7 +1723,7 @@ func (x *Update) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Update.ProtoReflect.Descriptor instead.
 func (*Update) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{18}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Update) GetNonce() string {
@@ -1652,7 +1789,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_federation_v1_federation_proto_msgTypes[19]
+	mi := &file_federation_v1_federation_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1664,7 +1801,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[19]
+	mi := &file_federation_v1_federation_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1677,7 +1814,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{19}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Ack) GetNonce() string {
@@ -1713,7 +1850,7 @@ type Nack struct {
 
 func (x *Nack) Reset() {
 	*x = Nack{}
-	mi := &file_federation_v1_federation_proto_msgTypes[20]
+	mi := &file_federation_v1_federation_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1725,7 +1862,7 @@ func (x *Nack) String() string {
 func (*Nack) ProtoMessage() {}
 
 func (x *Nack) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[20]
+	mi := &file_federation_v1_federation_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1738,7 +1875,7 @@ func (x *Nack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Nack.ProtoReflect.Descriptor instead.
 func (*Nack) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{20}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Nack) GetNonce() string {
@@ -1773,7 +1910,7 @@ type Rejection struct {
 
 func (x *Rejection) Reset() {
 	*x = Rejection{}
-	mi := &file_federation_v1_federation_proto_msgTypes[21]
+	mi := &file_federation_v1_federation_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1785,7 +1922,7 @@ func (x *Rejection) String() string {
 func (*Rejection) ProtoMessage() {}
 
 func (x *Rejection) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[21]
+	mi := &file_federation_v1_federation_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1798,7 +1935,7 @@ func (x *Rejection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rejection.ProtoReflect.Descriptor instead.
 func (*Rejection) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{21}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Rejection) GetService() *ServiceKey {
@@ -1828,7 +1965,7 @@ type Digest struct {
 
 func (x *Digest) Reset() {
 	*x = Digest{}
-	mi := &file_federation_v1_federation_proto_msgTypes[22]
+	mi := &file_federation_v1_federation_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1840,7 +1977,7 @@ func (x *Digest) String() string {
 func (*Digest) ProtoMessage() {}
 
 func (x *Digest) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[22]
+	mi := &file_federation_v1_federation_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1853,7 +1990,7 @@ func (x *Digest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Digest.ProtoReflect.Descriptor instead.
 func (*Digest) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{22}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Digest) GetVersion() uint64 {
@@ -1887,7 +2024,7 @@ type ResyncRequest struct {
 
 func (x *ResyncRequest) Reset() {
 	*x = ResyncRequest{}
-	mi := &file_federation_v1_federation_proto_msgTypes[23]
+	mi := &file_federation_v1_federation_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1899,7 +2036,7 @@ func (x *ResyncRequest) String() string {
 func (*ResyncRequest) ProtoMessage() {}
 
 func (x *ResyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[23]
+	mi := &file_federation_v1_federation_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1912,7 +2049,7 @@ func (x *ResyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResyncRequest.ProtoReflect.Descriptor instead.
 func (*ResyncRequest) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{23}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ResyncRequest) GetReason() string {
@@ -1942,7 +2079,7 @@ type ServiceConflicts struct {
 
 func (x *ServiceConflicts) Reset() {
 	*x = ServiceConflicts{}
-	mi := &file_federation_v1_federation_proto_msgTypes[24]
+	mi := &file_federation_v1_federation_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1954,7 +2091,7 @@ func (x *ServiceConflicts) String() string {
 func (*ServiceConflicts) ProtoMessage() {}
 
 func (x *ServiceConflicts) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[24]
+	mi := &file_federation_v1_federation_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1967,7 +2104,7 @@ func (x *ServiceConflicts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceConflicts.ProtoReflect.Descriptor instead.
 func (*ServiceConflicts) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{24}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ServiceConflicts) GetServices() []*ServiceConflict {
@@ -1993,7 +2130,7 @@ type ServiceConflict struct {
 
 func (x *ServiceConflict) Reset() {
 	*x = ServiceConflict{}
-	mi := &file_federation_v1_federation_proto_msgTypes[25]
+	mi := &file_federation_v1_federation_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2005,7 +2142,7 @@ func (x *ServiceConflict) String() string {
 func (*ServiceConflict) ProtoMessage() {}
 
 func (x *ServiceConflict) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[25]
+	mi := &file_federation_v1_federation_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2018,7 +2155,7 @@ func (x *ServiceConflict) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceConflict.ProtoReflect.Descriptor instead.
 func (*ServiceConflict) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{25}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ServiceConflict) GetService() *ServiceKey {
@@ -2052,7 +2189,7 @@ type ServiceKey struct {
 
 func (x *ServiceKey) Reset() {
 	*x = ServiceKey{}
-	mi := &file_federation_v1_federation_proto_msgTypes[26]
+	mi := &file_federation_v1_federation_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2064,7 +2201,7 @@ func (x *ServiceKey) String() string {
 func (*ServiceKey) ProtoMessage() {}
 
 func (x *ServiceKey) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[26]
+	mi := &file_federation_v1_federation_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2077,7 +2214,7 @@ func (x *ServiceKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceKey.ProtoReflect.Descriptor instead.
 func (*ServiceKey) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{26}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ServiceKey) GetNamespace() string {
@@ -2113,7 +2250,7 @@ type Shard struct {
 
 func (x *Shard) Reset() {
 	*x = Shard{}
-	mi := &file_federation_v1_federation_proto_msgTypes[27]
+	mi := &file_federation_v1_federation_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2125,7 +2262,7 @@ func (x *Shard) String() string {
 func (*Shard) ProtoMessage() {}
 
 func (x *Shard) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[27]
+	mi := &file_federation_v1_federation_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2138,7 +2275,7 @@ func (x *Shard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shard.ProtoReflect.Descriptor instead.
 func (*Shard) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{27}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Shard) GetService() *ServiceKey {
@@ -2203,7 +2340,7 @@ type ServiceProperties struct {
 
 func (x *ServiceProperties) Reset() {
 	*x = ServiceProperties{}
-	mi := &file_federation_v1_federation_proto_msgTypes[28]
+	mi := &file_federation_v1_federation_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2215,7 +2352,7 @@ func (x *ServiceProperties) String() string {
 func (*ServiceProperties) ProtoMessage() {}
 
 func (x *ServiceProperties) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[28]
+	mi := &file_federation_v1_federation_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2228,7 +2365,7 @@ func (x *ServiceProperties) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceProperties.ProtoReflect.Descriptor instead.
 func (*ServiceProperties) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{28}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ServiceProperties) GetSessionAffinity() string {
@@ -2292,7 +2429,7 @@ type ServicePort struct {
 
 func (x *ServicePort) Reset() {
 	*x = ServicePort{}
-	mi := &file_federation_v1_federation_proto_msgTypes[29]
+	mi := &file_federation_v1_federation_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2304,7 +2441,7 @@ func (x *ServicePort) String() string {
 func (*ServicePort) ProtoMessage() {}
 
 func (x *ServicePort) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[29]
+	mi := &file_federation_v1_federation_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2317,7 +2454,7 @@ func (x *ServicePort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServicePort.ProtoReflect.Descriptor instead.
 func (*ServicePort) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{29}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ServicePort) GetName() string {
@@ -2364,7 +2501,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_federation_v1_federation_proto_msgTypes[30]
+	mi := &file_federation_v1_federation_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2376,7 +2513,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[30]
+	mi := &file_federation_v1_federation_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2389,7 +2526,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{30}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Endpoint) GetAddresses() []string {
@@ -2458,7 +2595,7 @@ type EndpointPort struct {
 
 func (x *EndpointPort) Reset() {
 	*x = EndpointPort{}
-	mi := &file_federation_v1_federation_proto_msgTypes[31]
+	mi := &file_federation_v1_federation_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2470,7 +2607,7 @@ func (x *EndpointPort) String() string {
 func (*EndpointPort) ProtoMessage() {}
 
 func (x *EndpointPort) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[31]
+	mi := &file_federation_v1_federation_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2483,7 +2620,7 @@ func (x *EndpointPort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointPort.ProtoReflect.Descriptor instead.
 func (*EndpointPort) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{31}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *EndpointPort) GetName() string {
@@ -2511,7 +2648,7 @@ type Locality struct {
 
 func (x *Locality) Reset() {
 	*x = Locality{}
-	mi := &file_federation_v1_federation_proto_msgTypes[32]
+	mi := &file_federation_v1_federation_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2523,7 +2660,7 @@ func (x *Locality) String() string {
 func (*Locality) ProtoMessage() {}
 
 func (x *Locality) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[32]
+	mi := &file_federation_v1_federation_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2536,7 +2673,7 @@ func (x *Locality) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Locality.ProtoReflect.Descriptor instead.
 func (*Locality) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{32}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Locality) GetRegion() string {
@@ -2577,7 +2714,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_federation_v1_federation_proto_msgTypes[33]
+	mi := &file_federation_v1_federation_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2589,7 +2726,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[33]
+	mi := &file_federation_v1_federation_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2602,7 +2739,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{33}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Snapshot) GetRevision() uint64 {
@@ -2632,14 +2769,15 @@ type SnapshotCluster struct {
 	Network string                 `protobuf:"bytes,2,opt,name=network,proto3" json:"network,omitempty"`
 	Stamp   *Stamp                 `protobuf:"bytes,3,opt,name=stamp,proto3" json:"stamp,omitempty"`
 	// shards are sorted by service; a cluster may hold none (known, empty).
-	Shards        []*Shard `protobuf:"bytes,4,rep,name=shards,proto3" json:"shards,omitempty"`
+	Shards        []*Shard          `protobuf:"bytes,4,rep,name=shards,proto3" json:"shards,omitempty"`
+	Gateways      []*NetworkGateway `protobuf:"bytes,5,rep,name=gateways,proto3" json:"gateways,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SnapshotCluster) Reset() {
 	*x = SnapshotCluster{}
-	mi := &file_federation_v1_federation_proto_msgTypes[34]
+	mi := &file_federation_v1_federation_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2651,7 +2789,7 @@ func (x *SnapshotCluster) String() string {
 func (*SnapshotCluster) ProtoMessage() {}
 
 func (x *SnapshotCluster) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[34]
+	mi := &file_federation_v1_federation_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2664,7 +2802,7 @@ func (x *SnapshotCluster) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotCluster.ProtoReflect.Descriptor instead.
 func (*SnapshotCluster) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{34}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *SnapshotCluster) GetCluster() string {
@@ -2695,6 +2833,13 @@ func (x *SnapshotCluster) GetShards() []*Shard {
 	return nil
 }
 
+func (x *SnapshotCluster) GetGateways() []*NetworkGateway {
+	if x != nil {
+		return x.Gateways
+	}
+	return nil
+}
+
 var File_federation_v1_federation_proto protoreflect.FileDescriptor
 
 const file_federation_v1_federation_proto_rawDesc = "" +
@@ -2718,7 +2863,7 @@ const file_federation_v1_federation_proto_rawDesc = "" +
 	"replica_id\x18\x01 \x01(\tR\treplicaId\"7\n" +
 	"\x05Stamp\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x18\n" +
-	"\aversion\x18\x02 \x01(\x04R\aversion\"\xed\x02\n" +
+	"\aversion\x18\x02 \x01(\x04R\aversion\"\xad\x03\n" +
 	"\rReplicaUpdate\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\x01 \x01(\tR\tclusterId\x12\x18\n" +
@@ -2731,7 +2876,9 @@ const file_federation_v1_federation_proto_rawDesc = "" +
 	"last_chunk\x18\x06 \x01(\bR\tlastChunk\x123\n" +
 	"\aupserts\x18\a \x03(\v2\x19.nave.federation.v1.ShardR\aupserts\x128\n" +
 	"\aremoves\x18\b \x03(\v2\x1e.nave.federation.v1.ServiceKeyR\aremoves\x12\x16\n" +
-	"\x06origin\x18\t \x01(\tR\x06origin\"O\n" +
+	"\x06origin\x18\t \x01(\tR\x06origin\x12>\n" +
+	"\bgateways\x18\n" +
+	" \x03(\v2\".nave.federation.v1.NetworkGatewayR\bgateways\"O\n" +
 	"\x0eReplicaDigests\x12=\n" +
 	"\bclusters\x18\x01 \x03(\v2!.nave.federation.v1.ClusterDigestR\bclusters\"\x93\x01\n" +
 	"\rClusterDigest\x12\x1d\n" +
@@ -2743,7 +2890,7 @@ const file_federation_v1_federation_proto_rawDesc = "" +
 	"\rReplicaResync\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\x01 \x01(\tR\tclusterId\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xbd\x03\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x80\x04\n" +
 	"\fSpokeMessage\x121\n" +
 	"\x05hello\x18\x01 \x01(\v2\x19.nave.federation.v1.HelloH\x00R\x05hello\x124\n" +
 	"\x06update\x18\x02 \x01(\v2\x1a.nave.federation.v1.UpdateH\x00R\x06update\x124\n" +
@@ -2755,7 +2902,8 @@ const file_federation_v1_federation_proto_rawDesc = "" +
 	"import_ack\x18\x05 \x01(\v2\x17.nave.federation.v1.AckH\x00R\timportAck\x12;\n" +
 	"\vimport_nack\x18\x06 \x01(\v2\x18.nave.federation.v1.NackH\x00R\n" +
 	"importNack\x12M\n" +
-	"\x0fimports_written\x18\a \x01(\v2\".nave.federation.v1.ImportsWrittenH\x00R\x0eimportsWrittenB\x06\n" +
+	"\x0fimports_written\x18\a \x01(\v2\".nave.federation.v1.ImportsWrittenH\x00R\x0eimportsWritten\x12A\n" +
+	"\bgateways\x18\b \x01(\v2#.nave.federation.v1.NetworkGatewaysH\x00R\bgatewaysB\x06\n" +
 	"\x04kind\"\xeb\x02\n" +
 	"\n" +
 	"HubMessage\x127\n" +
@@ -2765,7 +2913,7 @@ const file_federation_v1_federation_proto_rawDesc = "" +
 	"\x06resync\x18\x04 \x01(\v2!.nave.federation.v1.ResyncRequestH\x00R\x06resync\x12D\n" +
 	"\tconflicts\x18\x05 \x01(\v2$.nave.federation.v1.ServiceConflictsH\x00R\tconflicts\x12<\n" +
 	"\aimports\x18\x06 \x01(\v2 .nave.federation.v1.ImportUpdateH\x00R\aimportsB\x06\n" +
-	"\x04kind\"\xa9\x02\n" +
+	"\x04kind\"\xea\x02\n" +
 	"\x05Hello\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\x01 \x01(\tR\tclusterId\x12\x18\n" +
@@ -2780,7 +2928,14 @@ const file_federation_v1_federation_proto_rawDesc = "" +
 	"\facked_digest\x18\b \x01(\tR\vackedDigest\x12\x1e\n" +
 	"\n" +
 	"namespaces\x18\t \x03(\tR\n" +
-	"namespaces\"\"\n" +
+	"namespaces\x12?\n" +
+	"\bgateways\x18\n" +
+	" \x01(\v2#.nave.federation.v1.NetworkGatewaysR\bgateways\"Q\n" +
+	"\x0fNetworkGateways\x12>\n" +
+	"\bgateways\x18\x01 \x03(\v2\".nave.federation.v1.NetworkGatewayR\bgateways\">\n" +
+	"\x0eNetworkGateway\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x12\n" +
+	"\x04port\x18\x02 \x01(\rR\x04port\"\"\n" +
 	"\n" +
 	"Namespaces\x12\x14\n" +
 	"\x05names\x18\x01 \x03(\tR\x05names\"\xf5\x02\n" +
@@ -2905,12 +3060,13 @@ const file_federation_v1_federation_proto_rawDesc = "" +
 	"\bSnapshot\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x12&\n" +
 	"\x0ftaken_unix_nano\x18\x02 \x01(\x03R\rtakenUnixNano\x12?\n" +
-	"\bclusters\x18\x03 \x03(\v2#.nave.federation.v1.SnapshotClusterR\bclusters\"\xa9\x01\n" +
+	"\bclusters\x18\x03 \x03(\v2#.nave.federation.v1.SnapshotClusterR\bclusters\"\xe9\x01\n" +
 	"\x0fSnapshotCluster\x12\x18\n" +
 	"\acluster\x18\x01 \x01(\tR\acluster\x12\x18\n" +
 	"\anetwork\x18\x02 \x01(\tR\anetwork\x12/\n" +
 	"\x05stamp\x18\x03 \x01(\v2\x19.nave.federation.v1.StampR\x05stamp\x121\n" +
-	"\x06shards\x18\x04 \x03(\v2\x19.nave.federation.v1.ShardR\x06shards2]\n" +
+	"\x06shards\x18\x04 \x03(\v2\x19.nave.federation.v1.ShardR\x06shards\x12>\n" +
+	"\bgateways\x18\x05 \x03(\v2\".nave.federation.v1.NetworkGatewayR\bgateways2]\n" +
 	"\n" +
 	"Federation\x12O\n" +
 	"\aPublish\x12 .nave.federation.v1.SpokeMessage\x1a\x1e.nave.federation.v1.HubMessage(\x010\x012f\n" +
@@ -2929,7 +3085,7 @@ func file_federation_v1_federation_proto_rawDescGZIP() []byte {
 	return file_federation_v1_federation_proto_rawDescData
 }
 
-var file_federation_v1_federation_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
+var file_federation_v1_federation_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_federation_v1_federation_proto_goTypes = []any{
 	(*ReplicaRequest)(nil),    // 0: nave.federation.v1.ReplicaRequest
 	(*ReplicaMessage)(nil),    // 1: nave.federation.v1.ReplicaMessage
@@ -2943,31 +3099,33 @@ var file_federation_v1_federation_proto_goTypes = []any{
 	(*SpokeMessage)(nil),      // 9: nave.federation.v1.SpokeMessage
 	(*HubMessage)(nil),        // 10: nave.federation.v1.HubMessage
 	(*Hello)(nil),             // 11: nave.federation.v1.Hello
-	(*Namespaces)(nil),        // 12: nave.federation.v1.Namespaces
-	(*ImportUpdate)(nil),      // 13: nave.federation.v1.ImportUpdate
-	(*Import)(nil),            // 14: nave.federation.v1.Import
-	(*ImportSource)(nil),      // 15: nave.federation.v1.ImportSource
-	(*ImportsWritten)(nil),    // 16: nave.federation.v1.ImportsWritten
-	(*Welcome)(nil),           // 17: nave.federation.v1.Welcome
-	(*Update)(nil),            // 18: nave.federation.v1.Update
-	(*Ack)(nil),               // 19: nave.federation.v1.Ack
-	(*Nack)(nil),              // 20: nave.federation.v1.Nack
-	(*Rejection)(nil),         // 21: nave.federation.v1.Rejection
-	(*Digest)(nil),            // 22: nave.federation.v1.Digest
-	(*ResyncRequest)(nil),     // 23: nave.federation.v1.ResyncRequest
-	(*ServiceConflicts)(nil),  // 24: nave.federation.v1.ServiceConflicts
-	(*ServiceConflict)(nil),   // 25: nave.federation.v1.ServiceConflict
-	(*ServiceKey)(nil),        // 26: nave.federation.v1.ServiceKey
-	(*Shard)(nil),             // 27: nave.federation.v1.Shard
-	(*ServiceProperties)(nil), // 28: nave.federation.v1.ServiceProperties
-	(*ServicePort)(nil),       // 29: nave.federation.v1.ServicePort
-	(*Endpoint)(nil),          // 30: nave.federation.v1.Endpoint
-	(*EndpointPort)(nil),      // 31: nave.federation.v1.EndpointPort
-	(*Locality)(nil),          // 32: nave.federation.v1.Locality
-	(*Snapshot)(nil),          // 33: nave.federation.v1.Snapshot
-	(*SnapshotCluster)(nil),   // 34: nave.federation.v1.SnapshotCluster
-	nil,                       // 35: nave.federation.v1.ServiceProperties.LabelsEntry
-	nil,                       // 36: nave.federation.v1.ServiceProperties.AnnotationsEntry
+	(*NetworkGateways)(nil),   // 12: nave.federation.v1.NetworkGateways
+	(*NetworkGateway)(nil),    // 13: nave.federation.v1.NetworkGateway
+	(*Namespaces)(nil),        // 14: nave.federation.v1.Namespaces
+	(*ImportUpdate)(nil),      // 15: nave.federation.v1.ImportUpdate
+	(*Import)(nil),            // 16: nave.federation.v1.Import
+	(*ImportSource)(nil),      // 17: nave.federation.v1.ImportSource
+	(*ImportsWritten)(nil),    // 18: nave.federation.v1.ImportsWritten
+	(*Welcome)(nil),           // 19: nave.federation.v1.Welcome
+	(*Update)(nil),            // 20: nave.federation.v1.Update
+	(*Ack)(nil),               // 21: nave.federation.v1.Ack
+	(*Nack)(nil),              // 22: nave.federation.v1.Nack
+	(*Rejection)(nil),         // 23: nave.federation.v1.Rejection
+	(*Digest)(nil),            // 24: nave.federation.v1.Digest
+	(*ResyncRequest)(nil),     // 25: nave.federation.v1.ResyncRequest
+	(*ServiceConflicts)(nil),  // 26: nave.federation.v1.ServiceConflicts
+	(*ServiceConflict)(nil),   // 27: nave.federation.v1.ServiceConflict
+	(*ServiceKey)(nil),        // 28: nave.federation.v1.ServiceKey
+	(*Shard)(nil),             // 29: nave.federation.v1.Shard
+	(*ServiceProperties)(nil), // 30: nave.federation.v1.ServiceProperties
+	(*ServicePort)(nil),       // 31: nave.federation.v1.ServicePort
+	(*Endpoint)(nil),          // 32: nave.federation.v1.Endpoint
+	(*EndpointPort)(nil),      // 33: nave.federation.v1.EndpointPort
+	(*Locality)(nil),          // 34: nave.federation.v1.Locality
+	(*Snapshot)(nil),          // 35: nave.federation.v1.Snapshot
+	(*SnapshotCluster)(nil),   // 36: nave.federation.v1.SnapshotCluster
+	nil,                       // 37: nave.federation.v1.ServiceProperties.LabelsEntry
+	nil,                       // 38: nave.federation.v1.ServiceProperties.AnnotationsEntry
 }
 var file_federation_v1_federation_proto_depIdxs = []int32{
 	2,  // 0: nave.federation.v1.ReplicaRequest.hello:type_name -> nave.federation.v1.ReplicaHello
@@ -2978,59 +3136,64 @@ var file_federation_v1_federation_proto_depIdxs = []int32{
 	7,  // 5: nave.federation.v1.ReplicaHello.held:type_name -> nave.federation.v1.ClusterDigest
 	4,  // 6: nave.federation.v1.ReplicaUpdate.stamp:type_name -> nave.federation.v1.Stamp
 	4,  // 7: nave.federation.v1.ReplicaUpdate.base:type_name -> nave.federation.v1.Stamp
-	27, // 8: nave.federation.v1.ReplicaUpdate.upserts:type_name -> nave.federation.v1.Shard
-	26, // 9: nave.federation.v1.ReplicaUpdate.removes:type_name -> nave.federation.v1.ServiceKey
-	7,  // 10: nave.federation.v1.ReplicaDigests.clusters:type_name -> nave.federation.v1.ClusterDigest
-	4,  // 11: nave.federation.v1.ClusterDigest.stamp:type_name -> nave.federation.v1.Stamp
-	11, // 12: nave.federation.v1.SpokeMessage.hello:type_name -> nave.federation.v1.Hello
-	18, // 13: nave.federation.v1.SpokeMessage.update:type_name -> nave.federation.v1.Update
-	22, // 14: nave.federation.v1.SpokeMessage.digest:type_name -> nave.federation.v1.Digest
-	12, // 15: nave.federation.v1.SpokeMessage.namespaces:type_name -> nave.federation.v1.Namespaces
-	19, // 16: nave.federation.v1.SpokeMessage.import_ack:type_name -> nave.federation.v1.Ack
-	20, // 17: nave.federation.v1.SpokeMessage.import_nack:type_name -> nave.federation.v1.Nack
-	16, // 18: nave.federation.v1.SpokeMessage.imports_written:type_name -> nave.federation.v1.ImportsWritten
-	17, // 19: nave.federation.v1.HubMessage.welcome:type_name -> nave.federation.v1.Welcome
-	19, // 20: nave.federation.v1.HubMessage.ack:type_name -> nave.federation.v1.Ack
-	20, // 21: nave.federation.v1.HubMessage.nack:type_name -> nave.federation.v1.Nack
-	23, // 22: nave.federation.v1.HubMessage.resync:type_name -> nave.federation.v1.ResyncRequest
-	24, // 23: nave.federation.v1.HubMessage.conflicts:type_name -> nave.federation.v1.ServiceConflicts
-	13, // 24: nave.federation.v1.HubMessage.imports:type_name -> nave.federation.v1.ImportUpdate
-	14, // 25: nave.federation.v1.ImportUpdate.upserts:type_name -> nave.federation.v1.Import
-	26, // 26: nave.federation.v1.ImportUpdate.removes:type_name -> nave.federation.v1.ServiceKey
-	26, // 27: nave.federation.v1.ImportUpdate.retain:type_name -> nave.federation.v1.ServiceKey
-	26, // 28: nave.federation.v1.Import.service:type_name -> nave.federation.v1.ServiceKey
-	29, // 29: nave.federation.v1.Import.ports:type_name -> nave.federation.v1.ServicePort
-	28, // 30: nave.federation.v1.Import.properties:type_name -> nave.federation.v1.ServiceProperties
-	15, // 31: nave.federation.v1.Import.sources:type_name -> nave.federation.v1.ImportSource
-	29, // 32: nave.federation.v1.ImportSource.ports:type_name -> nave.federation.v1.ServicePort
-	30, // 33: nave.federation.v1.ImportSource.endpoints:type_name -> nave.federation.v1.Endpoint
-	27, // 34: nave.federation.v1.Update.upserts:type_name -> nave.federation.v1.Shard
-	26, // 35: nave.federation.v1.Update.removes:type_name -> nave.federation.v1.ServiceKey
-	26, // 36: nave.federation.v1.Update.retain:type_name -> nave.federation.v1.ServiceKey
-	21, // 37: nave.federation.v1.Nack.rejections:type_name -> nave.federation.v1.Rejection
-	26, // 38: nave.federation.v1.Rejection.service:type_name -> nave.federation.v1.ServiceKey
-	25, // 39: nave.federation.v1.ServiceConflicts.services:type_name -> nave.federation.v1.ServiceConflict
-	26, // 40: nave.federation.v1.ServiceConflict.service:type_name -> nave.federation.v1.ServiceKey
-	26, // 41: nave.federation.v1.Shard.service:type_name -> nave.federation.v1.ServiceKey
-	29, // 42: nave.federation.v1.Shard.ports:type_name -> nave.federation.v1.ServicePort
-	30, // 43: nave.federation.v1.Shard.endpoints:type_name -> nave.federation.v1.Endpoint
-	28, // 44: nave.federation.v1.Shard.properties:type_name -> nave.federation.v1.ServiceProperties
-	35, // 45: nave.federation.v1.ServiceProperties.labels:type_name -> nave.federation.v1.ServiceProperties.LabelsEntry
-	36, // 46: nave.federation.v1.ServiceProperties.annotations:type_name -> nave.federation.v1.ServiceProperties.AnnotationsEntry
-	31, // 47: nave.federation.v1.Endpoint.ports:type_name -> nave.federation.v1.EndpointPort
-	32, // 48: nave.federation.v1.Endpoint.locality:type_name -> nave.federation.v1.Locality
-	34, // 49: nave.federation.v1.Snapshot.clusters:type_name -> nave.federation.v1.SnapshotCluster
-	4,  // 50: nave.federation.v1.SnapshotCluster.stamp:type_name -> nave.federation.v1.Stamp
-	27, // 51: nave.federation.v1.SnapshotCluster.shards:type_name -> nave.federation.v1.Shard
-	9,  // 52: nave.federation.v1.Federation.Publish:input_type -> nave.federation.v1.SpokeMessage
-	0,  // 53: nave.federation.v1.Replication.Subscribe:input_type -> nave.federation.v1.ReplicaRequest
-	10, // 54: nave.federation.v1.Federation.Publish:output_type -> nave.federation.v1.HubMessage
-	1,  // 55: nave.federation.v1.Replication.Subscribe:output_type -> nave.federation.v1.ReplicaMessage
-	54, // [54:56] is the sub-list for method output_type
-	52, // [52:54] is the sub-list for method input_type
-	52, // [52:52] is the sub-list for extension type_name
-	52, // [52:52] is the sub-list for extension extendee
-	0,  // [0:52] is the sub-list for field type_name
+	29, // 8: nave.federation.v1.ReplicaUpdate.upserts:type_name -> nave.federation.v1.Shard
+	28, // 9: nave.federation.v1.ReplicaUpdate.removes:type_name -> nave.federation.v1.ServiceKey
+	13, // 10: nave.federation.v1.ReplicaUpdate.gateways:type_name -> nave.federation.v1.NetworkGateway
+	7,  // 11: nave.federation.v1.ReplicaDigests.clusters:type_name -> nave.federation.v1.ClusterDigest
+	4,  // 12: nave.federation.v1.ClusterDigest.stamp:type_name -> nave.federation.v1.Stamp
+	11, // 13: nave.federation.v1.SpokeMessage.hello:type_name -> nave.federation.v1.Hello
+	20, // 14: nave.federation.v1.SpokeMessage.update:type_name -> nave.federation.v1.Update
+	24, // 15: nave.federation.v1.SpokeMessage.digest:type_name -> nave.federation.v1.Digest
+	14, // 16: nave.federation.v1.SpokeMessage.namespaces:type_name -> nave.federation.v1.Namespaces
+	21, // 17: nave.federation.v1.SpokeMessage.import_ack:type_name -> nave.federation.v1.Ack
+	22, // 18: nave.federation.v1.SpokeMessage.import_nack:type_name -> nave.federation.v1.Nack
+	18, // 19: nave.federation.v1.SpokeMessage.imports_written:type_name -> nave.federation.v1.ImportsWritten
+	12, // 20: nave.federation.v1.SpokeMessage.gateways:type_name -> nave.federation.v1.NetworkGateways
+	19, // 21: nave.federation.v1.HubMessage.welcome:type_name -> nave.federation.v1.Welcome
+	21, // 22: nave.federation.v1.HubMessage.ack:type_name -> nave.federation.v1.Ack
+	22, // 23: nave.federation.v1.HubMessage.nack:type_name -> nave.federation.v1.Nack
+	25, // 24: nave.federation.v1.HubMessage.resync:type_name -> nave.federation.v1.ResyncRequest
+	26, // 25: nave.federation.v1.HubMessage.conflicts:type_name -> nave.federation.v1.ServiceConflicts
+	15, // 26: nave.federation.v1.HubMessage.imports:type_name -> nave.federation.v1.ImportUpdate
+	12, // 27: nave.federation.v1.Hello.gateways:type_name -> nave.federation.v1.NetworkGateways
+	13, // 28: nave.federation.v1.NetworkGateways.gateways:type_name -> nave.federation.v1.NetworkGateway
+	16, // 29: nave.federation.v1.ImportUpdate.upserts:type_name -> nave.federation.v1.Import
+	28, // 30: nave.federation.v1.ImportUpdate.removes:type_name -> nave.federation.v1.ServiceKey
+	28, // 31: nave.federation.v1.ImportUpdate.retain:type_name -> nave.federation.v1.ServiceKey
+	28, // 32: nave.federation.v1.Import.service:type_name -> nave.federation.v1.ServiceKey
+	31, // 33: nave.federation.v1.Import.ports:type_name -> nave.federation.v1.ServicePort
+	30, // 34: nave.federation.v1.Import.properties:type_name -> nave.federation.v1.ServiceProperties
+	17, // 35: nave.federation.v1.Import.sources:type_name -> nave.federation.v1.ImportSource
+	31, // 36: nave.federation.v1.ImportSource.ports:type_name -> nave.federation.v1.ServicePort
+	32, // 37: nave.federation.v1.ImportSource.endpoints:type_name -> nave.federation.v1.Endpoint
+	29, // 38: nave.federation.v1.Update.upserts:type_name -> nave.federation.v1.Shard
+	28, // 39: nave.federation.v1.Update.removes:type_name -> nave.federation.v1.ServiceKey
+	28, // 40: nave.federation.v1.Update.retain:type_name -> nave.federation.v1.ServiceKey
+	23, // 41: nave.federation.v1.Nack.rejections:type_name -> nave.federation.v1.Rejection
+	28, // 42: nave.federation.v1.Rejection.service:type_name -> nave.federation.v1.ServiceKey
+	27, // 43: nave.federation.v1.ServiceConflicts.services:type_name -> nave.federation.v1.ServiceConflict
+	28, // 44: nave.federation.v1.ServiceConflict.service:type_name -> nave.federation.v1.ServiceKey
+	28, // 45: nave.federation.v1.Shard.service:type_name -> nave.federation.v1.ServiceKey
+	31, // 46: nave.federation.v1.Shard.ports:type_name -> nave.federation.v1.ServicePort
+	32, // 47: nave.federation.v1.Shard.endpoints:type_name -> nave.federation.v1.Endpoint
+	30, // 48: nave.federation.v1.Shard.properties:type_name -> nave.federation.v1.ServiceProperties
+	37, // 49: nave.federation.v1.ServiceProperties.labels:type_name -> nave.federation.v1.ServiceProperties.LabelsEntry
+	38, // 50: nave.federation.v1.ServiceProperties.annotations:type_name -> nave.federation.v1.ServiceProperties.AnnotationsEntry
+	33, // 51: nave.federation.v1.Endpoint.ports:type_name -> nave.federation.v1.EndpointPort
+	34, // 52: nave.federation.v1.Endpoint.locality:type_name -> nave.federation.v1.Locality
+	36, // 53: nave.federation.v1.Snapshot.clusters:type_name -> nave.federation.v1.SnapshotCluster
+	4,  // 54: nave.federation.v1.SnapshotCluster.stamp:type_name -> nave.federation.v1.Stamp
+	29, // 55: nave.federation.v1.SnapshotCluster.shards:type_name -> nave.federation.v1.Shard
+	13, // 56: nave.federation.v1.SnapshotCluster.gateways:type_name -> nave.federation.v1.NetworkGateway
+	9,  // 57: nave.federation.v1.Federation.Publish:input_type -> nave.federation.v1.SpokeMessage
+	0,  // 58: nave.federation.v1.Replication.Subscribe:input_type -> nave.federation.v1.ReplicaRequest
+	10, // 59: nave.federation.v1.Federation.Publish:output_type -> nave.federation.v1.HubMessage
+	1,  // 60: nave.federation.v1.Replication.Subscribe:output_type -> nave.federation.v1.ReplicaMessage
+	59, // [59:61] is the sub-list for method output_type
+	57, // [57:59] is the sub-list for method input_type
+	57, // [57:57] is the sub-list for extension type_name
+	57, // [57:57] is the sub-list for extension extendee
+	0,  // [0:57] is the sub-list for field type_name
 }
 
 func init() { file_federation_v1_federation_proto_init() }
@@ -3055,6 +3218,7 @@ func file_federation_v1_federation_proto_init() {
 		(*SpokeMessage_ImportAck)(nil),
 		(*SpokeMessage_ImportNack)(nil),
 		(*SpokeMessage_ImportsWritten)(nil),
+		(*SpokeMessage_Gateways)(nil),
 	}
 	file_federation_v1_federation_proto_msgTypes[10].OneofWrappers = []any{
 		(*HubMessage_Welcome)(nil),
@@ -3070,7 +3234,7 @@ func file_federation_v1_federation_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_federation_v1_federation_proto_rawDesc), len(file_federation_v1_federation_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   37,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -1,0 +1,145 @@
+package xds
+
+import (
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+
+	"github.com/navemesh/nave/registry"
+)
+
+// where lists, per priority, each locality's endpoints as "address/weight"
+// (a gateway as "gw:address/weight").
+func where(a Assignment) [][]string {
+	var out [][]string
+	for _, p := range a.Priorities {
+		var tier []string
+		for _, l := range p.Localities {
+			for _, e := range l.Endpoints {
+				s := l.Locality.Zone + " " + e.Address.String()
+				if e.Gateway {
+					s = l.Locality.Zone + " gw:" + e.Address.String()
+				}
+				tier = append(tier, s+"/"+itoa(e.Weight))
+			}
+		}
+		out = append(out, tier)
+	}
+	return out
+}
+
+func itoa(n uint32) string { return strconv.FormatUint(uint64(n), 10) }
+
+func TestSplitHorizonFollowsTheNearestHealthyEndpoints(t *testing.T) {
+	port := tcp("grpc", 8080)
+	nets := registry.Networks{
+		Clusters: map[registry.ClusterID]registry.Network{"a1": "net-a", "b1": "net-b", "b2": "net-b", "c1": "net-c"},
+		Gateways: map[registry.Network][]registry.Gateway{"net-b": {{Address: "192.0.2.20", Port: 15443}}},
+	}
+	build := func(b1 registry.Conditions) *registry.Service {
+		r, _ := apply(t, registry.New(),
+			shard("a1", echo, []registry.ServicePort{port}, ep("10.0.0.1", loc("r1", "z1"), ready, eport("grpc", 9090))),
+			// net-b: two endpoints in the client's region (z2), three further away (r2).
+			shard("b1", echo, []registry.ServicePort{port},
+				ep("10.1.0.1", loc("r1", "z2"), b1, eport("grpc", 9090)),
+				ep("10.1.0.2", loc("r1", "z2"), b1, eport("grpc", 9090))),
+			shard("b2", echo, []registry.ServicePort{port},
+				ep("10.2.0.1", loc("r2", "z3"), ready, eport("grpc", 9090)),
+				ep("10.2.0.2", loc("r2", "z3"), ready, eport("grpc", 9090)),
+				ep("10.2.0.3", loc("r2", "z4"), ready, eport("grpc", 9090))),
+			// net-c has no gateway: unreachable from net-a.
+			shard("c1", echo, []registry.ServicePort{port}, ep("10.3.0.1", loc("r1", "z1"), ready, eport("grpc", 9090))))
+		return r.Service(echo)
+	}
+	client := Client{Network: "net-a", Locality: loc("r1", "z1")}
+
+	a := AssignFor(build(ready), port, client, nets)
+	want := [][]string{{"z1 10.0.0.1/1"}, {"z2 gw:192.0.2.20/2"}}
+	if got := where(a); !slices.EqualFunc(got, want, slices.Equal) {
+		t.Errorf("net-b healthy nearby: %v, want %v", got, want)
+	}
+	if want := []UnreachableNetwork{{Network: "net-c", Endpoints: 1}}; !slices.Equal(a.Unreachable, want) {
+		t.Errorf("unreachable %v, want %v", a.Unreachable, want)
+	}
+	if err := Validate(ClusterLoadAssignment(a)); err != nil {
+		t.Error(err)
+	}
+
+	// net-b's nearby endpoints fail: its gateway moves to the next tier, with
+	// the weight of the three endpoints there (both r2 zones).
+	a = AssignFor(build(notReady), port, client, nets)
+	want = [][]string{{"z1 10.0.0.1/1"}, {"z3 gw:192.0.2.20/3"}}
+	if got := where(a); !slices.EqualFunc(got, want, slices.Equal) {
+		t.Errorf("net-b failed nearby: %v, want %v", got, want)
+	}
+
+	// A net-b client gets its own endpoints directly and net-a's not at all (no gateway).
+	a = AssignFor(build(ready), port, Client{Network: "net-b", Locality: loc("r1", "z2")}, nets)
+	want = [][]string{{"z2 10.1.0.1/1", "z2 10.1.0.2/1"}, {"z3 10.2.0.1/1", "z3 10.2.0.2/1", "z4 10.2.0.3/1"}}
+	if got := where(a); !slices.EqualFunc(got, want, slices.Equal) {
+		t.Errorf("net-b client: %v, want %v", got, want)
+	}
+	if want := []UnreachableNetwork{{Network: "net-a", Endpoints: 1}, {Network: "net-c", Endpoints: 1}}; !slices.Equal(a.Unreachable, want) {
+		t.Errorf("unreachable %v, want %v", a.Unreachable, want)
+	}
+
+	// A client without a network gets every endpoint directly, as before networks.
+	plain := AssignFor(build(ready), port, Client{Locality: loc("r1", "z1")}, nets)
+	if got, want := where(plain), where(Assign(build(ready), port, loc("r1", "z1"))); !slices.EqualFunc(got, want, slices.Equal) {
+		t.Errorf("client without a network: %v, want %v", got, want)
+	}
+}
+
+func TestSetNetworksRepublishesOnlyWhatItChanges(t *testing.T) {
+	r := goldenRegistry(t)
+	srv := NewServer(DefaultConfig(), nil, nil)
+	srv.Update(r, registry.Diff{})
+	plain, netA := srv.edsCache(nodeAt(loc("r1", "z1"), "")), srv.edsCache(nodeAt(loc("r1", "z1"), "net-a"))
+	versions := func() (uint64, uint64) {
+		srv.stateMu.Lock()
+		defer srv.stateMu.Unlock()
+		return plain.version, netA.version
+	}
+	p0, a0 := versions()
+
+	// Networks arrive: net-a's client now reaches west (net-b) through its gateway.
+	srv.SetNetworks(goldenNetworks)
+	p1, a1 := versions()
+	if p1 != p0 || a1 == a0 {
+		t.Fatalf("after the topology arrived: plain %d->%d (want unchanged), net-a %d->%d (want changed)", p0, p1, a0, a1)
+	}
+	gwOf := func() []string {
+		var out []string
+		for _, cla := range publishedOf[*endpoint.ClusterLoadAssignment](t, netA) {
+			for _, l := range cla.GetEndpoints() {
+				for _, e := range l.GetLbEndpoints() {
+					if a := e.GetEndpoint().GetAddress().GetSocketAddress().GetAddress(); strings.HasPrefix(a, "192.0.2.") {
+						out = append(out, a)
+					}
+				}
+			}
+		}
+		return out
+	}
+	if got := gwOf(); !slices.Contains(got, "192.0.2.20") {
+		t.Fatalf("net-a client holds gateways %v, want net-b's", got)
+	}
+	// The same topology again changes nothing.
+	srv.SetNetworks(goldenNetworks)
+	if p2, a2 := versions(); p2 != p1 || a2 != a1 {
+		t.Errorf("an unchanged topology republished: %d->%d, %d->%d", p1, p2, a1, a2)
+	}
+	// net-b's gateway changes address: only net-a's client is told.
+	moved := registry.Networks{Clusters: goldenNetworks.Clusters, Gateways: map[registry.Network][]registry.Gateway{
+		"net-b": {{Address: "192.0.2.99", Port: 15443}}}}
+	srv.SetNetworks(moved)
+	if p3, a3 := versions(); p3 != p1 || a3 == a1 {
+		t.Errorf("a gateway change: plain %d->%d (want unchanged), net-a %d->%d (want changed)", p1, p3, a1, a3)
+	}
+	if got := gwOf(); !slices.Equal(got, []string{"192.0.2.99", "192.0.2.99"}) {
+		t.Errorf("net-a client holds gateways %v, want 192.0.2.99 for echo:8080 and cart:80", got)
+	}
+}
