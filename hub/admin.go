@@ -38,7 +38,9 @@ type ServiceInfo struct {
 type EndpointsInfo struct {
 	Service registry.ServiceKey `json:"service"`
 	Client  registry.Locality   `json:"client"`
-	Ports   []PortAssignment    `json:"ports"`
+	// Network is the client's network ("": a client that names none).
+	Network registry.Network `json:"network,omitempty"`
+	Ports   []PortAssignment `json:"ports"`
 }
 
 // PortAssignment is one port's xDS target and assignment.
@@ -143,6 +145,9 @@ func (a *admin) handler() http.Handler {
 	mux.HandleFunc("GET /debug/clusters", func(w http.ResponseWriter, _ *http.Request) {
 		a.json(w, a.state.View().clustersSorted())
 	})
+	mux.HandleFunc("GET /debug/networks", func(w http.ResponseWriter, _ *http.Request) {
+		a.json(w, a.state.View().Networks())
+	})
 	mux.HandleFunc("GET /debug/services", func(w http.ResponseWriter, _ *http.Request) {
 		a.json(w, Services(a.state.View().Registry))
 	})
@@ -152,7 +157,8 @@ func (a *admin) handler() http.Handler {
 	})
 	mux.HandleFunc("GET /debug/endpoints", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
-		info, err := Endpoints(a.state.View().Registry, q.Get("service"), registry.Locality{Region: q.Get("region"), Zone: q.Get("zone")})
+		client := xds.Client{Network: registry.Network(q.Get("network")), Locality: registry.Locality{Region: q.Get("region"), Zone: q.Get("zone")}}
+		info, err := Endpoints(a.state.View(), q.Get("service"), client)
 		switch {
 		case errors.Is(err, registry.ErrInvalid):
 			http.Error(w, err.Error(), http.StatusBadRequest)
@@ -191,20 +197,21 @@ func Services(r *registry.Registry) []ServiceInfo {
 	return out
 }
 
-// Endpoints computes what a client in locality gets for service ("ns/name").
-func Endpoints(r *registry.Registry, service string, client registry.Locality) (EndpointsInfo, error) {
+// Endpoints computes what a client gets for service ("ns/name"): one in the
+// client's locality and, when it names one, on its network.
+func Endpoints(v *View, service string, client xds.Client) (EndpointsInfo, error) {
 	key, err := registry.ParseServiceKey(service)
 	if err != nil {
 		return EndpointsInfo{}, err
 	}
-	svc := r.Service(key)
+	svc := v.Registry.Service(key)
 	if svc == nil {
 		return EndpointsInfo{}, fmt.Errorf("service %s is not federated", key)
 	}
-	info := EndpointsInfo{Service: key, Client: client}
+	info := EndpointsInfo{Service: key, Client: client.Locality, Network: client.Network}
 	for _, p := range xds.ServicePorts(svc) {
 		info.Ports = append(info.Ports, PortAssignment{
-			Port: p, Target: "xds:///" + xds.ListenerName(key, p.Port), Assignment: xds.Assign(svc, p, client),
+			Port: p, Target: "xds:///" + xds.ListenerName(key, p.Port), Assignment: xds.AssignFor(svc, p, client, v.Topology),
 		})
 	}
 	return info, nil

@@ -24,6 +24,8 @@ type pusher struct {
 	mu      sync.Mutex // guards the fields below
 	reg     *registry.Registry
 	pending map[registry.ServiceKey]registry.ServiceDiff
+	// nets is a network topology not yet pushed (nil: none).
+	nets    *registry.Networks
 	pushing bool
 	// pushed is closed, and replaced, after every push.
 	pushed chan struct{}
@@ -39,7 +41,7 @@ func newPusher(target Publisher, log *slog.Logger) *pusher {
 func (p *pusher) caughtUp(ctx context.Context) error {
 	for {
 		p.mu.Lock()
-		idle, pushed := len(p.pending) == 0 && !p.pushing, p.pushed
+		idle, pushed := len(p.pending) == 0 && p.nets == nil && !p.pushing, p.pushed
 		p.mu.Unlock()
 		if idle {
 			return nil
@@ -64,6 +66,18 @@ func (p *pusher) Update(r *registry.Registry, d registry.Diff) {
 	}
 }
 
+// SetNetworks implements NetworksPublisher: it never blocks. The topology
+// is pushed before the changes that arrived with or after it.
+func (p *pusher) SetNetworks(n registry.Networks) {
+	p.mu.Lock()
+	p.nets = &n
+	p.mu.Unlock()
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
 // mergeDiff adds d to pending, a change per service: what to translate
 // again, read from the latest registry, is all that matters.
 func mergeDiff(pending map[registry.ServiceKey]registry.ServiceDiff, d registry.Diff) {
@@ -78,12 +92,16 @@ func mergeDiff(pending map[registry.ServiceKey]registry.ServiceDiff, d registry.
 
 // take returns what is due, merged into one diff, and clears it; the push
 // of it is under way until done is called.
-func (p *pusher) take() (*registry.Registry, registry.Diff) {
+func (p *pusher) take() (*registry.Registry, registry.Diff, *registry.Networks) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	r := p.reg
+	r, nets := p.reg, p.nets
+	p.nets = nil
+	if nets != nil {
+		p.pushing = true
+	}
 	if r == nil || len(p.pending) == 0 {
-		return r, registry.Diff{}
+		return r, registry.Diff{}, nets
 	}
 	p.pushing = true
 	d := registry.Diff{Version: r.Version(), Services: make([]registry.ServiceDiff, 0, len(p.pending))}
@@ -91,7 +109,7 @@ func (p *pusher) take() (*registry.Registry, registry.Diff) {
 		d.Services = append(d.Services, p.pending[k])
 	}
 	clear(p.pending)
-	return r, d
+	return r, d, nets
 }
 
 // run pushes until ctx ends.
@@ -102,11 +120,12 @@ func (p *pusher) run(ctx context.Context) {
 			return
 		case <-p.wake:
 		}
-		r, d := p.take()
-		if r != nil && !d.Empty() {
-			p.push(r, d)
-			p.done()
+		r, d, nets := p.take()
+		if nets == nil && (r == nil || d.Empty()) {
+			continue
 		}
+		p.push(r, d, nets)
+		p.done()
 	}
 }
 
@@ -119,11 +138,16 @@ func (p *pusher) done() {
 	p.pushed = make(chan struct{})
 }
 
-func (p *pusher) push(r *registry.Registry, d registry.Diff) {
+func (p *pusher) push(r *registry.Registry, d registry.Diff, nets *registry.Networks) {
 	defer func() {
 		if rec := recover(); rec != nil {
 			p.log.Error("panic while pushing to xDS; the next change pushes again", "panic", rec, "stack", string(debug.Stack()))
 		}
 	}()
-	p.target.Update(r, d)
+	if np, ok := p.target.(NetworksPublisher); ok && nets != nil {
+		np.SetNetworks(*nets)
+	}
+	if r != nil && !d.Empty() {
+		p.target.Update(r, d)
+	}
 }

@@ -71,7 +71,7 @@ func (s *state) replicaChanged(id registry.ClusterID) {
 	if c := s.clusters[id]; c != nil && (c.Epoch != 0 || c.Version != 0) {
 		next.clusters[id] = replicas.Cluster{
 			Stamp: replicas.Stamp{Epoch: c.Epoch, Version: c.Version}, Digest: s.reg.ClusterDigest(id),
-			Network: c.Network, Shards: s.reg.ClusterShards(id), Local: c.Origin == s.self, Origin: c.Origin,
+			Network: c.Network, Gateways: c.Gateways, Shards: s.reg.ClusterShards(id), Local: c.Origin == s.self, Origin: c.Origin,
 		}
 	} else {
 		delete(next.clusters, id)
@@ -120,6 +120,7 @@ func (s *state) ApplyReplica(ctx context.Context, from string, u replicas.Update
 		if c.Network == "" {
 			c.Network = u.Network
 		}
+		c.Gateways = u.Gateways
 		c.Dropped = isDrop(u.Stamp, sum.Services)
 		s.replicaChanged(u.Cluster)
 		s.publish(diff)
@@ -191,7 +192,7 @@ func (s *state) restoreHeld(ctx context.Context, snap registry.Snapshot) (held h
 			s.trackConflicts(prev, diff)
 			s.maxEpoch[sc.Cluster] = max(s.maxEpoch[sc.Cluster], sc.Epoch)
 			sum := s.reg.Cluster(sc.Cluster)
-			c.Network, c.Epoch, c.Version, c.Restored = sc.Network, sc.Epoch, sc.Version, true
+			c.Network, c.Gateways, c.Epoch, c.Version, c.Restored = sc.Network, sc.Gateways, sc.Epoch, sc.Version, true
 			c.Dropped = isDrop(replicas.Stamp{Epoch: sc.Epoch, Version: sc.Version}, sum.Services)
 			c.Digest, c.Services, c.Endpoints = sum.Digest, sum.Services, sum.Endpoints
 			c.LiveAt = now // a restart gives every cluster its grace again (fail-static)
@@ -222,7 +223,7 @@ func (s *state) snapshot(ctx context.Context) (registry.Snapshot, uint64, error)
 			if c.Epoch == 0 && c.Version == 0 {
 				continue
 			}
-			sc := registry.SnapshotCluster{Cluster: id, Network: c.Network, Epoch: c.Epoch, Version: c.Version}
+			sc := registry.SnapshotCluster{Cluster: id, Network: c.Network, Gateways: c.Gateways, Epoch: c.Epoch, Version: c.Version}
 			for _, k := range slices.SortedFunc(maps.Keys(shards), registry.ServiceKey.Compare) {
 				sc.Shards = append(sc.Shards, shards[k])
 			}
@@ -313,6 +314,7 @@ func (s *state) drop(ctx context.Context, id registry.ClusterID, epoch uint64) e
 		s.maxEpoch[id] = epoch
 		s.superseded(id, epoch)
 		c.Epoch, c.Version, c.Origin, c.Restored, c.Dropped = epoch, 0, s.self, false, true
+		c.Gateways = nil // a dead cluster vouches for no gateway
 		c.Digest, c.Services, c.Endpoints, c.LastUpdate = registry.ZeroHash, 0, 0, time.Now()
 		s.log.Warn("dropped a dead cluster's endpoints (policy drop)", "cluster", id, "noSpokeSince", c.LiveAt, "epoch", epoch)
 		s.replicaChanged(id)

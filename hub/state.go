@@ -34,8 +34,10 @@ func (ps publishers) Update(r *registry.Registry, d registry.Diff) {
 
 // ClusterStatus is the hub's view of one cluster.
 type ClusterStatus struct {
-	Cluster      registry.ClusterID `json:"cluster"`
-	Network      registry.Network   `json:"network,omitempty"`
+	Cluster registry.ClusterID `json:"cluster"`
+	Network registry.Network   `json:"network,omitempty"`
+	// Gateways are the east-west gateways the cluster announced for its network.
+	Gateways     []registry.Gateway `json:"gateways,omitempty"`
 	Connected    bool               `json:"connected"`
 	SpokeID      string             `json:"spokeID,omitempty"`
 	Build        string             `json:"build,omitempty"`
@@ -77,6 +79,8 @@ func (c ClusterStatus) DataAge(now time.Time) time.Duration {
 type View struct {
 	Registry *registry.Registry
 	Clusters map[registry.ClusterID]ClusterStatus
+	// Topology is the network topology xDS computes split-horizon EDS against.
+	Topology registry.Networks
 }
 
 // state owns the merged registry. One goroutine (run) applies every change;
@@ -101,6 +105,9 @@ type state struct {
 	// from anywhere supersedes it.
 	session map[registry.ClusterID]uint64
 	homes   map[registry.ClusterID]string // clusters whose spoke another replica serves (gossip)
+	// networks is the topology last handed to the publisher, when networksKnown.
+	networks      registry.Networks
+	networksKnown bool
 
 	view     atomic.Pointer[View]
 	replicas atomic.Pointer[replicaView]
@@ -182,13 +189,20 @@ func (s *state) do(ctx context.Context, op func()) error {
 func (s *state) View() *View { return s.view.Load() }
 
 func (s *state) publish(d registry.Diff) {
-	v := &View{Registry: s.reg, Clusters: make(map[registry.ClusterID]ClusterStatus, len(s.clusters))}
+	netsChanged := s.updateNetworks()
+	v := &View{Registry: s.reg, Clusters: make(map[registry.ClusterID]ClusterStatus, len(s.clusters)), Topology: s.networks}
 	for id, c := range s.clusters {
 		v.Clusters[id] = *c
 	}
 	s.view.Store(v)
-	if !d.Empty() && s.publisher != nil {
-		s.publisher.Update(s.reg, d)
+	if s.publisher != nil {
+		// The topology first: a change's endpoints are placed by the networks of its time.
+		if np, ok := s.publisher.(NetworksPublisher); ok && netsChanged {
+			np.SetNetworks(s.networks)
+		}
+		if !d.Empty() {
+			s.publisher.Update(s.reg, d)
+		}
 	}
 	if s.onChange != nil {
 		s.onChange(*v)
@@ -281,6 +295,12 @@ func (s *state) Begin(ctx context.Context, sess federation.Session) (federation.
 		c.Connected, c.Network, c.SpokeID, c.Build, c.Remote = true, sess.Network, sess.SpokeID, sess.Build, sess.RemoteIP
 		c.SessionStart, c.LastSeen = sess.Started, time.Now()
 		held = federation.Held{Epoch: c.Epoch, Version: c.Version, Digest: s.reg.ClusterDigest(sess.Cluster)}
+		if sess.GatewaysKnown {
+			c.Gateways = sess.Gateways
+		}
+		// Peers learn a new network or gateways with the cluster's data (a
+		// full state at the same stamp when that is all that changed).
+		s.replicaChanged(sess.Cluster)
 		if sess.Resumes(held) {
 			// The live spoke confirms what the hub holds: this replica now
 			// speaks for it. Re-stamped with the session's epoch, the data

@@ -98,10 +98,16 @@ type KubeSource struct {
 	// onNamespaces is told the cluster's namespaces (OnNamespaces); guarded by nsMu.
 	nsMu         sync.Mutex
 	onNamespaces func([]string)
-	exports      atomic.Pointer[exportWatch] // nil until the ServiceExport informer has synced
-	synced       chan struct{}               // closed once the first state is published
-	nodesLive    atomic.Bool                 // node events matter: the initial build is done
-	queue        workqueue.TypedRateLimitingInterface[registry.ServiceKey]
+	// The network gateways (OnGateways); guarded by gwMu.
+	gwMu       sync.Mutex
+	gwNetwork  registry.Network
+	onGateways func([]registry.Gateway)
+	gwLast     []registry.Gateway
+	gwTold     bool
+	exports    atomic.Pointer[exportWatch] // nil until the ServiceExport informer has synced
+	synced     chan struct{}               // closed once the first state is published
+	nodesLive  atomic.Bool                 // node events matter: the initial build is done
+	queue      workqueue.TypedRateLimitingInterface[registry.ServiceKey]
 
 	// status is what the ServiceExport conditions are made of; guarded by statusMu.
 	statusMu     sync.Mutex
@@ -202,6 +208,9 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 		if svc, ok := tombstone(obj).(*corev1.Service); ok {
 			k.enqueue(registry.ServiceKey{Namespace: svc.Namespace, Name: svc.Name})
 		}
+		if isGatewayService(obj) {
+			k.gatewaysChanged()
+		}
 	}
 	enqueueSlice := func(obj any) {
 		if es, ok := tombstone(obj).(*discoveryv1.EndpointSlice); ok {
@@ -232,7 +241,12 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 		h   cache.ResourceEventHandler
 	}{
 		{svcInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: enqueueService, DeleteFunc: enqueueService,
-			UpdateFunc: func(_, cur any) { enqueueService(cur) }}},
+			UpdateFunc: func(old, cur any) {
+				enqueueService(cur)
+				if isGatewayService(old) && !isGatewayService(cur) {
+					k.gatewaysChanged() // no longer a gateway
+				}
+			}}},
 		{esInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: enqueueSlice, DeleteFunc: enqueueSlice,
 			UpdateFunc: func(old, cur any) { enqueueSlice(old); enqueueSlice(cur) }}},
 		{nodeInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: func(cur any) { nodeChanged(nil, cur) },
@@ -296,6 +310,7 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 	publish(maps.Clone(state))
 	close(k.synced)
 	k.namespacesChanged()
+	k.gatewaysChanged()
 
 	go func() { <-ctx.Done(); k.queue.ShutDown() }()
 	// Publish once the queue is drained, so that a burst of changes is one
@@ -631,13 +646,22 @@ func tombstone(obj any) any {
 func strip(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *corev1.Service:
-		o.ManagedFields, o.Annotations, o.OwnerReferences = nil, nil, nil
-		o.Labels = keepLabels(o.Labels, ExportLabel, ManagedByLabel)
-		o.Spec = corev1.ServiceSpec{Type: o.Spec.Type, ClusterIP: o.Spec.ClusterIP, Ports: o.Spec.Ports,
+		gateway := o.Labels[NetworkGatewayLabel] != ""
+		o.ManagedFields, o.OwnerReferences = nil, nil
+		o.Annotations = keepLabels(o.Annotations, NetworkGatewayPortAnnotation)
+		o.Labels = keepLabels(o.Labels, ExportLabel, ManagedByLabel, NetworkGatewayLabel)
+		spec := corev1.ServiceSpec{Type: o.Spec.Type, ClusterIP: o.Spec.ClusterIP, Ports: o.Spec.Ports,
 			SessionAffinity: o.Spec.SessionAffinity, SessionAffinityConfig: o.Spec.SessionAffinityConfig,
 			InternalTrafficPolicy: o.Spec.InternalTrafficPolicy, TrafficDistribution: o.Spec.TrafficDistribution,
 			IPFamilies: o.Spec.IPFamilies}
-		o.Status = corev1.ServiceStatus{}
+		if gateway {
+			// A network gateway's addresses: its load balancer's, or its external IPs.
+			spec.ExternalIPs = o.Spec.ExternalIPs
+			o.Status = corev1.ServiceStatus{LoadBalancer: o.Status.LoadBalancer}
+		} else {
+			o.Status = corev1.ServiceStatus{}
+		}
+		o.Spec = spec
 	case *discoveryv1.EndpointSlice:
 		o.ManagedFields, o.Annotations, o.OwnerReferences = nil, nil, nil
 		o.Labels = keepLabels(o.Labels, discoveryv1.LabelServiceName, ManagedByLabel)

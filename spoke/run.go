@@ -37,6 +37,9 @@ type Source interface {
 type Config struct {
 	Cluster registry.ClusterID
 	Network registry.Network
+	// NetworkGateways are east-west gateways of the network to announce
+	// besides those a kube source finds (Services labelled NetworkGatewayLabel).
+	NetworkGateways []registry.Gateway
 	// HubAddr is the hub's federation address (host:port).
 	HubAddr string
 	// TokenFile holds the cluster's federation token; empty sends none.
@@ -178,6 +181,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		if tc.OnImports != nil {
 			kube.OnNamespaces(pub.SetNamespaces)
 			defer kube.OnNamespaces(nil)
+		}
+		announceGateways(cfg, kube, pub, log)
+		if kube != nil {
+			defer kube.OnGateways("", nil)
 		}
 		_ = pub.Run(ctx, states) // returns once ctx ends
 	}

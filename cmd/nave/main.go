@@ -162,6 +162,14 @@ func runSpoke(ctx context.Context, args []string) error {
 	var cluster, network, export string
 	fs.StringVar(&cluster, "cluster-id", "", "this cluster's ID (a DNS label, required)")
 	fs.StringVar(&network, "network", "", "the cluster's network name")
+	fs.Func("network-gateway", "host:port of an east-west gateway of the network, announced to the hub (repeatable; also found from Services labelled "+spoke.NetworkGatewayLabel+")",
+		func(s string) error {
+			g, err := registry.ParseGateway(s)
+			if err == nil {
+				cfg.NetworkGateways = append(cfg.NetworkGateways, g)
+			}
+			return err
+		})
 	fs.StringVar(&cfg.HubAddr, "hub", "127.0.0.1:15010", "the hub's federation address")
 	fs.StringVar(&cfg.TokenFile, "token-file", "", "file holding this cluster's federation token")
 	fs.StringVar(&cfg.HubCAFile, "hub-ca", "", "PEM CA that signed the hub's certificate: connect over TLS")
@@ -195,6 +203,9 @@ func runSpoke(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg.Cluster, cfg.Network = registry.ClusterID(cluster), registry.Network(network)
+	if len(cfg.NetworkGateways) > 0 && cfg.Network == "" {
+		return errors.New("--network-gateway needs --network: a gateway is a way into a network")
+	}
 	cfg.Federation.Build = buildVersion()
 	cfg.KubeQPS, cfg.ImportsQPS = float32(kubeQPS), float32(importsQPS)
 	cfg.Namespaces.Include, cfg.Namespaces.Exclude = splitList(namespaces), splitList(exclude)

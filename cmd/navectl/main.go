@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"strings"
@@ -22,10 +23,14 @@ const usage = `navectl: what a Nave hub knows.
 Usage:
   navectl [--hub URL] [-o table|json] clusters
   navectl [--hub URL] [-o table|json] services
-  navectl [--hub URL] [-o table|json] endpoints NAMESPACE/NAME [--region R] [--zone Z]
+  navectl [--hub URL] [-o table|json] endpoints NAMESPACE/NAME [--region R] [--zone Z] [--network N]
+  navectl [--hub URL] [-o table|json] networks
   navectl [--hub URL] [-o table|json] imports [CLUSTER]
 
-endpoints shows what an xDS client in that locality receives, priority by priority.
+endpoints shows what an xDS client in that locality (and on that network)
+receives, priority by priority: another network's endpoints are reached
+through its gateways.
+networks shows each network, its clusters and the gateways announced for it.
 imports shows, for each cluster whose spoke takes imports (at any replica),
 how many imports it should hold and whether its spoke has written them; with
 CLUSTER, every import that cluster should hold and where it stands.
@@ -63,6 +68,8 @@ func run(args []string, out io.Writer) error {
 		return c.clusters()
 	case "services":
 		return c.services()
+	case "networks":
+		return c.networks()
 	case "imports":
 		if len(rest) > 2 {
 			return errors.New("imports takes at most one cluster")
@@ -76,6 +83,7 @@ func run(args []string, out io.Writer) error {
 		efs := flag.NewFlagSet("navectl endpoints", flag.ContinueOnError)
 		region := efs.String("region", "", "the client's region")
 		zone := efs.String("zone", "", "the client's zone")
+		network := efs.String("network", "", "the client's network")
 		// Accept flags before or after the service name.
 		var service string
 		args := rest[1:]
@@ -94,9 +102,9 @@ func run(args []string, out io.Writer) error {
 		if service == "" {
 			return errors.New("endpoints needs a service: navectl endpoints NAMESPACE/NAME")
 		}
-		return c.endpoints(service, *region, *zone)
+		return c.endpoints(service, *region, *zone, *network)
 	default:
-		return fmt.Errorf("unknown command %q (clusters, services, endpoints, imports)", rest[0])
+		return fmt.Errorf("unknown command %q (clusters, services, endpoints, networks, imports)", rest[0])
 	}
 }
 
@@ -197,8 +205,8 @@ func (c client) services() error {
 	return nil
 }
 
-func (c client) endpoints(service, region, zone string) error {
-	q := url.Values{"service": {service}, "region": {region}, "zone": {zone}}
+func (c client) endpoints(service, region, zone, network string) error {
+	q := url.Values{"service": {service}, "region": {region}, "zone": {zone}, "network": {network}}
 	var info hub.EndpointsInfo
 	if err := c.get("/debug/endpoints?"+q.Encode(), &info); err != nil || c.json {
 		return err
@@ -206,6 +214,9 @@ func (c client) endpoints(service, region, zone string) error {
 	loc := "no locality (every endpoint at priority 0)"
 	if !info.Client.IsZero() {
 		loc = info.Client.String()
+	}
+	if info.Network != "" {
+		loc += " on network " + string(info.Network)
 	}
 	fmt.Fprintf(c.out, "%s for a client in %s\n", info.Service, loc)
 	for _, p := range info.Ports {
@@ -215,7 +226,12 @@ func (c client) endpoints(service, region, zone string) error {
 		for _, pr := range p.Assignment.Priorities {
 			for _, l := range pr.Localities {
 				for _, e := range l.Endpoints {
-					fmt.Fprintf(w, "%d\t%s\t%d\t%s\t%s:%d\t%s\n", pr.Priority, l.Locality, l.Weight, e.Cluster, e.Address, e.Port, e.Health)
+					who := string(e.Cluster)
+					if e.Gateway {
+						who = fmt.Sprintf("gateway of %s (%d endpoints)", e.Network, e.Weight)
+					}
+					fmt.Fprintf(w, "%d\t%s\t%d\t%s\t%s\t%s\n", pr.Priority, l.Locality, l.Weight, who,
+						netip.AddrPortFrom(e.Address, uint16(e.Port)), e.Health)
 				}
 			}
 		}
@@ -228,8 +244,43 @@ func (c client) endpoints(service, region, zone string) error {
 		for _, l := range p.Assignment.Skipped {
 			fmt.Fprintf(c.out, "left out: %s has no healthy endpoint\n", l)
 		}
+		for _, u := range p.Assignment.Unreachable {
+			fmt.Fprintf(c.out, "left out: network %s (%d healthy endpoints) has no gateway this client can reach\n", u.Network, u.Endpoints)
+		}
 	}
 	return nil
+}
+
+func (c client) networks() error {
+	var nets []hub.NetworkStatus
+	if err := c.get("/debug/networks", &nets); err != nil || c.json {
+		return err
+	}
+	w := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "NETWORK\tCLUSTERS\tSERVICES\tENDPOINTS\tGATEWAYS\tREACHABLE FROM OTHER NETWORKS")
+	for _, n := range nets {
+		var clusters, gws []string
+		for _, cl := range n.Clusters {
+			clusters = append(clusters, string(cl))
+		}
+		for _, g := range n.Gateways {
+			s := g.String()
+			if !g.Usable {
+				s += " (name not resolved)"
+			}
+			gws = append(gws, s)
+		}
+		reach := "yes"
+		if !n.Reachable {
+			reach = "no: no gateway"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\t%s\n", n.Network, strings.Join(clusters, ","), n.Services, n.Endpoints,
+			dash(strings.Join(gws, ",")), reach)
+	}
+	if len(nets) == 0 {
+		fmt.Fprintln(w, "(no cluster names a network: every client reaches every endpoint directly)")
+	}
+	return w.Flush()
 }
 
 func dash(s string) string {

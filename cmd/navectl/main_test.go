@@ -18,6 +18,12 @@ import (
 // startDemoHub runs a real hub and the demo's east and west spokes.
 func startDemoHub(t *testing.T) string {
 	t.Helper()
+	return startDemoHubWith(t, nil)
+}
+
+// startDemoHubWith is startDemoHub with each spoke's configuration changed by tune.
+func startDemoHubWith(t *testing.T, tune func(*spoke.Config)) string {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	log := slog.New(slog.DiscardHandler)
 	cfg := hub.DefaultConfig()
@@ -33,6 +39,9 @@ func startDemoHub(t *testing.T) string {
 		sc := spoke.DefaultConfig()
 		sc.Cluster, sc.Region, sc.HubAddr = registry.ClusterID(c.id), c.region, h.FederationAddr.String()
 		sc.Source = "dir:" + filepath.Join("..", "..", "deploy", "demo", c.id)
+		if tune != nil {
+			tune(&sc)
+		}
 		done := make(chan error, 1)
 		go func() { done <- spoke.Run(ctx, sc, log) }()
 		spokes = append(spokes, done)
@@ -176,5 +185,62 @@ func TestNavectlImports(t *testing.T) {
 	var buf bytes.Buffer
 	if err := run([]string{"--hub", url, "imports", "east"}, &buf); err == nil || !strings.Contains(err.Error(), "no spoke of cluster \"east\" takes imports") {
 		t.Errorf("imports east = %v, want that no spoke of east takes imports", err)
+	}
+}
+
+// Two networks: east's has no gateway, west's has one. A client on east's
+// network reaches west through west's gateway; one on west's cannot reach
+// east at all, and says so.
+func TestNavectlNetworks(t *testing.T) {
+	url := startDemoHubWith(t, func(sc *spoke.Config) {
+		sc.Network = registry.Network("net-" + string(sc.Cluster))
+		if sc.Cluster == "west" {
+			sc.NetworkGateways = []registry.Gateway{{Address: "192.0.2.50", Port: 15444}, {Address: "gw.west.example.com", Port: 15444}}
+		}
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	var nets string
+	for {
+		nets = navectl(t, "--hub", url, "networks")
+		if strings.Contains(nets, "192.0.2.50") || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	rows := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(nets), "\n")[1:] {
+		f := strings.Fields(l)
+		rows[f[0]] = strings.Join(f[1:], " ")
+	}
+	if want := "east 1 2 - no: no gateway"; rows["net-east"] != want {
+		t.Errorf("net-east row %q, want %q\n%s", rows["net-east"], want, nets)
+	}
+	if want := "west 1 1 192.0.2.50:15444,gw.west.example.com:15444 (name not resolved) yes"; rows["net-west"] != want {
+		t.Errorf("net-west row %q, want %q\n%s", rows["net-west"], want, nets)
+	}
+
+	eps := navectl(t, "--hub", url, "endpoints", "demo/echo", "--region", "us-east", "--zone", "us-east-1a", "--network", "net-east")
+	var got []string
+	for _, l := range strings.Split(eps, "\n") {
+		if len(l) > 1 && l[0] >= '0' && l[0] <= '9' && l[1] == ' ' {
+			got = append(got, strings.Join(strings.Fields(l), " "))
+		}
+	}
+	want := []string{
+		"0 us-east/us-east-1a 1 east 127.0.1.1:50051 HEALTHY",
+		"1 us-east/us-east-1b 1 east 127.0.1.2:50051 HEALTHY",
+		"2 us-west/us-west-1a 1 gateway of net-west (1 endpoints) 192.0.2.50:15444 HEALTHY",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("endpoints on net-east:\n%s\nwant:\n%s\nfull output:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"), eps)
+	}
+	if !strings.Contains(eps, "on network net-east") {
+		t.Errorf("the output does not name the client's network:\n%s", eps)
+	}
+
+	eps = navectl(t, "--hub", url, "endpoints", "demo/echo", "--region", "us-west", "--zone", "us-west-1a", "--network", "net-west")
+	if !strings.Contains(eps, "left out: network net-east (2 healthy endpoints) has no gateway this client can reach") ||
+		strings.Contains(eps, "127.0.1.1") {
+		t.Errorf("endpoints on net-west should leave net-east out and say why:\n%s", eps)
 	}
 }

@@ -1,0 +1,133 @@
+package hub
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/navemesh/nave/federation"
+	"github.com/navemesh/nave/registry"
+	"github.com/navemesh/nave/replicas"
+)
+
+// topologies records every network topology a publisher is handed.
+type topologies struct {
+	updates
+	nets []registry.Networks
+}
+
+func (p *topologies) SetNetworks(n registry.Networks) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.nets = append(p.nets, n)
+}
+
+func (p *topologies) last() (registry.Networks, int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.nets) == 0 {
+		return registry.Networks{}, 0
+	}
+	return p.nets[len(p.nets)-1], len(p.nets)
+}
+
+var (
+	gwEast = registry.Gateway{Address: "192.0.2.1", Port: 15443}
+	gwName = registry.Gateway{Address: "gw.west.example.com", Port: 15443}
+)
+
+// Gateways announced by a session reach the topology xDS is given, peers
+// (with the cluster's data), the snapshot and the networks view; a stale
+// session cannot change them, and a dropped cluster vouches for none.
+func TestGatewaysFollowTheirCluster(t *testing.T) {
+	ctx := context.Background()
+	pub := &topologies{}
+	s := newState("hub-test", DefaultLiveness(), pub, nil, registry.DefaultLimits(), nil, slog.New(slog.DiscardHandler))
+	runCtx, cancel := context.WithCancel(ctx)
+	go s.run(runCtx)
+	t.Cleanup(func() { cancel(); <-s.done })
+
+	if _, err := s.Begin(ctx, federation.Session{Cluster: "east", Network: "net-a", Epoch: 3, Started: time.Now(),
+		Gateways: []registry.Gateway{gwEast}, GatewaysKnown: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Apply(ctx, 3, 1, registry.Change{Cluster: "east", Upserts: []*registry.Shard{apiShard("east", time.Unix(1, 0), "grpc")}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Begin(ctx, federation.Session{Cluster: "west", Network: "net-b", Epoch: 1, Started: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	want := registry.Networks{
+		Clusters: map[registry.ClusterID]registry.Network{"east": "net-a", "west": "net-b"},
+		Gateways: map[registry.Network][]registry.Gateway{"net-a": {gwEast}},
+	}
+	if got, _ := pub.last(); !got.Equal(want) {
+		t.Fatalf("topology %+v, want %+v", got, want)
+	}
+	if m, _ := s.Replicas(); !slices.Equal(m["east"].Gateways, []registry.Gateway{gwEast}) {
+		t.Errorf("replicated gateways of east %v", m["east"].Gateways)
+	}
+
+	// A change of gateways: the topology follows; the same set again is no change.
+	if err := s.SetGateways(ctx, "west", 1, []registry.Gateway{gwName}); err != nil {
+		t.Fatal(err)
+	}
+	_, n := pub.last()
+	if err := s.SetGateways(ctx, "west", 1, []registry.Gateway{gwName}); err != nil {
+		t.Fatal(err)
+	}
+	if got, m := pub.last(); m != n || !slices.Equal(got.Gateways["net-b"], []registry.Gateway{gwName}) {
+		t.Errorf("after announcing west's gateway: %d topologies (want %d), net-b %v", m, n, got.Gateways["net-b"])
+	}
+	nets := s.View().Networks()
+	if len(nets) != 2 || nets[0].Network != "net-a" || !nets[0].Reachable || nets[1].Reachable ||
+		len(nets[1].Gateways) != 1 || nets[1].Gateways[0].Usable || !slices.Equal(nets[1].Gateways[0].Clusters, []registry.ClusterID{"west"}) {
+		t.Errorf("networks view %+v", nets)
+	}
+	// An older session of east cannot change them.
+	if err := s.SetGateways(ctx, "east", 2, nil); !errors.Is(err, federation.ErrSuperseded) {
+		t.Errorf("SetGateways from a superseded epoch = %v, want ErrSuperseded", err)
+	}
+
+	// The snapshot keeps them; a restore brings them back.
+	snap, _, err := s.snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restored := startState(t)
+	if err := restored.restore(ctx, snap); err != nil {
+		t.Fatal(err)
+	}
+	if c := restored.View().Clusters["east"]; !slices.Equal(c.Gateways, []registry.Gateway{gwEast}) {
+		t.Errorf("restored east gateways %v", c.Gateways)
+	}
+
+	// A peer takes them with the cluster's data, and a later full state at
+	// the same stamp that changes only them.
+	peer := startState(t)
+	u := replicas.Update{Cluster: "east", Network: "net-a", Gateways: []registry.Gateway{gwEast}, Stamp: stamp(3, 1), Origin: "hub-test",
+		Change: registry.Change{Cluster: "east", Replace: true, Upserts: []*registry.Shard{apiShard("east", time.Unix(1, 0), "grpc")}}}
+	if err := peer.ApplyReplica(ctx, "hub-test", u); err != nil {
+		t.Fatal(err)
+	}
+	u.Gateways = nil
+	if err := peer.ApplyReplica(ctx, "hub-test", u); err != nil {
+		t.Fatal(err)
+	}
+	if got := peer.View().Topology.Gateways["net-a"]; len(got) != 0 {
+		t.Errorf("peer still holds net-a gateways %v after they were withdrawn", got)
+	}
+
+	// A dropped cluster vouches for no gateway.
+	_ = s.do(ctx, func() { s.clusters["east"].Stale = true })
+	if err := s.drop(ctx, "east", 9); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := pub.last(); len(got.Gateways["net-a"]) != 0 {
+		t.Errorf("net-a still has gateways %v after east was dropped", got.Gateways["net-a"])
+	}
+}
+
