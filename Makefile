@@ -4,7 +4,7 @@ GO ?= go
 PROTOC ?= protoc
 BIN := bin
 
-.PHONY: all build test bench demo generate generate-check lint protoc kube-apiserver coredns kind-up kind-e2e kind-down clean
+.PHONY: all build test bench demo generate generate-check lint protoc haproxy kube-apiserver coredns kind-up kind-e2e kind-down clean
 
 # The end-to-end tests run real Kubernetes API servers, built once per machine
 # from k8s.io/kubernetes (tools/kube-apiserver pins the version) and cached by version.
@@ -24,7 +24,7 @@ build:
 	$(GO) build -o $(BIN)/ ./cmd/...
 
 ## test: everything CI runs: generated code current, vet, gofmt, and every test with -race.
-test: generate-check lint kube-apiserver coredns
+test: generate-check lint kube-apiserver coredns haproxy
 	NAVE_E2E_REQUIRE=1 $(GO) test -race -count=1 -timeout 30m ./...
 
 ## bench: benchmarks print numbers; nothing is asserted. The scale benchmark drives a real hub
@@ -56,6 +56,11 @@ lint:
 ## protoc: install protoc from Debian's packages when it is missing (a fresh machine).
 protoc:
 	@command -v $(PROTOC) >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq protobuf-compiler; }
+
+## haproxy: install HAProxy from Debian's packages when it is missing: the multi-network test's
+## east-west gateway (there is no Envoy binary to be had here).
+haproxy:
+	@command -v haproxy >/dev/null || test -x /usr/sbin/haproxy || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy; }
 
 ## kube-apiserver: build the real API server the e2e tests run (about 9 minutes, once per machine and version).
 kube-apiserver: $(KUBE_APISERVER)

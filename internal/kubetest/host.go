@@ -1,6 +1,7 @@
 package kubetest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -174,4 +175,15 @@ func run(ip string, args ...string) error {
 		return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 	}
 	return nil
+}
+
+// DialContext dials addr over TCP from inside the host's namespace: a gRPC
+// ContextDialer (grpc.WithContextDialer) for a client that runs on the host.
+func (h *Host) DialContext(ctx context.Context, addr string) (net.Conn, error) {
+	var c net.Conn
+	err := inNetns(filepath.Join("/run/netns", h.Netns), func() (err error) {
+		c, err = (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+		return err
+	})
+	return c, err
 }

@@ -58,22 +58,39 @@ func ServeBackend(t testing.TB, name string, lis net.Listener) Backend {
 
 // Bootstrap is a grpc-go xDS bootstrap for a node with the given locality (zero: none).
 func Bootstrap(xdsAddr, node string, l registry.Locality) string {
-	locality := ""
+	return BootstrapOn(xdsAddr, node, l, "")
+}
+
+// BootstrapOn is Bootstrap for a node that names its network in its
+// metadata (NETWORK; "" names none).
+func BootstrapOn(xdsAddr, node string, l registry.Locality, network registry.Network) string {
+	extra := ""
 	if !l.IsZero() {
-		locality = fmt.Sprintf(`,"locality":{"region":%q,"zone":%q}`, l.Region, l.Zone)
+		extra = fmt.Sprintf(`,"locality":{"region":%q,"zone":%q}`, l.Region, l.Zone)
+	}
+	if network != "" {
+		extra += fmt.Sprintf(`,"metadata":{"NETWORK":%q}`, network)
 	}
 	return fmt.Sprintf(`{"xds_servers":[{"server_uri":%q,"channel_creds":[{"type":"insecure"}],"server_features":["xds_v3"]}],"node":{"id":%q%s}}`,
-		xdsAddr, node, locality)
+		xdsAddr, node, extra)
 }
 
 // NewClient dials xds:///target through its own grpc-go xDS client, whose node has locality l.
 func NewClient(t testing.TB, xdsAddr, node string, l registry.Locality, target string) healthpb.HealthClient {
 	t.Helper()
-	resolver, err := grpcxds.NewXDSResolverWithConfigForTesting([]byte(Bootstrap(xdsAddr, node, l)))
+	return NewClientOn(t, xdsAddr, node, l, "", target)
+}
+
+// NewClientOn is NewClient for a node on network (see BootstrapOn), with
+// more dial options (a dialer that connects from another namespace, say).
+func NewClientOn(t testing.TB, xdsAddr, node string, l registry.Locality, network registry.Network, target string, opts ...grpc.DialOption) healthpb.HealthClient {
+	t.Helper()
+	resolver, err := grpcxds.NewXDSResolverWithConfigForTesting([]byte(BootstrapOn(xdsAddr, node, l, network)))
 	if err != nil {
 		t.Fatalf("xDS resolver: %v", err)
 	}
-	conn, err := grpc.NewClient("xds:///"+target, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(resolver))
+	opts = append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(resolver)}, opts...)
+	conn, err := grpc.NewClient("xds:///"+target, opts...)
 	if err != nil {
 		t.Fatalf("dial %s: %v", target, err)
 	}
