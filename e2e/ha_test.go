@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -452,4 +453,47 @@ func netnsLink(t testing.TB, netns string) string {
 	}
 	t.Fatalf("no link in network namespace %s", netns)
 	return ""
+}
+
+// A spoke's gateways reach every replica, and outlive its home replica.
+func TestHAGatewaysReachEveryReplica(t *testing.T) {
+	f := startHAFixture(t)
+	f.spokes["east"].stop()
+	f.spokes["east"] = startProc(t, "spoke-east-gw", f.bin, "spoke", "--cluster-id=east", "--hub="+f.fedLB.Addr,
+		"--token-file="+f.tokenFiles["east"], "--source=dir:"+f.dirs["east"], "--region=us-east", "--poll=20ms",
+		"--network=net-east", "--network-gateway=192.0.2.9:15444")
+	gatewayEverywhere := func() bool {
+		for _, r := range f.alive() {
+			var nets []hub.NetworkStatus
+			resp, err := http.Get(r.url("/debug/networks"))
+			if err != nil {
+				return false
+			}
+			err = json.NewDecoder(resp.Body).Decode(&nets)
+			resp.Body.Close()
+			if err != nil || len(nets) != 1 || nets[0].Network != "net-east" || len(nets[0].Gateways) != 1 ||
+				nets[0].Gateways[0].String() != "192.0.2.9:15444" {
+				return false
+			}
+		}
+		return true
+	}
+	defer func() {
+		if !t.Failed() {
+			return
+		}
+		for _, r := range f.alive() {
+			resp, err := http.Get(r.url("/debug/networks"))
+			if err == nil {
+				var v any
+				_ = json.NewDecoder(resp.Body).Decode(&v)
+				resp.Body.Close()
+				t.Logf("%s networks: %v", r.id, v)
+			}
+		}
+	}()
+	awaitFor(t, "east's gateway at every replica", 30*time.Second, gatewayEverywhere)
+	f.kill(f.home("east"))
+	awaitFor(t, "east's gateway at the live replicas after its home died", 30*time.Second, gatewayEverywhere)
+	f.checkNoFailedRPCs()
 }

@@ -548,7 +548,7 @@ func sendChunked(head *fedv1.ReplicaUpdate, removes []registry.ServiceKey, upser
 	next := func() *fedv1.ReplicaUpdate {
 		return &fedv1.ReplicaUpdate{
 			ClusterId: head.ClusterId, Network: head.Network, Stamp: head.Stamp,
-			FullState: head.FullState, Base: head.Base, Origin: head.Origin,
+			FullState: head.FullState, Base: head.Base, Origin: head.Origin, Gateways: head.Gateways,
 		}
 	}
 	cur, size := next(), 0
