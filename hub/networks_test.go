@@ -130,4 +130,3 @@ func TestGatewaysFollowTheirCluster(t *testing.T) {
 		t.Errorf("net-a still has gateways %v after east was dropped", got.Gateways["net-a"])
 	}
 }
-
