@@ -125,6 +125,9 @@ type dispatchCache struct {
 	lds, rds, cds *resourceCache
 	// eds returns the EDS cache of a node's Client, creating it if needed.
 	eds func(*core.Node) *resourceCache
+	// view returns the caches of a node's audience group, and whether it
+	// belongs to an audience (its caches are nil beyond MaxAudienceGroups).
+	view func(*core.Node) (*view, bool)
 	log *slog.Logger
 }
 
@@ -154,15 +157,23 @@ func (d *dispatchCache) Fetch(context.Context, *cache.Request) (cache.Response, 
 }
 
 func (d *dispatchCache) cacheFor(typeURL string, node *core.Node) *cache.LinearCache {
+	if typeURL == resource.EndpointType {
+		return d.eds(node).linear
+	}
+	lds, rds, cds := d.lds, d.rds, d.cds
+	if v, member := d.view(node); member {
+		if v == nil {
+			return nil // a gateway of a group beyond the limit: nothing, never the proxyless resources
+		}
+		lds, rds, cds = v.lds, v.rds, v.cds
+	}
 	switch typeURL {
 	case resource.ListenerType:
-		return d.lds.linear
+		return lds.linear
 	case resource.RouteType:
-		return d.rds.linear
+		return rds.linear
 	case resource.ClusterType:
-		return d.cds.linear
-	case resource.EndpointType:
-		return d.eds(node).linear
+		return cds.linear
 	default:
 		return nil
 	}

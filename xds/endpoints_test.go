@@ -24,6 +24,9 @@ func TestSharedAssignmentsMatchAssign(t *testing.T) {
 	for _, network := range []registry.Network{"", "n1", "n2", "n3"} {
 		for _, l := range []registry.Locality{{}, loc("r1", "z1"), loc("r1", "z2"), loc("r2", "z3"), loc("r3", "z9")} {
 			groups = append(groups, Client{Network: network, Locality: l})
+			if network == "n1" {
+				groups = append(groups, Client{Network: network, Locality: l, NetworkOnly: true})
+			}
 		}
 	}
 	// Topologies: none; every cluster on its own network, some with gateways

@@ -40,6 +40,11 @@ const (
 type Client struct {
 	Network  registry.Network  `json:"network,omitempty"`
 	Locality registry.Locality `json:"locality"`
+	// NetworkOnly: the client is handed its own network's endpoints (and
+	// those of clusters without one) and nothing of other networks, not
+	// even their gateways. An east-west gateway is such a client: traffic
+	// it forwards must end in its network, never loop to another gateway.
+	NetworkOnly bool `json:"networkOnly,omitempty"`
 }
 
 // clientOf is the Client a node belongs to: its locality group, and the
@@ -152,7 +157,7 @@ func planSplit(client Client, localities []registry.Locality, counts [][]network
 					p.localities[i].direct = true
 				}
 				p.localities[i].weight += c.healthy
-			} else if c.healthy > 0 {
+			} else if c.healthy > 0 && !client.NetworkOnly {
 				remote[c.network] = append(remote[c.network], i)
 			}
 		}

@@ -35,6 +35,8 @@ type Config struct {
 	// (clients choose their locality, so this bounds memory). Clients of further
 	// groups are served the default group: every endpoint at priority 0.
 	MaxLocalityGroups int
+	// Audience, if not nil, serves gateways resources of their own (see Audience).
+	Audience Audience
 }
 
 // DefaultConfig is a single replica's configuration: version prefix "nave-"
@@ -63,6 +65,8 @@ type Server struct {
 	// topo is the network topology EDS is computed against (SetNetworks);
 	// replaced, never modified.
 	topo atomic.Pointer[topology]
+	// views maps an audience group to its caches; copy-on-write under stateMu.
+	views atomic.Pointer[map[string]*view]
 
 	// overLimitWarned is when (unix ns) the last too-many-groups warning was logged.
 	overLimitWarned atomic.Int64
@@ -119,7 +123,8 @@ func NewServer(cfg Config, log *slog.Logger, reg prometheus.Registerer) *Server 
 	s.cds = newResourceCache(resource.ClusterType, cfg.VersionPrefix+"cds-", log, nil, nil)
 	s.groups.Store(&map[Client]*resourceCache{})
 	s.topo.Store(newTopology(registry.Networks{}))
-	dispatch := &dispatchCache{lds: s.lds, rds: s.rds, cds: s.cds, eds: s.edsCache, log: log}
+	s.views.Store(&map[string]*view{})
+	dispatch := &dispatchCache{lds: s.lds, rds: s.rds, cds: s.cds, eds: s.edsCache, view: s.viewFor, log: log}
 	// The streams end when the gRPC server stops; nothing else needs to end them.
 	s.xds = serverv3.NewServer(context.Background(), dispatch, s.callbacks(), sotw.WithLogger(cacheLogger(log)))
 	return s
@@ -151,6 +156,7 @@ func (s *Server) Update(r *registry.Registry, d registry.Diff) {
 	defer s.stateMu.Unlock()
 
 	changes := d.Services
+	shapes := !s.built
 	if !s.built {
 		changes = s.everything(r)
 		s.built = true
@@ -161,6 +167,7 @@ func (s *Server) Update(r *registry.Registry, d registry.Diff) {
 	}
 	groups := *s.groups.Load()
 	for _, c := range changes {
+		shapes = shapes || c.ShapeChanged
 		svc := r.Service(c.Key)
 		ports := ServicePorts(svc)
 		for _, old := range s.ports[c.Key] {
@@ -195,6 +202,9 @@ func (s *Server) Update(r *registry.Registry, d registry.Diff) {
 	s.flush(s.cds, start)
 	s.flush(s.rds, start)
 	s.flush(s.lds, start)
+	if shapes {
+		s.rebuildViews(start)
+	}
 	s.metrics.updateDuration.Observe(time.Since(start).Seconds())
 }
 
@@ -240,6 +250,7 @@ func (s *Server) SetNetworks(n registry.Networks) {
 	for _, eds := range groups {
 		s.flush(eds, start)
 	}
+	s.rebuildViews(start)
 	s.metrics.updateDuration.Observe(time.Since(start).Seconds())
 	s.log.Info("network topology changed", "clusters", len(n.Clusters), "networks with gateways", len(t.gateways), "rebuilt", rebuild)
 }
@@ -332,7 +343,7 @@ func (s *Server) flush(c *resourceCache, start time.Time) {
 // edsCache returns the EDS cache of a node's Client (locality group and
 // network), creating and filling it on first use.
 func (s *Server) edsCache(node *core.Node) *resourceCache {
-	group := clientOf(node, s.topo.Load())
+	group := s.clientFor(node)
 	if c := (*s.groups.Load())[group]; c != nil {
 		return c
 	}
@@ -361,7 +372,11 @@ func (s *Server) edsCache(node *core.Node) *resourceCache {
 	}
 	prefix := s.cfg.VersionPrefix + "eds-" + group.Locality.Region + "/" + group.Locality.Zone + "-"
 	if group.Network != "" {
-		prefix = s.cfg.VersionPrefix + "eds-" + string(group.Network) + "/" + group.Locality.Region + "/" + group.Locality.Zone + "-"
+		only := ""
+		if group.NetworkOnly {
+			only = "only"
+		}
+		prefix = s.cfg.VersionPrefix + "eds-" + string(group.Network) + only + "/" + group.Locality.Region + "/" + group.Locality.Zone + "-"
 	}
 	c := newResourceCache(resource.EndpointType, prefix, s.log, initial, sums)
 	next := maps.Clone(groups)

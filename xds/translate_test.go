@@ -56,7 +56,7 @@ func TestServedResourcesGolden(t *testing.T) {
 		"r1-z2":   loc("r1", "z2"),
 		"r2-z3":   loc("r2", "z3"),
 	}
-	var shared Resources
+	var shared servedSet
 	for name, client := range clients {
 		res := served(t, r, client)
 		golden(t, "endpoints-"+name, res.Assignments)
@@ -161,9 +161,9 @@ func TestTranslateLeavesOutInvalid(t *testing.T) {
 	}
 }
 
-// Resources is everything the server publishes for one locality group of
+// servedSet is everything the server publishes for one locality group of
 // clients, each list sorted by name: what the golden files show.
-type Resources struct {
+type servedSet struct {
 	Listeners   []*listener.Listener
 	Routes      []*route.RouteConfiguration
 	Clusters    []*cluster.Cluster
@@ -172,14 +172,14 @@ type Resources struct {
 
 // served publishes r on a fresh server and reads back what its caches hold
 // for clients in the client locality.
-func served(t *testing.T, r *registry.Registry, client registry.Locality) Resources {
+func served(t *testing.T, r *registry.Registry, client registry.Locality) servedSet {
 	t.Helper()
 	return servedWith(t, r, registry.Networks{}, nodeAt(client, ""))
 }
 
 // servedWith publishes r against the network topology nets and reads back
 // what the caches hold for node.
-func servedWith(t *testing.T, r *registry.Registry, nets registry.Networks, node *core.Node) Resources {
+func servedWith(t *testing.T, r *registry.Registry, nets registry.Networks, node *core.Node) servedSet {
 	t.Helper()
 	srv := NewServer(DefaultConfig(), nil, nil)
 	srv.SetNetworks(nets)
@@ -187,7 +187,7 @@ func servedWith(t *testing.T, r *registry.Registry, nets registry.Networks, node
 	eds := srv.edsCache(node)
 	srv.stateMu.Lock()
 	defer srv.stateMu.Unlock()
-	return Resources{
+	return servedSet{
 		Listeners:   publishedOf[*listener.Listener](t, srv.lds),
 		Routes:      publishedOf[*route.RouteConfiguration](t, srv.rds),
 		Clusters:    publishedOf[*cluster.Cluster](t, srv.cds),

@@ -1,0 +1,157 @@
+package xds
+
+import (
+	"maps"
+	"slices"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+
+	"github.com/navemesh/nave/registry"
+)
+
+// Audience is a kind of node that is served listeners, routes and clusters
+// of its own (Envoy gateways) instead of the API listeners every proxyless
+// gRPC client shares. Its nodes fall into groups; the nodes of one group
+// share their resources, and each group's resources are rebuilt whenever a
+// service's shape or the network topology changes. Their endpoints come
+// from the EDS cache of the Client that Classify names, like any client's.
+type Audience interface {
+	// Classify says whether node belongs to the audience, and if so the key
+	// of its group and the Client its endpoints are computed for. It is
+	// called on every request, from many goroutines.
+	Classify(node *core.Node) (key string, client Client, ok bool)
+	// Build returns the resources of the group key for registry r and
+	// topology nets. Every resource must pass ValidateDeep and the set
+	// CheckConsistent, or none of it is published (the group keeps what
+	// it had). Its EDS clusters are named by ClusterName.
+	Build(key string, r *registry.Registry, nets registry.Networks) Resources
+}
+
+// MaxAudienceGroups bounds how many groups of an audience get resources of
+// their own (their nodes choose their group, so this bounds memory). Nodes
+// of further groups are served nothing, and a warning says so.
+const MaxAudienceGroups = 256
+
+// view is one audience group's caches.
+type view struct {
+	key           string
+	lds, rds, cds *resourceCache
+}
+
+// classify returns a node's audience group key and Client, if it has one.
+func (s *Server) classify(node *core.Node) (string, Client, bool) {
+	if s.cfg.Audience == nil {
+		return "", Client{}, false
+	}
+	return s.cfg.Audience.Classify(node)
+}
+
+// clientFor is the Client whose endpoints a node is served.
+func (s *Server) clientFor(node *core.Node) Client {
+	if _, c, ok := s.classify(node); ok {
+		return c
+	}
+	return clientOf(node, s.topo.Load())
+}
+
+// viewFor returns the caches of a node's audience group, creating and
+// filling them on first use, and whether the node belongs to an audience
+// (nil caches for a group beyond MaxAudienceGroups).
+func (s *Server) viewFor(node *core.Node) (*view, bool) {
+	key, _, ok := s.classify(node)
+	if !ok {
+		return nil, false
+	}
+	if v := (*s.views.Load())[key]; v != nil {
+		return v, true
+	}
+	s.stateMu.Lock()
+	defer s.stateMu.Unlock()
+	views := *s.views.Load()
+	if v := views[key]; v != nil {
+		return v, true
+	}
+	if len(views) >= MaxAudienceGroups {
+		if now, last := time.Now().UnixNano(), s.overLimitWarned.Load(); now-last > int64(time.Minute) && s.overLimitWarned.CompareAndSwap(last, now) {
+			s.log.Warn("too many gateway groups; serving new ones nothing", "group", key, "limit", MaxAudienceGroups)
+		}
+		return nil, true
+	}
+	prefix := s.cfg.VersionPrefix + "gw-" + key + "-"
+	v := &view{key: key,
+		lds: newResourceCache(resource.ListenerType, prefix+"lds-", s.log, nil, nil),
+		rds: newResourceCache(resource.RouteType, prefix+"rds-", s.log, nil, nil),
+		cds: newResourceCache(resource.ClusterType, prefix+"cds-", s.log, nil, nil),
+	}
+	if s.built {
+		s.buildView(v, time.Now())
+	}
+	next := maps.Clone(views)
+	next[key] = v
+	s.views.Store(&next)
+	s.log.Info("new gateway group", "group", key)
+	return v, true
+}
+
+// rebuildViews rebuilds every audience group's resources. Called with stateMu held.
+func (s *Server) rebuildViews(start time.Time) {
+	for _, v := range *s.views.Load() {
+		s.buildView(v, start)
+	}
+}
+
+// buildView builds a group's resources, checks them whole, and publishes
+// what changed; an invalid or inconsistent set is not published at all.
+// Called with stateMu held.
+func (s *Server) buildView(v *view, start time.Time) {
+	res := s.cfg.Audience.Build(v.key, s.reg, s.networks)
+	for _, l := range res.Listeners {
+		if err := ValidateDeep(l); err != nil {
+			s.invalid("gateway", v.key, err)
+			return
+		}
+	}
+	for _, r := range res.Routes {
+		if err := ValidateDeep(r); err != nil {
+			s.invalid("gateway", v.key, err)
+			return
+		}
+	}
+	for _, c := range res.Clusters {
+		if err := ValidateDeep(c); err != nil {
+			s.invalid("gateway", v.key, err)
+			return
+		}
+	}
+	if err := CheckConsistent(res, func(name string) bool { return s.endpoints[name] != nil }); err != nil {
+		s.invalid("gateway", v.key, err)
+		return
+	}
+	replace(v.cds, res.Clusters)
+	replace(v.rds, res.Routes)
+	replace(v.lds, res.Listeners)
+	// Clusters before the routes and listeners that name them.
+	s.flush(v.cds, start)
+	s.flush(v.rds, start)
+	s.flush(v.lds, start)
+}
+
+// replace stages c to hold exactly resources (by name).
+func replace[T interface {
+	types.Resource
+	GetName() string
+}](c *resourceCache, resources []T) {
+	keep := make(map[string]bool, len(resources))
+	for _, r := range resources {
+		keep[r.GetName()] = true
+		c.stage(r.GetName(), r, contentSum(r))
+	}
+	for _, name := range slices.Collect(maps.Keys(c.published)) {
+		if !keep[name] {
+			c.stageDelete(name)
+		}
+	}
+}
