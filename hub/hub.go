@@ -32,6 +32,7 @@ import (
 
 	"github.com/navemesh/nave/federation"
 	fedv1 "github.com/navemesh/nave/federation/v1"
+	"github.com/navemesh/nave/gateways"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/replicas"
 	"github.com/navemesh/nave/xds"
@@ -88,6 +89,9 @@ type Config struct {
 	// longer than any DNS TTL).
 	ClustersetCIDRs      []netip.Prefix
 	ClustersetIPHoldDown time.Duration
+	// IngressExposure is what an ingress gateway that names no exposure of
+	// its own in its metadata exposes (the zero value: nothing).
+	IngressExposure gateways.Exposure
 	// Pprof serves Go's profiles at /debug/pprof on the admin address.
 	Pprof       bool
 	Federation  federation.HubConfig
@@ -385,7 +389,12 @@ func (p *parts) registerMetrics() {
 // pusher, and the coordinator.
 func (p *parts) buildState() {
 	cfg := p.cfg
-	p.xdsServer = xds.NewServer(cfg.XDS, p.log, p.metricsReg)
+	xc := cfg.XDS
+	if xc.Audience == nil {
+		// Envoy gateways are served listeners of their own.
+		xc.Audience = gateways.NewAudience(cfg.IngressExposure, p.log)
+	}
+	p.xdsServer = xds.NewServer(xc, p.log, p.metricsReg)
 	// Gossip hears about every change of the state (summaries: who is home, at which stamp).
 	// Imports follow every change too, off the state goroutine.
 	var cidrs []string

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/navemesh/nave/gateways"
 	"github.com/navemesh/nave/hub"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/spoke"
@@ -118,9 +119,21 @@ func runHub(ctx context.Context, args []string) error {
 	cidrs := hub.DefaultClustersetCIDR
 	fs.StringVar(&cidrs, "clusterset-cidr", cidrs, "comma-separated ranges (one IPv4, one IPv6 at most) that ClusterSetIP imports get their clusterset IP from; empty: each cluster allocates its own")
 	fs.DurationVar(&cfg.ClustersetIPHoldDown, "clusterset-ip-hold-down", 0, "how long a released clusterset IP stays reserved for its service (default: --drop-after plus 5m)")
+	var ingressNamespaces, ingressSelector string
+	fs.StringVar(&ingressNamespaces, "ingress-namespaces", "", "comma-separated namespaces (\"*\": all) whose services an ingress gateway exposes when its metadata names none; empty: nothing")
+	fs.StringVar(&ingressSelector, "ingress-selector", "", "with --ingress-namespaces, labels (k=v,k2=v2) an exposed service's exported labels must carry")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	cfg.IngressExposure.Namespaces = splitList(ingressNamespaces)
+	sel, err := gateways.ParseSelector(ingressSelector)
+	if err != nil {
+		return fmt.Errorf("--ingress-selector: %w", err)
+	}
+	if sel != nil && len(cfg.IngressExposure.Namespaces) == 0 {
+		return errors.New("--ingress-selector needs --ingress-namespaces")
+	}
+	cfg.IngressExposure.Selector = sel
 	cfg.ClustersetCIDRs = nil
 	for _, c := range splitList(cidrs) {
 		prefix, err := netip.ParsePrefix(c)
@@ -133,7 +146,6 @@ func runHub(ctx context.Context, args []string) error {
 		cfg.EtcdEndpoints = strings.Split(etcd, ",")
 	}
 	cfg.Join = splitList(join)
-	var err error
 	if cfg.Liveness.DefaultPolicy, err = parsePolicy(policy); err != nil {
 		return fmt.Errorf("--cluster-policy: %w", err)
 	}

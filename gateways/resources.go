@@ -1,0 +1,164 @@
+package gateways
+
+import (
+	"strconv"
+	"strings"
+	"time"
+
+	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	listener "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	route "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	router "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	tlsinspector "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/tls_inspector/v3"
+	hcm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tcpproxy "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
+	upstreamhttp "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/wellknown"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/navemesh/nave/registry"
+	"github.com/navemesh/nave/xds"
+)
+
+// connectTimeout is how long a gateway waits for an upstream connection.
+const connectTimeout = 5 * time.Second
+
+// upstream is how a gateway's cluster speaks to its endpoints.
+type upstream int
+
+const (
+	// asDownstream: HTTP/2 to the endpoint when the client spoke HTTP/2, else
+	// HTTP/1.1 (TCP proxying ignores it).
+	asDownstream upstream = iota
+	// http2: always HTTP/2 (gRPC, h2c).
+	http2
+)
+
+// speaksHTTP2 reports whether a service port serves HTTP/2 in the clear
+// (gRPC): its appProtocol says so, or its name does (Istio's convention).
+func speaksHTTP2(p registry.ServicePort) bool {
+	switch strings.ToLower(p.AppProtocol) {
+	case "grpc", "h2c", "http2", "kubernetes.io/h2c", "grpc-web":
+		return true
+	}
+	name := strings.ToLower(p.Name)
+	return name == "grpc" || strings.HasPrefix(name, "grpc-") || name == "http2" || strings.HasPrefix(name, "http2-") ||
+		name == "h2c" || strings.HasPrefix(name, "h2c-")
+}
+
+// edsCluster is a gateway's cluster of a service port: its endpoints come
+// over ADS as the assignment of the same name, computed for the gateway's
+// locality (and, for an east-west gateway, its network alone).
+func edsCluster(k registry.ServiceKey, p registry.ServicePort, up upstream) *cluster.Cluster {
+	name := xds.ClusterName(k, p.Port)
+	opts := &upstreamhttp.HttpProtocolOptions{}
+	if up == http2 {
+		opts.UpstreamProtocolOptions = &upstreamhttp.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &upstreamhttp.HttpProtocolOptions_ExplicitHttpConfig{
+			ProtocolConfig: &upstreamhttp.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{Http2ProtocolOptions: &core.Http2ProtocolOptions{}},
+		}}
+	} else {
+		opts.UpstreamProtocolOptions = &upstreamhttp.HttpProtocolOptions_UseDownstreamProtocolConfig{UseDownstreamProtocolConfig: &upstreamhttp.HttpProtocolOptions_UseDownstreamHttpConfig{
+			HttpProtocolOptions: &core.Http1ProtocolOptions{}, Http2ProtocolOptions: &core.Http2ProtocolOptions{},
+		}}
+	}
+	return &cluster.Cluster{
+		Name:                 name,
+		ClusterDiscoveryType: &cluster.Cluster_Type{Type: cluster.Cluster_EDS},
+		EdsClusterConfig:     &cluster.Cluster_EdsClusterConfig{EdsConfig: ads(), ServiceName: name},
+		ConnectTimeout:       durationpb.New(connectTimeout),
+		LbPolicy:             cluster.Cluster_ROUND_ROBIN,
+		// Locality-weighted, so failover follows the gateway's locality (priorities) and weights.
+		CommonLbConfig: &cluster.Cluster_CommonLbConfig{LocalityConfigSpecifier: &cluster.Cluster_CommonLbConfig_LocalityWeightedLbConfig_{
+			LocalityWeightedLbConfig: &cluster.Cluster_CommonLbConfig_LocalityWeightedLbConfig{}}},
+		TypedExtensionProtocolOptions: map[string]*anypb.Any{"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": mustAny(opts)},
+	}
+}
+
+// httpManager is a listener filter chain's HTTP connection manager, its
+// routes fetched over ADS (RDS) as routeConfig. stripPort: virtual hosts
+// name hosts without a port, and a client's Host loses any it carries.
+func httpManager(statPrefix, routeConfig string, codec hcm.HttpConnectionManager_CodecType, stripPort bool) *listener.Filter {
+	m := &hcm.HttpConnectionManager{
+		CodecType:  codec,
+		StatPrefix: statPrefix,
+		RouteSpecifier: &hcm.HttpConnectionManager_Rds{Rds: &hcm.Rds{
+			ConfigSource: ads(), RouteConfigName: routeConfig,
+		}},
+		HttpFilters: []*hcm.HttpFilter{{
+			Name:       wellknown.Router,
+			ConfigType: &hcm.HttpFilter_TypedConfig{TypedConfig: mustAny(&router.Router{})},
+		}},
+		// Long-lived gRPC streams: no idle cut before an hour.
+		StreamIdleTimeout: durationpb.New(time.Hour),
+	}
+	if stripPort {
+		m.StripPortMode = &hcm.HttpConnectionManager_StripAnyHostPort{StripAnyHostPort: true}
+	}
+	return &listener.Filter{Name: wellknown.HTTPConnectionManager, ConfigType: &listener.Filter_TypedConfig{TypedConfig: mustAny(m)}}
+}
+
+// tcpProxy is a filter forwarding the connection, untouched, to a cluster.
+func tcpProxy(statPrefix, clusterName string) *listener.Filter {
+	return &listener.Filter{Name: wellknown.TCPProxy, ConfigType: &listener.Filter_TypedConfig{TypedConfig: mustAny(&tcpproxy.TcpProxy{
+		StatPrefix:       statPrefix,
+		ClusterSpecifier: &tcpproxy.TcpProxy_Cluster{Cluster: clusterName},
+	})}}
+}
+
+// tlsInspector reads the SNI of a TLS connection, for filter chains to match on.
+func tlsInspector() *listener.ListenerFilter {
+	return &listener.ListenerFilter{Name: wellknown.TLSInspector,
+		ConfigType: &listener.ListenerFilter_TypedConfig{TypedConfig: mustAny(&tlsinspector.TlsInspector{})}}
+}
+
+// grpcRoute sends every request of a virtual host to a cluster, as gRPC
+// needs: no overall timeout (streams last), the client's grpc-timeout
+// honoured, and the authority rewritten to what the cluster's endpoints (or
+// the east-west gateway in front of them) route by: HOSTNAME:PORT.
+func grpcRoute(clusterName, authority string) *route.Route {
+	action := &route.RouteAction{
+		ClusterSpecifier: &route.RouteAction_Cluster{Cluster: clusterName},
+		Timeout:          durationpb.New(0),
+		MaxStreamDuration: &route.RouteAction_MaxStreamDuration{
+			GrpcTimeoutHeaderMax: durationpb.New(0), // honour the client's grpc-timeout, however long
+		},
+	}
+	if authority != "" {
+		action.HostRewriteSpecifier = &route.RouteAction_HostRewriteLiteral{HostRewriteLiteral: authority}
+	}
+	return &route.Route{
+		Match:  &route.RouteMatch{PathSpecifier: &route.RouteMatch_Prefix{Prefix: "/"}},
+		Action: &route.Route_Route{Route: action},
+	}
+}
+
+func listenerOn(name string, port uint32) *listener.Listener {
+	return &listener.Listener{
+		Name: name,
+		Address: &core.Address{Address: &core.Address_SocketAddress{SocketAddress: &core.SocketAddress{
+			Protocol: core.SocketAddress_TCP, Address: "0.0.0.0", PortSpecifier: &core.SocketAddress_PortValue{PortValue: port},
+		}}},
+	}
+}
+
+func authority(k registry.ServiceKey, port int32) string {
+	return k.Hostname() + ":" + strconv.Itoa(int(port))
+}
+
+func ads() *core.ConfigSource {
+	return &core.ConfigSource{
+		ConfigSourceSpecifier: &core.ConfigSource_Ads{Ads: &core.AggregatedConfigSource{}},
+		ResourceApiVersion:    core.ApiVersion_V3,
+	}
+}
+
+func mustAny(m proto.Message) *anypb.Any {
+	a, err := anypb.New(m)
+	if err != nil {
+		panic("gateways: pack " + string(m.ProtoReflect().Descriptor().FullName()) + ": " + err.Error())
+	}
+	return a
+}
