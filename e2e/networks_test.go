@@ -166,8 +166,8 @@ func describe(a xds.Assignment) []string {
 		for _, l := range p.Localities {
 			for _, e := range l.Endpoints {
 				who := string(e.Cluster)
-				if e.Gateway {
-					who = "gateway of " + string(e.Network)
+				if e.Gateway != "" {
+					who = "gateway of " + string(e.Gateway)
 				}
 				out = append(out, fmt.Sprintf("%d %s %s %s", p.Priority, l.Locality, who, netip.AddrPortFrom(e.Address, uint16(e.Port))))
 			}
@@ -251,6 +251,7 @@ func startGateways(t *testing.T, ctx context.Context, haproxy string, h *testHub
 	var fronts []gatewayFrontend
 	for _, n := range nets {
 		f := gatewayFrontend{Network: n.Network, Listen: n.Gateways[0].String()}
+		mine := func(c registry.ClusterID) bool { return slices.Contains(n.Clusters, c) }
 		for _, svc := range services {
 			var info hub.EndpointsInfo
 			h.getJSON(t, fmt.Sprintf("/debug/endpoints?service=%s&network=%s", svc.Service, n.Network), &info)
@@ -260,7 +261,7 @@ func startGateways(t *testing.T, ctx context.Context, haproxy string, h *testHub
 				for _, pr := range p.Assignment.Priorities {
 					for _, l := range pr.Localities {
 						for _, e := range l.Endpoints {
-							if !e.Gateway && e.Network == n.Network {
+							if e.Gateway == "" && mine(e.Cluster) {
 								r.Servers = append(r.Servers, netip.AddrPortFrom(e.Address, uint16(e.Port)).String())
 							}
 						}

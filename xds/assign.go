@@ -60,18 +60,16 @@ type LocalityEndpoints struct {
 
 // Endpoint is one address:port handed to clients.
 type Endpoint struct {
-	Cluster registry.ClusterID `json:"cluster"`
+	Cluster registry.ClusterID `json:"cluster,omitempty"`
 	Address netip.Addr         `json:"address"`
 	Port    int32              `json:"port"`
-	Health  HealthStatus       `json:"health"`
 	// Weight is the endpoint's weight within its locality (1 for a plain
 	// endpoint; for a gateway, the healthy endpoints it stands for).
-	Weight uint32 `json:"weight"`
-	// Network is the network of the endpoint's cluster, when it names one.
-	Network registry.Network `json:"network,omitempty"`
-	// Gateway: the address is the gateway of Network, handed out in place of
-	// that network's endpoints (Cluster is then empty).
-	Gateway bool `json:"gateway,omitempty"`
+	Weight uint32       `json:"weight"`
+	Health HealthStatus `json:"health"`
+	// Gateway, when set, names the network whose gateway the address is,
+	// handed out in place of that network's endpoints (Cluster is empty).
+	Gateway registry.Network `json:"gateway,omitempty"`
 }
 
 // Priority tiers, before empty ones are skipped.
@@ -109,22 +107,10 @@ func Assign(svc *registry.Service, port registry.ServicePort, client registry.Lo
 func AssignFor(svc *registry.Service, port registry.ServicePort, client Client, nets registry.Networks) Assignment {
 	t := newTopology(nets)
 	l := groupByLocality(svc, port)
-	var a Assignment
 	if client.Network == "" {
-		a = l.assign(client.Locality)
-	} else {
-		a = l.assignSplit(client, t)
+		return l.assign(client.Locality)
 	}
-	for _, p := range a.Priorities {
-		for _, le := range p.Localities {
-			for i := range le.Endpoints {
-				if e := &le.Endpoints[i]; !e.Gateway {
-					e.Network = t.networkOf(e.Cluster)
-				}
-			}
-		}
-	}
-	return a
+	return l.assignSplit(client, t)
 }
 
 // assignSplit is the assignment of a client with a network.
@@ -136,6 +122,7 @@ func (l localities) assignSplit(client Client, t *topology) Assignment {
 		counts[i] = countByNetwork(le.Endpoints, t)
 	}
 	plan := planSplit(client, l.servedLocalities(), counts, t)
+	defer plan.release()
 	a.Unreachable = plan.unreachable
 	for p := range plan.count {
 		var in []LocalityEndpoints
@@ -160,7 +147,7 @@ func (l localities) assignSplit(client Client, t *topology) Assignment {
 			}
 			for _, g := range lp.gateways {
 				out.Endpoints = append(out.Endpoints, Endpoint{Address: g.addr.Addr(), Port: int32(g.addr.Port()),
-					Health: StatusHealthy, Weight: g.weight, Network: g.network, Gateway: true})
+					Health: StatusHealthy, Weight: g.weight, Gateway: g.network})
 			}
 			in = append(in, out)
 		}

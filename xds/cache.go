@@ -128,7 +128,7 @@ type dispatchCache struct {
 	// view returns the caches of a node's audience group, and whether it
 	// belongs to an audience (its caches are nil beyond MaxAudienceGroups).
 	view func(*core.Node) (*view, bool)
-	log *slog.Logger
+	log  *slog.Logger
 }
 
 var _ cache.Cache = (*dispatchCache)(nil)

@@ -1,9 +1,12 @@
 package xds
 
 import (
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"hash/maphash"
+	"net/netip"
+	"slices"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
@@ -26,6 +29,8 @@ type portEndpoints struct {
 	// localities are the served localities (with a healthy endpoint), sorted.
 	localities []registry.Locality
 	blocks     []localityBlock // one per locality, in the same order
+	// counts are each block's per-network counts (the parts'), for planSplit.
+	counts [][]networkCount
 }
 
 // localityBlock is one locality's LocalityLbEndpoints at each priority it
@@ -44,6 +49,8 @@ type localityBlock struct {
 	// for clients that name their network. A locality on one network has one
 	// part, sharing the block's bytes.
 	parts []blockPart
+	// counts are the parts' counts, in the same order (for planSplit).
+	counts []networkCount
 }
 
 // blockPart is the endpoints of one network within a locality.
@@ -80,18 +87,19 @@ func newPortEndpoints(svc *registry.Service, port registry.ServicePort, prev *po
 		}
 	}
 	var buf []byte
+	p.counts = make([][]networkCount, len(loc.served))
 	for i, le := range loc.served {
 		var sum uint64
 		buf, sum = blockSum(buf, le)
-		if b, ok := before[le.Locality]; ok && b.sum == sum {
-			p.blocks[i] = b
-			continue
-		}
-		b, err := newBlock(p.clusterName, le, sum, t)
-		if err != nil {
-			return nil, err
+		b, ok := before[le.Locality]
+		if !ok || b.sum != sum {
+			var err error
+			if b, err = newBlock(p.clusterName, le, sum, t); err != nil {
+				return nil, err
+			}
 		}
 		p.blocks[i] = b
+		p.counts[i] = b.counts
 	}
 	return p, nil
 }
@@ -124,35 +132,29 @@ func newBlock(clusterName string, le LocalityEndpoints, sum uint64, t *topology)
 	if err := Validate(&endpoint.ClusterLoadAssignment{ClusterName: clusterName, Endpoints: []*endpoint.LocalityLbEndpoints{lle}}); err != nil {
 		return localityBlock{}, err
 	}
-	// One wire form per endpoint, gathered per network (a stable order:
-	// network, then endpoint order), then the whole block in endpoint order.
+	// The whole block in endpoint order; a locality whose endpoints are on
+	// several networks also gets each network's part (network, then endpoint order).
 	counts := countByNetwork(le.Endpoints, t)
 	parts := make([]blockPart, len(counts))
-	wire := make([][]byte, len(lle.LbEndpoints))
+	var raw []byte
 	for i, e := range lle.LbEndpoints {
 		b, err := marshalDeterministic.Marshal(e)
 		if err != nil {
 			return localityBlock{}, fmt.Errorf("%w: ClusterLoadAssignment %q: %v", ErrInvalidResource, clusterName, err)
 		}
-		wire[i] = b
-	}
-	var raw []byte
-	for _, b := range wire {
 		raw = appendLbEndpoint(raw, b)
+		if len(counts) > 1 {
+			at, _ := slices.BinarySearchFunc(counts, t.networkOf(le.Endpoints[i].Cluster), func(c networkCount, n registry.Network) int { return cmp.Compare(c.network, n) })
+			parts[at].raw = appendLbEndpoint(parts[at].raw, b)
+		}
 	}
 	for i, c := range counts {
 		parts[i].count = c
-		if len(counts) == 1 {
-			parts[i].raw = raw
-			continue
-		}
-		for j, e := range le.Endpoints {
-			if t.networkOf(e.Cluster) == c.network {
-				parts[i].raw = appendLbEndpoint(parts[i].raw, wire[j])
-			}
-		}
 	}
-	b := localityBlock{sum: sum, parts: parts}
+	if len(parts) == 1 {
+		parts[0].raw = raw
+	}
+	b := localityBlock{sum: sum, parts: parts, counts: counts}
 	for pr := range b.atPriority {
 		m := &endpoint.LocalityLbEndpoints{Locality: lle.Locality, LoadBalancingWeight: lle.LoadBalancingWeight, Priority: uint32(pr)}
 		m.ProtoReflect().SetUnknown(raw)
@@ -205,14 +207,8 @@ func (p *portEndpoints) forClient(client Client, t *topology) (*endpoint.Cluster
 	if client.Network == "" {
 		return p.forGroup(client.Locality)
 	}
-	counts := make([][]networkCount, len(p.blocks))
-	for i, b := range p.blocks {
-		counts[i] = make([]networkCount, len(b.parts))
-		for j, part := range b.parts {
-			counts[i][j] = part.count
-		}
-	}
-	plan := planSplit(client, p.localities, counts, t)
+	plan := planSplit(client, p.localities, p.counts, t)
+	defer plan.release()
 	cla := &endpoint.ClusterLoadAssignment{ClusterName: p.clusterName, Endpoints: make([]*endpoint.LocalityLbEndpoints, 0, len(p.blocks))}
 	var h maphash.Hash
 	h.SetSeed(seed)
@@ -257,7 +253,7 @@ func (p *portEndpoints) forClient(client Client, t *topology) (*endpoint.Cluster
 				}
 			}
 			for _, g := range lp.gateways {
-				raw = appendLbEndpoint(raw, gatewayWire(g))
+				raw = appendGateway(raw, g)
 				a16 := g.addr.Addr().As16()
 				h.Write(a16[:])
 				binary.LittleEndian.PutUint32(buf[:4], uint32(g.addr.Port()))
@@ -282,17 +278,39 @@ func allDirect(client registry.Network, parts []blockPart) bool {
 	return true
 }
 
-// gatewayWire is the wire form of a gateway's LbEndpoint.
-func gatewayWire(g gatewayEntry) []byte {
-	b, err := marshalDeterministic.Marshal(&endpoint.LbEndpoint{
-		HostIdentifier: &endpoint.LbEndpoint_Endpoint{Endpoint: &endpoint.Endpoint{
-			Address: socketAddress(g.addr.Addr().String(), int32(g.addr.Port())),
-		}},
-		HealthStatus:        core.HealthStatus_HEALTHY,
-		LoadBalancingWeight: wrapperspb.UInt32(g.weight),
-	})
+// appendGateway appends a gateway's LbEndpoint as an lb_endpoints field:
+// its endpoint's wire form (the same for every assignment, kept by the
+// topology) followed by its health and weight, in field order, as the
+// deterministic marshalling of the whole LbEndpoint writes them.
+func appendGateway(raw []byte, g gatewayEntry) []byte {
+	weightLen := protowire.SizeTag(1) + protowire.SizeVarint(uint64(g.weight)) // UInt32Value.value
+	lbLen := len(g.wire) +
+		protowire.SizeTag(lbHealthField) + protowire.SizeVarint(uint64(core.HealthStatus_HEALTHY)) +
+		protowire.SizeTag(lbWeightField) + protowire.SizeBytes(weightLen)
+	raw = protowire.AppendTag(raw, lbEndpointsField, protowire.BytesType)
+	raw = protowire.AppendVarint(raw, uint64(lbLen))
+	raw = append(raw, g.wire...)
+	raw = protowire.AppendTag(raw, lbHealthField, protowire.VarintType)
+	raw = protowire.AppendVarint(raw, uint64(core.HealthStatus_HEALTHY))
+	raw = protowire.AppendTag(raw, lbWeightField, protowire.BytesType)
+	raw = protowire.AppendVarint(raw, uint64(weightLen))
+	raw = protowire.AppendTag(raw, 1, protowire.VarintType)
+	return protowire.AppendVarint(raw, uint64(g.weight))
+}
+
+// Field numbers of LbEndpoint.
+var (
+	lbEndpointFields = (&endpoint.LbEndpoint{}).ProtoReflect().Descriptor().Fields()
+	lbHealthField    = lbEndpointFields.ByName("health_status").Number()
+	lbWeightField    = lbEndpointFields.ByName("load_balancing_weight").Number()
+	lbEndpointField  = lbEndpointFields.ByName("endpoint").Number()
+)
+
+// gatewayEndpointWire is the wire form of the endpoint field of a gateway's LbEndpoint.
+func gatewayEndpointWire(addr netip.AddrPort) []byte {
+	b, err := marshalDeterministic.Marshal(&endpoint.Endpoint{Address: socketAddress(addr.Addr().String(), int32(addr.Port()))})
 	if err != nil {
 		panic(fmt.Sprintf("xds: marshal a gateway endpoint: %v", err)) // built from valid parts
 	}
-	return b
+	return protowire.AppendBytes(protowire.AppendTag(nil, lbEndpointField, protowire.BytesType), b)
 }

@@ -1,10 +1,10 @@
 package xds
 
 import (
-	"cmp"
 	"maps"
 	"net/netip"
 	"slices"
+	"sync"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 
@@ -67,11 +67,18 @@ func clientOf(node *core.Node, nets *topology) Client {
 // left out). Immutable.
 type topology struct {
 	clusters map[registry.ClusterID]registry.Network
-	gateways map[registry.Network][]netip.AddrPort
+	gateways map[registry.Network][]gatewayAddr
+}
+
+// gatewayAddr is a gateway clients can be handed, and the wire form of its
+// LbEndpoint's endpoint field.
+type gatewayAddr struct {
+	addr netip.AddrPort
+	wire []byte
 }
 
 func newTopology(n registry.Networks) *topology {
-	t := &topology{clusters: maps.Clone(n.Clusters), gateways: map[registry.Network][]netip.AddrPort{}}
+	t := &topology{clusters: maps.Clone(n.Clusters), gateways: map[registry.Network][]gatewayAddr{}}
 	if t.clusters == nil {
 		t.clusters = map[registry.ClusterID]registry.Network{}
 	}
@@ -83,8 +90,8 @@ func newTopology(n registry.Networks) *topology {
 			}
 		}
 		slices.SortFunc(addrs, netip.AddrPort.Compare)
-		if addrs = slices.Compact(addrs); len(addrs) > 0 {
-			t.gateways[network] = addrs
+		for _, a := range slices.Compact(addrs) {
+			t.gateways[network] = append(t.gateways[network], gatewayAddr{addr: a, wire: gatewayEndpointWire(a)})
 		}
 	}
 	return t
@@ -124,6 +131,7 @@ type localityPlan struct {
 type gatewayEntry struct {
 	network registry.Network
 	addr    netip.AddrPort
+	wire    []byte // the endpoint field's wire form (see gatewayAddr)
 	weight  uint32
 }
 
@@ -134,72 +142,81 @@ type splitPlan struct {
 	prio        []uint32 // per locality; meaningful where weight > 0
 	count       uint32   // priorities used
 	unreachable []UnreachableNetwork
+	// scratch space, kept between uses of a pooled plan
+	tiers  []int8
+	remote []registry.Network
 }
+
+// plans recycles plans: forClient runs for every client group on every
+// change of a port's endpoints, and its plan is done with once it returns.
+var plans = sync.Pool{New: func() any { return new(splitPlan) }}
 
 // reachesDirectly reports whether a client on network client reaches an
 // endpoint on network n without a gateway.
 func reachesDirectly(client, n registry.Network) bool { return n == "" || n == client }
 
 // planSplit outlines the assignment of a client with a network: locality
-// i of localities holds counts[i] (sorted by network).
-func planSplit(client Client, localities []registry.Locality, counts [][]networkCount, t *topology) splitPlan {
-	p := splitPlan{localities: make([]localityPlan, len(localities))}
-	tiers := make([]int, len(localities))
+// i of localities holds counts[i] (sorted by network). It runs for every
+// client group on every change of the port's endpoints, so it allocates
+// little: no maps, one pass per remote network.
+func planSplit(client Client, localities []registry.Locality, counts [][]networkCount, t *topology) *splitPlan {
+	p := plans.Get().(*splitPlan)
+	p.reset(len(localities))
+	tiers, remote := p.tiers, p.remote[:0] // remote: the other networks with healthy endpoints, sorted
+	defer func() { p.remote = remote }()
 	for i, l := range localities {
-		tiers[i] = tier(client.Locality, l)
-	}
-	// The remote networks and where each has healthy endpoints.
-	remote := map[registry.Network][]int{}
-	for i, cs := range counts {
-		for _, c := range cs {
+		tiers[i] = int8(tier(client.Locality, l))
+		for _, c := range counts[i] {
 			if reachesDirectly(client.Network, c.network) {
 				if c.all > 0 {
 					p.localities[i].direct = true
 				}
 				p.localities[i].weight += c.healthy
 			} else if c.healthy > 0 && !client.NetworkOnly {
-				remote[c.network] = append(remote[c.network], i)
+				if at, found := slices.BinarySearch(remote, c.network); !found {
+					remote = slices.Insert(remote, at, c.network)
+				}
 			}
 		}
 	}
-	placed := map[netip.AddrPort][2]int{} // gateway -> locality, entry
-	for _, network := range slices.Sorted(maps.Keys(remote)) {
-		at := remote[network]
-		healthy := func(i int) uint32 {
-			for _, c := range counts[i] {
-				if c.network == network {
-					return c.healthy
-				}
+	healthy := func(i int, network registry.Network) uint32 {
+		for _, c := range counts[i] {
+			if c.network == network {
+				return c.healthy
 			}
-			return 0
+		}
+		return 0
+	}
+	for _, network := range remote {
+		// The nearest tier where the network has healthy endpoints, its first
+		// locality there, and how many endpoints the network has at that tier.
+		best, behind := -1, uint32(0)
+		for i := range localities {
+			h := healthy(i, network)
+			switch {
+			case h == 0:
+			case best < 0 || tiers[i] < tiers[best]:
+				best, behind = i, h
+			case tiers[i] == tiers[best]:
+				behind += h
+			}
 		}
 		gws := t.gateways[network]
 		if len(gws) == 0 {
 			var n uint32
-			for _, i := range at {
-				n += healthy(i)
+			for i := range localities {
+				n += healthy(i, network)
 			}
 			p.unreachable = append(p.unreachable, UnreachableNetwork{Network: network, Endpoints: n})
 			continue
 		}
-		best := slices.MinFunc(at, func(x, y int) int { return cmp.Or(cmp.Compare(tiers[x], tiers[y]), cmp.Compare(x, y)) })
-		var behind uint32
-		for _, i := range at {
-			if tiers[i] == tiers[best] {
-				behind += healthy(i)
-			}
-		}
 		share := (behind + uint32(len(gws)) - 1) / uint32(len(gws)) // >= 1: behind >= 1
 		for _, gw := range gws {
-			if where, ok := placed[gw]; ok {
-				// One gateway serving several networks: one entry, their weights summed.
-				p.localities[where[0]].gateways[where[1]].weight += share
-				p.localities[where[0]].weight += share
-				continue
+			if p.addToPlaced(gw.addr, share) {
+				continue // one gateway serving several networks: one entry, their weights summed
 			}
 			lp := &p.localities[best]
-			placed[gw] = [2]int{best, len(lp.gateways)}
-			lp.gateways = append(lp.gateways, gatewayEntry{network: network, addr: gw, weight: share})
+			lp.gateways = append(lp.gateways, gatewayEntry{network: network, addr: gw.addr, wire: gw.wire, weight: share})
 			lp.weight += share
 		}
 	}
@@ -217,9 +234,40 @@ func planSplit(client Client, localities []registry.Locality, counts [][]network
 			p.count++
 		}
 	}
-	p.prio = make([]uint32, len(localities))
 	for i := range localities {
 		p.prio[i] = rank[tiers[i]]
 	}
 	return p
+}
+
+// reset empties the plan for n localities, keeping its memory.
+func (p *splitPlan) reset(n int) {
+	for i := range p.localities {
+		p.localities[i].gateways = p.localities[i].gateways[:0]
+	}
+	p.localities = slices.Grow(p.localities[:0], n)[:n]
+	for i := range p.localities {
+		p.localities[i] = localityPlan{gateways: p.localities[i].gateways[:0]}
+	}
+	p.prio = slices.Grow(p.prio[:0], n)[:n]
+	p.tiers = slices.Grow(p.tiers[:0], n)[:n]
+	p.count, p.unreachable = 0, nil
+}
+
+// release returns the plan to the pool; it must not be used afterwards.
+func (p *splitPlan) release() { plans.Put(p) }
+
+// addToPlaced adds share to the entry of gateway gw if the plan has one.
+func (p *splitPlan) addToPlaced(gw netip.AddrPort, share uint32) bool {
+	for i := range p.localities {
+		lp := &p.localities[i]
+		for j := range lp.gateways {
+			if lp.gateways[j].addr == gw {
+				lp.gateways[j].weight += share
+				lp.weight += share
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -20,7 +20,7 @@ func where(a Assignment) [][]string {
 		for _, l := range p.Localities {
 			for _, e := range l.Endpoints {
 				s := l.Locality.Zone + " " + e.Address.String()
-				if e.Gateway {
+				if e.Gateway != "" {
 					s = l.Locality.Zone + " gw:" + e.Address.String()
 				}
 				tier = append(tier, s+"/"+itoa(e.Weight))

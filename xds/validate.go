@@ -71,4 +71,3 @@ func validateValue(m protoreflect.Message, where string) error {
 	}
 	return validateAnys(inner.ProtoReflect(), where+"("+string(inner.ProtoReflect().Descriptor().Name())+")")
 }
-

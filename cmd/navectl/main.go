@@ -227,8 +227,8 @@ func (c client) endpoints(service, region, zone, network string) error {
 			for _, l := range pr.Localities {
 				for _, e := range l.Endpoints {
 					who := string(e.Cluster)
-					if e.Gateway {
-						who = fmt.Sprintf("gateway of %s (%d endpoints)", e.Network, e.Weight)
+					if e.Gateway != "" {
+						who = fmt.Sprintf("gateway of %s (for %d endpoints)", e.Gateway, e.Weight)
 					}
 					fmt.Fprintf(w, "%d\t%s\t%d\t%s\t%s\t%s\n", pr.Priority, l.Locality, l.Weight, who,
 						netip.AddrPortFrom(e.Address, uint16(e.Port)), e.Health)
