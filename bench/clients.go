@@ -22,7 +22,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/navemesh/nave/gateways"
 	"github.com/navemesh/nave/xds"
 )
 
@@ -193,7 +195,14 @@ func newFleet(ctx context.Context, cfg fleetConfig, sc scaleConfig, l *ledger, x
 		all[s] = s
 	}
 	for i := range cfg.Gateways {
-		f.clients = append(f.clients, f.newClient(profileGateway, &core.Node{Id: fmt.Sprintf("gateway-%02d", i)}, all))
+		// Real east-west gateways of the network every simulated cluster is
+		// on: served the gateway's own clusters and its network's endpoints
+		// (here every endpoint, as for a client without locality).
+		node := &core.Node{Id: fmt.Sprintf("gateway-%02d", i), Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
+			gateways.MetadataRole:    structpb.NewStringValue(gateways.RoleEastWest),
+			gateways.MetadataNetwork: structpb.NewStringValue(benchNetwork),
+		}}}
+		f.clients = append(f.clients, f.newClient(profileGateway, node, all))
 	}
 	for _, c := range f.clients {
 		for _, s := range c.services {

@@ -31,6 +31,10 @@ const (
 
 var zoneSuffixes = []string{"a", "b", "c"}
 
+// benchNetwork is the network of every simulated cluster, whose east-west
+// gateways the gateway clients are.
+const benchNetwork = "bench"
+
 // The shape every bench service shares (read-only once built).
 var (
 	servicePorts  = []registry.ServicePort{{Name: "grpc", Port: servicePort, Protocol: registry.ProtocolTCP}}
@@ -459,7 +463,7 @@ func startSpokes(ctx context.Context, w *world, fedAddr string, maxBackoff time.
 		}
 		sp.conns = append(sp.conns, conn)
 		cfg := federation.DefaultSpokeConfig()
-		cfg.Cluster, cfg.Network, cfg.SpokeID, cfg.Build = cl.id, "bench", "bench-"+string(cl.id), "bench"
+		cfg.Cluster, cfg.Network, cfg.SpokeID, cfg.Build = cl.id, benchNetwork, "bench-"+string(cl.id), "bench"
 		cfg.MinBackoff, cfg.MaxBackoff = 50*time.Millisecond, maxBackoff
 		st := &publisherStatus{}
 		sp.status = append(sp.status, st)
