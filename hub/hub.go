@@ -511,6 +511,13 @@ func (p *parts) runState(ctx context.Context, records []replicas.ClusterRecord) 
 	p.wg.Go(func() { p.state.run(stateCtx) })
 	p.wg.Go(func() { p.push.run(stateCtx) })
 	p.wg.Go(func() { p.imports.run(stateCtx) })
+	p.wg.Go(func() {
+		forever(stateCtx, p.log, "gateway-names", func(ctx context.Context) {
+			p.state.resolveGatewayNames(ctx, func(ctx context.Context, host string) ([]netip.Addr, error) {
+				return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+			}, gatewayNameTTL)
+		})
+	})
 	if err := p.state.known(ctx, records); err != nil {
 		return err
 	}

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
+	"time"
 
 	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/registry"
@@ -29,8 +31,9 @@ func (ps publishers) SetNetworks(n registry.Networks) {
 // networksOf is the network topology of the clusters: every cluster that
 // names a network, and the union of the gateways the clusters of each
 // network announced (a stale cluster's gateways are kept with its
-// endpoints; a dropped cluster has none).
-func networksOf(clusters map[registry.ClusterID]*ClusterStatus) registry.Networks {
+// endpoints; a dropped cluster has none), a gateway known by a DNS name
+// also by the addresses it resolved to.
+func networksOf(clusters map[registry.ClusterID]*ClusterStatus, resolved map[string][]netip.Addr) registry.Networks {
 	n := registry.Networks{Clusters: map[registry.ClusterID]registry.Network{}, Gateways: map[registry.Network][]registry.Gateway{}}
 	for id, c := range clusters {
 		if c.Network == "" {
@@ -38,6 +41,11 @@ func networksOf(clusters map[registry.ClusterID]*ClusterStatus) registry.Network
 		}
 		n.Clusters[id] = c.Network
 		n.Gateways[c.Network] = append(n.Gateways[c.Network], c.Gateways...)
+		for _, g := range c.Gateways {
+			for _, a := range resolved[g.Address] {
+				n.Gateways[c.Network] = append(n.Gateways[c.Network], registry.Gateway{Address: a.String(), Port: g.Port})
+			}
+		}
 	}
 	for network, gws := range n.Gateways {
 		if len(gws) == 0 {
@@ -53,7 +61,7 @@ func networksOf(clusters map[registry.ClusterID]*ClusterStatus) registry.Network
 // updateNetworks recomputes the topology and reports whether it changed
 // (or was never computed). Called by run's goroutine, from publish.
 func (s *state) updateNetworks() bool {
-	n := networksOf(s.clusters)
+	n := networksOf(s.clusters, s.resolved)
 	if s.networksKnown && n.Equal(s.networks) {
 		return false
 	}
@@ -82,8 +90,9 @@ type GatewayStatus struct {
 	registry.Gateway
 	// Clusters announced it.
 	Clusters []registry.ClusterID `json:"clusters"`
-	// Usable: an IP address, handed to clients; a DNS name is shown but not
-	// yet resolved by the hub.
+	// Resolved are the addresses a DNS name resolved to (handed to clients in its place).
+	Resolved []string `json:"resolved,omitempty"`
+	// Usable: clients can be handed it (an IP address, or a name that resolved).
 	Usable bool `json:"usable"`
 }
 
@@ -112,9 +121,14 @@ func (v *View) Networks() []NetworkStatus {
 	for _, network := range slices.Sorted(maps.Keys(byNet)) {
 		ns := byNet[network]
 		for _, g := range slices.SortedFunc(maps.Keys(gws[network]), registry.Gateway.Compare) {
-			_, usable := g.IP()
-			ns.Gateways = append(ns.Gateways, GatewayStatus{Gateway: g, Clusters: gws[network][g], Usable: usable})
-			ns.Reachable = ns.Reachable || usable
+			gs := GatewayStatus{Gateway: g, Clusters: gws[network][g]}
+			_, gs.Usable = g.IP()
+			for _, a := range v.resolved[g.Address] {
+				gs.Resolved = append(gs.Resolved, a.String())
+				gs.Usable = true
+			}
+			ns.Gateways = append(ns.Gateways, gs)
+			ns.Reachable = ns.Reachable || gs.Usable
 		}
 		out = append(out, *ns)
 	}
@@ -138,4 +152,90 @@ func (s *state) SetGateways(ctx context.Context, id registry.ClusterID, epoch ui
 		s.publish(registry.Diff{})
 	})
 	return errors.Join(err, setErr)
+}
+
+// Gateways known by a DNS name (a cloud load balancer's) are handed to
+// clients by address: the hub resolves their names and keeps the last
+// answer while a lookup fails (fail-static), so a DNS outage never takes a
+// network's gateway away.
+const (
+	gatewayNameTTL     = 30 * time.Second // how often a name is looked up again
+	gatewayNameTimeout = 5 * time.Second
+)
+
+// resolvedName is what a gateway's DNS name last resolved to, and when.
+type resolvedName struct {
+	addrs []netip.Addr
+	at    time.Time
+}
+
+// gatewayNames returns the DNS names of the gateways the view's clusters announce.
+func (v *View) gatewayNames() []string {
+	var out []string
+	for _, c := range v.Clusters {
+		for _, g := range c.Gateways {
+			if _, ip := g.IP(); !ip && !slices.Contains(out, g.Address) {
+				out = append(out, g.Address)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// resolveGatewayNames looks up the gateways' DNS names until ctx ends: a
+// new name within a second, a known one every ttl.
+func (s *state) resolveGatewayNames(ctx context.Context, lookup func(context.Context, string) ([]netip.Addr, error), ttl time.Duration) {
+	resolved := map[string]resolvedName{}
+	tick := time.NewTicker(min(time.Second, ttl))
+	defer tick.Stop()
+	for {
+		names := s.View().gatewayNames()
+		changed := false
+		for name := range resolved {
+			if !slices.Contains(names, name) {
+				delete(resolved, name)
+				changed = true
+			}
+		}
+		for _, name := range names {
+			if r, ok := resolved[name]; ok && time.Since(r.at) < ttl {
+				continue
+			}
+			lctx, cancel := context.WithTimeout(ctx, gatewayNameTimeout)
+			addrs, err := lookup(lctx, name)
+			cancel()
+			r := resolved[name]
+			r.at = time.Now()
+			if err != nil || len(addrs) == 0 {
+				s.log.Warn("cannot resolve a gateway's name; keeping what it resolved to before", "name", name, "err", err, "kept", r.addrs)
+			} else {
+				for i := range addrs {
+					addrs[i] = addrs[i].Unmap()
+				}
+				slices.SortFunc(addrs, netip.Addr.Compare)
+				addrs = slices.Compact(addrs)
+				changed = changed || !slices.Equal(addrs, r.addrs)
+				r.addrs = addrs
+			}
+			resolved[name] = r
+		}
+		if changed {
+			m := make(map[string][]netip.Addr, len(resolved))
+			for name, r := range resolved {
+				if len(r.addrs) > 0 {
+					m[name] = r.addrs
+				}
+			}
+			_ = s.do(ctx, func() {
+				s.resolved = m
+				s.publish(registry.Diff{})
+			})
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
 }

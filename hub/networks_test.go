@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
+	"net/netip"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -128,5 +131,56 @@ func TestGatewaysFollowTheirCluster(t *testing.T) {
 	}
 	if got, _ := pub.last(); len(got.Gateways["net-a"]) != 0 {
 		t.Errorf("net-a still has gateways %v after east was dropped", got.Gateways["net-a"])
+	}
+}
+
+// A gateway known by a DNS name reaches clients by the addresses the name
+// resolves to (here through the machine's own resolver: localhost), and
+// keeps them while later lookups fail.
+func TestGatewayNamesAreResolvedAndKept(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pub := &topologies{}
+	s := newState("hub-test", DefaultLiveness(), pub, nil, registry.DefaultLimits(), nil, slog.New(slog.DiscardHandler))
+	go s.run(ctx)
+	t.Cleanup(func() { cancel(); <-s.done })
+	if _, err := s.Begin(ctx, federation.Session{Cluster: "west", Network: "net-b", Epoch: 1, Started: time.Now(),
+		Gateways: []registry.Gateway{{Address: "localhost", Port: 15444}}, GatewaysKnown: true}); err != nil {
+		t.Fatal(err)
+	}
+	var failing atomic.Bool
+	lookup := func(ctx context.Context, host string) ([]netip.Addr, error) {
+		if failing.Load() {
+			return nil, errors.New("DNS is down")
+		}
+		return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+	}
+	var lookups atomic.Int32
+	counted := func(ctx context.Context, host string) ([]netip.Addr, error) {
+		lookups.Add(1)
+		return lookup(ctx, host)
+	}
+	go s.resolveGatewayNames(ctx, counted, 20*time.Millisecond)
+	resolvedTo := func() []registry.Gateway {
+		got, _ := pub.last()
+		return got.Gateways["net-b"]
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !slices.Contains(resolvedTo(), registry.Gateway{Address: "127.0.0.1", Port: 15444}) {
+		if time.Now().After(deadline) {
+			t.Fatalf("net-b gateways %v, want localhost resolved to 127.0.0.1", resolvedTo())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if nets := s.View().Networks(); !nets[0].Reachable || !slices.Contains(nets[0].Gateways[0].Resolved, "127.0.0.1") {
+		t.Errorf("networks view %+v, want localhost shown resolved", nets)
+	}
+	// DNS fails: the addresses stay.
+	failing.Store(true)
+	for before := lookups.Load(); lookups.Load() < before+3; {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !slices.Contains(resolvedTo(), registry.Gateway{Address: "127.0.0.1", Port: 15444}) {
+		t.Errorf("after failed lookups net-b gateways are %v; the resolved address must stay", resolvedTo())
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net/netip"
 	"runtime/debug"
 	"slices"
 	"sync"
@@ -81,6 +82,8 @@ type View struct {
 	Clusters map[registry.ClusterID]ClusterStatus
 	// Topology is the network topology xDS computes split-horizon EDS against.
 	Topology registry.Networks
+	// resolved holds what gateways' DNS names resolved to.
+	resolved map[string][]netip.Addr
 }
 
 // state owns the merged registry. One goroutine (run) applies every change;
@@ -108,6 +111,8 @@ type state struct {
 	// networks is the topology last handed to the publisher, when networksKnown.
 	networks      registry.Networks
 	networksKnown bool
+	// resolved holds what gateways' DNS names resolved to (resolveGatewayNames).
+	resolved map[string][]netip.Addr
 
 	view     atomic.Pointer[View]
 	replicas atomic.Pointer[replicaView]
@@ -190,7 +195,7 @@ func (s *state) View() *View { return s.view.Load() }
 
 func (s *state) publish(d registry.Diff) {
 	netsChanged := s.updateNetworks()
-	v := &View{Registry: s.reg, Clusters: make(map[registry.ClusterID]ClusterStatus, len(s.clusters)), Topology: s.networks}
+	v := &View{Registry: s.reg, Clusters: make(map[registry.ClusterID]ClusterStatus, len(s.clusters)), Topology: s.networks, resolved: s.resolved}
 	for id, c := range s.clusters {
 		v.Clusters[id] = *c
 	}

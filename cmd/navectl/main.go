@@ -265,7 +265,10 @@ func (c client) networks() error {
 		}
 		for _, g := range n.Gateways {
 			s := g.String()
-			if !g.Usable {
+			switch {
+			case len(g.Resolved) > 0:
+				s += " (" + strings.Join(g.Resolved, " ") + ")"
+			case !g.Usable:
 				s += " (name not resolved)"
 			}
 			gws = append(gws, s)
