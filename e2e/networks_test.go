@@ -112,7 +112,7 @@ func TestMultiNetworkFailoverThroughGateways(t *testing.T) {
 	if got := describe(info.Ports[0].Assignment); !slices.Equal(got, []string{
 		"0 r1/z1 east " + east.Addr.String(),
 		"1 r1/z2 north " + north.Addr.String(),
-		"2 r2/z3 gateway of net-b " + gwForB.String(),
+		"2 r2/z3/gateway/net-b gateway of net-b " + gwForB.String(),
 	}) {
 		t.Errorf("net-a client's assignment: %v", got)
 	}

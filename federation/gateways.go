@@ -71,10 +71,15 @@ func (p *Publisher) gateways() ([]registry.Gateway, bool) {
 	return p.gws, p.gwKnown
 }
 
-// sendGateways sends the gateways when they differ from what the session last announced.
+// CapabilityGateways is the hub capability (in its welcome) of taking
+// NetworkGateways messages after the hello.
+const CapabilityGateways = "gateways"
+
+// sendGateways sends the gateways when they differ from what the session
+// last announced, to a hub that takes them.
 func (s *spokeSession) sendGateways() error {
 	gws, known := s.p.gateways()
-	if !known || (s.gwSent && slices.Equal(gws, s.gwLast)) {
+	if !known || (s.gwSent && slices.Equal(gws, s.gwLast)) || !s.gwTaken {
 		return nil
 	}
 	err := s.stream.Send(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Gateways{

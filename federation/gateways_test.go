@@ -1,8 +1,14 @@
 package federation
 
 import (
+	"fmt"
+	"net"
 	"slices"
+	"strings"
 	"testing"
+	"time"
+
+	"google.golang.org/grpc"
 
 	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/registry"
@@ -106,5 +112,56 @@ func TestAHelloWithoutGatewaysKeepsWhatTheHubHolds(t *testing.T) {
 	_ = stream.CloseSend()
 	if got, _ := h.store.gatewaysOf("east"); !slices.Equal(got, good) {
 		t.Errorf("after a hello without gateways the hub holds %v, want %v", got, good)
+	}
+}
+
+// oldHub is a hub from before gateways: its welcome names no capability,
+// and it ends a session on a message it does not know.
+type oldHub struct {
+	fedv1.UnimplementedFederationServer
+	kinds chan string
+}
+
+func (h *oldHub) Publish(stream fedv1.Federation_PublishServer) error {
+	if _, err := stream.Recv(); err != nil {
+		return err
+	}
+	if err := stream.Send(&fedv1.HubMessage{Kind: &fedv1.HubMessage_Welcome{Welcome: &fedv1.Welcome{Epoch: 1, MaxMessageBytes: 1 << 20}}}); err != nil {
+		return err
+	}
+	for {
+		m, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		h.kinds <- fmt.Sprintf("%T", m.GetKind())
+	}
+}
+
+// A spoke never sends a hub that predates gateways a NetworkGateways message.
+func TestSpokeSendsNoGatewaysToAnOlderHub(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &oldHub{kinds: make(chan string, 100)}
+	g := grpc.NewServer()
+	fedv1.RegisterFederationServer(g, h)
+	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop)
+	p := startPublisher(t, dial(t, lis.Addr().String(), ""), "east", fastSpoke())
+	p.states <- stateOf(testShard("east", "a", "10.0.0.1"))
+	if kind := <-h.kinds; !strings.Contains(kind, "Update") {
+		t.Fatalf("first message after the welcome: %s", kind)
+	}
+	if err := p.pub.SetGateways([]registry.Gateway{gw(t, "192.0.2.7:15444")}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case kind := <-h.kinds:
+		if strings.Contains(kind, "Gateways") {
+			t.Fatalf("the spoke sent %s to a hub that does not take it", kind)
+		}
+	case <-time.After(300 * time.Millisecond):
 	}
 }

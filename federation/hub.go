@@ -285,6 +285,7 @@ func (h *HubServer) Publish(stream fedv1.Federation_PublishServer) error {
 
 	if err := stream.Send(&fedv1.HubMessage{Kind: &fedv1.HubMessage_Welcome{Welcome: &fedv1.Welcome{
 		Epoch: epoch, Resume: resume, HubId: h.cfg.HubID, MaxMessageBytes: uint32(h.cfg.MaxMessageBytes),
+		Capabilities: []string{CapabilityGateways},
 	}}}); err != nil {
 		return err
 	}

@@ -300,7 +300,8 @@ func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
 	}
 	p.sessionEpoch = welcome.GetEpoch()
 	clear(p.tooBig)
-	s := &spokeSession{p: p, stream: stream, epoch: welcome.GetEpoch(), resumed: welcome.GetResume(), gwLast: gws, gwSent: gwKnown}
+	s := &spokeSession{p: p, stream: stream, epoch: welcome.GetEpoch(), resumed: welcome.GetResume(), gwLast: gws, gwSent: gwKnown,
+		gwTaken: slices.Contains(welcome.GetCapabilities(), CapabilityGateways)}
 	var nsChanged <-chan struct{}
 	if p.cfg.OnImports != nil {
 		s.imports, nsChanged = &spokeImports{s: s}, p.nsChanged
@@ -382,6 +383,9 @@ type spokeSession struct {
 	// gwLast is the gateway set the session last announced, valid when gwSent.
 	gwLast []registry.Gateway
 	gwSent bool
+	// gwTaken: the hub takes gateway announcements after the hello (an older
+	// hub would end the session on one; it reads them at the next hello).
+	gwTaken bool
 }
 
 func (s *spokeSession) report() { s.p.report(true, s.resumed, s.synced) }

@@ -20,6 +20,9 @@ type Audience struct {
 	mu sync.Mutex
 	// nodes holds the node of each group key it has classified.
 	nodes map[string]Node
+	// warned holds the IDs of gateways whose invalid metadata was logged
+	// (bounded: beyond it, no more are logged).
+	warned map[string]bool
 }
 
 // NewAudience returns the gateway audience; def is what ingress gateways
@@ -29,7 +32,7 @@ func NewAudience(def Exposure, log *slog.Logger) *Audience {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Audience{def: def, log: log.With("component", "gateways"), nodes: map[string]Node{}}
+	return &Audience{def: def, log: log.With("component", "gateways"), nodes: map[string]Node{}, warned: map[string]bool{}}
 }
 
 var _ xds.Audience = (*Audience)(nil)
@@ -46,9 +49,8 @@ func (a *Audience) Classify(node *core.Node) (string, xds.Client, bool) {
 	}
 	if err != nil {
 		a.mu.Lock()
-		_, told := a.nodes[invalidKey+node.GetId()]
-		if !told && len(a.nodes) < 4*xds.MaxAudienceGroups {
-			a.nodes[invalidKey+node.GetId()] = Node{}
+		if !a.warned[node.GetId()] && len(a.warned) < xds.MaxAudienceGroups {
+			a.warned[node.GetId()] = true
 			a.log.Warn("gateway metadata is invalid; serving it nothing", "node", node.GetId(), "err", err)
 		}
 		a.mu.Unlock()

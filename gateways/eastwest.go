@@ -38,7 +38,7 @@ func EastWest(r *registry.Registry) xds.Resources {
 	routes := &route.RouteConfiguration{Name: EastWestHTTP2Routes}
 	for _, svc := range r.Services() {
 		for _, p := range xds.ServicePorts(svc) {
-			c := edsCluster(svc.Key, p, asDownstream)
+			c := edsCluster(svc.Key, p)
 			res.Clusters = append(res.Clusters, c)
 			tls.FilterChains = append(tls.FilterChains, &listener.FilterChain{
 				FilterChainMatch: &listener.FilterChainMatch{ServerNames: []string{SNI(svc.Key, p.Port)}, TransportProtocol: "tls"},
@@ -53,7 +53,8 @@ func EastWest(r *registry.Registry) xds.Resources {
 	}
 	h2 := listenerOn(EastWestHTTP2Listener, EastWestHTTP2Port)
 	h2.FilterChains = []*listener.FilterChain{{Filters: []*listener.Filter{
-		httpManager("eastwest_h2", EastWestHTTP2Routes, hcm.HttpConnectionManager_HTTP2, false),
+		// HTTP/2 from proxyless gRPC; HTTP/1.1 too, from another network's ingress gateway.
+		httpManager("eastwest_h2", EastWestHTTP2Routes, hcm.HttpConnectionManager_AUTO, false),
 	}}}
 	// Envoy refuses a listener without filter chains: the TLS one waits for a service.
 	if len(tls.FilterChains) > 0 {

@@ -171,6 +171,7 @@ func TestParseNodeRefusesBadMetadata(t *testing.T) {
 		{gatewayNode(RoleIngress, "", map[string]string{MetadataListeners: "80/http,80/passthrough"}), "twice"},
 		{gatewayNode(RoleIngress, "", map[string]string{MetadataListeners: "80/quic"}), "mode"},
 		{gatewayNode(RoleIngress, "", map[string]string{MetadataExposeNamespaces: "a", MetadataExposeSelector: "novalue"}), "key=value"},
+		{gatewayNode(RoleIngress, "", map[string]string{MetadataExposeSelector: "public=true"}), "needs"},
 	} {
 		_, ok, err := ParseNode(tc.node, Exposure{})
 		if !ok || err == nil || !strings.Contains(err.Error(), tc.want) {

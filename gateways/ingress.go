@@ -53,7 +53,7 @@ func Ingress(r *registry.Registry, n Node) xds.Resources {
 			picked = append(picked, e.at(l.Port))
 		}
 		for _, e := range picked {
-			c := edsCluster(e.svc.Key, e.port, upstreamOf(e.port))
+			c := edsCluster(e.svc.Key, e.port)
 			if !clusters[c.GetName()] {
 				clusters[c.GetName()] = true
 				res.Clusters = append(res.Clusters, c)
@@ -118,13 +118,6 @@ func aliases(svc *registry.Service) []string {
 		}
 	}
 	return out
-}
-
-func upstreamOf(p registry.ServicePort) upstream {
-	if speaksHTTP2(p) {
-		return http2
-	}
-	return asDownstream
 }
 
 // httpListener is an HTTP(S) listener and its routes: a virtual host per

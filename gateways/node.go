@@ -142,6 +142,8 @@ func ParseNode(node *core.Node, def Exposure) (n Node, ok bool, err error) {
 		if n.Expose.Selector, err = ParseSelector(str(MetadataExposeSelector)); err != nil {
 			return n, true, err
 		}
+	} else if str(MetadataExposeSelector) != "" {
+		return n, true, fmt.Errorf("%s needs %s: a selector alone would widen the hub's default exposure", MetadataExposeSelector, MetadataExposeNamespaces)
 	}
 	n.Listeners = DefaultIngressListeners
 	if ls := str(MetadataListeners); ls != "" {

@@ -30,12 +30,21 @@ const connectTimeout = 5 * time.Second
 type upstream int
 
 const (
-	// asDownstream: HTTP/2 to the endpoint when the client spoke HTTP/2, else
-	// HTTP/1.1 (TCP proxying ignores it).
-	asDownstream upstream = iota
-	// http2: always HTTP/2 (gRPC, h2c).
+	// http1: HTTP/1.1 to the endpoint, whatever the client spoke (a pod
+	// that does not say it speaks HTTP/2 may not).
+	http1 upstream = iota
+	// http2: HTTP/2 in the clear (gRPC, h2c).
 	http2
 )
+
+// upstreamOf is how a gateway speaks HTTP to a service port's endpoints
+// (TCP proxying ignores it).
+func upstreamOf(p registry.ServicePort) upstream {
+	if speaksHTTP2(p) {
+		return http2
+	}
+	return http1
+}
 
 // speaksHTTP2 reports whether a service port serves HTTP/2 in the clear
 // (gRPC): its appProtocol says so, or its name does (Istio's convention).
@@ -52,18 +61,14 @@ func speaksHTTP2(p registry.ServicePort) bool {
 // edsCluster is a gateway's cluster of a service port: its endpoints come
 // over ADS as the assignment of the same name, computed for the gateway's
 // locality (and, for an east-west gateway, its network alone).
-func edsCluster(k registry.ServiceKey, p registry.ServicePort, up upstream) *cluster.Cluster {
+func edsCluster(k registry.ServiceKey, p registry.ServicePort) *cluster.Cluster {
 	name := xds.ClusterName(k, p.Port)
-	opts := &upstreamhttp.HttpProtocolOptions{}
-	if up == http2 {
-		opts.UpstreamProtocolOptions = &upstreamhttp.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &upstreamhttp.HttpProtocolOptions_ExplicitHttpConfig{
-			ProtocolConfig: &upstreamhttp.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{Http2ProtocolOptions: &core.Http2ProtocolOptions{}},
-		}}
-	} else {
-		opts.UpstreamProtocolOptions = &upstreamhttp.HttpProtocolOptions_UseDownstreamProtocolConfig{UseDownstreamProtocolConfig: &upstreamhttp.HttpProtocolOptions_UseDownstreamHttpConfig{
-			HttpProtocolOptions: &core.Http1ProtocolOptions{}, Http2ProtocolOptions: &core.Http2ProtocolOptions{},
-		}}
+	explicit := &upstreamhttp.HttpProtocolOptions_ExplicitHttpConfig{ProtocolConfig: &upstreamhttp.HttpProtocolOptions_ExplicitHttpConfig_HttpProtocolOptions{
+		HttpProtocolOptions: &core.Http1ProtocolOptions{}}}
+	if upstreamOf(p) == http2 {
+		explicit.ProtocolConfig = &upstreamhttp.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{Http2ProtocolOptions: &core.Http2ProtocolOptions{}}
 	}
+	opts := &upstreamhttp.HttpProtocolOptions{UpstreamProtocolOptions: &upstreamhttp.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: explicit}}
 	return &cluster.Cluster{
 		Name:                 name,
 		ClusterDiscoveryType: &cluster.Cluster_Type{Type: cluster.Cluster_EDS},

@@ -65,7 +65,7 @@ type heldState struct {
 func heldOf(version uint64, clusters []registry.SnapshotCluster) heldState {
 	var b strings.Builder
 	for _, c := range clusters {
-		fmt.Fprintf(&b, "%q %q %d %d;", c.Cluster, c.Network, c.Epoch, c.Version)
+		fmt.Fprintf(&b, "%q %q %d %d %v;", c.Cluster, c.Network, c.Epoch, c.Version, c.Gateways)
 	}
 	return heldState{version: version, stamps: b.String()}
 }
@@ -75,7 +75,7 @@ func (v *View) held() heldState {
 	var clusters []registry.SnapshotCluster
 	for _, id := range slices.Sorted(maps.Keys(v.Clusters)) {
 		if c := v.Clusters[id]; c.Epoch != 0 || c.Version != 0 {
-			clusters = append(clusters, registry.SnapshotCluster{Cluster: id, Network: c.Network, Epoch: c.Epoch, Version: c.Version})
+			clusters = append(clusters, registry.SnapshotCluster{Cluster: id, Network: c.Network, Gateways: c.Gateways, Epoch: c.Epoch, Version: c.Version})
 		}
 	}
 	return heldOf(v.Registry.Version(), clusters)

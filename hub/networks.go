@@ -2,6 +2,7 @@ package hub
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"maps"
@@ -238,4 +239,23 @@ func (s *state) resolveGatewayNames(ctx context.Context, lookup func(context.Con
 		case <-tick.C:
 		}
 	}
+}
+
+// replicaDigest is the digest replicas compare a cluster's data by: its
+// shards' digest, and its network and gateways, which change without a new
+// stamp (a spoke's announcement): a peer that missed them resyncs. Without
+// either it is the shards' digest, as replicas that predate networks compute it.
+func replicaDigest(shards registry.Hash, network registry.Network, gws []registry.Gateway) registry.Hash {
+	if network == "" && len(gws) == 0 {
+		return shards
+	}
+	h := sha256.New()
+	h.Write(shards[:])
+	fmt.Fprintf(h, "%q", network)
+	for _, g := range gws {
+		fmt.Fprintf(h, " %q", g.String())
+	}
+	var out registry.Hash
+	copy(out[:], h.Sum(nil))
+	return out
 }

@@ -74,7 +74,18 @@ func TestGatewaysFollowTheirCluster(t *testing.T) {
 		t.Errorf("replicated gateways of east %v", m["east"].Gateways)
 	}
 
-	// A change of gateways: the topology follows; the same set again is no change.
+	// A change of gateways: the topology follows, and the leader sees a state
+	// to persist; the same set again is no change.
+	heldBefore := s.View().held()
+	if err := s.SetGateways(ctx, "east", 3, []registry.Gateway{gwEast, gwName}); err != nil {
+		t.Fatal(err)
+	}
+	if s.View().held() == heldBefore {
+		t.Error("a change of gateways alone leaves nothing new to persist")
+	}
+	if err := s.SetGateways(ctx, "east", 3, []registry.Gateway{gwEast}); err != nil {
+		t.Fatal(err)
+	}
 	if err := s.SetGateways(ctx, "west", 1, []registry.Gateway{gwName}); err != nil {
 		t.Fatal(err)
 	}
@@ -182,5 +193,36 @@ func TestGatewayNamesAreResolvedAndKept(t *testing.T) {
 	}
 	if !slices.Contains(resolvedTo(), registry.Gateway{Address: "127.0.0.1", Port: 15444}) {
 		t.Errorf("after failed lookups net-b gateways are %v; the resolved address must stay", resolvedTo())
+	}
+}
+
+// Peers tell a cluster's data apart by its network and gateways too, and
+// take a new network with newer data.
+func TestReplicasCompareNetworksAndGateways(t *testing.T) {
+	ctx := context.Background()
+	shards := registry.Hash{1, 2, 3}
+	if replicaDigest(shards, "", nil) != shards {
+		t.Error("without a network the replicated digest must be the shards' (replicas that predate networks)")
+	}
+	a := replicaDigest(shards, "net-a", []registry.Gateway{gwEast})
+	if a == shards || a == replicaDigest(shards, "net-a", nil) || a == replicaDigest(shards, "net-b", []registry.Gateway{gwEast}) {
+		t.Error("the replicated digest does not follow the network and gateways")
+	}
+	peer := startState(t)
+	u := replicas.Update{Cluster: "east", Network: "net-a", Stamp: stamp(3, 1), Origin: "home",
+		Change: registry.Change{Cluster: "east", Replace: true, Upserts: []*registry.Shard{apiShard("east", time.Unix(1, 0), "grpc")}}}
+	if err := peer.ApplyReplica(ctx, "home", u); err != nil {
+		t.Fatal(err)
+	}
+	u.Network, u.Stamp = "net-b", stamp(3, 2)
+	if err := peer.ApplyReplica(ctx, "home", u); err != nil {
+		t.Fatal(err)
+	}
+	if got := peer.View().Clusters["east"].Network; got != "net-b" {
+		t.Errorf("peer holds network %q after newer data said net-b", got)
+	}
+	m, _ := peer.Replicas()
+	if m["east"].Digest != replicaDigest(peer.View().Registry.ClusterDigest("east"), "net-b", nil) {
+		t.Error("the replica view's digest is not the replicated digest")
 	}
 }

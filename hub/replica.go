@@ -70,7 +70,7 @@ func (s *state) replicaChanged(id registry.ClusterID) {
 	next := &replicaView{clusters: maps.Clone(old.clusters), changed: make(chan struct{})}
 	if c := s.clusters[id]; c != nil && (c.Epoch != 0 || c.Version != 0) {
 		next.clusters[id] = replicas.Cluster{
-			Stamp: replicas.Stamp{Epoch: c.Epoch, Version: c.Version}, Digest: s.reg.ClusterDigest(id),
+			Stamp: replicas.Stamp{Epoch: c.Epoch, Version: c.Version}, Digest: replicaDigest(s.reg.ClusterDigest(id), c.Network, c.Gateways),
 			Network: c.Network, Gateways: c.Gateways, Shards: s.reg.ClusterShards(id), Local: c.Origin == s.self, Origin: c.Origin,
 		}
 	} else {
@@ -117,7 +117,9 @@ func (s *state) ApplyReplica(ctx context.Context, from string, u replicas.Update
 		sum := next.Cluster(u.Cluster)
 		c.Epoch, c.Version, c.Origin, c.Restored, c.LastUpdate = u.Stamp.Epoch, u.Stamp.Version, from, false, time.Now()
 		c.Digest, c.Services, c.Endpoints = sum.Digest, sum.Services, sum.Endpoints
-		if c.Network == "" {
+		// The origin's network and gateways come with its data (an update
+		// from a replica that predates networks names none: keep ours).
+		if u.Network != "" || c.Network == "" {
 			c.Network = u.Network
 		}
 		c.Gateways = u.Gateways

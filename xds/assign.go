@@ -98,19 +98,18 @@ const (
 // Everything is sorted: localities by region/zone/subzone, endpoints by
 // cluster, address, port. Assign is pure and safe for concurrent use.
 func Assign(svc *registry.Service, port registry.ServicePort, client registry.Locality) Assignment {
-	return groupByLocality(svc, port).assign(client)
+	return groupByLocality(svc, port, nil).assign(client)
 }
 
 // AssignFor is Assign for a client that may name its network, against the
 // network topology nets (see the split-horizon rules in networks.go): a
 // client without a network gets what Assign gives.
 func AssignFor(svc *registry.Service, port registry.ServicePort, client Client, nets registry.Networks) Assignment {
-	t := newTopology(nets)
-	l := groupByLocality(svc, port)
 	if client.Network == "" {
-		return l.assign(client.Locality)
+		return groupByLocality(svc, port, nil).assign(client.Locality)
 	}
-	return l.assignSplit(client, t)
+	t := newTopology(nets)
+	return groupByLocality(svc, port, t).assignSplit(client, t)
 }
 
 // assignSplit is the assignment of a client with a network.
@@ -127,12 +126,11 @@ func (l localities) assignSplit(client Client, t *topology) Assignment {
 	for p := range plan.count {
 		var in []LocalityEndpoints
 		for i, le := range l.served {
-			lp := plan.localities[i]
-			if lp.weight == 0 || plan.prio[i] != p {
+			if plan.prio[i] != p {
 				continue
 			}
-			out := LocalityEndpoints{Locality: le.Locality, Weight: lp.weight}
-			if lp.direct {
+			if lp := plan.localities[i]; lp.weight > 0 {
+				out := LocalityEndpoints{Locality: le.Locality, Weight: lp.weight}
 				for _, e := range le.Endpoints {
 					if reachesDirectly(client.Network, t.networkOf(e.Cluster)) {
 						out.Endpoints = append(out.Endpoints, e)
@@ -144,12 +142,19 @@ func (l localities) assignSplit(client Client, t *topology) Assignment {
 						return cmp.Compare(t.networkOf(x.Cluster), t.networkOf(y.Cluster))
 					})
 				}
+				in = append(in, out)
 			}
-			for _, g := range lp.gateways {
-				out.Endpoints = append(out.Endpoints, Endpoint{Address: g.addr.Addr(), Port: int32(g.addr.Port()),
-					Health: StatusHealthy, Weight: g.weight, Gateway: g.network})
+			for _, g := range plan.gateways {
+				if g.anchor != i {
+					continue
+				}
+				out := LocalityEndpoints{Locality: g.locality, Weight: g.weight}
+				for _, e := range g.gateways {
+					out.Endpoints = append(out.Endpoints, Endpoint{Address: e.addr.Addr(), Port: int32(e.addr.Port()),
+						Health: StatusHealthy, Weight: e.weight, Gateway: e.network})
+				}
+				in = append(in, out)
 			}
-			in = append(in, out)
 		}
 		a.Priorities = append(a.Priorities, Priority{Priority: p, Localities: in})
 	}
@@ -185,10 +190,20 @@ type localities struct {
 	shadowed []Endpoint
 }
 
-func groupByLocality(svc *registry.Service, port registry.ServicePort) localities {
-	l := localities{service: svc.Key, port: port.Port}
+// groupByLocality groups the endpoints of svc's port by locality. An
+// address:port named twice is handed out once (see unique): across the whole
+// registry when t is nil, what a client without a network sees; within each
+// network otherwise, what clients on a network see (two networks may use the
+// same pod addresses for different pods).
+func groupByLocality(svc *registry.Service, port registry.ServicePort, t *topology) localities {
+	return groupEndpoints(svc.Key, port, svc.Endpoints(port), t)
+}
+
+// groupEndpoints is groupByLocality over the port's endpoints eps.
+func groupEndpoints(k registry.ServiceKey, port registry.ServicePort, eps []registry.PortEndpoint, t *topology) localities {
+	l := localities{service: k, port: port.Port}
 	byLocality := map[registry.Locality]*LocalityEndpoints{}
-	for _, pe := range l.unique(svc.Endpoints(port)) {
+	for _, pe := range l.unique(eps, t) {
 		le := byLocality[pe.Locality]
 		if le == nil {
 			le = &LocalityEndpoints{Locality: pe.Locality}
@@ -264,9 +279,16 @@ func (l localities) assign(client registry.Locality) Assignment {
 }
 
 // unique keeps one endpoint per address:port, recording the others in
-// l.shadowed. eps come sorted by cluster, so the first seen has the lowest cluster ID.
-func (l *localities) unique(eps []registry.PortEndpoint) []registry.PortEndpoint {
-	at := make(map[netip.AddrPort]int, len(eps))
+// l.shadowed: the healthiest, then the first (eps come sorted by cluster, so
+// the lowest cluster ID). With a topology, one per address:port and network,
+// and an endpoint of a cluster without a network (reachable from every
+// network) gives way to any network's endpoint of the same address.
+func (l *localities) unique(eps []registry.PortEndpoint, t *topology) []registry.PortEndpoint {
+	type key struct {
+		network registry.Network
+		addr    netip.AddrPort
+	}
+	at := make(map[key]int, len(eps))
 	out := eps[:0:0]
 	shadow := func(pe registry.PortEndpoint) {
 		status := StatusDraining
@@ -275,12 +297,14 @@ func (l *localities) unique(eps []registry.PortEndpoint) []registry.PortEndpoint
 		}
 		l.shadowed = append(l.shadowed, Endpoint{Cluster: pe.Cluster, Address: pe.Address, Port: pe.Port, Health: status, Weight: 1})
 	}
+	networked := false
 	for _, pe := range eps {
-		key := netip.AddrPortFrom(pe.Address.Unmap(), uint16(pe.Port))
-		i, dup := at[key]
+		k := key{network: t.networkOf(pe.Cluster), addr: netip.AddrPortFrom(pe.Address.Unmap(), uint16(pe.Port))}
+		networked = networked || k.network != ""
+		i, dup := at[k]
 		switch {
 		case !dup:
-			at[key] = len(out)
+			at[k] = len(out)
 			out = append(out, pe)
 		case pe.Health < out[i].Health: // healthier wins
 			shadow(out[i])
@@ -289,7 +313,42 @@ func (l *localities) unique(eps []registry.PortEndpoint) []registry.PortEndpoint
 			shadow(pe)
 		}
 	}
-	return out
+	if !networked {
+		return out
+	}
+	taken := make(map[netip.AddrPort]bool, len(out))
+	for k := range at {
+		if k.network != "" {
+			taken[k.addr] = true
+		}
+	}
+	kept := out[:0]
+	for _, pe := range out {
+		if t.networkOf(pe.Cluster) == "" && taken[netip.AddrPortFrom(pe.Address.Unmap(), uint16(pe.Port))] {
+			shadow(pe)
+			continue
+		}
+		kept = append(kept, pe)
+	}
+	return kept
+}
+
+// overlapsAcrossNetworks reports whether two networks' endpoints of the
+// port share an address:port: only then do clients on a network need an
+// endpoint grouping of their own (see groupByLocality).
+func overlapsAcrossNetworks(eps []registry.PortEndpoint, t *topology) bool {
+	if t == nil || len(t.clusters) == 0 {
+		return false
+	}
+	seen := make(map[netip.AddrPort]registry.Network, len(eps))
+	for _, pe := range eps {
+		a, n := netip.AddrPortFrom(pe.Address.Unmap(), uint16(pe.Port)), t.networkOf(pe.Cluster)
+		if other, ok := seen[a]; ok && other != n {
+			return true
+		}
+		seen[a] = n
+	}
+	return false
 }
 
 func tier(client, endpoint registry.Locality) int {

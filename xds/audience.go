@@ -49,12 +49,17 @@ func (s *Server) classify(node *core.Node) (string, Client, bool) {
 	return s.cfg.Audience.Classify(node)
 }
 
-// clientFor is the Client whose endpoints a node is served.
+// clientFor is the Client whose endpoints a node is served. A gateway
+// that names only its cluster is on that cluster's network, as any client.
 func (s *Server) clientFor(node *core.Node) Client {
+	t := s.topo.Load()
 	if _, c, ok := s.classify(node); ok {
+		if c.Network == "" {
+			c.Network = clientOf(node, t).Network
+		}
 		return c
 	}
-	return clientOf(node, s.topo.Load())
+	return clientOf(node, t)
 }
 
 // viewFor returns the caches of a node's audience group, creating and

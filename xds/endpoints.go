@@ -26,6 +26,10 @@ import (
 // do not grow with the number of endpoints.
 type portEndpoints struct {
 	clusterName string
+	// split, when not nil, is the form clients on a network are handed:
+	// the port's endpoints deduplicated per network, because two networks
+	// name the same address:port for different pods (see groupByLocality).
+	split *portEndpoints
 	// localities are the served localities (with a healthy endpoint), sorted.
 	localities []registry.Locality
 	blocks     []localityBlock // one per locality, in the same order
@@ -43,8 +47,9 @@ type portEndpoints struct {
 // against 3. The decoded form is validated before it is dropped.
 type localityBlock struct {
 	atPriority [tierCount]*endpoint.LocalityLbEndpoints
-	// sum is a hash of what the block puts on the wire, priority aside (see blockSum).
-	sum uint64
+	// sum is a hash of what the block puts on the wire, priority aside;
+	// key also covers its endpoints' networks, which its parts follow (see blockSum).
+	sum, key uint64
 	// parts are the locality's endpoints per network (sorted by network),
 	// for clients that name their network. A locality on one network has one
 	// part, sharing the block's bytes.
@@ -76,8 +81,23 @@ var lbEndpointsField = (&endpoint.LocalityLbEndpoints{}).ProtoReflect().Descript
 // The networks of the endpoints' clusters come from t (nil: none); a prev
 // built against another cluster-to-network map must not be passed.
 func newPortEndpoints(svc *registry.Service, port registry.ServicePort, prev *portEndpoints, t *topology) (*portEndpoints, error) {
-	loc := groupByLocality(svc, port)
-	p := &portEndpoints{clusterName: ClusterName(svc.Key, port.Port), localities: loc.servedLocalities()}
+	eps := svc.Endpoints(port)
+	p, err := buildPortEndpoints(groupEndpoints(svc.Key, port, eps, nil), prev, t, false)
+	if err != nil || !overlapsAcrossNetworks(eps, t) {
+		return p, err
+	}
+	var prevSplit *portEndpoints
+	if prev != nil {
+		prevSplit = prev.split
+	}
+	p.split, err = buildPortEndpoints(groupEndpoints(svc.Key, port, eps, t), prevSplit, t, true)
+	return p, err
+}
+
+// buildPortEndpoints builds the blocks of a grouping (see newPortEndpoints;
+// perNetwork: deduplicated per network).
+func buildPortEndpoints(loc localities, prev *portEndpoints, t *topology, perNetwork bool) (*portEndpoints, error) {
+	p := &portEndpoints{clusterName: ClusterName(loc.service, loc.port), localities: loc.servedLocalities()}
 	p.blocks = make([]localityBlock, len(loc.served))
 	var before map[registry.Locality]localityBlock
 	if prev != nil {
@@ -89,12 +109,12 @@ func newPortEndpoints(svc *registry.Service, port registry.ServicePort, prev *po
 	var buf []byte
 	p.counts = make([][]networkCount, len(loc.served))
 	for i, le := range loc.served {
-		var sum uint64
-		buf, sum = blockSum(buf, le)
+		var sum, key uint64
+		buf, sum, key = blockSum(buf, le, t)
 		b, ok := before[le.Locality]
-		if !ok || b.sum != sum {
+		if !ok || b.key != key {
 			var err error
-			if b, err = newBlock(p.clusterName, le, sum, t); err != nil {
+			if b, err = newBlock(p.clusterName, le, sum, key, t, perNetwork); err != nil {
 				return nil, err
 			}
 		}
@@ -104,8 +124,10 @@ func newPortEndpoints(svc *registry.Service, port registry.ServicePort, prev *po
 	return p, nil
 }
 
-// blockSum hashes what a locality's block holds (buf is scratch space).
-func blockSum(buf []byte, le LocalityEndpoints) ([]byte, uint64) {
+// blockSum hashes what a locality's block holds (sum), and that with its
+// endpoints' networks (key; sum when no cluster names a network). buf is
+// scratch space.
+func blockSum(buf []byte, le LocalityEndpoints, t *topology) (_ []byte, sum, key uint64) {
 	buf = append(buf[:0], le.Locality.Region...)
 	buf = append(buf, 0)
 	buf = append(buf, le.Locality.Zone...)
@@ -123,13 +145,28 @@ func blockSum(buf []byte, le LocalityEndpoints) ([]byte, uint64) {
 		}
 		buf = append(buf, draining)
 	}
-	return buf, maphash.Bytes(seed, buf)
+	sum = maphash.Bytes(seed, buf)
+	if t == nil || len(t.clusters) == 0 {
+		return buf, sum, sum
+	}
+	buf = binary.LittleEndian.AppendUint64(buf[:0], sum)
+	for _, e := range le.Endpoints {
+		buf = append(buf, t.clusters[e.Cluster]...) // a network name: never holds a NUL
+		buf = append(buf, 0)
+	}
+	return buf, sum, maphash.Bytes(seed, buf)
 }
 
-// newBlock builds and validates one locality's block.
-func newBlock(clusterName string, le LocalityEndpoints, sum uint64, t *topology) (localityBlock, error) {
+// newBlock builds and validates one locality's block. A block of a
+// grouping per network (perNetwork) may name an address once per network:
+// only its parts are handed out whole, and each is checked alone.
+func newBlock(clusterName string, le LocalityEndpoints, sum, key uint64, t *topology, perNetwork bool) (localityBlock, error) {
 	lle := localityLbEndpoints(le, 0)
-	if err := Validate(&endpoint.ClusterLoadAssignment{ClusterName: clusterName, Endpoints: []*endpoint.LocalityLbEndpoints{lle}}); err != nil {
+	if perNetwork {
+		if err := validateParts(clusterName, le, lle, t); err != nil {
+			return localityBlock{}, err
+		}
+	} else if err := Validate(&endpoint.ClusterLoadAssignment{ClusterName: clusterName, Endpoints: []*endpoint.LocalityLbEndpoints{lle}}); err != nil {
 		return localityBlock{}, err
 	}
 	// The whole block in endpoint order; a locality whose endpoints are on
@@ -154,7 +191,7 @@ func newBlock(clusterName string, le LocalityEndpoints, sum uint64, t *topology)
 	if len(parts) == 1 {
 		parts[0].raw = raw
 	}
-	b := localityBlock{sum: sum, parts: parts, counts: counts}
+	b := localityBlock{sum: sum, key: key, parts: parts, counts: counts}
 	for pr := range b.atPriority {
 		m := &endpoint.LocalityLbEndpoints{Locality: lle.Locality, LoadBalancingWeight: lle.LoadBalancingWeight, Priority: uint32(pr)}
 		m.ProtoReflect().SetUnknown(raw)
@@ -207,65 +244,72 @@ func (p *portEndpoints) forClient(client Client, t *topology) (*endpoint.Cluster
 	if client.Network == "" {
 		return p.forGroup(client.Locality)
 	}
+	if p.split != nil {
+		p = p.split // two networks share addresses: this client's own grouping
+	}
 	plan := planSplit(client, p.localities, p.counts, t)
 	defer plan.release()
-	cla := &endpoint.ClusterLoadAssignment{ClusterName: p.clusterName, Endpoints: make([]*endpoint.LocalityLbEndpoints, 0, len(p.blocks))}
+	cla := &endpoint.ClusterLoadAssignment{ClusterName: p.clusterName, Endpoints: make([]*endpoint.LocalityLbEndpoints, 0, len(p.blocks)+len(plan.gateways))}
 	var h maphash.Hash
 	h.SetSeed(seed)
 	h.WriteString(string(client.Network))
-	var buf [32]byte
+	var buf [16]byte
 	for pr := range plan.count {
 		for i, b := range p.blocks {
-			lp := plan.localities[i]
-			if lp.weight == 0 || plan.prio[i] != pr {
+			if plan.prio[i] != pr {
 				continue
 			}
-			// The block's sum covers its locality and endpoints; a locality
-			// that contributes only gateways is hashed by name.
-			if lp.direct {
-				binary.LittleEndian.PutUint64(buf[:8], b.sum)
-				h.Write(buf[:8])
-			} else {
-				l := p.localities[i]
-				h.WriteString(l.Region + "\x00" + l.Zone + "\x00" + l.Subzone + "\x00")
-			}
-			binary.LittleEndian.PutUint32(buf[:4], pr)
-			binary.LittleEndian.PutUint32(buf[4:8], lp.weight)
-			buf[8] = 0
-			if lp.direct {
-				buf[8] = 1
-			}
-			h.Write(buf[:9])
-			whole := allDirect(client.Network, b.parts)
-			if lp.direct && len(lp.gateways) == 0 && whole {
-				cla.Endpoints = append(cla.Endpoints, b.atPriority[pr])
-				continue
-			}
-			var raw []byte
-			switch {
-			case lp.direct && whole:
-				raw = append(raw, b.atPriority[0].ProtoReflect().GetUnknown()...)
-			case lp.direct:
-				for _, part := range b.parts {
-					if reachesDirectly(client.Network, part.count.network) {
-						raw = append(raw, part.raw...)
+			if lp := plan.localities[i]; lp.weight > 0 {
+				// The block's key covers its locality, endpoints and their networks.
+				binary.LittleEndian.PutUint64(buf[:8], b.key)
+				binary.LittleEndian.PutUint32(buf[8:12], pr)
+				binary.LittleEndian.PutUint32(buf[12:16], lp.weight)
+				h.Write(buf[:16])
+				if allDirect(client.Network, b.parts) {
+					cla.Endpoints = append(cla.Endpoints, b.atPriority[pr])
+				} else {
+					var raw []byte
+					for _, part := range b.parts {
+						if reachesDirectly(client.Network, part.count.network) {
+							raw = append(raw, part.raw...)
+						}
 					}
+					m := &endpoint.LocalityLbEndpoints{Locality: b.atPriority[0].Locality, LoadBalancingWeight: wrapperspb.UInt32(lp.weight), Priority: pr}
+					m.ProtoReflect().SetUnknown(raw)
+					cla.Endpoints = append(cla.Endpoints, m)
 				}
 			}
-			for _, g := range lp.gateways {
-				raw = appendGateway(raw, g)
-				a16 := g.addr.Addr().As16()
-				h.Write(a16[:])
-				binary.LittleEndian.PutUint32(buf[:4], uint32(g.addr.Port()))
-				binary.LittleEndian.PutUint32(buf[4:8], g.weight)
-				h.Write(buf[:8])
+			for _, g := range plan.gateways {
+				if g.anchor == i {
+					cla.Endpoints = append(cla.Endpoints, gatewayLocalityLb(g, pr, &h))
+				}
 			}
-			m := &endpoint.LocalityLbEndpoints{Locality: b.atPriority[0].Locality, LoadBalancingWeight: wrapperspb.UInt32(lp.weight), Priority: pr}
-			m.ProtoReflect().SetUnknown(raw)
-			cla.Endpoints = append(cla.Endpoints, m)
 		}
 	}
 	return cla, h.Sum64()
+}
+
+// gatewayLocalityLb is the LocalityLbEndpoints of a gateway locality at
+// priority pr, and it writes what it holds to h.
+func gatewayLocalityLb(g gatewayLocality, pr uint32, h *maphash.Hash) *endpoint.LocalityLbEndpoints {
+	h.WriteString(g.locality.Region + "\x00" + g.locality.Zone + "\x00" + g.locality.Subzone + "\x00")
+	var buf [8]byte
+	binary.LittleEndian.PutUint32(buf[:4], pr)
+	binary.LittleEndian.PutUint32(buf[4:], g.weight)
+	h.Write(buf[:])
+	var raw []byte
+	for _, e := range g.gateways {
+		raw = appendGateway(raw, e)
+		h.Write(e.wire)
+		binary.LittleEndian.PutUint32(buf[:4], e.weight)
+		h.Write(buf[:4])
+	}
+	m := &endpoint.LocalityLbEndpoints{
+		Locality:            &core.Locality{Region: g.locality.Region, Zone: g.locality.Zone, SubZone: g.locality.Subzone},
+		LoadBalancingWeight: wrapperspb.UInt32(g.weight), Priority: pr,
+	}
+	m.ProtoReflect().SetUnknown(raw)
+	return m
 }
 
 // allDirect reports whether a client on network client reaches every part directly.
@@ -313,4 +357,21 @@ func gatewayEndpointWire(addr netip.AddrPort) []byte {
 		panic(fmt.Sprintf("xds: marshal a gateway endpoint: %v", err)) // built from valid parts
 	}
 	return protowire.AppendBytes(protowire.AppendTag(nil, lbEndpointField, protowire.BytesType), b)
+}
+
+// validateParts checks a per-network block: every endpoint valid, and no
+// address:port twice within one network.
+func validateParts(clusterName string, le LocalityEndpoints, lle *endpoint.LocalityLbEndpoints, t *topology) error {
+	seen := make(map[string]bool, len(le.Endpoints))
+	for i, e := range lle.GetLbEndpoints() {
+		if err := e.ValidateAll(); err != nil {
+			return fmt.Errorf("%w: ClusterLoadAssignment %q: %v", ErrInvalidResource, clusterName, err)
+		}
+		key := string(t.networkOf(le.Endpoints[i].Cluster)) + "\x00" + netip.AddrPortFrom(le.Endpoints[i].Address, uint16(le.Endpoints[i].Port)).String()
+		if seen[key] {
+			return fmt.Errorf("%w: ClusterLoadAssignment %q: endpoint %s appears twice in one network", ErrInvalidResource, clusterName, key)
+		}
+		seen[key] = true
+	}
+	return nil
 }

@@ -120,11 +120,23 @@ type networkCount struct {
 	all     uint32
 }
 
-// localityPlan is what one served locality contributes to a client's assignment.
+// localityPlan is what one served locality contributes to a client's
+// assignment: its endpoints on the client's network (or on none).
 type localityPlan struct {
-	direct   bool // its endpoints on the client's network (or on none) are included
+	direct bool   // it has such endpoints (healthy or draining)
+	weight uint32 // how many of them are healthy; 0: left out
+}
+
+// gatewayLocality is where a remote network's gateways are handed out: a
+// locality of its own, named after the served locality it stands in (the
+// nearest where the network has healthy endpoints) with subzone
+// "gateway/NETWORK". grpc-go ignores endpoint weights (round robin within a
+// locality), so the share of traffic a network gets must be a locality weight.
+type gatewayLocality struct {
+	anchor   int // the served locality it stands in
+	locality registry.Locality
 	gateways []gatewayEntry
-	weight   uint32 // healthy direct endpoints plus the gateways' weights; 0: left out
+	weight   uint32 // the healthy endpoints it stands for (of every network merged into it)
 }
 
 // gatewayEntry is a gateway handed out in place of its network's endpoints.
@@ -135,12 +147,19 @@ type gatewayEntry struct {
 	weight  uint32
 }
 
+// GatewaySubzone is the subzone of the locality in which a network's
+// gateways are handed out (its region and zone are those of the network's
+// nearest healthy endpoints).
+func GatewaySubzone(n registry.Network) string { return "gateway/" + string(n) }
+
 // splitPlan is a client's assignment of one service port, in outline: per
-// served locality (in their order), what it contributes, and its priority.
+// served locality (in their order), what it contributes, and its priority;
+// and the gateway localities, each after the locality it stands in.
 type splitPlan struct {
 	localities  []localityPlan
-	prio        []uint32 // per locality; meaningful where weight > 0
-	count       uint32   // priorities used
+	prio        []uint32 // per served locality
+	gateways    []gatewayLocality
+	count       uint32 // priorities used
 	unreachable []UnreachableNetwork
 	// scratch space, kept between uses of a pooled plan
 	tiers  []int8
@@ -158,7 +177,7 @@ func reachesDirectly(client, n registry.Network) bool { return n == "" || n == c
 // planSplit outlines the assignment of a client with a network: locality
 // i of localities holds counts[i] (sorted by network). It runs for every
 // client group on every change of the port's endpoints, so it allocates
-// little: no maps, one pass per remote network.
+// little: no maps, one pass per remote network. Release the plan when done.
 func planSplit(client Client, localities []registry.Locality, counts [][]networkCount, t *topology) *splitPlan {
 	p := plans.Get().(*splitPlan)
 	p.reset(len(localities))
@@ -210,15 +229,7 @@ func planSplit(client Client, localities []registry.Locality, counts [][]network
 			p.unreachable = append(p.unreachable, UnreachableNetwork{Network: network, Endpoints: n})
 			continue
 		}
-		share := (behind + uint32(len(gws)) - 1) / uint32(len(gws)) // >= 1: behind >= 1
-		for _, gw := range gws {
-			if p.addToPlaced(gw.addr, share) {
-				continue // one gateway serving several networks: one entry, their weights summed
-			}
-			lp := &p.localities[best]
-			lp.gateways = append(lp.gateways, gatewayEntry{network: network, addr: gw.addr, wire: gw.wire, weight: share})
-			lp.weight += share
-		}
+		p.place(network, best, localities[best], gws, behind)
 	}
 	// Priorities: the tiers that still hold a locality, contiguous from 0.
 	var used [tierCount]bool
@@ -226,6 +237,9 @@ func planSplit(client Client, localities []registry.Locality, counts [][]network
 		if lp.weight > 0 {
 			used[tiers[i]] = true
 		}
+	}
+	for _, g := range p.gateways {
+		used[tiers[g.anchor]] = true
 	}
 	var rank [tierCount]uint32
 	for t := range tierCount {
@@ -240,34 +254,37 @@ func planSplit(client Client, localities []registry.Locality, counts [][]network
 	return p
 }
 
-// reset empties the plan for n localities, keeping its memory.
+// place hands out a network's gateways, standing in for behind healthy
+// endpoints at the served locality anchor: in a gateway locality of its own,
+// or, for a gateway already handed out for another network (one gateway in
+// front of several networks), in that one, whose weight grows.
+func (p *splitPlan) place(network registry.Network, anchor int, at registry.Locality, gws []gatewayAddr, behind uint32) {
+	for _, gw := range gws {
+		for i := range p.gateways {
+			if slices.ContainsFunc(p.gateways[i].gateways, func(e gatewayEntry) bool { return e.addr == gw.addr }) {
+				p.gateways[i].weight += behind
+				return
+			}
+		}
+	}
+	g := gatewayLocality{anchor: anchor, weight: behind,
+		locality: registry.Locality{Region: at.Region, Zone: at.Zone, Subzone: GatewaySubzone(network)}}
+	share := (behind + uint32(len(gws)) - 1) / uint32(len(gws)) // >= 1: behind >= 1
+	for _, gw := range gws {
+		g.gateways = append(g.gateways, gatewayEntry{network: network, addr: gw.addr, wire: gw.wire, weight: share})
+	}
+	p.gateways = append(p.gateways, g)
+}
+
+// reset empties the plan for n served localities, keeping its memory.
 func (p *splitPlan) reset(n int) {
-	for i := range p.localities {
-		p.localities[i].gateways = p.localities[i].gateways[:0]
-	}
 	p.localities = slices.Grow(p.localities[:0], n)[:n]
-	for i := range p.localities {
-		p.localities[i] = localityPlan{gateways: p.localities[i].gateways[:0]}
-	}
+	clear(p.localities)
 	p.prio = slices.Grow(p.prio[:0], n)[:n]
 	p.tiers = slices.Grow(p.tiers[:0], n)[:n]
+	p.gateways = p.gateways[:0]
 	p.count, p.unreachable = 0, nil
 }
 
 // release returns the plan to the pool; it must not be used afterwards.
 func (p *splitPlan) release() { plans.Put(p) }
-
-// addToPlaced adds share to the entry of gateway gw if the plan has one.
-func (p *splitPlan) addToPlaced(gw netip.AddrPort, share uint32) bool {
-	for i := range p.localities {
-		lp := &p.localities[i]
-		for j := range lp.gateways {
-			if lp.gateways[j].addr == gw {
-				lp.gateways[j].weight += share
-				lp.weight += share
-				return true
-			}
-		}
-	}
-	return false
-}

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/navemesh/nave/registry"
 )
@@ -141,5 +142,46 @@ func TestSetNetworksRepublishesOnlyWhatItChanges(t *testing.T) {
 	}
 	if got := gwOf(); !slices.Equal(got, []string{"192.0.2.99", "192.0.2.99"}) {
 		t.Errorf("net-a client holds gateways %v, want 192.0.2.99 for echo:8080 and cart:80", got)
+	}
+}
+
+// Two networks may use the same pod addresses for different pods: each
+// network's clients get their own pod directly and the other network's
+// behind its gateway; a client without a network gets the address once.
+func TestSplitHorizonWithOverlappingPodAddresses(t *testing.T) {
+	port := tcp("grpc", 8080)
+	nets := registry.Networks{
+		Clusters: map[registry.ClusterID]registry.Network{"a1": "net-a", "b1": "net-b"},
+		Gateways: map[registry.Network][]registry.Gateway{
+			"net-a": {{Address: "192.0.2.10", Port: 15444}}, "net-b": {{Address: "192.0.2.20", Port: 15444}}},
+	}
+	r, _ := apply(t, registry.New(),
+		shard("a1", echo, []registry.ServicePort{port}, ep("10.0.0.5", loc("r1", "z1"), ready, eport("grpc", 9090))),
+		shard("b1", echo, []registry.ServicePort{port}, ep("10.0.0.5", loc("r2", "z3"), ready, eport("grpc", 9090))))
+	svc := r.Service(echo)
+	topo := newTopology(nets)
+	pe, err := newPortEndpoints(svc, port, nil, topo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		client Client
+		want   [][]string
+	}{
+		{Client{Network: "net-a", Locality: loc("r1", "z1")}, [][]string{{"z1 10.0.0.5/1"}, {"z3 gw:192.0.2.20/1"}}},
+		{Client{Network: "net-b", Locality: loc("r2", "z3")}, [][]string{{"z3 10.0.0.5/1"}, {"z1 gw:192.0.2.10/1"}}},
+		{Client{Locality: loc("r2", "z3")}, [][]string{{"z1 10.0.0.5/1"}}}, // a1 wins: the lower cluster ID
+	} {
+		a := AssignFor(svc, port, tc.client, nets)
+		if got := where(a); !slices.EqualFunc(got, tc.want, slices.Equal) {
+			t.Errorf("%+v: %v, want %v", tc.client, got, tc.want)
+		}
+		cla, _ := pe.forClient(tc.client, topo)
+		if got, want := decoded(t, cla), ClusterLoadAssignment(a); !proto.Equal(got, want) {
+			t.Errorf("%+v: fast path\n%v\nwant\n%v", tc.client, got, want)
+		}
+		if err := Validate(decoded(t, cla)); err != nil {
+			t.Errorf("%+v: %v", tc.client, err)
+		}
 	}
 }

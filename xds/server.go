@@ -359,7 +359,8 @@ func (s *Server) edsCache(node *core.Node) *resourceCache {
 			s.log.Warn("too many locality groups; serving clients of new groups the default group",
 				"region", group.Locality.Region, "zone", group.Locality.Zone, "network", group.Network, "limit", s.cfg.MaxLocalityGroups)
 		}
-		group = Client{}
+		// Still on its network: never another network's unroutable addresses.
+		group = Client{Network: group.Network, NetworkOnly: group.NetworkOnly}
 		if c := groups[group]; c != nil {
 			return c
 		}

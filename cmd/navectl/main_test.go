@@ -229,7 +229,7 @@ func TestNavectlNetworks(t *testing.T) {
 	want := []string{
 		"0 us-east/us-east-1a 1 east 127.0.1.1:50051 HEALTHY",
 		"1 us-east/us-east-1b 1 east 127.0.1.2:50051 HEALTHY",
-		"2 us-west/us-west-1a 1 gateway of net-west (for 1 endpoints) 192.0.2.50:15444 HEALTHY",
+		"2 us-west/us-west-1a/gateway/net-west 1 gateway of net-west (for 1 endpoints) 192.0.2.50:15444 HEALTHY",
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("endpoints on net-east:\n%s\nwant:\n%s\nfull output:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"), eps)

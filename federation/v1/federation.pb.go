@@ -1613,8 +1613,11 @@ type Welcome struct {
 	HubId  string `protobuf:"bytes,3,opt,name=hub_id,json=hubId,proto3" json:"hub_id,omitempty"`
 	// max_message_bytes bounds each Update the spoke sends.
 	MaxMessageBytes uint32 `protobuf:"varint,4,opt,name=max_message_bytes,json=maxMessageBytes,proto3" json:"max_message_bytes,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// capabilities the hub has that a spoke must not assume: "gateways" (it
+	// takes NetworkGateways messages after the hello).
+	Capabilities  []string `protobuf:"bytes,5,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Welcome) Reset() {
@@ -1673,6 +1676,13 @@ func (x *Welcome) GetMaxMessageBytes() uint32 {
 		return x.MaxMessageBytes
 	}
 	return 0
+}
+
+func (x *Welcome) GetCapabilities() []string {
+	if x != nil {
+		return x.Capabilities
+	}
+	return nil
 }
 
 // Update is a versioned change to the cluster's published state.
@@ -2967,12 +2977,13 @@ const file_federation_v1_federation_proto_rawDesc = "" +
 	"\x05ports\x18\x03 \x03(\v2\x1f.nave.federation.v1.ServicePortR\x05ports\x12:\n" +
 	"\tendpoints\x18\x04 \x03(\v2\x1c.nave.federation.v1.EndpointR\tendpoints\"*\n" +
 	"\x0eImportsWritten\x12\x18\n" +
-	"\aversion\x18\x01 \x01(\x04R\aversion\"z\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion\"\x9e\x01\n" +
 	"\aWelcome\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x16\n" +
 	"\x06resume\x18\x02 \x01(\bR\x06resume\x12\x15\n" +
 	"\x06hub_id\x18\x03 \x01(\tR\x05hubId\x12*\n" +
-	"\x11max_message_bytes\x18\x04 \x01(\rR\x0fmaxMessageBytes\"\x9d\x02\n" +
+	"\x11max_message_bytes\x18\x04 \x01(\rR\x0fmaxMessageBytes\x12\"\n" +
+	"\fcapabilities\x18\x05 \x03(\tR\fcapabilities\"\x9d\x02\n" +
 	"\x06Update\x12\x14\n" +
 	"\x05nonce\x18\x01 \x01(\tR\x05nonce\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x1d\n" +
