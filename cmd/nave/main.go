@@ -25,6 +25,8 @@ const usage = `nave: multi-cluster service discovery.
 Usage:
   nave hub   [flags]   run a hub replica (federation, xDS and admin servers)
   nave spoke [flags]   run a spoke that publishes one cluster's services to a hub
+  nave gateway [flags] run Envoy as a Nave gateway (east-west or ingress): bootstrap, supervision,
+                       hot restart, SDS, drain ('nave gateway install DIR' copies this binary to DIR)
   nave demo  [flags]   run a hub, three spokes, backends and an xDS client on this machine
   nave version         print the build
 
@@ -44,6 +46,8 @@ func main() {
 		err = runHub(ctx, args)
 	case "spoke":
 		err = runSpoke(ctx, args)
+	case "gateway":
+		err = runGateway(ctx, args)
 	case "demo":
 		err = runDemo(ctx, args)
 	case "demo-client":

@@ -1,0 +1,516 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime/debug"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// SupervisorConfig is how Envoy is run.
+type SupervisorConfig struct {
+	// Binary is Envoy's executable (a path, or a name looked up in PATH).
+	Binary string
+	// Dir is where each Envoy's bootstrap is written (envoy-bootstrap-EPOCH.json).
+	Dir string
+	// AdminPort is the port of Envoy's admin API on 127.0.0.1 (as in the bootstrap).
+	AdminPort int
+	// LogLevel is Envoy's --log-level (trace, debug, info, warning, error, critical, off).
+	LogLevel string
+	// BaseID is Envoy's --base-id: it names the shared memory and domain
+	// sockets of hot restart, so two Envoys sharing an IPC namespace need
+	// different ones.
+	BaseID int
+	// Concurrency is Envoy's --concurrency (worker threads); 0 leaves
+	// Envoy's default, one per hardware thread of the node, not of the
+	// pod's CPU limit.
+	Concurrency int
+	// DrainTime is Envoy's --drain-time-s: how long listeners drain on a
+	// hot restart or a graceful drain (rounded up to whole seconds).
+	DrainTime time.Duration
+	// ParentShutdown is Envoy's --parent-shutdown-time-s: how long after a
+	// hot restart the new Envoy tells its parent to exit (rounded up to
+	// whole seconds). It must be longer than DrainTime.
+	ParentShutdown time.Duration
+	// ParentGrace is how long past ParentShutdown the agent waits for a
+	// parent to exit by itself, as a real Envoy does, before it sends it SIGTERM.
+	ParentGrace time.Duration
+	// DrainDuration is how long the agent lets Envoy drain when it stops
+	// (after POST /drain_listeners?graceful, before SIGTERM).
+	DrainDuration time.Duration
+	// StopTimeout is how long an Envoy has to exit after SIGTERM before SIGKILL.
+	StopTimeout time.Duration
+	// Restarts is the budget of restarts after crashes.
+	Restarts RestartBudget
+	// WatchFiles are files the bootstrap names (the hub's CA, certificate
+	// and key), which Envoy reads only when it starts: when they change
+	// (polled as Watch says), Envoy is hot restarted, provided CheckFiles
+	// (optional) finds them good; otherwise the running Envoy is kept.
+	WatchFiles []string
+	Watch      Watch
+	CheckFiles func() error
+	// Stdout and Stderr receive Envoy's output (default: the agent's).
+	Stdout, Stderr io.Writer
+}
+
+// RestartBudget bounds restarts after crashes: the n-th restart in a row
+// (from 0) waits Delay×2^n, and once Max restarts have been spent the
+// supervisor gives up. The budget is whole again after a change of
+// configuration, or once an Envoy has run for HealthyAfter.
+type RestartBudget struct {
+	Max          int
+	Delay        time.Duration
+	HealthyAfter time.Duration
+}
+
+// DefaultSupervisorConfig runs "envoy" from PATH with Istio's timings: 45s of
+// draining on hot restart, the parent gone after 60s, and 5s of draining on
+// shutdown; ten restarts from 200ms to 102s apart.
+func DefaultSupervisorConfig() SupervisorConfig {
+	return SupervisorConfig{
+		Binary:         "envoy",
+		AdminPort:      15000,
+		LogLevel:       "warning",
+		DrainTime:      45 * time.Second,
+		ParentShutdown: 60 * time.Second,
+		ParentGrace:    5 * time.Second,
+		DrainDuration:  5 * time.Second,
+		StopTimeout:    10 * time.Second,
+		Restarts:       RestartBudget{Max: 10, Delay: 200 * time.Millisecond, HealthyAfter: time.Minute},
+		Watch:          DefaultWatch(),
+	}
+}
+
+// ErrRestartBudget is returned (wrapped) when Envoy crashed more often in a
+// row than the restart budget allows: the agent exits and its pod restarts.
+var ErrRestartBudget = errors.New("agent: Envoy keeps crashing; restart budget spent")
+
+// Supervisor runs Envoy: it hot restarts it when its bootstrap or the files
+// the bootstrap names change, restarts it after a crash within a budget,
+// and drains and stops it when its context ends.
+//
+// Hot restart: the new Envoy gets the next epoch (--restart-epoch, only
+// ever increasing while one is running); real Envoy hands the listeners
+// over from its parent, which drains and exits by itself after
+// ParentShutdown. The supervisor only reaps it, and sends it SIGTERM if it
+// is still there ParentGrace later.
+//
+// Crash: when the newest Envoy exits, the supervisor stops any parent still
+// running and starts again at epoch 0: hot restart needs a live parent
+// to take the listeners from (the crashed one was the parent-to-be), and
+// Envoy's shared memory is re-created only by an epoch 0 with no other
+// Envoy of the same base ID alive (Istio's agent did the same). The
+// gateway serves nothing until the new Envoy is up.
+type Supervisor struct {
+	cfg   SupervisorConfig
+	log   *slog.Logger
+	admin *http.Client
+
+	// pendingMu guards pending, a bootstrap handed to Update and not yet
+	// taken by Run; wake tells Run there is one.
+	pendingMu sync.Mutex
+	pending   []byte
+	wake      chan struct{}
+
+	// Owned by Run's goroutine.
+	bootstrap []byte
+	procs     map[int]*envoyProc // every Envoy not yet reaped, by epoch
+	latest    *envoyProc         // the newest, nil after it exited
+	spent     int                // restarts spent of the budget
+	want      bool               // an Envoy is to be started (epoch 0) once none runs and retry is nil
+	retry     *time.Timer        // the backoff before that start
+	exits     chan *envoyProc
+	stopped   chan struct{} // closed when Run returns
+}
+
+// NewSupervisor returns a supervisor that will run Envoy with bootstrap.
+func NewSupervisor(cfg SupervisorConfig, bootstrap []byte, log *slog.Logger) *Supervisor {
+	if cfg.Stdout == nil {
+		cfg.Stdout = os.Stdout
+	}
+	if cfg.Stderr == nil {
+		cfg.Stderr = os.Stderr
+	}
+	return &Supervisor{
+		cfg:       cfg,
+		log:       log.With("component", "envoy-supervisor"),
+		admin:     &http.Client{Timeout: 2 * time.Second},
+		wake:      make(chan struct{}, 1),
+		bootstrap: bootstrap,
+		procs:     map[int]*envoyProc{},
+		exits:     make(chan *envoyProc),
+		stopped:   make(chan struct{}),
+	}
+}
+
+// Update hands the supervisor a new bootstrap: Envoy is hot restarted with
+// it unless it is the one Envoy runs with. It does not block.
+func (s *Supervisor) Update(bootstrap []byte) {
+	s.pendingMu.Lock()
+	s.pending = bytes.Clone(bootstrap)
+	s.pendingMu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// envoyProc is one Envoy process.
+type envoyProc struct {
+	epoch     int
+	cmd       *exec.Cmd
+	bootstrap string // the file it was started with
+	started   time.Time
+	done      chan struct{} // closed once it exited and was reaped; err is set then
+	err       error
+	stopOnce  sync.Once
+	stopping  atomic.Bool // the supervisor sent it SIGTERM
+	reap      *time.Timer // SIGTERMs a parent that outlived ParentShutdown+ParentGrace
+}
+
+// Run runs Envoy until ctx ends, then drains and stops it and returns nil.
+// It returns an error when Envoy cannot be run at all, or keeps crashing
+// (ErrRestartBudget).
+func (s *Supervisor) Run(ctx context.Context) (err error) {
+	defer close(s.stopped)
+	if err := s.cfg.check(); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(s.cfg.Dir, 0o700); err != nil {
+		return fmt.Errorf("bootstrap directory: %w", err)
+	}
+
+	// Watch the files the bootstrap names from now on: a change while the
+	// first Envoy starts is not lost.
+	changed := make(chan struct{}, 1)
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer stopWatch()
+	wg.Go(func() {
+		watchFiles(watchCtx, s.cfg.Watch, s.cfg.WatchFiles, s.log, func() {
+			select {
+			case changed <- struct{}{}:
+			default:
+			}
+		})
+	})
+
+	defer func() {
+		if r := recover(); r != nil {
+			s.log.Error("panic in the Envoy supervisor; stopping Envoy", "panic", r, "stack", string(debug.Stack()))
+			s.stopAll()
+			err = fmt.Errorf("agent: Envoy supervisor panicked: %v", r)
+		}
+	}()
+
+	s.want = true
+	if err := s.startWanted(); err != nil {
+		return err
+	}
+	for {
+		var retry <-chan time.Time
+		if s.retry != nil {
+			retry = s.retry.C
+		}
+		select {
+		case <-ctx.Done():
+			return s.shutdown()
+		case p := <-s.exits:
+			if err := s.exited(p); err != nil {
+				return err
+			}
+		case <-retry:
+			s.retry = nil
+		case <-s.wake:
+			s.pendingMu.Lock()
+			next := s.pending
+			s.pending = nil
+			s.pendingMu.Unlock()
+			if next == nil || bytes.Equal(next, s.bootstrap) {
+				continue
+			}
+			s.bootstrap = next
+			s.restart("bootstrap changed")
+		case <-changed:
+			if s.cfg.CheckFiles != nil {
+				if err := s.cfg.CheckFiles(); err != nil {
+					s.log.Error("the files the bootstrap names changed but would not load; Envoy keeps running with the old ones", "files", s.cfg.WatchFiles, "error", err)
+					continue
+				}
+			}
+			s.restart("files the bootstrap names changed")
+		}
+		if err := s.startWanted(); err != nil {
+			return err
+		}
+	}
+}
+
+func (cfg SupervisorConfig) check() error {
+	switch {
+	case cfg.Binary == "":
+		return fmt.Errorf("%w: no Envoy binary (--envoy)", ErrInvalidConfig)
+	case cfg.Dir == "":
+		return fmt.Errorf("%w: no directory for Envoy's bootstrap", ErrInvalidConfig)
+	case cfg.AdminPort < 1 || cfg.AdminPort > 65535:
+		return fmt.Errorf("%w: Envoy's admin port %d: want 1 to 65535", ErrInvalidConfig, cfg.AdminPort)
+	case cfg.DrainTime <= 0 || cfg.ParentShutdown <= 0 || ceilSeconds(cfg.ParentShutdown) <= ceilSeconds(cfg.DrainTime):
+		return fmt.Errorf("%w: the parent shutdown time (%v, --parent-shutdown) must be longer than the drain time (%v, --drain-time): a parent exits once its listeners drained",
+			ErrInvalidConfig, cfg.ParentShutdown, cfg.DrainTime)
+	case cfg.DrainDuration < 0 || cfg.StopTimeout <= 0 || cfg.ParentGrace < 0:
+		return fmt.Errorf("%w: negative drain duration, parent grace or non-positive stop timeout", ErrInvalidConfig)
+	case cfg.Restarts.Max < 0 || cfg.Restarts.Delay <= 0:
+		return fmt.Errorf("%w: the restart budget needs Max >= 0 and a positive Delay", ErrInvalidConfig)
+	case len(cfg.WatchFiles) > 0 && cfg.Watch.Interval <= 0:
+		return fmt.Errorf("%w: watching files needs a positive poll interval", ErrInvalidConfig)
+	}
+	if _, err := exec.LookPath(cfg.Binary); err != nil {
+		return fmt.Errorf("%w: Envoy binary: %v (--envoy names it)", ErrInvalidConfig, err)
+	}
+	return nil
+}
+
+// restart asks for a hot restart (or, with no Envoy running, a start) now,
+// with a whole restart budget: the configuration changed.
+func (s *Supervisor) restart(reason string) {
+	s.log.Info("restarting Envoy", "reason", reason)
+	s.spent = 0
+	if s.retry != nil {
+		s.retry.Stop()
+		s.retry = nil
+	}
+	if s.latest != nil {
+		s.hotRestart()
+		return
+	}
+	s.want = true
+}
+
+// hotRestart starts the next epoch beside the running Envoy.
+func (s *Supervisor) hotRestart() {
+	parent := s.latest
+	if err := s.start(parent.epoch + 1); err != nil {
+		// Nothing started: the parent runs on, as before the change.
+		s.log.Error("cannot start a new Envoy; the running one keeps serving", "epoch", parent.epoch+1, "error", err)
+		return
+	}
+	deadline := time.Duration(ceilSeconds(s.cfg.ParentShutdown))*time.Second + s.cfg.ParentGrace
+	parent.reap = time.AfterFunc(deadline, func() {
+		s.log.Warn("Envoy parent still running after its shutdown time; stopping it", "epoch", parent.epoch, "after", deadline)
+		parent.terminate(s.log, s.cfg.StopTimeout)
+	})
+}
+
+// startWanted starts epoch 0 when one is wanted, none runs and no backoff is under way.
+func (s *Supervisor) startWanted() error {
+	if !s.want || s.retry != nil || len(s.procs) > 0 {
+		return nil
+	}
+	s.want = false
+	if err := s.start(0); err != nil {
+		s.log.Error("cannot start Envoy", "error", err)
+		return s.crashed(err)
+	}
+	return nil
+}
+
+// start starts an Envoy with the current bootstrap at epoch.
+func (s *Supervisor) start(epoch int) error {
+	path := filepath.Join(s.cfg.Dir, fmt.Sprintf("envoy-bootstrap-%d.json", epoch))
+	if err := writeFileAtomic(path, s.bootstrap, 0o600); err != nil {
+		return fmt.Errorf("write bootstrap: %w", err)
+	}
+	cmd := exec.Command(s.cfg.Binary, s.args(path, epoch)...)
+	cmd.Stdout, cmd.Stderr = s.cfg.Stdout, s.cfg.Stderr
+	cmd.SysProcAttr = envoyProcAttr()
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s: %w", s.cfg.Binary, err)
+	}
+	p := &envoyProc{epoch: epoch, cmd: cmd, bootstrap: path, started: time.Now(), done: make(chan struct{})}
+	s.procs[epoch], s.latest = p, p
+	s.log.Info("Envoy started", "epoch", epoch, "pid", cmd.Process.Pid, "bootstrap", path)
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+		select {
+		case s.exits <- p:
+		case <-s.stopped:
+		}
+	}()
+	return nil
+}
+
+// args are Envoy's command line.
+func (s *Supervisor) args(bootstrap string, epoch int) []string {
+	args := []string{
+		"-c", bootstrap,
+		"--restart-epoch", strconv.Itoa(epoch),
+		"--parent-shutdown-time-s", strconv.Itoa(ceilSeconds(s.cfg.ParentShutdown)),
+		"--drain-time-s", strconv.Itoa(ceilSeconds(s.cfg.DrainTime)),
+		// Every connection is told to go at once when a drain starts (the
+		// default, gradual, spreads that over the drain time, longer than
+		// the agent waits when it stops).
+		"--drain-strategy", "immediate",
+		"--base-id", strconv.Itoa(s.cfg.BaseID),
+	}
+	if s.cfg.LogLevel != "" {
+		args = append(args, "--log-level", s.cfg.LogLevel)
+	}
+	if s.cfg.Concurrency > 0 {
+		args = append(args, "--concurrency", strconv.Itoa(s.cfg.Concurrency))
+	}
+	return args
+}
+
+// exited reaps an Envoy. A parent's exit is expected; the newest Envoy's is a crash.
+func (s *Supervisor) exited(p *envoyProc) error {
+	delete(s.procs, p.epoch)
+	if p.reap != nil {
+		p.reap.Stop()
+	}
+	if err := os.Remove(p.bootstrap); err != nil && !errors.Is(err, os.ErrNotExist) {
+		s.log.Debug("cannot remove an old bootstrap", "file", p.bootstrap, "error", err)
+	}
+	ran := time.Since(p.started).Round(time.Millisecond)
+	if p != s.latest {
+		s.log.Info("Envoy parent exited", "epoch", p.epoch, "status", exitStatus(p.err), "ran", ran, "stopped_by_agent", p.stopping.Load())
+		return nil
+	}
+	s.latest = nil
+	s.log.Error("Envoy exited unexpectedly", "epoch", p.epoch, "status", exitStatus(p.err), "ran", ran)
+	if ran >= s.cfg.Restarts.HealthyAfter && s.cfg.Restarts.HealthyAfter > 0 {
+		s.spent = 0
+	}
+	return s.crashed(fmt.Errorf("epoch %d: %s after %v", p.epoch, exitStatus(p.err), ran))
+}
+
+// crashed handles the loss of the newest Envoy (or a failure to start
+// one): any parent is stopped, and epoch 0 is started after the backoff,
+// unless the budget is spent.
+func (s *Supervisor) crashed(cause error) error {
+	for _, q := range s.procs {
+		s.log.Warn("stopping an Envoy parent: the Envoy it handed over to is gone", "epoch", q.epoch)
+		q.terminate(s.log, s.cfg.StopTimeout)
+	}
+	if s.spent >= s.cfg.Restarts.Max {
+		s.stopAll()
+		return fmt.Errorf("%w: %d restarts in a row did not keep it running (last: %v)", ErrRestartBudget, s.spent, cause)
+	}
+	delay := s.cfg.Restarts.Delay << s.spent
+	if delay <= 0 || delay > time.Hour {
+		delay = time.Hour
+	}
+	s.spent++
+	s.log.Warn("restarting Envoy after a delay", "delay", delay, "restart", s.spent, "budget", s.cfg.Restarts.Max)
+	s.want = true
+	s.retry = time.NewTimer(delay)
+	return nil
+}
+
+// shutdown drains the newest Envoy, then stops every Envoy.
+func (s *Supervisor) shutdown() error {
+	if s.retry != nil {
+		s.retry.Stop()
+	}
+	if p := s.latest; p != nil {
+		if err := s.drainListeners(); err != nil {
+			s.log.Warn("cannot start Envoy's drain; stopping it at once", "error", err)
+		} else {
+			s.log.Info("draining Envoy before stopping it", "epoch", p.epoch, "for", s.cfg.DrainDuration)
+			t := time.NewTimer(s.cfg.DrainDuration)
+			select {
+			case <-t.C:
+			case <-p.done:
+				s.log.Warn("Envoy exited while draining", "epoch", p.epoch, "status", exitStatus(p.err))
+			}
+			t.Stop()
+		}
+	}
+	s.stopAll()
+	s.log.Info("Envoy stopped")
+	return nil
+}
+
+// drainListeners asks the newest Envoy to drain gracefully.
+func (s *Supervisor) drainListeners() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	url := fmt.Sprintf("http://127.0.0.1:%d/drain_listeners?graceful", s.cfg.AdminPort)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := s.admin.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("POST %s: %s %s", url, resp.Status, bytes.TrimSpace(body))
+	}
+	return nil
+}
+
+// stopAll sends every Envoy SIGTERM (SIGKILL after StopTimeout) and waits until all exited.
+func (s *Supervisor) stopAll() {
+	for _, p := range s.procs {
+		p.terminate(s.log, s.cfg.StopTimeout)
+	}
+	for _, p := range s.procs {
+		<-p.done
+		if p.reap != nil {
+			p.reap.Stop()
+		}
+		_ = os.Remove(p.bootstrap)
+		s.log.Info("Envoy exited", "epoch", p.epoch, "status", exitStatus(p.err))
+		delete(s.procs, p.epoch)
+	}
+	s.latest = nil
+}
+
+// terminate sends SIGTERM once, and SIGKILL if the process is still there after timeout.
+func (p *envoyProc) terminate(log *slog.Logger, timeout time.Duration) {
+	p.stopOnce.Do(func() {
+		p.stopping.Store(true)
+		if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			return // already exited
+		}
+		go func() {
+			t := time.NewTimer(timeout)
+			defer t.Stop()
+			select {
+			case <-p.done:
+			case <-t.C:
+				log.Warn("Envoy did not exit after SIGTERM; killing it", "epoch", p.epoch, "after", timeout)
+				_ = p.cmd.Process.Kill()
+			}
+		}()
+	})
+}
+
+func exitStatus(err error) string {
+	if err == nil {
+		return "exit status 0"
+	}
+	return err.Error()
+}
+
+// ceilSeconds is d in whole seconds, rounded up, at least 1: Envoy's flags take seconds.
+func ceilSeconds(d time.Duration) int {
+	return max(1, int(math.Ceil(d.Seconds())))
+}

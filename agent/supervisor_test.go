@@ -1,0 +1,429 @@
+package agent
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// The supervisor's tests run internal/fakeenvoy, a test double that takes
+// Envoy's flags and serves the admin endpoints the agent uses; it is not a
+// proxy, and it records what it is told in a file these tests read.
+
+var (
+	fakeEnvoyOnce sync.Once
+	fakeEnvoyPath string
+	fakeEnvoyErr  error
+)
+
+// fakeEnvoy builds the test double once per test binary.
+func fakeEnvoy(t testing.TB) string {
+	t.Helper()
+	fakeEnvoyOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "fakeenvoy-")
+		if err != nil {
+			fakeEnvoyErr = err
+			return
+		}
+		fakeEnvoyPath = filepath.Join(dir, "fakeenvoy")
+		out, err := exec.Command("go", "build", "-o", fakeEnvoyPath, "./internal/fakeenvoy").CombinedOutput()
+		if err != nil {
+			fakeEnvoyErr = fmt.Errorf("go build ./internal/fakeenvoy: %v\n%s", err, out)
+		}
+	})
+	if fakeEnvoyErr != nil {
+		t.Fatal(fakeEnvoyErr)
+	}
+	return fakeEnvoyPath
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if fakeEnvoyPath != "" {
+		os.RemoveAll(filepath.Dir(fakeEnvoyPath))
+	}
+	os.Exit(code)
+}
+
+// event is one line of the test double's record (fakeenvoy's Event).
+type event struct {
+	Time   time.Time `json:"time"`
+	PID    int       `json:"pid"`
+	Epoch  int       `json:"epoch"`
+	Event  string    `json:"event"`
+	Args   []string  `json:"args"`
+	Signal string    `json:"signal"`
+	Query  string    `json:"query"`
+}
+
+// recordFile is where the test double records; its events are read back.
+type recordFile string
+
+func (r recordFile) events(t testing.TB) []event {
+	t.Helper()
+	b, err := os.ReadFile(string(r))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []event
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		var e event
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			t.Fatalf("record line %q: %v", sc.Text(), err)
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// await waits until the events satisfy ok, and returns them.
+func (r recordFile) await(t testing.TB, what string, ok func([]event) bool) []event {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		evs := r.events(t)
+		if ok(evs) {
+			return evs
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 15s for %s; events:\n%s", what, dump(evs))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func dump(evs []event) string {
+	var b strings.Builder
+	for _, e := range evs {
+		fmt.Fprintf(&b, "  %s pid=%d epoch=%d %s %s%s\n", e.Time.Format("15:04:05.000"), e.PID, e.Epoch, e.Event, e.Signal, e.Query)
+	}
+	return b.String()
+}
+
+func filter(evs []event, kind string) []event {
+	var out []event
+	for _, e := range evs {
+		if e.Event == kind {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func count(kind string, n int) func([]event) bool {
+	return func(evs []event) bool { return len(filter(evs, kind)) >= n }
+}
+
+// freePort is a port that was free a moment ago.
+func freePort(t testing.TB) int {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	return lis.Addr().(*net.TCPAddr).Port
+}
+
+// testSupervisor is a supervisor of the test double with short timings,
+// and the record it writes to.
+func testSupervisor(t *testing.T, edit func(*SupervisorConfig)) (*Supervisor, recordFile, []byte) {
+	t.Helper()
+	dir := t.TempDir()
+	rec := recordFile(filepath.Join(dir, "record.jsonl"))
+	t.Setenv("FAKEENVOY_RECORD", string(rec))
+	cfg := DefaultSupervisorConfig()
+	cfg.Binary = fakeEnvoy(t)
+	cfg.Dir = filepath.Join(dir, "work")
+	cfg.AdminPort = freePort(t)
+	cfg.DrainTime, cfg.ParentShutdown, cfg.ParentGrace = time.Second, 2*time.Second, 100*time.Millisecond
+	cfg.DrainDuration, cfg.StopTimeout = 200*time.Millisecond, 5*time.Second
+	cfg.Watch = fastWatch
+	cfg.Stdout, cfg.Stderr = testWriter{t}, testWriter{t}
+	if edit != nil {
+		edit(&cfg)
+	}
+	boot := testBootstrap(t, cfg.AdminPort, "v1")
+	return NewSupervisor(cfg, boot, testLog(t)), rec, boot
+}
+
+// testBootstrap is a real bootstrap (admin on port); version makes different ones.
+func testBootstrap(t testing.TB, adminPort int, version string) []byte {
+	t.Helper()
+	cfg := eastWest()
+	cfg.AdminPort = adminPort
+	cfg.Node.ID = "gw-" + version
+	b, err := Bootstrap(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := MarshalBootstrap(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	if testing.Verbose() {
+		w.t.Logf("envoy: %s", bytes.TrimRight(p, "\n"))
+	}
+	return len(p), nil
+}
+
+// runSupervisor runs s until the test ends or cancel is called; wait returns Run's error.
+func runSupervisor(t *testing.T, s *Supervisor) (cancel context.CancelFunc, wait func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	var once sync.Once
+	var err error
+	wait = func() error {
+		once.Do(func() {
+			select {
+			case err = <-done:
+			case <-time.After(30 * time.Second):
+				t.Fatal("the supervisor did not return within 30s")
+			}
+		})
+		return err
+	}
+	t.Cleanup(func() {
+		cancel()
+		wait()
+	})
+	return cancel, wait
+}
+
+// flagValue is the value following flag in args.
+func flagValue(args []string, flag string) string {
+	i := slices.Index(args, flag)
+	if i < 0 || i+1 >= len(args) {
+		return ""
+	}
+	return args[i+1]
+}
+
+func TestSupervisorHotRestartsOnBootstrapChanges(t *testing.T) {
+	s, rec, _ := testSupervisor(t, func(c *SupervisorConfig) { c.BaseID = 7; c.Concurrency = 2 })
+	cancel, wait := runSupervisor(t, s)
+	rec.await(t, "epoch 0", count("start", 1))
+
+	s.Update(testBootstrap(t, s.cfg.AdminPort, "v1")) // the same bootstrap: nothing to do
+	s.Update(testBootstrap(t, s.cfg.AdminPort, "v2"))
+	rec.await(t, "epoch 1", count("start", 2))
+	s.Update(testBootstrap(t, s.cfg.AdminPort, "v3"))
+	evs := rec.await(t, "epoch 2", count("start", 3))
+
+	starts := filter(evs, "start")
+	if len(starts) != 3 {
+		t.Fatalf("want 3 Envoys (the unchanged bootstrap restarts nothing), got:\n%s", dump(evs))
+	}
+	for i, e := range starts {
+		want := map[string]string{
+			"--restart-epoch": fmt.Sprint(i), "--parent-shutdown-time-s": "2", "--drain-time-s": "1",
+			"--drain-strategy": "immediate", "--base-id": "7", "--log-level": "warning", "--concurrency": "2",
+		}
+		for flag, v := range want {
+			if got := flagValue(e.Args, flag); got != v {
+				t.Errorf("Envoy %d: %s %q, want %q (args %q)", i, flag, got, v, e.Args)
+			}
+		}
+		boot, err := os.ReadFile(flagValue(e.Args, "-c"))
+		if err == nil && !bytes.Contains(boot, []byte(fmt.Sprintf(`"gw-v%d"`, i+1))) {
+			t.Errorf("Envoy %d was started with the wrong bootstrap", i)
+		}
+	}
+
+	// The parents run until their shutdown time (real Envoys exit by
+	// themselves then; the double waits for the agent's SIGTERM after the grace).
+	evs = rec.await(t, "both parents stopped", count("exit", 2))
+	for _, parent := range starts[:2] {
+		child := starts[parent.Epoch+1]
+		var term *event
+		for _, e := range filter(evs, "signal") {
+			if e.PID == parent.PID {
+				term = &e
+			}
+		}
+		if term == nil || term.Signal != "terminated" {
+			t.Fatalf("parent epoch %d got no SIGTERM:\n%s", parent.Epoch, dump(evs))
+		}
+		if after := term.Time.Sub(child.Time); after < s.cfg.ParentShutdown {
+			t.Errorf("parent epoch %d was stopped %v after its child started, before its shutdown time %v", parent.Epoch, after, s.cfg.ParentShutdown)
+		}
+	}
+	for _, e := range filter(evs, "signal") {
+		if e.PID == starts[2].PID {
+			t.Errorf("the newest Envoy got %s", e.Signal)
+		}
+	}
+	// The old bootstraps went with their Envoys.
+	files, _ := filepath.Glob(filepath.Join(s.cfg.Dir, "envoy-bootstrap-*.json"))
+	if len(files) != 1 || filepath.Base(files[0]) != "envoy-bootstrap-2.json" {
+		t.Errorf("bootstraps left: %v, want only epoch 2's", files)
+	}
+
+	cancel()
+	if err := wait(); err != nil {
+		t.Fatalf("Run = %v, want nil", err)
+	}
+}
+
+func TestSupervisorHotRestartsWhenCertificatesChange(t *testing.T) {
+	dir := t.TempDir()
+	ca := filepath.Join(dir, "ca.crt")
+	good, _ := certPair(t, "hub-ca")
+	writeFile(t, ca, good)
+	s, rec, _ := testSupervisor(t, func(c *SupervisorConfig) {
+		c.WatchFiles = []string{ca}
+		c.CheckFiles = func() error { return checkHubFiles(Hub{CAFile: ca}) }
+	})
+	logs := &logRecorder{}
+	s.log = logs.logger(t)
+	cancel, wait := runSupervisor(t, s)
+	rec.await(t, "epoch 0", count("start", 1))
+
+	// A CA file that does not load is refused: the running Envoy is kept...
+	writeFile(t, ca, []byte("not a certificate"))
+	logs.await(t, "would not load")
+	// ...and the good one that follows hot restarts it, as epoch 1.
+	rotated, _ := certPair(t, "hub-ca-2")
+	writeFile(t, ca, rotated)
+	evs := rec.await(t, "a hot restart", count("start", 2))
+	if got := flagValue(filter(evs, "start")[1].Args, "--restart-epoch"); got != "1" {
+		t.Fatalf("after the certificate change: --restart-epoch %s, want 1:\n%s", got, dump(evs))
+	}
+	if len(filter(evs, "start")) != 2 {
+		t.Fatalf("want exactly one restart:\n%s", dump(evs))
+	}
+	cancel()
+	if err := wait(); err != nil {
+		t.Fatalf("Run = %v, want nil", err)
+	}
+}
+
+func TestSupervisorGivesUpOnACrashLoop(t *testing.T) {
+	const delay = time.Millisecond
+	t.Setenv("FAKEENVOY_CRASH_AFTER", "20ms")
+	s, rec, _ := testSupervisor(t, func(c *SupervisorConfig) {
+		c.Restarts = RestartBudget{Max: 10, Delay: delay, HealthyAfter: time.Minute}
+	})
+	_, wait := runSupervisor(t, s)
+	err := wait()
+	if !errors.Is(err, ErrRestartBudget) || !strings.Contains(err.Error(), "10 restarts") {
+		t.Fatalf("Run = %v, want ErrRestartBudget after 10 restarts", err)
+	}
+	evs := rec.events(t)
+	starts, crashes := filter(evs, "start"), filter(evs, "crash")
+	if len(starts) != 11 || len(crashes) != 11 {
+		t.Fatalf("want the first Envoy and exactly 10 restarts, all crashing; got %d starts, %d crashes:\n%s", len(starts), len(crashes), dump(evs))
+	}
+	var gaps []time.Duration
+	for i, st := range starts[1:] {
+		if got := flagValue(st.Args, "--restart-epoch"); got != "0" {
+			t.Errorf("restart %d: --restart-epoch %s, want 0 (no parent left to hand over)", i+1, got)
+		}
+		gap := st.Time.Sub(crashes[i].Time)
+		if want := delay << i; gap < want {
+			t.Errorf("restart %d came %v after the crash, before its backoff %v", i+1, gap, want)
+		}
+		gaps = append(gaps, gap)
+	}
+	// The delays grow: the last backoffs (256ms, 512ms) dwarf the first (1ms, 2ms) and any scheduling noise.
+	if !(gaps[9] > gaps[8] && gaps[8] > gaps[0] && gaps[9] > 4*gaps[1]) {
+		t.Errorf("the delays between crash and restart did not grow: %v", gaps)
+	}
+}
+
+func TestSupervisorRestartBudgetResetsAfterHealthyRun(t *testing.T) {
+	// Every Envoy crashes after 60ms, but having run longer than HealthyAfter
+	// (30ms) each is a fresh start: the budget of 1 is never spent.
+	t.Setenv("FAKEENVOY_CRASH_AFTER", "60ms")
+	s, rec, _ := testSupervisor(t, func(c *SupervisorConfig) {
+		c.Restarts = RestartBudget{Max: 1, Delay: time.Millisecond, HealthyAfter: 30 * time.Millisecond}
+	})
+	cancel, wait := runSupervisor(t, s)
+	rec.await(t, "four Envoys", count("start", 4))
+	cancel()
+	if err := wait(); err != nil {
+		t.Fatalf("Run = %v, want nil: Envoys that ran healthily must not spend the budget", err)
+	}
+}
+
+func TestSupervisorDrainsBeforeStopping(t *testing.T) {
+	s, rec, _ := testSupervisor(t, func(c *SupervisorConfig) { c.DrainDuration = 300 * time.Millisecond })
+	cancel, wait := runSupervisor(t, s)
+	rec.await(t, "Envoy", count("start", 1))
+	ready := NewReadiness(s.cfg.AdminPort)
+	awaitReady(t, ready)
+
+	stopAt := time.Now()
+	cancel()
+	if err := wait(); err != nil {
+		t.Fatalf("Run = %v, want nil", err)
+	}
+	if took := time.Since(stopAt); took < s.cfg.DrainDuration {
+		t.Errorf("Run returned %v after cancel, before the drain duration %v", took, s.cfg.DrainDuration)
+	}
+	evs := rec.events(t)
+	drains, signals := filter(evs, "drain"), filter(evs, "signal")
+	if len(drains) != 1 || drains[0].Query != "graceful" {
+		t.Fatalf("want one POST /drain_listeners?graceful:\n%s", dump(evs))
+	}
+	if len(signals) != 1 || signals[0].Signal != "terminated" {
+		t.Fatalf("want one SIGTERM:\n%s", dump(evs))
+	}
+	if d := signals[0].Time.Sub(drains[0].Time); d < s.cfg.DrainDuration {
+		t.Errorf("SIGTERM came %v after the drain started, want at least the drain duration %v:\n%s", d, s.cfg.DrainDuration, dump(evs))
+	}
+	if len(filter(evs, "exit")) != 1 {
+		t.Errorf("Envoy did not exit:\n%s", dump(evs))
+	}
+}
+
+func TestSupervisorRefusesWhatCannotRun(t *testing.T) {
+	s, _, _ := testSupervisor(t, func(c *SupervisorConfig) { c.Binary = filepath.Join(t.TempDir(), "no-envoy") })
+	if err := s.Run(t.Context()); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "--envoy") {
+		t.Errorf("Run with a missing binary = %v, want ErrInvalidConfig naming --envoy", err)
+	}
+	s, _, _ = testSupervisor(t, func(c *SupervisorConfig) { c.ParentShutdown = c.DrainTime })
+	if err := s.Run(t.Context()); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "--parent-shutdown") {
+		t.Errorf("Run with parent shutdown = drain time: %v, want ErrInvalidConfig naming --parent-shutdown", err)
+	}
+}
+
+// awaitReady waits until the readiness check passes.
+func awaitReady(t testing.TB, r *Readiness) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		err := r.Check(t.Context())
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not ready within 15s: %v", err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
