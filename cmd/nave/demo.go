@@ -242,15 +242,41 @@ func (d *demo) serveBackend(b demoBackend) error {
 	if err != nil {
 		return err
 	}
-	id := b.cluster + "/" + b.zone
-	srv := grpc.NewServer(grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-		_ = grpc.SetHeader(ctx, metadata.Pairs(backendHeader, id))
-		return h(ctx, req)
-	}))
-	healthpb.RegisterHealthServer(srv, health.NewServer())
+	srv := newBackend(b.cluster + "/" + b.zone)
 	go func() { _ = srv.Serve(lis) }()
 	d.onStop(srv.Stop)
 	return nil
+}
+
+// newBackend is a gRPC server answering health checks and naming itself
+// (name) in a response header: what the demo and the kind lab call.
+func newBackend(name string) *grpc.Server {
+	srv := grpc.NewServer(grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		_ = grpc.SetHeader(ctx, metadata.Pairs(backendHeader, name))
+		return h(ctx, req)
+	}))
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	return srv
+}
+
+// runDemoBackend serves one demo backend until ctx ends (the kind lab's pods run it).
+func runDemoBackend(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("nave demo-backend", flag.ContinueOnError)
+	addr := fs.String("addr", ":50051", "listen address (gRPC)")
+	name := fs.String("name", "", "the name the backend answers with (default: the host name)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *name == "" {
+		*name, _ = os.Hostname()
+	}
+	lis, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return err
+	}
+	srv := newBackend(*name)
+	go func() { <-ctx.Done(); srv.GracefulStop() }()
+	return srv.Serve(lis)
 }
 
 // setReady sets the ready (and serving) condition of the endpoints in zone

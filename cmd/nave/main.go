@@ -52,6 +52,8 @@ func main() {
 		err = runDemo(ctx, args)
 	case "demo-client":
 		err = runDemoClient(ctx, args)
+	case "demo-backend":
+		err = runDemoBackend(ctx, args)
 	case "version":
 		fmt.Println(buildVersion())
 	case "-h", "--help", "help":

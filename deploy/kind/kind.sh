@@ -2,10 +2,11 @@
 # kind.sh: a three-cluster Nave lab on kind (Kubernetes in Docker).
 #
 #   deploy/kind/kind.sh up     create nave-east, nave-north, nave-west; build and load the
-#                              image; deploy etcd and the hub's three replicas (east) and a
-#                              spoke in every cluster
-#   deploy/kind/kind.sh e2e    run the TestKube end-to-end tests against the lab
-#                              (extra arguments go to `go test`, e.g. -v)
+#                              image (and Envoy's); deploy etcd and the hub's three replicas
+#                              (east), and in every cluster a spoke, an east-west gateway
+#                              (real Envoy run by `nave gateway`) and an exported echo service
+#   deploy/kind/kind.sh e2e    run the TestKube and TestKindEastWest end-to-end tests against
+#                              the lab (extra arguments go to `go test`, e.g. -v)
 #   deploy/kind/kind.sh down   delete the three clusters and everything under deploy/kind/.kube
 #
 # Needs kind, kubectl and a running Docker engine (and Go for e2e). `up` is idempotent:
@@ -18,6 +19,11 @@
 # 127.0.0.1 of this machine (for the tests and navectl). The east spoke dials the hub's
 # ClusterIP Service; the north and west spokes dial the nave-east control-plane
 # container's address on the docker network "kind", port 31010.
+#
+# Networks: pods of two kind clusters cannot reach each other, so each cluster is a
+# network of its own (net-east, ...), entered through its east-west gateway: Envoy
+# (deploy/gateway) behind a Service whose external IP is the cluster's node address on
+# the docker network "kind" (kind has no load balancer), announced by the spoke.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -37,6 +43,9 @@ host_federation=127.0.0.1:31010
 host_xds=127.0.0.1:31011
 host_admin=127.0.0.1:31012
 rollout_timeout=${NAVE_KIND_TIMEOUT:-5m}
+# Envoy's image for the east-west gateways (the one deploy/gateway/eastwest.yaml names).
+envoy_image=$(awk '/image: envoyproxy\/envoy:/ {print $2; exit}' "$deploy/gateway/eastwest.yaml")
+hub_xds_nodeport=31011
 
 die() {
 	echo "kind.sh: $*" >&2
@@ -122,20 +131,24 @@ build_image() {
 }
 
 load_image() {
-	local c archive platform
-	for c in "${clusters[@]}"; do
-		log "loading $image into $(kind_name "$c")"
-		if kind load docker-image "$image" --name "$(kind_name "$c")"; then
-			continue
-		fi
-		# Docker's containerd image store can save content the node's ctr cannot import
-		# (kubernetes-sigs/kind#3795); a single-platform archive always imports.
-		log "kind load docker-image failed: retrying with a single-platform image archive"
-		platform=$(docker version -f '{{.Server.Os}}/{{.Server.Arch}}')
-		archive="$state/image.tar"
-		docker image save --platform "$platform" -o "$archive" "$image"
-		kind load image-archive "$archive" --name "$(kind_name "$c")"
-		rm -f "$archive"
+	local c img archive platform
+	[[ -n $envoy_image ]] || die "no envoyproxy/envoy image in $deploy/gateway/eastwest.yaml"
+	docker image inspect "$envoy_image" >/dev/null 2>&1 || docker pull "$envoy_image"
+	for img in "$image" "$envoy_image"; do
+		for c in "${clusters[@]}"; do
+			log "loading $img into $(kind_name "$c")"
+			if kind load docker-image "$img" --name "$(kind_name "$c")"; then
+				continue
+			fi
+			# Docker's containerd image store can save content the node's ctr cannot import
+			# (kubernetes-sigs/kind#3795); a single-platform archive always imports.
+			log "kind load docker-image failed: retrying with a single-platform image archive"
+			platform=$(docker version -f '{{.Server.Os}}/{{.Server.Arch}}')
+			archive="$state/image.tar"
+			docker image save --platform "$platform" -o "$archive" "$img"
+			kind load image-archive "$archive" --name "$(kind_name "$c")"
+			rm -f "$archive"
+		done
 	done
 }
 
@@ -229,16 +242,55 @@ deploy_hub() {
 	fi
 }
 
+# node_ip prints a cluster's control-plane node address on the docker network "kind".
+node_ip() {
+	local ip
+	ip=$(docker inspect -f '{{with index .NetworkSettings.Networks "kind"}}{{.IPAddress}}{{end}}' \
+		"$(kind_name "$1")-control-plane")
+	[[ -n $ip ]] || die "no address of $(kind_name "$1")-control-plane on the docker network \"kind\""
+	echo "$ip"
+}
+
 hub_addr_for() {
-	local c=$1 ip
+	local c=$1
 	if [[ $c == "$hub_cluster" ]]; then
 		echo "$hub_in_cluster_addr"
 		return
 	fi
-	ip=$(docker inspect -f '{{with index .NetworkSettings.Networks "kind"}}{{.IPAddress}}{{end}}' \
-		"$(kind_name "$hub_cluster")-control-plane")
-	[[ -n $ip ]] || die "no address of $(kind_name "$hub_cluster")-control-plane on the docker network \"kind\""
-	echo "$ip:$hub_federation_nodeport"
+	echo "$(node_ip "$hub_cluster"):$hub_federation_nodeport"
+}
+
+# hub_xds_addr_for is where a cluster's gateways reach the hub's xDS port.
+hub_xds_addr_for() {
+	local c=$1
+	if [[ $c == "$hub_cluster" ]]; then
+		echo "nave-hub.$ns.svc.cluster.local:15011"
+		return
+	fi
+	echo "$(node_ip "$hub_cluster"):$hub_xds_nodeport"
+}
+
+# deploy_gateway runs the cluster's east-west gateway: Envoy under `nave gateway`, its
+# Service labelled with the cluster's network and given the node's address as external IP
+# (kind has no load balancer), which the spoke announces to the hub.
+deploy_gateway() {
+	local c=$1 manifest
+	log "$c: east-west gateway (network net-$c)"
+	manifest=$(kc "$c" -n "$ns" create configmap nave-eastwest-gateway --from-literal=network="net-$c" \
+		--from-literal=cluster-id="$c" --from-literal=hub-xds-addr="$(hub_xds_addr_for "$c")" --dry-run=client -o yaml)
+	if apply_reports_changed "$c" <<<"$manifest"; then
+		kc "$c" -n "$ns" rollout restart deployment/nave-eastwest-gateway 2>/dev/null || true
+	fi
+	render "$deploy/gateway/eastwest.yaml" | sed "s|REPLACE_NETWORK|net-$c|" | kc "$c" apply -f -
+	kc "$c" -n "$ns" patch service nave-eastwest-gateway --type merge \
+		-p "{\"spec\":{\"externalIPs\":[\"$(node_ip "$c")\"]}}"
+}
+
+# deploy_echo runs the east-west scenario's echo service, exported from the cluster.
+deploy_echo() {
+	local c=$1
+	log "$c: echo service (default/echo)"
+	render "$here/eastwest/echo.yaml" | sed "s|REPLACE_CLUSTER|$c|" | kc "$c" apply -f -
 }
 
 deploy_spoke() {
@@ -246,8 +298,8 @@ deploy_spoke() {
 	log "$c: spoke"
 	kc "$c" apply -f "$deploy/spoke/rbac.yaml"
 	hub_addr=$(hub_addr_for "$c")
-	manifest=$(kc "$c" -n "$ns" create configmap nave-spoke \
-		--from-literal=cluster-id="$c" --from-literal=hub-addr="$hub_addr" --dry-run=client -o yaml)
+	manifest=$(kc "$c" -n "$ns" create configmap nave-spoke --from-literal=cluster-id="$c" \
+		--from-literal=hub-addr="$hub_addr" --from-literal=network="net-$c" --dry-run=client -o yaml)
 	if apply_reports_changed "$c" <<<"$manifest"; then
 		restart=true
 	fi
@@ -281,7 +333,13 @@ up() {
 		deploy_spoke "$c"
 	done
 	for c in "${clusters[@]}"; do
+		deploy_gateway "$c"
+		deploy_echo "$c"
+	done
+	for c in "${clusters[@]}"; do
 		kc "$c" -n "$ns" rollout status daemonset/nave-spoke --timeout="$rollout_timeout"
+		kc "$c" -n "$ns" rollout status deployment/nave-eastwest-gateway --timeout="$rollout_timeout"
+		kc "$c" -n default rollout status deployment/echo --timeout="$rollout_timeout"
 	done
 	log "up: hub admin http://$host_admin (navectl --hub http://$host_admin clusters), xDS $host_xds"
 	log "kubeconfigs: $state/<cluster>.yaml (clusters: ${clusters[*]})"
@@ -303,7 +361,7 @@ e2e() {
 	export NAVE_E2E_HUB_XDS=$host_xds
 	export NAVE_E2E_HUB_FEDERATION=$host_federation
 	cd "$root"
-	go test -race -count=1 -run 'TestKube' "$@" ./e2e/
+	go test -race -count=1 -run 'TestKube|TestKindEastWest' "$@" ./e2e/
 }
 
 down() {
