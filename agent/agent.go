@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"time"
 
@@ -100,6 +101,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if cfg.Node.Role == gateways.RoleEastWest && len(cfg.Secrets) > 0 {
 		log.Warn("an east-west gateway passes TLS through and uses no secrets; --secret is served but unused")
 	}
+	if err := checkListenerSecrets(cfg.Node.Listeners, cfg.Secrets); err != nil {
+		return err
+	}
+	if cfg.Hub.ServerName != "" && cfg.Hub.CAFile == "" {
+		return fmt.Errorf("%w: --hub-server-name without --hub-ca: the connection to the hub would be plaintext", ErrInvalidConfig)
+	}
 
 	// 2. The secrets, loaded once: a wrong --secret fails here.
 	sds, err := NewSDSServer(cfg.Secrets, cfg.Watch, base)
@@ -162,4 +169,22 @@ func recoverLog(log *slog.Logger, what string) {
 	if r := recover(); r != nil {
 		log.Error("panic in the "+what, "panic", r, "stack", string(debug.Stack()))
 	}
+}
+
+// checkListenerSecrets refuses an HTTPS listener whose certificate no
+// --secret serves: Envoy would wait for it, then serve that listener without one.
+func checkListenerSecrets(listeners string, secrets []SecretFiles) error {
+	if listeners == "" {
+		return nil
+	}
+	ls, err := gateways.ParseListeners(listeners)
+	if err != nil {
+		return fmt.Errorf("%w: --listeners: %v", ErrInvalidConfig, err)
+	}
+	for _, l := range ls {
+		if l.Mode == gateways.ModeHTTPS && !slices.ContainsFunc(secrets, func(s SecretFiles) bool { return s.Name == l.Secret }) {
+			return fmt.Errorf("%w: listener %d/https:%s: no --secret %s=CERT,KEY serves its certificate", ErrInvalidConfig, l.Port, l.Secret, l.Secret)
+		}
+	}
+	return nil
 }

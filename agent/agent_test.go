@@ -130,3 +130,13 @@ func TestRunRefusesBadConfigBeforeStarting(t *testing.T) {
 		})
 	}
 }
+
+func TestListenersNeedTheirSecrets(t *testing.T) {
+	secrets := []SecretFiles{{Name: "shop", CertFile: "c", KeyFile: "k"}}
+	if err := checkListenerSecrets("8080/http,8443/https:shop,9443/passthrough", secrets); err != nil {
+		t.Errorf("listeners whose secrets are served: %v", err)
+	}
+	if err := checkListenerSecrets("8443/https:other", secrets); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "--secret other=") {
+		t.Errorf("an https listener without its secret: %v, want a clear refusal", err)
+	}
+}

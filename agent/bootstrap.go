@@ -140,8 +140,12 @@ func Bootstrap(cfg BootstrapConfig) (*bootstrap.Bootstrap, error) {
 				// The hub reads the node from the first request of a stream.
 				SetNodeOnFirstMessageOnly: true,
 			},
-			LdsConfig: adsSource(),
-			CdsConfig: adsSource(),
+			// Wait for listeners and clusters however long it takes (0: no
+			// timeout): an Envoy that cannot reach the hub never turns LIVE
+			// empty, so a hot-restarted one never takes over from a serving
+			// parent without configuration (the supervisor gives up on it).
+			LdsConfig: waitingForever(adsSource()),
+			CdsConfig: waitingForever(adsSource()),
 		},
 		Admin: &bootstrap.Admin{Address: socketAddress("127.0.0.1", uint32(cfg.AdminPort))},
 		// Envoy's default tags (cluster_name, listener_address, ...) turn
@@ -425,4 +429,11 @@ func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
 		return err
 	}
 	return os.Rename(tmp.Name(), path)
+}
+
+// waitingForever makes a config source wait for its first answer without a
+// timeout (Envoy's default is 15s, after which it initializes without it).
+func waitingForever(cs *core.ConfigSource) *core.ConfigSource {
+	cs.InitialFetchTimeout = durationpb.New(0)
+	return cs
 }

@@ -17,10 +17,12 @@ import (
 
 // The agent's status endpoints (on its status port, 15021 by default, as Istio's).
 const (
-	// ReadyPath answers 200 when the gateway can take traffic: Envoy is
-	// LIVE, connected to the hub, and has accepted listeners and clusters
-	// from it (Envoy turns LIVE after its initial fetch times out, even
-	// with no configuration); 503 with the reason otherwise.
+	// ReadyPath answers 200 when the gateway can take traffic: the first
+	// time, Envoy is LIVE, connected to the hub and has accepted listeners
+	// and clusters from it; from then on, Envoy is LIVE (fail-static: a hub
+	// outage must not take a configured gateway out of its Service, as the
+	// hub keeps serving a lost cluster's endpoints); 503 with the reason
+	// otherwise, and while the agent shuts down.
 	ReadyPath = "/healthz/ready"
 	// LivePath answers 200 while the agent runs.
 	LivePath = "/healthz/live"
@@ -43,6 +45,8 @@ type Readiness struct {
 	admin    string // http://127.0.0.1:PORT
 	client   *http.Client
 	draining atomic.Bool
+	// configured: the gateway has been ready once (connected and configured).
+	configured atomic.Bool
 }
 
 // NewReadiness asks the Envoy whose admin API is on 127.0.0.1:adminPort.
@@ -69,6 +73,9 @@ func (r *Readiness) Check(ctx context.Context) error {
 	if state := strings.TrimSpace(string(body)); status != http.StatusOK || state != "LIVE" {
 		return fmt.Errorf("Envoy is not live: /ready answered %d %q", status, state)
 	}
+	if r.configured.Load() {
+		return nil // it holds its configuration, hub or no hub
+	}
 	status, body, err = r.get(ctx, "/stats?filter="+url.QueryEscape(statsFilter))
 	if err != nil {
 		return fmt.Errorf("Envoy's stats: %w", err)
@@ -88,6 +95,7 @@ func (r *Readiness) Check(ctx context.Context) error {
 			return fmt.Errorf("Envoy has not accepted %s from the hub yet (%s is %q)", st.what, st.name, n)
 		}
 	}
+	r.configured.Store(true)
 	return nil
 }
 
@@ -122,7 +130,9 @@ func (r *Readiness) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET "+ReadyPath, func(w http.ResponseWriter, req *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		if err := r.Check(req.Context()); err != nil {
+		ctx, cancel := context.WithTimeout(req.Context(), 2*time.Second) // within the probe's timeout
+		defer cancel()
+		if err := r.Check(ctx); err != nil {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			fmt.Fprintf(w, "not ready: %v\n", err)
 			return

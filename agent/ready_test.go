@@ -72,18 +72,21 @@ func TestReadinessFollowsEnvoy(t *testing.T) {
 	cancel, wait := runSupervisor(t, s)
 	awaitStatus(t, base, ReadyPath, http.StatusOK)
 
-	// Envoy loses the hub: not ready, because of the hub.
+	// Envoy loses the hub: still ready (fail-static), it holds its configuration.
 	if err := os.WriteFile(connected, []byte("0"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	body := awaitStatus(t, base, ReadyPath, http.StatusServiceUnavailable)
-	if !strings.Contains(body, "not connected to the hub") {
-		t.Errorf("disconnected: %q, want the reason", body)
+	for range 5 {
+		if code, body := get(t, base, ReadyPath); code != http.StatusOK {
+			t.Fatalf("a configured gateway that lost the hub: %d %q, want still ready", code, body)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	if err := os.WriteFile(connected, []byte("1"), 0o644); err != nil {
-		t.Fatal(err)
+	// A gateway never configured is not ready without the hub.
+	fresh := serveStatus(t, NewReadiness(s.cfg.AdminPort))
+	if code, body := get(t, fresh, ReadyPath); code != http.StatusServiceUnavailable || !strings.Contains(body, "not connected to the hub") {
+		t.Errorf("never configured, disconnected: %d %q, want 503 saying why", code, body)
 	}
-	awaitStatus(t, base, ReadyPath, http.StatusOK)
 
 	// Shutting down: not ready at once, while Envoy still answers.
 	ready.Drain()

@@ -198,6 +198,11 @@ func checkHubFiles(h Hub) error {
 // listenUnix listens on a unix socket at path, replacing a stale socket
 // (from an agent that died) and letting only this user connect.
 func listenUnix(path string) (net.Listener, error) {
+	// A socket someone answers on is another agent's: never take it over.
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		c.Close()
+		return nil, fmt.Errorf("another process serves %s (another agent with the same --work-dir?)", path)
+	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("remove stale socket: %w", err)
 	}

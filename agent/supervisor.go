@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -53,6 +55,11 @@ type SupervisorConfig struct {
 	DrainDuration time.Duration
 	// StopTimeout is how long an Envoy has to exit after SIGTERM before SIGKILL.
 	StopTimeout time.Duration
+	// ChildReadyTimeout is how long the new Envoy of a hot restart has to
+	// turn LIVE (it waits for its configuration from the hub without a
+	// timeout of its own): one that does not is stopped, its parent serves
+	// on, and the hot restart is tried again later.
+	ChildReadyTimeout time.Duration
 	// Restarts is the budget of restarts after crashes.
 	Restarts RestartBudget
 	// WatchFiles are files the bootstrap names (the hub's CA, certificate
@@ -81,16 +88,17 @@ type RestartBudget struct {
 // shutdown; ten restarts from 200ms to 102s apart.
 func DefaultSupervisorConfig() SupervisorConfig {
 	return SupervisorConfig{
-		Binary:         "envoy",
-		AdminPort:      15000,
-		LogLevel:       "warning",
-		DrainTime:      45 * time.Second,
-		ParentShutdown: 60 * time.Second,
-		ParentGrace:    5 * time.Second,
-		DrainDuration:  5 * time.Second,
-		StopTimeout:    10 * time.Second,
-		Restarts:       RestartBudget{Max: 10, Delay: 200 * time.Millisecond, HealthyAfter: time.Minute},
-		Watch:          DefaultWatch(),
+		Binary:            "envoy",
+		AdminPort:         15000,
+		LogLevel:          "warning",
+		DrainTime:         45 * time.Second,
+		ParentShutdown:    60 * time.Second,
+		ParentGrace:       5 * time.Second,
+		DrainDuration:     5 * time.Second,
+		StopTimeout:       10 * time.Second,
+		ChildReadyTimeout: 2 * time.Minute,
+		Restarts:          RestartBudget{Max: 10, Delay: 200 * time.Millisecond, HealthyAfter: time.Minute},
+		Watch:             DefaultWatch(),
 	}
 }
 
@@ -132,8 +140,13 @@ type Supervisor struct {
 	spent     int                // restarts spent of the budget
 	want      bool               // an Envoy is to be started (epoch 0) once none runs and retry is nil
 	retry     *time.Timer        // the backoff before that start
-	exits     chan *envoyProc
-	stopped   chan struct{} // closed when Run returns
+	// hotRetry, when not nil, is the backoff before a hot restart is tried
+	// again (the last one failed: its new Envoy did not start, exited, or
+	// never turned LIVE); hotFailures counts them since the last change.
+	hotRetry    *time.Timer
+	hotFailures int
+	exits       chan *envoyProc
+	stopped     chan struct{} // closed when Run returns
 }
 
 // NewSupervisor returns a supervisor that will run Envoy with bootstrap.
@@ -178,7 +191,34 @@ type envoyProc struct {
 	err       error
 	stopOnce  sync.Once
 	stopping  atomic.Bool // the supervisor sent it SIGTERM
-	reap      *time.Timer // SIGTERMs a parent that outlived ParentShutdown+ParentGrace
+	// parent is the Envoy this one took over from (a hot restart), nil for epoch 0.
+	parent *envoyProc
+	// reap SIGTERMs a parent that outlived ParentShutdown+ParentGrace,
+	// counted from when its child turned LIVE (real Envoy starts the parent
+	// shutdown timer then). Set from a watcher goroutine: guarded by reapMu.
+	reapMu sync.Mutex
+	reap   *time.Timer
+}
+
+// setReap arms the parent's reap timer (once).
+func (p *envoyProc) setReap(t *time.Timer) {
+	p.reapMu.Lock()
+	defer p.reapMu.Unlock()
+	if p.reap != nil {
+		t.Stop()
+		return
+	}
+	p.reap = t
+}
+
+// stopReap disarms the reap timer; a parent whose child failed serves on.
+func (p *envoyProc) stopReap() {
+	p.reapMu.Lock()
+	defer p.reapMu.Unlock()
+	if p.reap != nil {
+		p.reap.Stop()
+		p.reap = nil
+	}
 }
 
 // Run runs Envoy until ctx ends, then drains and stops it and returns nil.
@@ -235,6 +275,11 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 			}
 		case <-retry:
 			s.retry = nil
+		case <-hotRetryC(s.hotRetry):
+			s.hotRetry = nil
+			if s.latest != nil {
+				s.hotRestart()
+			}
 		case <-s.wake:
 			s.pendingMu.Lock()
 			next := s.pending
@@ -273,6 +318,12 @@ func (cfg SupervisorConfig) check() error {
 			ErrInvalidConfig, cfg.ParentShutdown, cfg.DrainTime)
 	case cfg.DrainDuration < 0 || cfg.StopTimeout <= 0 || cfg.ParentGrace < 0:
 		return fmt.Errorf("%w: negative drain duration, parent grace or non-positive stop timeout", ErrInvalidConfig)
+	case cfg.BaseID < 0:
+		return fmt.Errorf("%w: --base-id %d: want 0 or more", ErrInvalidConfig, cfg.BaseID)
+	case cfg.LogLevel != "" && !slices.Contains([]string{"trace", "debug", "info", "warning", "warn", "error", "critical", "off"}, cfg.LogLevel):
+		return fmt.Errorf("%w: Envoy log level %q: want trace, debug, info, warning, error, critical or off", ErrInvalidConfig, cfg.LogLevel)
+	case cfg.ChildReadyTimeout <= 0:
+		return fmt.Errorf("%w: a hot restart needs a positive time for the new Envoy to turn LIVE", ErrInvalidConfig)
 	case cfg.Restarts.Max < 0 || cfg.Restarts.Delay <= 0:
 		return fmt.Errorf("%w: the restart budget needs Max >= 0 and a positive Delay", ErrInvalidConfig)
 	case len(cfg.WatchFiles) > 0 && cfg.Watch.Interval <= 0:
@@ -288,10 +339,14 @@ func (cfg SupervisorConfig) check() error {
 // with a whole restart budget: the configuration changed.
 func (s *Supervisor) restart(reason string) {
 	s.log.Info("restarting Envoy", "reason", reason)
-	s.spent = 0
+	s.spent, s.hotFailures = 0, 0
 	if s.retry != nil {
 		s.retry.Stop()
 		s.retry = nil
+	}
+	if s.hotRetry != nil {
+		s.hotRetry.Stop()
+		s.hotRetry = nil
 	}
 	if s.latest != nil {
 		s.hotRestart()
@@ -300,19 +355,108 @@ func (s *Supervisor) restart(reason string) {
 	s.want = true
 }
 
-// hotRestart starts the next epoch beside the running Envoy.
+// maxEnvoys is how many Envoys may run at once: hot restart's domain
+// sockets are numbered by epoch modulo 3.
+const maxEnvoys = 3
+
+// hotRestart starts the next epoch beside the running Envoy. Until the new
+// one is LIVE the parent is untouched; if it never gets there, the parent
+// serves on and the hot restart is tried again later (see retryHot).
 func (s *Supervisor) hotRestart() {
 	parent := s.latest
-	if err := s.start(parent.epoch + 1); err != nil {
-		// Nothing started: the parent runs on, as before the change.
-		s.log.Error("cannot start a new Envoy; the running one keeps serving", "epoch", parent.epoch+1, "error", err)
+	if len(s.procs) >= maxEnvoys {
+		s.retryHot(fmt.Errorf("%d Envoys still running (older ones draining)", len(s.procs)))
 		return
 	}
-	deadline := time.Duration(ceilSeconds(s.cfg.ParentShutdown))*time.Second + s.cfg.ParentGrace
-	parent.reap = time.AfterFunc(deadline, func() {
-		s.log.Warn("Envoy parent still running after its shutdown time; stopping it", "epoch", parent.epoch, "after", deadline)
-		parent.terminate(s.log, s.cfg.StopTimeout)
-	})
+	child, err := s.start(parent.epoch + 1)
+	if err != nil {
+		s.retryHot(err)
+		return
+	}
+	child.parent = parent
+	go s.watchChild(child, parent)
+}
+
+// watchChild waits until the new Envoy of a hot restart is LIVE, then arms
+// its parent's reap timer; it stops a child that does not get there in
+// ChildReadyTimeout (its exit then ends the attempt).
+func (s *Supervisor) watchChild(child, parent *envoyProc) {
+	deadline := time.Now().Add(s.cfg.ChildReadyTimeout)
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if s.isLive(child.epoch) {
+			reapAfter := time.Duration(ceilSeconds(s.cfg.ParentShutdown))*time.Second + s.cfg.ParentGrace
+			parent.setReap(time.AfterFunc(reapAfter, func() {
+				s.log.Warn("Envoy parent still running after its shutdown time; stopping it", "epoch", parent.epoch, "after", reapAfter)
+				parent.terminate(s.log, s.cfg.StopTimeout)
+			}))
+			return
+		}
+		if time.Now().After(deadline) {
+			s.log.Error("the new Envoy of a hot restart did not turn LIVE in time; stopping it (its parent serves on)",
+				"epoch", child.epoch, "after", s.cfg.ChildReadyTimeout)
+			child.terminate(s.log, s.cfg.StopTimeout)
+			return
+		}
+		select {
+		case <-child.done:
+			return
+		case <-s.stopped:
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// isLive reports whether the Envoy of epoch answers the admin API as LIVE
+// (/server_info names the epoch: during a hot restart the admin port may
+// still be the parent's).
+func (s *Supervisor) isLive(epoch int) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/server_info", s.cfg.AdminPort), nil)
+	if err != nil {
+		return false
+	}
+	req.Close = true // a new connection each time: a kept one may be the parent's
+	resp, err := s.admin.Do(req)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	var info struct {
+		State   string `json:"state"`
+		Options struct {
+			RestartEpoch int `json:"restart_epoch"`
+		} `json:"command_line_options"`
+	}
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&info) != nil {
+		return false
+	}
+	return info.State == "LIVE" && info.Options.RestartEpoch == epoch
+}
+
+// retryHot gives up on a hot restart for now: the running Envoy serves on
+// with its configuration, and the restart is tried again (at the same
+// epoch) after a backoff, 1s doubling up to a minute. It spends nothing of
+// the crash budget.
+func (s *Supervisor) retryHot(cause error) {
+	delay := min(time.Second<<min(s.hotFailures, 6), time.Minute)
+	s.hotFailures++
+	s.log.Error("hot restart failed; the running Envoy keeps serving, and it is tried again", "error", cause, "in", delay)
+	if s.hotRetry != nil {
+		s.hotRetry.Stop()
+	}
+	s.hotRetry = time.NewTimer(delay)
+}
+
+// hotRetryC is t's channel, or nil (never ready) without a timer.
+func hotRetryC(t *time.Timer) <-chan time.Time {
+	if t == nil {
+		return nil
+	}
+	return t.C
 }
 
 // startWanted starts epoch 0 when one is wanted, none runs and no backoff is under way.
@@ -321,7 +465,7 @@ func (s *Supervisor) startWanted() error {
 		return nil
 	}
 	s.want = false
-	if err := s.start(0); err != nil {
+	if _, err := s.start(0); err != nil {
 		s.log.Error("cannot start Envoy", "error", err)
 		return s.crashed(err)
 	}
@@ -329,16 +473,16 @@ func (s *Supervisor) startWanted() error {
 }
 
 // start starts an Envoy with the current bootstrap at epoch.
-func (s *Supervisor) start(epoch int) error {
+func (s *Supervisor) start(epoch int) (*envoyProc, error) {
 	path := filepath.Join(s.cfg.Dir, fmt.Sprintf("envoy-bootstrap-%d.json", epoch))
 	if err := writeFileAtomic(path, s.bootstrap, 0o600); err != nil {
-		return fmt.Errorf("write bootstrap: %w", err)
+		return nil, fmt.Errorf("write bootstrap: %w", err)
 	}
 	cmd := exec.Command(s.cfg.Binary, s.args(path, epoch)...)
 	cmd.Stdout, cmd.Stderr = s.cfg.Stdout, s.cfg.Stderr
 	cmd.SysProcAttr = envoyProcAttr()
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start %s: %w", s.cfg.Binary, err)
+		return nil, fmt.Errorf("start %s: %w", s.cfg.Binary, err)
 	}
 	p := &envoyProc{epoch: epoch, cmd: cmd, bootstrap: path, started: time.Now(), done: make(chan struct{})}
 	s.procs[epoch], s.latest = p, p
@@ -351,7 +495,7 @@ func (s *Supervisor) start(epoch int) error {
 		case <-s.stopped:
 		}
 	}()
-	return nil
+	return p, nil
 }
 
 // args are Envoy's command line.
@@ -379,15 +523,20 @@ func (s *Supervisor) args(bootstrap string, epoch int) []string {
 // exited reaps an Envoy. A parent's exit is expected; the newest Envoy's is a crash.
 func (s *Supervisor) exited(p *envoyProc) error {
 	delete(s.procs, p.epoch)
-	if p.reap != nil {
-		p.reap.Stop()
-	}
+	p.stopReap()
 	if err := os.Remove(p.bootstrap); err != nil && !errors.Is(err, os.ErrNotExist) {
 		s.log.Debug("cannot remove an old bootstrap", "file", p.bootstrap, "error", err)
 	}
 	ran := time.Since(p.started).Round(time.Millisecond)
 	if p != s.latest {
 		s.log.Info("Envoy parent exited", "epoch", p.epoch, "status", exitStatus(p.err), "ran", ran, "stopped_by_agent", p.stopping.Load())
+		return nil
+	}
+	if parent := p.parent; parent != nil && s.procs[parent.epoch] == parent && !parent.stopping.Load() {
+		// A hot restart that did not take: the parent still serves.
+		s.latest = parent
+		parent.stopReap()
+		s.retryHot(fmt.Errorf("the new Envoy (epoch %d) exited: %s after %v", p.epoch, exitStatus(p.err), ran))
 		return nil
 	}
 	s.latest = nil
@@ -473,9 +622,7 @@ func (s *Supervisor) stopAll() {
 	}
 	for _, p := range s.procs {
 		<-p.done
-		if p.reap != nil {
-			p.reap.Stop()
-		}
+		p.stopReap()
 		_ = os.Remove(p.bootstrap)
 		s.log.Info("Envoy exited", "epoch", p.epoch, "status", exitStatus(p.err))
 		delete(s.procs, p.epoch)

@@ -277,10 +277,17 @@ func TestSupervisorHotRestartsOnBootstrapChanges(t *testing.T) {
 			t.Errorf("the newest Envoy got %s", e.Signal)
 		}
 	}
-	// The old bootstraps went with their Envoys.
-	files, _ := filepath.Glob(filepath.Join(s.cfg.Dir, "envoy-bootstrap-*.json"))
-	if len(files) != 1 || filepath.Base(files[0]) != "envoy-bootstrap-2.json" {
-		t.Errorf("bootstraps left: %v, want only epoch 2's", files)
+	// The old bootstraps go with their Envoys (once the supervisor has reaped them).
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		files, _ := filepath.Glob(filepath.Join(s.cfg.Dir, "envoy-bootstrap-*.json"))
+		if len(files) == 1 && filepath.Base(files[0]) == "envoy-bootstrap-2.json" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("bootstraps left: %v, want only epoch 2's", files)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 
 	cancel()
@@ -425,5 +432,86 @@ func awaitReady(t testing.TB, r *Readiness) {
 			t.Fatalf("not ready within 15s: %v", err)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A hot restart whose new Envoy exits at once (real Envoy does, e.g., while
+// its parent still initializes) leaves the parent serving, untouched, and
+// is tried again later at the same epoch, without spending the crash budget.
+func TestFailedHotRestartKeepsTheParentServing(t *testing.T) {
+	t.Setenv("FAKEENVOY_FAIL_EPOCH_ONCE", "1")
+	s, rec, _ := testSupervisor(t, nil)
+	cancel, wait := runSupervisor(t, s)
+	first := rec.await(t, "epoch 0 started", count("start", 1))[0]
+	s.Update(testBootstrap(t, s.cfg.AdminPort, "v2"))
+	evs := rec.await(t, "epoch 1 tried twice", func(evs []event) bool {
+		n := 0
+		for _, e := range filter(evs, "start") {
+			if e.Epoch == 1 {
+				n++
+			}
+		}
+		return n == 2
+	})
+	var tries []event
+	for _, e := range filter(evs, "start") {
+		if e.Epoch == 1 {
+			tries = append(tries, e)
+		}
+	}
+	if gap := tries[1].Time.Sub(tries[0].Time); gap < 900*time.Millisecond {
+		t.Errorf("the failed hot restart was tried again after %v, want a backoff of a second", gap)
+	}
+	for _, e := range filter(evs, "signal") {
+		if e.PID == first.PID {
+			t.Fatalf("the serving parent got %s when its child failed:\n%s", e.Signal, dump(evs))
+		}
+	}
+	for _, e := range filter(evs, "start") {
+		if e.Epoch == 0 && e.PID != first.PID {
+			t.Fatalf("epoch 0 was started again (a crash restart), not the hot restart retried:\n%s", dump(evs))
+		}
+	}
+	// The retry took: the parent is stopped after its shutdown time.
+	rec.await(t, "the parent stopped after the retried hot restart", func(evs []event) bool {
+		for _, e := range filter(evs, "signal") {
+			if e.PID == first.PID {
+				return true
+			}
+		}
+		return false
+	})
+	cancel()
+	if err := wait(); err != nil {
+		t.Fatalf("Run = %v, want nil", err)
+	}
+}
+
+// A hot restart whose new Envoy never turns LIVE (it cannot reach the hub,
+// say) is abandoned: the new Envoy is stopped, the parent serves on.
+func TestHotRestartThatNeverGoesLiveIsAbandoned(t *testing.T) {
+	t.Setenv("FAKEENVOY_NOT_LIVE_EPOCH", "1")
+	s, rec, _ := testSupervisor(t, func(c *SupervisorConfig) { c.ChildReadyTimeout = 500 * time.Millisecond })
+	cancel, wait := runSupervisor(t, s)
+	first := rec.await(t, "epoch 0 started", count("start", 1))[0]
+	s.Update(testBootstrap(t, s.cfg.AdminPort, "v2"))
+	evs := rec.await(t, "the stuck epoch 1 stopped", func(evs []event) bool {
+		for _, e := range filter(evs, "signal") {
+			if e.Epoch == 1 {
+				return true
+			}
+		}
+		return false
+	})
+	time.Sleep(3 * time.Second) // longer than the parent's shutdown time: it would be stopped by now
+	evs = rec.events(t)
+	for _, e := range filter(evs, "signal") {
+		if e.PID == first.PID {
+			t.Fatalf("the serving parent got %s though its child never turned LIVE:\n%s", e.Signal, dump(evs))
+		}
+	}
+	cancel()
+	if err := wait(); err != nil {
+		t.Fatalf("Run = %v, want nil", err)
 	}
 }

@@ -17,6 +17,10 @@
 //	FAKEENVOY_CRASH_AFTER     a duration: exit 1 that long after starting
 //	FAKEENVOY_CONNECTED_FILE  a file: control_plane.connected_state is 0
 //	                          while it holds "0", else 1
+//	FAKEENVOY_FAIL_EPOCH_ONCE an epoch: the first instance of it exits 1 at
+//	                          once (a hot restart that does not take)
+//	FAKEENVOY_NOT_LIVE_EPOCH  an epoch whose instances never turn LIVE
+//	                          (/server_info says INITIALIZING)
 package main
 
 import (
@@ -78,6 +82,14 @@ func main() {
 		os.Exit(2) // an argument real Envoy would not take either, as far as the agent uses them
 	}
 	record(Event{Event: "start", Args: os.Args[1:]})
+	if e := os.Getenv("FAKEENVOY_FAIL_EPOCH_ONCE"); e == fmt.Sprint(epoch) {
+		marker := os.Getenv("FAKEENVOY_RECORD") + ".failed-" + e
+		if _, err := os.Stat(marker); err != nil {
+			_ = os.WriteFile(marker, nil, 0o600)
+			record(Event{Event: "crash"})
+			os.Exit(1)
+		}
+	}
 
 	port, err := adminPort(*config)
 	if err != nil {
@@ -166,6 +178,13 @@ func admin() http.Handler {
 			}
 		}
 		fmt.Fprintf(w, "cluster_manager.cds.update_success: 1\ncontrol_plane.connected_state: %s\nlistener_manager.lds.update_success: 1\n", state)
+	})
+	mux.HandleFunc("GET /server_info", func(w http.ResponseWriter, _ *http.Request) {
+		state := "LIVE"
+		if os.Getenv("FAKEENVOY_NOT_LIVE_EPOCH") == fmt.Sprint(epoch) {
+			state = "INITIALIZING"
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"state": state, "command_line_options": map[string]any{"restart_epoch": epoch}})
 	})
 	mux.HandleFunc("POST /drain_listeners", func(w http.ResponseWriter, r *http.Request) {
 		record(Event{Event: "drain", Query: r.URL.RawQuery})
