@@ -83,6 +83,7 @@ Flags:
 	fs.DurationVar(&e.DrainDuration, "drain-duration", e.DrainDuration, "on SIGTERM, how long Envoy drains (after drain_listeners?graceful) before it is stopped")
 	fs.DurationVar(&e.DrainTime, "drain-time", e.DrainTime, "Envoy's --drain-time-s: how long an old Envoy's listeners drain on a hot restart")
 	fs.DurationVar(&e.ParentShutdown, "parent-shutdown", e.ParentShutdown, "Envoy's --parent-shutdown-time-s: when an old Envoy exits after a hot restart (longer than --drain-time)")
+	fs.DurationVar(&e.ChildReadyTimeout, "child-ready-timeout", e.ChildReadyTimeout, "how long the new Envoy of a hot restart has to turn LIVE before it is abandoned (its parent serves on)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, lf, err
 	}
