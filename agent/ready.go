@@ -68,31 +68,31 @@ func (r *Readiness) Check(ctx context.Context) error {
 	}
 	status, body, err := r.get(ctx, "/ready")
 	if err != nil {
-		return fmt.Errorf("Envoy's admin API does not answer (is Envoy running?): %w", err)
+		return fmt.Errorf("the admin API of Envoy does not answer (is Envoy running?): %w", err)
 	}
 	if state := strings.TrimSpace(string(body)); status != http.StatusOK || state != "LIVE" {
-		return fmt.Errorf("Envoy is not live: /ready answered %d %q", status, state)
+		return fmt.Errorf("the gateway's Envoy is not live: /ready answered %d %q", status, state)
 	}
 	if r.configured.Load() {
 		return nil // it holds its configuration, hub or no hub
 	}
 	status, body, err = r.get(ctx, "/stats?filter="+url.QueryEscape(statsFilter))
 	if err != nil {
-		return fmt.Errorf("Envoy's stats: %w", err)
+		return fmt.Errorf("the stats of Envoy: %w", err)
 	}
 	if status != http.StatusOK {
-		return fmt.Errorf("Envoy's stats: /stats answered %d", status)
+		return fmt.Errorf("the stats of Envoy: /stats answered %d", status)
 	}
 	connected, ok := statValue(body, connectedStat)
 	switch {
 	case !ok:
-		return fmt.Errorf("Envoy reports no %s: has it an ADS config?", connectedStat)
+		return fmt.Errorf("the gateway's Envoy reports no %s: has it an ADS config?", connectedStat)
 	case connected != "1":
-		return fmt.Errorf("Envoy is not connected to the hub (%s is %s)", connectedStat, connected)
+		return fmt.Errorf("the gateway's Envoy is not connected to the hub (%s is %s)", connectedStat, connected)
 	}
 	for _, st := range []struct{ name, what string }{{cdsStat, "clusters"}, {ldsStat, "listeners"}} {
 		if n, _ := statValue(body, st.name); n == "" || n == "0" {
-			return fmt.Errorf("Envoy has not accepted %s from the hub yet (%s is %q)", st.what, st.name, n)
+			return fmt.Errorf("the gateway's Envoy has not accepted %s from the hub yet (%s is %q)", st.what, st.name, n)
 		}
 	}
 	r.configured.Store(true)

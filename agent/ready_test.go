@@ -61,7 +61,7 @@ func TestReadinessFollowsEnvoy(t *testing.T) {
 	base := serveStatus(t, ready)
 
 	// Before Envoy is up: not ready, and the agent says why; live all along.
-	if code, body := get(t, base, ReadyPath); code != http.StatusServiceUnavailable || !strings.Contains(body, "admin API does not answer") {
+	if code, body := get(t, base, ReadyPath); code != http.StatusServiceUnavailable || !strings.Contains(body, "does not answer") {
 		t.Errorf("before Envoy: %d %q, want 503 saying Envoy's admin does not answer", code, body)
 	}
 	if code, _ := get(t, base, LivePath); code != http.StatusOK {

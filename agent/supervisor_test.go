@@ -495,7 +495,7 @@ func TestHotRestartThatNeverGoesLiveIsAbandoned(t *testing.T) {
 	cancel, wait := runSupervisor(t, s)
 	first := rec.await(t, "epoch 0 started", count("start", 1))[0]
 	s.Update(testBootstrap(t, s.cfg.AdminPort, "v2"))
-	evs := rec.await(t, "the stuck epoch 1 stopped", func(evs []event) bool {
+	rec.await(t, "the stuck epoch 1 stopped", func(evs []event) bool {
 		for _, e := range filter(evs, "signal") {
 			if e.Epoch == 1 {
 				return true
@@ -504,7 +504,7 @@ func TestHotRestartThatNeverGoesLiveIsAbandoned(t *testing.T) {
 		return false
 	})
 	time.Sleep(3 * time.Second) // longer than the parent's shutdown time: it would be stopped by now
-	evs = rec.events(t)
+	evs := rec.events(t)
 	for _, e := range filter(evs, "signal") {
 		if e.PID == first.PID {
 			t.Fatalf("the serving parent got %s though its child never turned LIVE:\n%s", e.Signal, dump(evs))
