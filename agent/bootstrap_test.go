@@ -3,9 +3,6 @@ package agent
 import (
 	"bytes"
 	"errors"
-	"flag"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -15,10 +12,9 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/navemesh/nave/gateways"
+	goldenfile "github.com/navemesh/nave/internal/golden"
 	"github.com/navemesh/nave/xds"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files in testdata")
 
 // eastWest is the east-west gateway of the golden file: TLS to the hub with
 // a client certificate.
@@ -197,18 +193,5 @@ func TestBootstrapGolden(t *testing.T) {
 	if !bytes.Equal(got, again) {
 		t.Fatal("MarshalBootstrap is not stable")
 	}
-	path := filepath.Join("testdata", "eastwest-bootstrap.golden.json")
-	if *update {
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run go test ./agent -update to create it)", err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("the east-west bootstrap differs from %s (run go test ./agent -update and review the diff):\n%s", path, got)
-	}
+	goldenfile.Check(t, "eastwest-bootstrap.golden.json", got)
 }

@@ -56,7 +56,9 @@ func TestSpokeAnnouncesGatewaysInItsHelloAndWhenTheyChange(t *testing.T) {
 	}
 }
 
-func TestInvalidGatewaysAreRefusedAndChangeNothing(t *testing.T) {
+// eastWithAGateway is a hub and east's publisher, whose announced gateway the hub holds.
+func eastWithAGateway(t *testing.T) (*testHub, *publisher, []registry.Gateway) {
+	t.Helper()
 	h := startHub(t, DefaultHubConfig())
 	conn := dial(t, h.addr, testTokens["east"])
 	p := startPublisher(t, conn, "east", fastSpoke())
@@ -67,6 +69,11 @@ func TestInvalidGatewaysAreRefusedAndChangeNothing(t *testing.T) {
 	p.states <- stateOf(testShard("east", "a", "10.0.0.1"))
 	p.awaitAcked(t, 1)
 	waitFor(t, func() bool { got, _ := h.store.gatewaysOf("east"); return slices.Equal(got, good) })
+	return h, p, good
+}
+
+func TestInvalidGatewaysAreRefusedAndChangeNothing(t *testing.T) {
+	h, p, good := eastWithAGateway(t)
 	for _, bad := range [][]registry.Gateway{
 		{{Address: "192.0.2.7", Port: 0}},
 		{{Address: "not a host", Port: 15443}},
@@ -94,16 +101,7 @@ func TestInvalidGatewaysAreRefusedAndChangeNothing(t *testing.T) {
 }
 
 func TestAHelloWithoutGatewaysKeepsWhatTheHubHolds(t *testing.T) {
-	h := startHub(t, DefaultHubConfig())
-	conn := dial(t, h.addr, testTokens["east"])
-	p := startPublisher(t, conn, "east", fastSpoke())
-	good := []registry.Gateway{gw(t, "192.0.2.7:15443")}
-	if err := p.pub.SetGateways(good); err != nil {
-		t.Fatal(err)
-	}
-	p.states <- stateOf(testShard("east", "a", "10.0.0.1"))
-	p.awaitAcked(t, 1)
-	waitFor(t, func() bool { got, _ := h.store.gatewaysOf("east"); return slices.Equal(got, good) })
+	h, _, good := eastWithAGateway(t)
 	// A restarted spoke that does not know its gateways yet says nothing of them.
 	stream, welcome := rawSession(t, dial(t, h.addr, testTokens["east"]), "east")
 	if welcome == nil {

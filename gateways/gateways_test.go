@@ -1,28 +1,21 @@
 package gateways
 
 import (
-	"bytes"
-	"encoding/json"
-	"flag"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	goldenfile "github.com/navemesh/nave/internal/golden"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/xds"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files in testdata")
 
 var (
 	echo = registry.ServiceKey{Namespace: "default", Name: "echo"}
@@ -224,46 +217,14 @@ func golden(t *testing.T, name string, res xds.Resources) {
 	var out struct {
 		Listeners, Routes, Clusters []any
 	}
-	add := func(list *[]any, m proto.Message) {
-		b, err := protojson.Marshal(m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var v any
-		if err := json.Unmarshal(b, &v); err != nil {
-			t.Fatal(err)
-		}
-		*list = append(*list, v)
-	}
 	for _, l := range res.Listeners {
-		add(&out.Listeners, l)
+		out.Listeners = append(out.Listeners, goldenfile.Proto(t, l))
 	}
 	for _, r := range res.Routes {
-		add(&out.Routes, r)
+		out.Routes = append(out.Routes, goldenfile.Proto(t, r))
 	}
 	for _, c := range res.Clusters {
-		add(&out.Clusters, c)
+		out.Clusters = append(out.Clusters, goldenfile.Proto(t, c))
 	}
-	got, err := json.MarshalIndent(out, "", "  ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	got = append(got, '\n')
-	path := filepath.Join("testdata", name+".golden")
-	if *update {
-		if err := os.MkdirAll("testdata", 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run go test ./gateways -update to create it)", err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("%s differs from %s (run go test ./gateways -update and review the diff):\n%s", name, path, got)
-	}
+	goldenfile.Check(t, name+".golden", goldenfile.JSON(t, out))
 }

@@ -1,13 +1,8 @@
 package xds
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
-	"flag"
 	"maps"
-	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 
@@ -16,14 +11,12 @@ import (
 	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listener "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	route "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	goldenfile "github.com/navemesh/nave/internal/golden"
 	"github.com/navemesh/nave/registry"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files in testdata")
 
 // goldenRegistry is a small multi-cluster registry: echo is exported by east
 // (two zones of r1) and west (r2) with per-cluster port names, a draining and
@@ -102,44 +95,15 @@ func TestSplitHorizonEndpointsGolden(t *testing.T) {
 	}
 }
 
-// golden compares the resources, rendered as sorted, indented protojson,
-// with testdata/<name>.golden (rewritten with -update).
+// golden compares the resources, rendered as sorted, indented JSON, with
+// testdata/<name>.golden (rewritten with -update).
 func golden[T proto.Message](t *testing.T, name string, resources []T) {
 	t.Helper()
 	list := make([]any, 0, len(resources))
 	for _, m := range resources {
-		b, err := protojson.Marshal(m)
-		if err != nil {
-			t.Fatalf("%s: marshal: %v", name, err)
-		}
-		var v any // re-decoded so encoding/json sorts keys and fixes the spacing protojson randomizes
-		if err := json.Unmarshal(b, &v); err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		list = append(list, v)
+		list = append(list, goldenfile.Proto(t, m))
 	}
-	got, err := json.MarshalIndent(list, "", "  ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	got = append(got, '\n')
-	path := filepath.Join("testdata", name+".golden")
-	if *update {
-		if err := os.MkdirAll("testdata", 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run go test ./xds -update to create it)", err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("%s differs from %s (run go test ./xds -update and review the diff):\n%s", name, path, got)
-	}
+	goldenfile.Check(t, name+".golden", goldenfile.JSON(t, list))
 }
 
 func TestTranslateLeavesOutInvalid(t *testing.T) {

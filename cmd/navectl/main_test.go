@@ -66,6 +66,18 @@ func startDemoHubWith(t *testing.T, tune func(*spoke.Config)) string {
 	return "http://" + h.AdminAddr.String()
 }
 
+// priorityRows are the rows of `navectl endpoints` output (those that start
+// with a priority), their columns separated by one space.
+func priorityRows(out string) []string {
+	var rows []string
+	for _, l := range strings.Split(out, "\n") {
+		if len(l) > 1 && l[0] >= '0' && l[0] <= '9' && l[1] == ' ' {
+			rows = append(rows, strings.Join(strings.Fields(l), " "))
+		}
+	}
+	return rows
+}
+
 func navectl(t *testing.T, args ...string) string {
 	t.Helper()
 	var out bytes.Buffer
@@ -92,13 +104,7 @@ func TestNavectlAgainstARealHub(t *testing.T) {
 
 	// Flags after the service name work too.
 	eps := navectl(t, "--hub", url, "endpoints", "demo/echo", "--region", "us-east", "--zone", "us-east-1a")
-	lines := strings.Split(eps, "\n")
-	var rows []string
-	for _, l := range lines {
-		if strings.HasPrefix(l, "0 ") || strings.HasPrefix(l, "1 ") || strings.HasPrefix(l, "2 ") {
-			rows = append(rows, strings.Join(strings.Fields(l), " "))
-		}
-	}
+	rows := priorityRows(eps)
 	want := []string{
 		"0 us-east/us-east-1a 1 east 127.0.1.1:50051 HEALTHY",
 		"1 us-east/us-east-1b 1 east 127.0.1.2:50051 HEALTHY",
@@ -220,12 +226,7 @@ func TestNavectlNetworks(t *testing.T) {
 	}
 
 	eps := navectl(t, "--hub", url, "endpoints", "demo/echo", "--region", "us-east", "--zone", "us-east-1a", "--network", "net-east")
-	var got []string
-	for _, l := range strings.Split(eps, "\n") {
-		if len(l) > 1 && l[0] >= '0' && l[0] <= '9' && l[1] == ' ' {
-			got = append(got, strings.Join(strings.Fields(l), " "))
-		}
-	}
+	got := priorityRows(eps)
 	want := []string{
 		"0 us-east/us-east-1a 1 east 127.0.1.1:50051 HEALTHY",
 		"1 us-east/us-east-1b 1 east 127.0.1.2:50051 HEALTHY",

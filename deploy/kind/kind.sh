@@ -36,7 +36,6 @@ ns=nave-system
 # The image the manifests name; `up` replaces it with the freshly built one.
 manifest_image=ghcr.io/navemesh/nave:latest
 hub_cluster=east
-hub_in_cluster_addr=nave-hub.$ns.svc.cluster.local:15010
 hub_federation_nodeport=31010
 # Host ports of east.yaml's extraPortMappings.
 host_federation=127.0.0.1:31010
@@ -251,24 +250,21 @@ node_ip() {
 	echo "$ip"
 }
 
-hub_addr_for() {
-	local c=$1
+# hub_port_for prints where a cluster's pods reach one of the hub's ports: the nave-hub
+# Service in the hub's cluster, the hub's NodePort on its node elsewhere.
+hub_port_for() {
+	local c=$1 port=$2 nodeport=$3
 	if [[ $c == "$hub_cluster" ]]; then
-		echo "$hub_in_cluster_addr"
+		echo "nave-hub.$ns.svc.cluster.local:$port"
 		return
 	fi
-	echo "$(node_ip "$hub_cluster"):$hub_federation_nodeport"
+	echo "$(node_ip "$hub_cluster"):$nodeport"
 }
 
+hub_addr_for() { hub_port_for "$1" 15010 "$hub_federation_nodeport"; }
+
 # hub_xds_addr_for is where a cluster's gateways reach the hub's xDS port.
-hub_xds_addr_for() {
-	local c=$1
-	if [[ $c == "$hub_cluster" ]]; then
-		echo "nave-hub.$ns.svc.cluster.local:15011"
-		return
-	fi
-	echo "$(node_ip "$hub_cluster"):$hub_xds_nodeport"
-}
+hub_xds_addr_for() { hub_port_for "$1" 15011 "$hub_xds_nodeport"; }
 
 # deploy_gateway runs the cluster's east-west gateway: Envoy under `nave gateway`, its
 # Service labelled with the cluster's network and given the node's address as external IP
