@@ -29,6 +29,7 @@ const (
 	metricSnapshotBytes     = "nave_hub_snapshot_bytes"
 	metricSnapshotSeconds   = "nave_hub_snapshot_save_seconds"
 	metricReplication       = "nave_hub_replication_updates_total"
+	metricNetworkGateways   = "nave_hub_network_gateways"
 )
 
 type metrics struct {
@@ -45,6 +46,9 @@ type metrics struct {
 	snapshotRevision, snapshotBytes               prometheus.Gauge
 	snapshotSeconds                               prometheus.Histogram
 	replication                                   *prometheus.CounterVec
+	// networkGateways, and the networks it has series of (owned by observe's caller: the state goroutine).
+	networkGateways *prometheus.GaugeVec
+	networks        map[registry.Network]bool
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -83,10 +87,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Buckets: prometheus.ExponentialBuckets(0.005, 2, 12)})
 	m.replication = prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricReplication,
 		Help: "Hub-to-hub replication: updates sent (by kind), received (by result: applied, stale, mismatch, dropped, error) and resyncs asked (by reason)."}, []string{"direction", "result"})
+	m.networkGateways = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: metricNetworkGateways,
+		Help: "Gateway addresses clients on other networks can be handed, per network a cluster names; 0: the network's endpoints reach no other network."}, []string{"network"})
+	m.networks = map[registry.Network]bool{}
 	m.etcdUp.Set(1)
 	m.members.Set(1)
 	reg.MustRegister(m.connected, m.clusterServices, m.clusterEndpoints, m.services, m.version, m.updates, m.resyncs,
-		m.clusterStale, m.clusterRestored, m.clusterDataAge, m.leader, m.etcdUp, m.members, m.snapshotRevision, m.snapshotBytes, m.snapshotSeconds, m.replication)
+		m.clusterStale, m.clusterRestored, m.clusterDataAge, m.leader, m.etcdUp, m.members, m.snapshotRevision, m.snapshotBytes, m.snapshotSeconds, m.replication,
+		m.networkGateways)
 	return m
 }
 
@@ -106,6 +114,31 @@ func (m *metrics) observe(v View) {
 	m.connected.Set(float64(connected))
 	m.services.Set(float64(v.Registry.Len()))
 	m.version.Set(float64(v.Registry.Version()))
+	m.observeNetworks(v.Topology)
+}
+
+// observeNetworks sets each network's usable gateways (IP addresses, a
+// name's included once resolved), and drops the series of networks gone.
+func (m *metrics) observeNetworks(t registry.Networks) {
+	now := map[registry.Network]bool{}
+	for _, n := range t.Clusters {
+		now[n] = true
+	}
+	for n := range m.networks {
+		if !now[n] {
+			m.networkGateways.DeleteLabelValues(string(n))
+		}
+	}
+	for n := range now {
+		usable := 0
+		for _, g := range t.Gateways[n] {
+			if _, ip := g.IP(); ip {
+				usable++
+			}
+		}
+		m.networkGateways.WithLabelValues(string(n)).Set(float64(usable))
+	}
+	m.networks = now
 }
 
 func b2f(b bool) float64 {

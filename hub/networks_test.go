@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/replicas"
@@ -224,5 +227,27 @@ func TestReplicasCompareNetworksAndGateways(t *testing.T) {
 	m, _ := peer.Replicas()
 	if m["east"].Digest != replicaDigest(peer.View().Registry.ClusterDigest("east"), "net-b", nil) {
 		t.Error("the replica view's digest is not the replicated digest")
+	}
+}
+
+// nave_hub_network_gateways says, per network, how many gateways other
+// networks' clients can be handed; a network gone loses its series.
+func TestNetworkGatewaysMetric(t *testing.T) {
+	m := newMetrics(prometheus.NewRegistry())
+	v := View{Registry: registry.New(), Topology: registry.Networks{
+		Clusters: map[registry.ClusterID]registry.Network{"east": "net-a", "west": "net-b", "north": "net-b"},
+		Gateways: map[registry.Network][]registry.Gateway{"net-a": {gwEast, gwName, {Address: "192.0.2.99", Port: 15444}}},
+	}}
+	m.observe(v)
+	if got := testutil.ToFloat64(m.networkGateways.WithLabelValues("net-a")); got != 2 {
+		t.Errorf("net-a: %v usable gateways, want 2 (a name not yet resolved is not usable)", got)
+	}
+	if got := testutil.ToFloat64(m.networkGateways.WithLabelValues("net-b")); got != 0 {
+		t.Errorf("net-b: %v, want 0", got)
+	}
+	v.Topology = registry.Networks{Clusters: map[registry.ClusterID]registry.Network{"east": "net-a"}}
+	m.observe(v)
+	if n := testutil.CollectAndCount(m.networkGateways); n != 1 {
+		t.Errorf("%d series after net-b went, want 1", n)
 	}
 }
