@@ -45,9 +45,12 @@ const CASecretSuffix = "-cacert"
 // last good secret stays served.
 type SDSServer struct {
 	secrets []SecretFiles
-	watch   Watch
-	cache   *cache.LinearCache
-	log     *slog.Logger
+	// loaded is what each secret's files held, summed just before they
+	// were first read: the watch starts from it.
+	loaded map[string]fileSum
+	watch  Watch
+	cache  *cache.LinearCache
+	log    *slog.Logger
 }
 
 // NewSDSServer loads every secret once: a secret that does not load at
@@ -56,8 +59,8 @@ type SDSServer struct {
 func NewSDSServer(secrets []SecretFiles, watch Watch, log *slog.Logger) (*SDSServer, error) {
 	log = log.With("component", "sds")
 	s := &SDSServer{
-		secrets: secrets,
-		watch:   watch,
+		secrets: secrets, loaded: map[string]fileSum{},
+		watch: watch,
 		cache: cache.NewLinearCache(resource.SecretType,
 			cache.WithVersionPrefix(strconv.FormatInt(time.Now().UnixNano(), 36)+"-"),
 			cache.WithLogger(cacheLog{log})),
@@ -78,9 +81,11 @@ func NewSDSServer(secrets []SecretFiles, watch Watch, log *slog.Logger) (*SDSSer
 		if sf.Name == "" || sf.CertFile == "" || sf.KeyFile == "" {
 			return nil, fmt.Errorf("%w: secret %q: want a name, a certificate file and a key file (--secret NAME=CERT,KEY[,CA])", ErrInvalidConfig, sf.Name)
 		}
+		sum := sumFiles(secretFileList(sf))
 		if err := s.load(sf); err != nil {
 			return nil, fmt.Errorf("%w: %v (--secret)", ErrInvalidConfig, err)
 		}
+		s.loaded[sf.Name] = sum
 	}
 	return s, nil
 }
@@ -93,7 +98,8 @@ func (s *SDSServer) Serve(ctx context.Context, lis net.Listener) error {
 	defer wg.Wait()
 	for _, sf := range s.secrets {
 		wg.Go(func() {
-			watchFiles(ctx, s.watch, secretFileList(sf), s.log, func() {
+			sum := s.loaded[sf.Name]
+			watchFiles(ctx, s.watch, secretFileList(sf), &sum, s.log, func() {
 				if err := s.load(sf); err != nil {
 					s.log.Error("cannot load the changed certificate files; still serving the last good secret", "secret", sf.Name, "error", err)
 				}

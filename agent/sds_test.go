@@ -298,3 +298,35 @@ func TestSDSRefusesSecretsThatDoNotLoad(t *testing.T) {
 		t.Errorf("checkHubFiles(missing CA) = %v, want the file's error", err)
 	}
 }
+
+// A rotation between loading the secrets and serving them (the agent's
+// start) is not lost: the watch starts from what was loaded.
+func TestSDSServesARotationFromBeforeItServed(t *testing.T) {
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	cert1, key1 := certPair(t, "shop.example.com")
+	writeFile(t, certFile, cert1)
+	writeFile(t, keyFile, key1)
+	sds, err := NewSDSServer([]SecretFiles{{Name: "shop-cert", CertFile: certFile, KeyFile: keyFile}}, fastWatch, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert2, key2 := certPair(t, "shop.example.com")
+	writeFile(t, certFile, cert2)
+	writeFile(t, keyFile, key2)
+	socket := filepath.Join(dir, "sds.sock")
+	lis, err := listenUnix(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := contextWithCancel(t)
+	defer cancel()
+	go func() { _ = sds.Serve(ctx, lis) }()
+	client := dialSDS(t, socket, "shop-cert")
+	for range 3 {
+		if got := client.next()["shop-cert"].GetTlsCertificate().GetCertificateChain().GetInlineBytes(); string(got) == string(cert2) {
+			return
+		}
+	}
+	t.Fatal("the certificate rotated before SDS served was never pushed")
+}

@@ -241,7 +241,7 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 	defer wg.Wait()
 	defer stopWatch()
 	wg.Go(func() {
-		watchFiles(watchCtx, s.cfg.Watch, s.cfg.WatchFiles, s.log, func() {
+		watchFiles(watchCtx, s.cfg.Watch, s.cfg.WatchFiles, nil, s.log, func() {
 			select {
 			case changed <- struct{}{}:
 			default:

@@ -45,14 +45,18 @@ func sumFiles(files []string) fileSum {
 }
 
 // watchFiles calls changed each time the files' content has changed and
-// settled (the content when watchFiles is called is the baseline), until
-// ctx ends. changed runs on watchFiles' goroutine; a panic in it is logged
-// and the watch goes on.
-func watchFiles(ctx context.Context, w Watch, files []string, log *slog.Logger, changed func()) {
+// settled, until ctx ends. The baseline is what the files held when the
+// caller read them (baseline, taken before that read: a change in between
+// is then seen, not lost), or, when nil, what they hold now. changed runs
+// on watchFiles' goroutine; a panic in it is logged and the watch goes on.
+func watchFiles(ctx context.Context, w Watch, files []string, baseline *fileSum, log *slog.Logger, changed func()) {
 	if len(files) == 0 {
 		return
 	}
 	applied := sumFiles(files)
+	if baseline != nil {
+		applied = *baseline
+	}
 	var pending fileSum
 	var pendingSince time.Time
 	havePending := false
