@@ -119,6 +119,8 @@ type admin struct {
 	metrics prometheus.Gatherer
 	ready   func() error
 	log     *slog.Logger
+	// token, when not nil, guards everything but /healthz and /readyz.
+	token *adminToken
 }
 
 func (a *admin) handler() http.Handler {
@@ -168,6 +170,9 @@ func (a *admin) handler() http.Handler {
 			a.json(w, info)
 		}
 	})
+	if a.token != nil {
+		return a.token.require(mux)
+	}
 	return mux
 }
 

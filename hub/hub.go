@@ -64,6 +64,10 @@ type Config struct {
 	// replica's servers at (default: the gossip address's host, or the
 	// first non-loopback address).
 	GossipAddr, AdvertiseHost string
+	// AdminTokenFile, when set, holds the bearer token the admin address
+	// requires for everything but /healthz and /readyz (re-read when the
+	// file changes); empty leaves the admin API open (bind it to localhost).
+	AdminTokenFile string
 	// PeerTokenFile holds the token replicas present to each other; empty
 	// leaves replication open (development only).
 	PeerTokenFile string
@@ -244,6 +248,7 @@ type parts struct {
 	// Credentials.
 	tokens              federation.Tokens
 	peerToken           string
+	adminToken          *adminToken // nil: the admin API is open
 	fedCreds, peerCreds credentials.TransportCredentials
 	gossip              bool // with peer replicas (--join, --gossip-addr)
 
@@ -305,6 +310,11 @@ func (p *parts) loadCredentials() (err error) {
 	}
 	if cfg.PeerTokenFile != "" {
 		if p.peerToken, err = federation.LoadToken(cfg.PeerTokenFile); err != nil {
+			return err
+		}
+	}
+	if cfg.AdminTokenFile != "" {
+		if p.adminToken, err = newAdminToken(cfg.AdminTokenFile, log.With("component", "admin")); err != nil {
 			return err
 		}
 	}
@@ -466,7 +476,7 @@ func (p *parts) buildServers() {
 	// persisted registry (so a full restart never serves an empty one). An
 	// unreachable etcd degrades the hub but leaves it ready: it serves and replicates.
 	adm := &admin{pprof: cfg.Pprof, state: p.state, coord: p.coord, imports: p.imports, fed: hubFed,
-		metrics: p.metricsReg, log: log.With("component", "admin"), ready: func() error { return nil }}
+		metrics: p.metricsReg, log: log.With("component", "admin"), ready: func() error { return nil }, token: p.adminToken}
 	p.adminServer = &http.Server{Handler: adm.handler(), ReadHeaderTimeout: 10 * time.Second}
 }
 

@@ -114,6 +114,7 @@ func runHub(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.AdvertiseHost, "advertise-host", "", "host peers reach this replica at (default: the --gossip-addr host or the first non-loopback address)")
 	fs.StringVar(&cfg.PeerCAFile, "peer-ca", "", "PEM CA that signed the replicas' federation certificates (with --tls-cert and --join)")
 	fs.StringVar(&cfg.PeerTokenFile, "peer-token-file", "", "file holding the token replicas present to each other; empty leaves replication open (development only)")
+	fs.StringVar(&cfg.AdminTokenFile, "admin-token-file", "", "file holding the bearer token the admin address requires for /debug/* and /metrics (re-read when it changes); /healthz and /readyz stay open; empty: the admin API is open (bind --admin-addr to localhost)")
 	fs.DurationVar(&cfg.Liveness.StaleAfter, "stale-after", cfg.Liveness.StaleAfter, "a cluster with no live spoke at any replica turns stale after this (its endpoints are kept)")
 	fs.DurationVar(&cfg.Liveness.DropAfter, "drop-after", cfg.Liveness.DropAfter, "a cluster under the drop policy loses its endpoints after this long without a live spoke")
 	fs.StringVar(&policy, "cluster-policy", string(cfg.Liveness.DefaultPolicy), "what happens to a dead cluster's endpoints after --drop-after: keep (fail-static) or drop (fail-closed)")

@@ -15,13 +15,14 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/hub"
 )
 
 const usage = `navectl: what a Nave hub knows.
 
 Usage:
-  navectl [--hub URL] [-o table|json] clusters
+  navectl [--hub URL] [--token-file F] [-o table|json] clusters
   navectl [--hub URL] [-o table|json] services
   navectl [--hub URL] [-o table|json] endpoints NAMESPACE/NAME [--region R] [--zone Z] [--network N]
   navectl [--hub URL] [-o table|json] networks
@@ -51,6 +52,7 @@ func run(args []string, out io.Writer) error {
 	fs.Usage = func() { fmt.Fprint(fs.Output(), usage); fs.PrintDefaults() }
 	hubURL := fs.String("hub", envOr("NAVE_HUB", "http://127.0.0.1:15012"), "the hub's admin URL (or $NAVE_HUB)")
 	output := fs.String("o", "table", "output: table or json")
+	tokenFile := fs.String("token-file", os.Getenv("NAVE_HUB_TOKEN_FILE"), "file holding the hub's admin token (--admin-token-file), or $NAVE_HUB_TOKEN_FILE")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -63,6 +65,13 @@ func run(args []string, out io.Writer) error {
 		return errors.New("missing command")
 	}
 	c := client{base: strings.TrimSuffix(*hubURL, "/"), json: *output == "json", out: out}
+	if *tokenFile != "" {
+		tok, err := federation.LoadToken(*tokenFile)
+		if err != nil {
+			return fmt.Errorf("--token-file: %w", err)
+		}
+		c.token = tok
+	}
 	switch rest[0] {
 	case "clusters":
 		return c.clusters()
@@ -109,15 +118,23 @@ func run(args []string, out io.Writer) error {
 }
 
 type client struct {
-	base string
-	json bool
-	out  io.Writer
+	base  string
+	json  bool
+	out   io.Writer
+	token string // the hub's admin token ("": none)
 }
 
 // get fetches path into v and, with -o json, prints the hub's JSON as it came.
 func (c client) get(path string, v any) error {
 	hc := http.Client{Timeout: 10 * time.Second}
-	resp, err := hc.Get(c.base + path)
+	req, err := http.NewRequest(http.MethodGet, c.base+path, nil)
+	if err != nil {
+		return fmt.Errorf("ask the hub: %w", err)
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := hc.Do(req)
 	if err != nil {
 		return fmt.Errorf("ask the hub: %w", err)
 	}

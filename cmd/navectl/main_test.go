@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -243,5 +244,37 @@ func TestNavectlNetworks(t *testing.T) {
 	if !strings.Contains(eps, "left out: network net-east (2 healthy endpoints) has no gateway this client can reach") ||
 		strings.Contains(eps, "127.0.1.1") {
 		t.Errorf("endpoints on net-west should leave net-east out and say why:\n%s", eps)
+	}
+}
+
+// A hub whose admin API needs a token: navectl says so without one, and
+// works with --token-file (or $NAVE_HUB_TOKEN_FILE).
+func TestNavectlWithAnAdminToken(t *testing.T) {
+	dir := t.TempDir()
+	tokenFile := filepath.Join(dir, "admin-token")
+	if err := os.WriteFile(tokenFile, []byte("navectl-admin-token-0123\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cfg := hub.DefaultConfig()
+	cfg.DataDir, cfg.AdminTokenFile = filepath.Join(dir, "data"), tokenFile
+	cfg.FederationAddr, cfg.XDSAddr, cfg.AdminAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	h, err := hub.Start(ctx, cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); _ = h.Wait() })
+	url := "http://" + h.AdminAddr.String()
+	var out bytes.Buffer
+	if err := run([]string{"--hub", url, "clusters"}, &out); err == nil || !strings.Contains(err.Error(), "401") || !strings.Contains(err.Error(), "token") {
+		t.Errorf("without the token: %v, want the hub's 401 saying a token is needed", err)
+	}
+	if got := navectl(t, "--hub", url, "--token-file", tokenFile, "clusters"); !strings.Contains(got, "CLUSTER") {
+		t.Errorf("with --token-file:\n%s", got)
+	}
+	t.Setenv("NAVE_HUB_TOKEN_FILE", tokenFile)
+	if got := navectl(t, "--hub", url, "networks"); !strings.Contains(got, "NETWORK") {
+		t.Errorf("with $NAVE_HUB_TOKEN_FILE:\n%s", got)
 	}
 }
