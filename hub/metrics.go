@@ -105,6 +105,10 @@ func (m *metrics) observe(v View) {
 		if c.Connected {
 			connected++
 		}
+		if c.Dropped {
+			m.forget(id) // its policy removed it: no series of it lingers
+			continue
+		}
 		m.clusterServices.WithLabelValues(string(id)).Set(float64(c.Services))
 		m.clusterEndpoints.WithLabelValues(string(id)).Set(float64(c.Endpoints))
 		m.clusterStale.WithLabelValues(string(id)).Set(b2f(c.Stale))
@@ -139,6 +143,16 @@ func (m *metrics) observeNetworks(t registry.Networks) {
 		m.networkGateways.WithLabelValues(string(n)).Set(float64(usable))
 	}
 	m.networks = now
+}
+
+// forget deletes every series of a cluster.
+func (m *metrics) forget(id registry.ClusterID) {
+	for _, g := range []*prometheus.GaugeVec{m.clusterServices, m.clusterEndpoints, m.clusterStale, m.clusterRestored, m.clusterDataAge} {
+		g.DeleteLabelValues(string(id))
+	}
+	for _, c := range []*prometheus.CounterVec{m.updates, m.resyncs} {
+		c.DeletePartialMatch(prometheus.Labels{"cluster": string(id)})
+	}
 }
 
 func b2f(b bool) float64 {

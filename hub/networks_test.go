@@ -251,3 +251,28 @@ func TestNetworkGatewaysMetric(t *testing.T) {
 		t.Errorf("%d series after net-b went, want 1", n)
 	}
 }
+
+// A dropped cluster's series go (issue 12's leftover from the HA work).
+func TestDroppedClusterSeriesAreDeleted(t *testing.T) {
+	m := newMetrics(prometheus.NewRegistry())
+	v := View{Registry: registry.New(), Clusters: map[registry.ClusterID]ClusterStatus{
+		"east": {Cluster: "east", Services: 3, Endpoints: 9}, "west": {Cluster: "west", Services: 1, Endpoints: 2}}}
+	m.observe(v)
+	m.updates.WithLabelValues("east", "delta", "ack").Inc()
+	m.resyncs.WithLabelValues("east", "digest").Inc()
+	if n := testutil.CollectAndCount(m.clusterServices); n != 2 {
+		t.Fatalf("%d cluster_services series, want 2", n)
+	}
+	v.Clusters["east"] = ClusterStatus{Cluster: "east", Dropped: true, Stale: true}
+	m.observe(v)
+	for name, c := range map[string]prometheus.Collector{"services": m.clusterServices, "endpoints": m.clusterEndpoints,
+		"stale": m.clusterStale, "restored": m.clusterRestored, "data age": m.clusterDataAge, "updates": m.updates, "resyncs": m.resyncs} {
+		want := 1
+		if name == "updates" || name == "resyncs" {
+			want = 0
+		}
+		if n := testutil.CollectAndCount(c); n != want {
+			t.Errorf("%s: %d series after east was dropped, want %d (west's only)", name, n, want)
+		}
+	}
+}
