@@ -25,6 +25,8 @@ const (
 	MetricUpdateDuration = "nave_xds_update_duration_seconds"
 	// MetricLocalityGroups is the number of locality groups with their own EDS cache.
 	MetricLocalityGroups = "nave_xds_locality_groups"
+	// MetricRefusedRequests counts requests refused (their stream ended), by reason.
+	MetricRefusedRequests = "nave_xds_refused_requests_total"
 )
 
 // Short type labels.
@@ -60,6 +62,7 @@ type metrics struct {
 	updates        *prometheus.CounterVec
 	updateDuration prometheus.Histogram
 	groups         prometheus.Gauge
+	refused        *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -90,6 +93,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		groups: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: MetricLocalityGroups, Help: "Locality groups with their own EDS cache.",
 		}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricRefusedRequests, Help: "xDS requests refused and their streams ended, by reason (too_many_names, metadata_too_large).",
+		}, []string{"reason"}),
+	}
+	for _, r := range []string{reasonTooManyNames, reasonMetadataTooLarge} {
+		m.refused.WithLabelValues(r)
 	}
 	for _, t := range []string{typeLDS, typeRDS, typeCDS, typeEDS} {
 		// Pre-create the series so dashboards show zeros rather than gaps.
@@ -99,7 +108,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.updates.WithLabelValues(t)
 	}
 	if reg != nil {
-		reg.MustRegister(m.connected, m.responses, m.nacks, m.pushLatency, m.invalid, m.updates, m.updateDuration, m.groups)
+		reg.MustRegister(m.connected, m.responses, m.nacks, m.pushLatency, m.invalid, m.updates, m.updateDuration, m.groups, m.refused)
 	}
 	return m
 }

@@ -21,6 +21,9 @@ import (
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/navemesh/nave/registry"
 )
@@ -37,12 +40,17 @@ type Config struct {
 	MaxLocalityGroups int
 	// Audience, if not nil, serves gateways resources of their own (see Audience).
 	Audience Audience
+	// MaxResourceNames bounds the resource names one request may name (a
+	// subscription beyond it is refused and the stream ended), and
+	// MaxNodeMetadataBytes the size of a node's metadata.
+	MaxResourceNames     int
+	MaxNodeMetadataBytes int
 }
 
 // DefaultConfig is a single replica's configuration: version prefix "nave-"
 // and up to 1024 locality groups (a large multi-region fleet has tens).
 func DefaultConfig() Config {
-	return Config{VersionPrefix: "nave-", MaxLocalityGroups: 1024}
+	return Config{VersionPrefix: "nave-", MaxLocalityGroups: 1024, MaxResourceNames: 50_000, MaxNodeMetadataBytes: 64 << 10}
 }
 
 // Server serves the registry over xDS (ADS and the separate LDS, RDS, CDS and
@@ -104,6 +112,12 @@ func NewServer(cfg Config, log *slog.Logger, reg prometheus.Registerer) *Server 
 	def := DefaultConfig()
 	if cfg.MaxLocalityGroups <= 0 {
 		cfg.MaxLocalityGroups = def.MaxLocalityGroups
+	}
+	if cfg.MaxResourceNames <= 0 {
+		cfg.MaxResourceNames = def.MaxResourceNames
+	}
+	if cfg.MaxNodeMetadataBytes <= 0 {
+		cfg.MaxNodeMetadataBytes = def.MaxNodeMetadataBytes
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -407,10 +421,16 @@ func (s *Server) callbacks() serverv3.CallbackFuncs {
 			s.forgetStream(true, id)
 		},
 		StreamRequestFunc: func(id int64, req *discovery.DiscoveryRequest) error {
+			if err := s.admit(req.GetNode(), len(req.GetResourceNames())); err != nil {
+				return err
+			}
 			s.onRequest(false, id, req.GetTypeUrl(), req.GetNode(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, req.GetResponseNonce())
 			return nil
 		},
 		StreamDeltaRequestFunc: func(id int64, req *discovery.DeltaDiscoveryRequest) error {
+			if err := s.admit(req.GetNode(), len(req.GetResourceNamesSubscribe())); err != nil {
+				return err
+			}
 			s.onRequest(true, id, req.GetTypeUrl(), req.GetNode(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, req.GetResponseNonce())
 			return nil
 		},
@@ -459,4 +479,30 @@ func (s *Server) forgetStream(delta bool, id int64) {
 	s.pushMu.Lock()
 	defer s.pushMu.Unlock()
 	delete(s.requests, streamKey{delta, id})
+}
+
+// Reasons a request is refused.
+const (
+	reasonTooManyNames     = "too_many_names"
+	reasonMetadataTooLarge = "metadata_too_large"
+)
+
+// admit refuses a request that names more resources than MaxResourceNames
+// or carries a node whose metadata is larger than MaxNodeMetadataBytes: the
+// stream ends with a status saying why, and the refusal is counted. A
+// client holds what it was sent before.
+func (s *Server) admit(node *core.Node, names int) error {
+	if names > s.cfg.MaxResourceNames {
+		s.metrics.refused.WithLabelValues(reasonTooManyNames).Inc()
+		s.log.Warn("refused an xDS request naming too many resources", "node", node.GetId(), "names", names, "limit", s.cfg.MaxResourceNames)
+		return status.Errorf(codes.ResourceExhausted, "the request names %d resources; at most %d per request", names, s.cfg.MaxResourceNames)
+	}
+	if md := node.GetMetadata(); md != nil {
+		if size := proto.Size(md); size > s.cfg.MaxNodeMetadataBytes {
+			s.metrics.refused.WithLabelValues(reasonMetadataTooLarge).Inc()
+			s.log.Warn("refused an xDS request whose node metadata is too large", "node", node.GetId(), "bytes", size, "limit", s.cfg.MaxNodeMetadataBytes)
+			return status.Errorf(codes.InvalidArgument, "the node's metadata is %d bytes; at most %d", size, s.cfg.MaxNodeMetadataBytes)
+		}
+	}
+	return nil
 }
