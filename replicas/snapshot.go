@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/navemesh/nave/federation"
@@ -71,6 +72,11 @@ func DecodeSnapshot(b []byte) (registry.Snapshot, error) {
 		return registry.Snapshot{}, fmt.Errorf("%w: format version %d is not supported (this build reads versions %d and %d)",
 			registry.ErrBadSnapshot, format, registry.SnapshotFormatJSON, snapshotFormat)
 	}
+	// Count before decoding: a hostile snapshot's size bounds its bytes,
+	// not the memory of millions of tiny messages decoded from them.
+	if err := countSnapshot(body, registry.DefaultLimits()); err != nil {
+		return registry.Snapshot{}, fmt.Errorf("%w: %w", registry.ErrBadSnapshot, err)
+	}
 	var pb fedv1.Snapshot
 	if err := proto.Unmarshal(body, &pb); err != nil {
 		return registry.Snapshot{}, fmt.Errorf("%w: corrupt: %v", registry.ErrBadSnapshot, err)
@@ -108,4 +114,62 @@ func DecodeSnapshot(b []byte) (registry.Snapshot, error) {
 		return registry.Snapshot{}, fmt.Errorf("%w: %w", registry.ErrBadSnapshot, err)
 	}
 	return s, nil
+}
+
+// Field numbers countSnapshot walks: Snapshot.clusters, SnapshotCluster.shards,
+// Shard.endpoints.
+var (
+	snapshotClustersField = (&fedv1.Snapshot{}).ProtoReflect().Descriptor().Fields().ByName("clusters").Number()
+	clusterShardsField    = (&fedv1.SnapshotCluster{}).ProtoReflect().Descriptor().Fields().ByName("shards").Number()
+	shardEndpointsField   = (&fedv1.Shard{}).ProtoReflect().Descriptor().Fields().ByName("endpoints").Number()
+)
+
+// countSnapshot walks an encoded snapshot's wire form without decoding it
+// and refuses one with more clusters, services per cluster or endpoints per
+// cluster than lim allows (clusters are bounded by MaxServicesPerCluster
+// too: a generous bound no real clusterset nears).
+func countSnapshot(body []byte, lim registry.Limits) error {
+	clusters := 0
+	return eachField(body, snapshotClustersField, func(cluster []byte) error {
+		if clusters++; clusters > lim.MaxServicesPerCluster {
+			return fmt.Errorf("%w: more than %d clusters", registry.ErrInvalid, lim.MaxServicesPerCluster)
+		}
+		shards, endpoints := 0, 0
+		return eachField(cluster, clusterShardsField, func(shard []byte) error {
+			if shards++; shards > lim.MaxServicesPerCluster {
+				return fmt.Errorf("%w: a cluster with more than %d services", registry.ErrInvalid, lim.MaxServicesPerCluster)
+			}
+			return eachField(shard, shardEndpointsField, func([]byte) error {
+				if endpoints++; endpoints > lim.MaxEndpointsPerCluster {
+					return fmt.Errorf("%w: a cluster with more than %d endpoints", registry.ErrInvalid, lim.MaxEndpointsPerCluster)
+				}
+				return nil
+			})
+		})
+	})
+}
+
+// eachField calls f with the bytes of every length-delimited occurrence of
+// field num in the message b, skipping other fields; malformed wire data is
+// an error.
+func eachField(b []byte, num protowire.Number, f func([]byte) error) error {
+	for len(b) > 0 {
+		n, typ, tagLen := protowire.ConsumeTag(b)
+		if tagLen < 0 {
+			return fmt.Errorf("corrupt: %v", protowire.ParseError(tagLen))
+		}
+		b = b[tagLen:]
+		valLen := protowire.ConsumeFieldValue(n, typ, b)
+		if valLen < 0 {
+			return fmt.Errorf("corrupt: %v", protowire.ParseError(valLen))
+		}
+		if n == num && typ == protowire.BytesType {
+			v, _ := protowire.ConsumeBytes(b[:valLen])
+			if err := f(v); err != nil {
+				return err
+			}
+		}
+		b = b[valLen:]
+	}
+	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -292,5 +293,38 @@ func BenchmarkSnapshot(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// A snapshot is counted before it is decoded: clusters, services per
+// cluster and endpoints per cluster beyond the limits are refused from the
+// wire form alone, so a hostile snapshot never costs its decoded size.
+func TestSnapshotIsCountedBeforeItIsDecoded(t *testing.T) {
+	shard := federation.ShardToProto(codecSnapshot().Clusters[0].Shards[0])
+	two := proto.Clone(shard).(*fedv1.Shard)
+	two.Endpoints = append(two.Endpoints, two.Endpoints...)
+	body := func(clusters ...*fedv1.SnapshotCluster) []byte {
+		b, err := proto.Marshal(&fedv1.Snapshot{Clusters: clusters})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	lim := registry.Limits{MaxServicesPerCluster: 2, MaxEndpointsPerCluster: 3}
+	within := body(&fedv1.SnapshotCluster{Cluster: "east", Shards: []*fedv1.Shard{shard, shard}})
+	if err := countSnapshot(within, lim); err != nil {
+		t.Fatalf("within the limits: %v", err)
+	}
+	for name, b := range map[string][]byte{
+		"clusters":  body(&fedv1.SnapshotCluster{Cluster: "a"}, &fedv1.SnapshotCluster{Cluster: "b"}, &fedv1.SnapshotCluster{Cluster: "c"}),
+		"services":  body(&fedv1.SnapshotCluster{Cluster: "east", Shards: []*fedv1.Shard{shard, shard, shard}}),
+		"endpoints": body(&fedv1.SnapshotCluster{Cluster: "east", Shards: []*fedv1.Shard{two, two}}),
+	} {
+		if err := countSnapshot(b, lim); !errors.Is(err, registry.ErrInvalid) || !strings.Contains(err.Error(), "more than") {
+			t.Errorf("too many %s: %v, want refused", name, err)
+		}
+	}
+	if err := countSnapshot([]byte{0x1a, 0xff}, lim); err == nil {
+		t.Error("corrupt wire data was counted")
 	}
 }
