@@ -64,6 +64,12 @@ type Config struct {
 	// replica's servers at (default: the gossip address's host, or the
 	// first non-loopback address).
 	GossipAddr, AdvertiseHost string
+	// ColdStartWait bounds how long a replica that starts without some of
+	// the clusters its catalog knows (no snapshot, or an older one) waits
+	// for them to resync before it serves xDS, so that no client is
+	// handed a world in part (clients keep their last configuration
+	// meanwhile). 0 serves at once.
+	ColdStartWait time.Duration
 	// AdminTokenFile, when set, holds the bearer token the admin address
 	// requires for everything but /healthz and /readyz (re-read when the
 	// file changes); empty leaves the admin API open (bind it to localhost).
@@ -115,6 +121,7 @@ func DefaultConfig() Config {
 		EtcdPrefix:       "/nave/",
 		Liveness:         DefaultLiveness(),
 		SnapshotInterval: 2 * time.Second,
+		ColdStartWait:    30 * time.Second,
 		MaxSnapshotBytes: 64 << 20,
 		SnapshotFormat:   2,
 		ClustersetCIDRs:  []netip.Prefix{netip.MustParsePrefix(DefaultClustersetCIDR)},
@@ -257,8 +264,9 @@ type parts struct {
 	etcd          *clientv3.Client
 	catalog       *replicas.Catalog
 	snapshots     *replicas.SnapshotStore
-	clustersetIPs *replicas.ClusterSetIPs // nil without clusterset CIDRs
-	catalogRead   bool                    // the catalog was read at start, and names clusters
+	clustersetIPs *replicas.ClusterSetIPs  // nil without clusterset CIDRs
+	catalogRead   bool                     // the catalog was read at start, and names clusters
+	catalog0      []replicas.ClusterRecord // what the catalog named at start
 
 	// Metrics.
 	metricsReg  *prometheus.Registry
@@ -268,10 +276,13 @@ type parts struct {
 	// The state, what it feeds, and what coordinates it with peers.
 	xdsServer *xds.Server
 	gossipNow atomic.Pointer[replicas.Membership] // nil until gossip runs
-	push      *pusher
-	imports   *importer
-	state     *state
-	coord     *coordinator
+	// xdsServing: xDS is served; coldWaiting: how many clusters a cold start still waits for.
+	xdsServing  atomic.Bool
+	coldWaiting atomic.Int64
+	push        *pusher
+	imports     *importer
+	state       *state
+	coord       *coordinator
 
 	// Servers and their listeners.
 	fedServer, xdsGRPC       *grpc.Server
@@ -476,7 +487,7 @@ func (p *parts) buildServers() {
 	// persisted registry (so a full restart never serves an empty one). An
 	// unreachable etcd degrades the hub but leaves it ready: it serves and replicates.
 	adm := &admin{pprof: cfg.Pprof, state: p.state, coord: p.coord, imports: p.imports, fed: hubFed,
-		metrics: p.metricsReg, log: log.With("component", "admin"), ready: func() error { return nil }, token: p.adminToken}
+		metrics: p.metricsReg, log: log.With("component", "admin"), ready: p.xdsReady, token: p.adminToken}
 	p.adminServer = &http.Server{Handler: adm.handler(), ReadHeaderTimeout: 10 * time.Second}
 }
 
@@ -510,6 +521,7 @@ func (p *parts) readCatalog(ctx context.Context) []replicas.ClusterRecord {
 		p.log.Warn("read cluster catalog", "err", err)
 	}
 	p.catalogRead = err == nil && len(records) > 0 // an empty catalog may be a lost etcd
+	p.catalog0 = records
 	return records
 }
 
@@ -584,13 +596,26 @@ func (p *parts) joinReplicas() error {
 // waits in the backlog meanwhile).
 func (p *parts) serve(ctx context.Context) error {
 	p.serveGRPC("federation", p.fedServer, p.fedLis)
-	if err := p.push.caughtUp(ctx); err != nil {
-		return err
+	missing := p.missingClusters()
+	if len(missing) == 0 || p.cfg.ColdStartWait <= 0 {
+		if err := p.push.caughtUp(ctx); err != nil {
+			return err
+		}
+		p.serveXDS()
+	} else {
+		// No partial world: xDS waits for the clusters the catalog knows.
+		p.coldWaiting.Store(int64(len(missing)))
+		p.wg.Go(func() { p.serveXDSAfterColdStart(ctx, missing) })
 	}
-	p.serveGRPC("xds", p.xdsGRPC, p.xdsLis)
 	p.adminServing = true
 	p.run("admin", func() error { return p.adminServer.Serve(p.adminLis) })
 	return nil
+}
+
+// serveXDS starts serving xDS.
+func (p *parts) serveXDS() {
+	p.serveGRPC("xds", p.xdsGRPC, p.xdsLis)
+	p.xdsServing.Store(true)
 }
 
 func (p *parts) serveGRPC(name string, s *grpc.Server, lis net.Listener) {

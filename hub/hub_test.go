@@ -6,10 +6,15 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials/insecure"
 
 	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/hub"
@@ -254,5 +259,73 @@ func TestNewStampIsSaved(t *testing.T) {
 	awaitSaved("after east's new session", func(s hub.Saved) bool { return s.Revision > first.Revision })
 	if h.View().Registry.Version() != version {
 		t.Fatal("the new session changed the registry: the test proves nothing")
+	}
+}
+
+// A replica that starts knowing clusters (its catalog) it holds no data of
+// waits for them to resync before it serves xDS: no client is handed a
+// world in part. /readyz says what it waits for.
+func TestColdStartWaitsForTheCatalogsClusters(t *testing.T) {
+	dir := t.TempDir()
+	// No snapshot with the clusters: the first save, of an empty registry,
+	// is the only one within the hour.
+	noSnapshots := func(c *hub.Config) { c.SnapshotInterval = time.Hour; c.ColdStartWait = 20 * time.Second }
+	h, stop := startHub(t, dir, noSnapshots)
+	hello(t, h, "east")
+	hello(t, h, "west")
+	stop()
+
+	h, _ = startHub(t, dir, noSnapshots)
+	admin := "http://" + h.AdminAddr.String()
+	xdsServed := func() bool {
+		c, err := net.DialTimeout("tcp", h.XDSAddr.String(), time.Second)
+		if err != nil {
+			return false
+		}
+		defer c.Close()
+		// Listening but not yet serving: the gRPC preface goes unanswered.
+		conn, err := grpc.NewClient(h.XDSAddr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return false
+		}
+		defer conn.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		conn.Connect()
+		for s := conn.GetState(); s != connectivity.Ready; s = conn.GetState() {
+			if !conn.WaitForStateChange(ctx, s) {
+				return false
+			}
+		}
+		return true
+	}
+	if code, body := get(t, admin+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "waiting for 2 clusters") {
+		t.Errorf("/readyz while no cluster resynced: %d %q", code, body)
+	}
+	if xdsServed() {
+		t.Fatal("xDS is served before any cluster the catalog knows resynced")
+	}
+	hello(t, h, "east")
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		code, body := get(t, admin+"/readyz")
+		if code == http.StatusServiceUnavailable && strings.Contains(body, "waiting for 1 clusters") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz with east back: %d %q, want waiting for 1", code, body)
+		}
+	}
+	if xdsServed() {
+		t.Fatal("xDS is served with west still missing")
+	}
+	hello(t, h, "west")
+	deadline := time.Now().Add(10 * time.Second)
+	for !xdsServed() {
+		if time.Now().After(deadline) {
+			t.Fatal("xDS is not served after every cluster resynced")
+		}
+	}
+	if code, body := get(t, admin+"/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz once serving: %d %q", code, body)
 	}
 }

@@ -122,6 +122,7 @@ func runHub(ctx context.Context, args []string) error {
 	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve Go's CPU and heap profiles at /debug/pprof on the admin address")
 	fs.BoolVar(&cfg.FastGossip, "gossip-fast", false, "gossip with test timings: failures detected in about a second (tests and demos on one machine)")
 	fs.DurationVar(&cfg.SnapshotInterval, "snapshot-interval", cfg.SnapshotInterval, "least time between two persisted snapshots of the registry (saved by the leader after changes)")
+	fs.DurationVar(&cfg.ColdStartWait, "cold-start-wait", cfg.ColdStartWait, "a replica starting without clusters its catalog knows (no snapshot, or an older one) waits up to this long for them to resync before it serves xDS (no client gets a world in part); 0: serve at once")
 	fs.IntVar(&cfg.SnapshotFormat, "snapshot-format", cfg.SnapshotFormat, "format of the snapshots the leader writes: 2 (protobuf), or 1 (JSON) before going back to a version that reads only format 1")
 	cidrs := hub.DefaultClustersetCIDR
 	fs.StringVar(&cidrs, "clusterset-cidr", cidrs, "comma-separated ranges (one IPv4, one IPv6 at most) that ClusterSetIP imports get their clusterset IP from; empty: each cluster allocates its own")
