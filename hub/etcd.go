@@ -2,6 +2,7 @@ package hub
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -9,6 +10,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 )
@@ -73,11 +75,38 @@ func freeLoopbackURL() (*url.URL, error) {
 	return &url.URL{Scheme: "http", Host: l.Addr().String()}, nil
 }
 
-func newEtcdClient(endpoints []string) (*clientv3.Client, error) {
+// EtcdTLS is how the hub authenticates an external etcd and itself to it:
+// the CA that signed etcd's certificate, and the hub's client certificate
+// and key (for etcd's --client-cert-auth). Empty: plaintext.
+type EtcdTLS struct {
+	CAFile, CertFile, KeyFile string
+}
+
+func (e EtcdTLS) enabled() bool { return e != EtcdTLS{} }
+
+// clientConfig is the TLS configuration of the etcd client. etcd's
+// transport reads the certificate files at every handshake, so a renewed
+// client certificate is used without a restart.
+func (e EtcdTLS) clientConfig() (*tls.Config, error) {
+	if (e.CertFile == "") != (e.KeyFile == "") {
+		return nil, fmt.Errorf("etcd TLS: --etcd-cert and --etcd-key go together")
+	}
+	if e.CAFile == "" {
+		return nil, fmt.Errorf("etcd TLS: --etcd-ca is needed to trust etcd's certificate")
+	}
+	cfg, err := transport.TLSInfo{CertFile: e.CertFile, KeyFile: e.KeyFile, TrustedCAFile: e.CAFile}.ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("etcd TLS: %w", err)
+	}
+	return cfg, nil
+}
+
+func newEtcdClient(endpoints []string, tlsCfg *tls.Config) (*clientv3.Client, error) {
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   endpoints,
 		DialTimeout: 5 * time.Second,
 		Logger:      nil,
+		TLS:         tlsCfg,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("etcd client for %v: %w", endpoints, err)

@@ -5,6 +5,7 @@ package hub
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -64,6 +65,8 @@ type Config struct {
 	// replica's servers at (default: the gossip address's host, or the
 	// first non-loopback address).
 	GossipAddr, AdvertiseHost string
+	// EtcdTLS authenticates an external etcd (--etcd-endpoints) over TLS.
+	EtcdTLS EtcdTLS
 	// ColdStartWait bounds how long a replica that starts without some of
 	// the clusters its catalog knows (no snapshot, or an older one) waits
 	// for them to resync before it serves xDS, so that no client is
@@ -371,7 +374,17 @@ func (p *parts) connectEtcd(ctx context.Context) error {
 		p.cleanup = append(p.cleanup, e.Close)
 		p.endpoints = []string{endpoint}
 	}
-	etcd, err := newEtcdClient(p.endpoints)
+	var tlsCfg *tls.Config
+	if p.cfg.EtcdTLS.enabled() {
+		if len(p.cfg.EtcdEndpoints) == 0 {
+			return errors.New("--etcd-ca, --etcd-cert and --etcd-key are for an external etcd (--etcd-endpoints)")
+		}
+		var err error
+		if tlsCfg, err = p.cfg.EtcdTLS.clientConfig(); err != nil {
+			return err
+		}
+	}
+	etcd, err := newEtcdClient(p.endpoints, tlsCfg)
 	if err != nil {
 		return err
 	}

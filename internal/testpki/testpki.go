@@ -1,0 +1,114 @@
+// Package testpki issues certificates for tests: a CA, and server and
+// client certificates it signs, written as PEM files.
+package testpki
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// CA is a certificate authority for one test.
+type CA struct {
+	// File is the CA certificate's PEM file.
+	File string
+	dir  string
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+}
+
+// NewCA makes a CA whose files live in a temporary directory of the test.
+func NewCA(t testing.TB, name string) *CA {
+	t.Helper()
+	key := newKey(t)
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(t), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	ca := &CA{dir: t.TempDir(), cert: cert, key: key}
+	ca.File = ca.write(t, name+"-ca.crt", "CERTIFICATE", der)
+	return ca
+}
+
+// Server issues a server certificate for the host names and IP addresses
+// in hosts; it returns the certificate and key files.
+func (ca *CA) Server(t testing.TB, name string, hosts ...string) (certFile, keyFile string) {
+	t.Helper()
+	tmpl := ca.template(t, name, x509.ExtKeyUsageServerAuth)
+	for _, h := range hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, h)
+		}
+	}
+	return ca.issue(t, name, tmpl)
+}
+
+// Client issues a client certificate named name.
+func (ca *CA) Client(t testing.TB, name string) (certFile, keyFile string) {
+	t.Helper()
+	return ca.issue(t, name, ca.template(t, name, x509.ExtKeyUsageClientAuth))
+}
+
+func (ca *CA) template(t testing.TB, name string, usage x509.ExtKeyUsage) *x509.Certificate {
+	return &x509.Certificate{
+		SerialNumber: serial(t), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
+	}
+}
+
+func (ca *CA) issue(t testing.TB, name string, tmpl *x509.Certificate) (certFile, keyFile string) {
+	t.Helper()
+	key := newKey(t)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca.write(t, name+".crt", "CERTIFICATE", der), ca.write(t, name+".key", "EC PRIVATE KEY", keyDER)
+}
+
+func (ca *CA) write(t testing.TB, name, typ string, der []byte) string {
+	t.Helper()
+	path := filepath.Join(ca.dir, name)
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func newKey(t testing.TB) *ecdsa.PrivateKey {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key
+}
+
+func serial(t testing.TB) *big.Int {
+	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
