@@ -364,9 +364,19 @@ func (c *coordinator) collect(ctx context.Context) {
 			c.log.Warn("cannot drop a dead cluster yet", "cluster", id, "err", err)
 			continue
 		}
-		if err := c.state.drop(ctx, id, epoch); err != nil && ctx.Err() == nil {
+		dropped, err := c.state.drop(ctx, id, epoch)
+		if err != nil && ctx.Err() == nil {
 			c.log.Warn("cannot drop a dead cluster", "cluster", id, "err", err)
 		}
+		if !dropped {
+			continue
+		}
+		// A dropped cluster leaves the catalog: a cold start no longer waits for it.
+		forgetCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if _, err := c.catalog.Forget(forgetCtx, id, epoch); err != nil {
+			c.log.Warn("cannot remove a dropped cluster from the catalog; a cold start may wait for it", "cluster", id, "err", err)
+		}
+		cancel()
 	}
 }
 

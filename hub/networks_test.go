@@ -140,8 +140,8 @@ func TestGatewaysFollowTheirCluster(t *testing.T) {
 
 	// A dropped cluster vouches for no gateway.
 	_ = s.do(ctx, func() { s.clusters["east"].Stale = true })
-	if err := s.drop(ctx, "east", 9); err != nil {
-		t.Fatal(err)
+	if dropped, err := s.drop(ctx, "east", 9); err != nil || !dropped {
+		t.Fatal(dropped, err)
 	}
 	if got, _ := pub.last(); len(got.Gateways["net-a"]) != 0 {
 		t.Errorf("net-a still has gateways %v after east was dropped", got.Gateways["net-a"])

@@ -302,9 +302,10 @@ func (v *View) dropDue(l Liveness, now time.Time) []registry.ClusterID {
 
 // drop removes a dead cluster's endpoints under a new epoch (which fences
 // any session of it that might still be alive somewhere), as this replica's
-// own change, so it is replicated to every peer.
-func (s *state) drop(ctx context.Context, id registry.ClusterID, epoch uint64) error {
-	return s.do(ctx, func() {
+// own change, so it is replicated to every peer. It reports whether it
+// dropped the cluster (not when it came back meanwhile).
+func (s *state) drop(ctx context.Context, id registry.ClusterID, epoch uint64) (dropped bool, err error) {
+	err = s.do(ctx, func() {
 		c := s.clusters[id]
 		if c == nil || !c.Stale || epoch <= s.maxEpoch[id] {
 			return // came back, or someone newer spoke for it meanwhile
@@ -321,7 +322,9 @@ func (s *state) drop(ctx context.Context, id registry.ClusterID, epoch uint64) e
 		s.log.Warn("dropped a dead cluster's endpoints (policy drop)", "cluster", id, "noSpokeSince", c.LiveAt, "epoch", epoch)
 		s.replicaChanged(id)
 		s.publish(diff)
+		dropped = true
 	})
+	return dropped, err
 }
 
 // summaries is this replica's compact view of every cluster, for gossip.

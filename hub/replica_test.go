@@ -167,9 +167,13 @@ func TestDropIsReplicated(t *testing.T) {
 	if err := s.ApplyReplica(ctx, "a", replicaUpdate("a", stamp(5, 10), nil, "grpc")); err != nil {
 		t.Fatal(err)
 	}
+	// Not stale (its spoke came back, say): not dropped.
+	if dropped, err := s.drop(ctx, "east", 7); err != nil || dropped {
+		t.Fatalf("drop of a live cluster = %v, %v; want not dropped", dropped, err)
+	}
 	_ = s.do(ctx, func() { s.clusters["east"].Stale = true })
-	if err := s.drop(ctx, "east", 7); err != nil {
-		t.Fatal(err)
+	if dropped, err := s.drop(ctx, "east", 7); err != nil || !dropped {
+		t.Fatal(dropped, err)
 	}
 	m, _ := s.Replicas()
 	if r := m["east"]; !r.Local || r.Stamp != stamp(7, 0) || len(r.Shards) != 0 {

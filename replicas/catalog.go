@@ -113,3 +113,28 @@ func (c *Catalog) List(ctx context.Context) ([]ClusterRecord, error) {
 	slices.SortFunc(out, func(a, b ClusterRecord) int { return strings.Compare(string(a.Cluster), string(b.Cluster)) })
 	return out, nil
 }
+
+// Forget removes a dropped cluster's record, so that a replica starting
+// cold no longer waits for it: only when the record predates the drop's
+// epoch (a cluster whose spoke came back since keeps its newer record).
+// The cluster's epoch counter stays, so its epochs never repeat.
+func (c *Catalog) Forget(ctx context.Context, cluster registry.ClusterID, dropEpoch uint64) (bool, error) {
+	key := c.prefix + "clusters/" + string(cluster)
+	resp, err := c.etcd.Get(ctx, key)
+	if err != nil {
+		return false, fmt.Errorf("read catalog entry %s: %w", cluster, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return false, nil
+	}
+	var r ClusterRecord
+	if json.Unmarshal(resp.Kvs[0].Value, &r) == nil && r.Epoch >= dropEpoch {
+		return false, nil // recorded by a session since the drop
+	}
+	txn, err := c.etcd.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", resp.Kvs[0].ModRevision)).
+		Then(clientv3.OpDelete(key)).Commit()
+	if err != nil {
+		return false, fmt.Errorf("forget catalog entry %s: %w", cluster, err)
+	}
+	return txn.Succeeded, nil
+}
