@@ -32,10 +32,23 @@ func (p *parts) missingClusters() []registry.ClusterID {
 }
 
 // serveXDSAfterColdStart serves xDS once every cluster of missing is held,
-// or ColdStartWait has passed (then it says which never came).
+// or ColdStartWait has passed.
 func (p *parts) serveXDSAfterColdStart(ctx context.Context, missing []registry.ClusterID) {
 	p.log.Info("cold start: waiting for the clusters the catalog knows before serving xDS",
 		"clusters", missing, "upTo", p.cfg.ColdStartWait)
+	if !p.awaitCatalogClusters(ctx) {
+		return
+	}
+	if err := p.push.caughtUp(ctx); err != nil {
+		return
+	}
+	p.serveXDS()
+}
+
+// awaitCatalogClusters waits until the state holds every cluster the
+// catalog named, or ColdStartWait has passed (then it says which never
+// came); false when ctx ended first.
+func (p *parts) awaitCatalogClusters(ctx context.Context) bool {
 	start := time.Now()
 	deadline := time.NewTimer(p.cfg.ColdStartWait)
 	defer deadline.Stop()
@@ -46,23 +59,18 @@ func (p *parts) serveXDSAfterColdStart(ctx context.Context, missing []registry.C
 		p.coldWaiting.Store(int64(len(left)))
 		if len(left) == 0 {
 			p.log.Info("cold start: every cluster resynced; serving xDS", "after", time.Since(start).Round(time.Millisecond))
-			break
+			return true
 		}
 		select {
 		case <-ctx.Done():
-			return
+			return false
 		case <-deadline.C:
 			p.log.Warn("cold start: serving xDS without clusters that did not resync in time", "missing", left, "waited", p.cfg.ColdStartWait)
 			p.coldWaiting.Store(0)
+			return true
 		case <-tick.C:
-			continue
 		}
-		break
 	}
-	if err := p.push.caughtUp(ctx); err != nil {
-		return
-	}
-	p.serveXDS()
 }
 
 // xdsReady is the admin API's readiness: xDS is served.

@@ -147,10 +147,10 @@ type gatewayEntry struct {
 	weight  uint32
 }
 
-// GatewaySubzone is the subzone of the locality in which a network's
+// gatewaySubzone is the subzone of the locality in which a network's
 // gateways are handed out (its region and zone are those of the network's
 // nearest healthy endpoints).
-func GatewaySubzone(n registry.Network) string { return "gateway/" + string(n) }
+func gatewaySubzone(n registry.Network) string { return "gateway/" + string(n) }
 
 // splitPlan is a client's assignment of one service port, in outline: per
 // served locality (in their order), what it contributes, and its priority;
@@ -268,7 +268,7 @@ func (p *splitPlan) place(network registry.Network, anchor int, at registry.Loca
 		}
 	}
 	g := gatewayLocality{anchor: anchor, weight: behind,
-		locality: registry.Locality{Region: at.Region, Zone: at.Zone, Subzone: GatewaySubzone(network)}}
+		locality: registry.Locality{Region: at.Region, Zone: at.Zone, Subzone: gatewaySubzone(network)}}
 	share := (behind + uint32(len(gws)) - 1) / uint32(len(gws)) // >= 1: behind >= 1
 	for _, gw := range gws {
 		g.gateways = append(g.gateways, gatewayEntry{network: network, addr: gw.addr, wire: gw.wire, weight: share})
