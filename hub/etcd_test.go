@@ -3,17 +3,14 @@ package hub_test
 import (
 	"context"
 	"log/slog"
-	"net"
-	"net/url"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"go.etcd.io/etcd/client/pkg/v3/transport"
-	"go.etcd.io/etcd/server/v3/embed"
 
 	"github.com/navemesh/nave/hub"
+	"github.com/navemesh/nave/internal/etcdtest"
 	"github.com/navemesh/nave/internal/testpki"
 )
 
@@ -21,36 +18,9 @@ import (
 // certificates signed by ca.
 func startTLSEtcd(t *testing.T, ca *testpki.CA) string {
 	t.Helper()
-	free := func() url.URL {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
-		return url.URL{Scheme: "https", Host: l.Addr().String()}
-	}
-	client, peer := free(), free()
-	peer.Scheme = "http"
 	cert, key := ca.Server(t, "etcd", "127.0.0.1", "localhost")
-	cfg := embed.NewConfig()
-	cfg.Name, cfg.Dir = "tls-etcd", filepath.Join(t.TempDir(), "etcd")
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
-	cfg.InitialCluster = cfg.Name + "=" + peer.String()
-	cfg.ClientTLSInfo = transport.TLSInfo{CertFile: cert, KeyFile: key, TrustedCAFile: ca.File, ClientCertAuth: true}
-	cfg.LogLevel, cfg.LogOutputs = "error", []string{filepath.Join(t.TempDir(), "etcd.log")}
-	cfg.TickMs, cfg.ElectionMs = 10, 100
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
-	select {
-	case <-e.Server.ReadyNotify():
-	case <-time.After(30 * time.Second):
-		t.Fatal("etcd not ready")
-	}
-	return client.String()
+	endpoint, _ := etcdtest.Start(t, &transport.TLSInfo{CertFile: cert, KeyFile: key, TrustedCAFile: ca.File, ClientCertAuth: true})
+	return endpoint
 }
 
 // The hub reaches an external etcd over TLS with a client certificate

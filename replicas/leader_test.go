@@ -4,56 +4,24 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/url"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 
+	"github.com/navemesh/nave/internal/etcdtest"
 	"github.com/navemesh/nave/internal/nettest"
 )
 
-// embeddedEtcd starts a single-node etcd on free loopback ports in a
-// temporary directory, and returns its endpoint and a function that stops it.
-// It is stopped when the test ends, if not earlier.
+// embeddedEtcd starts a single-node etcd, and returns a function that stops
+// it and its endpoint. It is stopped when the test ends, if not earlier.
 func embeddedEtcd(t *testing.T) (stop func(), endpoint string) {
 	t.Helper()
-	free := func() url.URL {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
-		return url.URL{Scheme: "http", Host: l.Addr().String()}
-	}
-	dir := t.TempDir()
-	client, peer := free(), free()
-	cfg := embed.NewConfig()
-	cfg.Name = "test"
-	cfg.Dir = filepath.Join(dir, "etcd")
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
-	cfg.InitialCluster = cfg.Name + "=" + peer.String()
-	cfg.LogLevel = "error"
-	cfg.LogOutputs = []string{filepath.Join(dir, "etcd.log")}
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop = sync.OnceFunc(e.Close)
-	t.Cleanup(stop)
-	select {
-	case <-e.Server.ReadyNotify():
-	case <-time.After(30 * time.Second):
-		t.Fatal("embedded etcd not ready after 30s")
-	}
-	return stop, client.String()
+	endpoint, stop = etcdtest.Start(t, nil)
+	return stop, endpoint
 }
 
 // dialEtcd returns a client of endpoint, closed when the test ends.

@@ -1,0 +1,61 @@
+// Package etcdtest runs real, in-process, single-node etcd servers for tests.
+package etcdtest
+
+import (
+	"net/url"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/client/pkg/v3/transport"
+	"go.etcd.io/etcd/server/v3/embed"
+
+	"github.com/navemesh/nave/internal/nettest"
+)
+
+// Start runs an etcd on free loopback ports until the test ends, or stop is
+// called, and returns its client URL. With tls, clients reach it over TLS
+// only (tls.ClientCertAuth: with a certificate its CA signed).
+func Start(t testing.TB, tls *transport.TLSInfo) (endpoint string, stop func()) {
+	t.Helper()
+	dir := t.TempDir()
+	clientURL, peerURL := freeURL(t), freeURL(t)
+	cfg := embed.NewConfig()
+	cfg.Name = "etcdtest"
+	cfg.Dir = filepath.Join(dir, "data")
+	if tls != nil {
+		clientURL.Scheme = "https"
+		cfg.ClientTLSInfo = *tls
+	}
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{clientURL}, []url.URL{clientURL}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peerURL}, []url.URL{peerURL}
+	cfg.InitialCluster = cfg.Name + "=" + peerURL.String()
+	// etcd logs through zap: keep it out of the test output.
+	cfg.LogLevel = "error"
+	cfg.LogOutputs = []string{filepath.Join(dir, "etcd.log")}
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		t.Fatalf("start etcd: %v", err)
+	}
+	stop = sync.OnceFunc(e.Close)
+	t.Cleanup(stop)
+	select {
+	case <-e.Server.ReadyNotify():
+	case err := <-e.Err():
+		t.Fatalf("etcd: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("etcd not ready after 60s")
+	}
+	return clientURL.String(), stop
+}
+
+// freeURL is an http URL on a free loopback port (see nettest.FreeAddr).
+func freeURL(t testing.TB) url.URL {
+	t.Helper()
+	addr, err := nettest.FreeAddr()
+	if err != nil {
+		t.Fatalf("find a free port: %v", err)
+	}
+	return url.URL{Scheme: "http", Host: addr}
+}
