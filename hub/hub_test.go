@@ -271,8 +271,18 @@ func TestColdStartWaitsForTheCatalogsClusters(t *testing.T) {
 	// is the only one within the hour.
 	noSnapshots := func(c *hub.Config) { c.SnapshotInterval = time.Hour; c.ColdStartWait = 20 * time.Second }
 	h, stop := startHub(t, dir, noSnapshots)
+	// The first save comes when the replica first leads; the clusters must
+	// come after it, or that save holds them.
+	for deadline := time.Now().Add(30 * time.Second); coordination(t, h).Snapshot.Revision == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the empty registry was never saved")
+		}
+	}
 	hello(t, h, "east")
 	hello(t, h, "west")
+	if s := coordination(t, h).Snapshot; s.Clusters != 0 {
+		t.Fatalf("the snapshot holds %d clusters: the test proves nothing", s.Clusters)
+	}
 	stop()
 
 	h, _ = startHub(t, dir, noSnapshots)
