@@ -1,14 +1,17 @@
 package federation
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"os"
 	"strings"
+	"sync/atomic"
+	"time"
 
-	middleware "github.com/grpc-ecosystem/go-grpc-middleware/v2"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/auth"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -17,6 +20,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	fedv1 "github.com/navemesh/nave/federation/v1"
+	"github.com/navemesh/nave/identity"
 	"github.com/navemesh/nave/registry"
 )
 
@@ -33,6 +37,10 @@ func LoadTokens(path string) (Tokens, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read tokens: %w", err)
 	}
+	return parseTokens(path, b)
+}
+
+func parseTokens(path string, b []byte) (Tokens, error) {
 	var raw map[string]string
 	if err := yaml.UnmarshalStrict(b, &raw); err != nil {
 		return nil, fmt.Errorf("parse tokens %s: want lines of `cluster-id: token`: %w", path, err)
@@ -54,6 +62,45 @@ func LoadTokens(path string) (Tokens, error) {
 		t[c] = tok
 	}
 	return t, nil
+}
+
+// TokenFile is a tokens file (see LoadTokens) read again when it changes.
+type TokenFile struct {
+	path string
+	cur  atomic.Pointer[Tokens]
+	raw  []byte // what cur was read from; owned by Reload's caller
+}
+
+// OpenTokens reads a tokens file.
+func OpenTokens(path string) (*TokenFile, error) {
+	f := &TokenFile{path: path}
+	if _, err := f.Reload(); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// Tokens returns the tokens the file last held when it read cleanly.
+func (f *TokenFile) Tokens() Tokens { return *f.cur.Load() }
+
+// Reload reads the file again and reports whether the tokens changed; a
+// file that does not read cleanly changes nothing. Call it from one
+// goroutine at a time.
+func (f *TokenFile) Reload() (bool, error) {
+	raw, err := os.ReadFile(f.path)
+	if err != nil {
+		return false, fmt.Errorf("read tokens: %w", err)
+	}
+	if f.cur.Load() != nil && bytes.Equal(raw, f.raw) {
+		return false, nil
+	}
+	t, err := parseTokens(f.path, raw)
+	if err != nil {
+		return false, err
+	}
+	f.raw = raw
+	f.cur.Store(&t)
+	return true, nil
 }
 
 // Cluster returns the cluster a token belongs to. It compares in constant time.
@@ -79,12 +126,31 @@ func authenticatedCluster(ctx context.Context) (registry.ClusterID, bool) {
 	return c, ok
 }
 
-// AuthOption configures AuthInterceptor.
-type AuthOption func(*authConfig)
-
-type authConfig struct {
-	peerToken string
+// Credentials are what the federation port admits: cluster tokens,
+// client certificates naming a cluster or a replica (SPIFFE IDs, see
+// package identity), and the peer token replicas share. Its functions
+// return what holds now, so that files reloaded behind them take effect
+// for new streams at once, and, through Sessions, end open streams
+// whose credential no longer holds.
+type Credentials struct {
+	// Tokens returns the cluster tokens (nil: none; with no certificates
+	// either, every spoke is admitted: development only).
+	Tokens func() Tokens
+	// PeerToken returns the replicas' shared token ("": none; with no
+	// certificates either, replication is open: development only).
+	PeerToken func() string
+	// Certs verifies the client certificates peers present (nil: none are
+	// asked for); TrustDomain is the trust domain their identities belong to.
+	Certs       *identity.Store
+	TrustDomain string
+	// Sessions, when set, holds every admitted stream, so that it ends
+	// once its token is withdrawn or its certificate expires, is revoked
+	// or is no longer trusted.
+	Sessions *identity.Sessions
 }
+
+// AuthOption configures AuthInterceptor.
+type AuthOption func(*Credentials)
 
 // WithPeerToken makes the Replication service (hub replica to hub replica)
 // admit only streams carrying token, the secret the replicas share. The peer
@@ -92,7 +158,7 @@ type authConfig struct {
 // cannot replicate, a replica cannot publish. Without this option
 // (development), Replication is open to every client.
 func WithPeerToken(token string) AuthOption {
-	return func(c *authConfig) { c.peerToken = token }
+	return func(c *Credentials) { c.PeerToken = func() string { return token } }
 }
 
 // ValidatePeerToken checks a peer token before it is used: long enough, and
@@ -107,70 +173,158 @@ func ValidatePeerToken(peer string, tokens Tokens) error {
 	return nil
 }
 
-// AuthInterceptor returns a stream interceptor that admits only streams
-// carrying one of tokens as "authorization: Bearer <token>" and remembers the
-// cluster it belongs to. With nil tokens every stream is admitted. The
-// Replication service is the exception: see WithPeerToken.
+// AuthInterceptor returns the interceptor of Credentials holding tokens
+// (nil: none) and what opts add.
 func AuthInterceptor(tokens Tokens, opts ...AuthOption) grpc.StreamServerInterceptor {
-	var cfg authConfig
+	c := Credentials{Tokens: func() Tokens { return tokens }}
 	for _, o := range opts {
-		o(&cfg)
+		o(&c)
+	}
+	return c.Interceptor()
+}
+
+// admitted is a stream's credential: whom it admits, and while what holds.
+type admitted struct {
+	ctx   context.Context
+	who   string
+	leaf  *x509.Certificate // the client certificate; nil: a token
+	holds func() error      // nil: always
+}
+
+// Interceptor returns a stream interceptor that admits a Federation
+// stream carrying a cluster's credential (a client certificate naming the
+// cluster, or "authorization: Bearer <token>") and remembers the cluster,
+// and a Replication stream carrying a replica's (its certificate, or the
+// peer token). A credential never admits the other service.
+func (c Credentials) Interceptor() grpc.StreamServerInterceptor {
+	if c.Tokens == nil {
+		c.Tokens = func() Tokens { return nil }
+	}
+	if c.PeerToken == nil {
+		c.PeerToken = func() string { return "" }
 	}
 	replication := "/" + fedv1.Replication_ServiceDesc.ServiceName + "/"
 	return func(srv any, stream grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		authenticate := cfg.spoke
+		authenticate := c.spoke
 		if strings.HasPrefix(info.FullMethod, replication) {
-			authenticate = cfg.replica
+			authenticate = c.replica
 		}
-		ctx, err := authenticate(stream.Context(), tokens)
+		a, err := authenticate(stream.Context())
 		if err != nil {
 			return err
 		}
-		wrapped := middleware.WrapServerStream(stream)
-		wrapped.WrappedContext = ctx
-		return handler(srv, wrapped)
+		ctx := a.ctx
+		if c.Sessions != nil {
+			var release func()
+			if ctx, release, err = c.Sessions.Hold(ctx, a.who, a.leaf, a.holds); err != nil {
+				return err
+			}
+			defer release()
+		} else if a.holds != nil {
+			if err := a.holds(); err != nil {
+				return status.Error(codes.Unauthenticated, err.Error())
+			}
+		}
+		return identity.Stream(ctx, srv, stream, handler)
 	}
 }
 
-// spoke admits a stream carrying a cluster's token and remembers the cluster.
-func (cfg authConfig) spoke(ctx context.Context, tokens Tokens) (context.Context, error) {
-	if tokens == nil {
-		return ctx, nil
+// certificate returns the identity of the peer's verified client
+// certificate, and how to check it still holds.
+func (c Credentials) certificate(ctx context.Context) (identity.ID, admitted, bool) {
+	chain := identity.PeerChain(ctx)
+	if c.Certs == nil || len(chain) == 0 {
+		return identity.ID{}, admitted{}, false
+	}
+	// The handshake verified the chain; what is checked again is whether it still holds.
+	id, err := identity.Of(chain[0])
+	if err != nil {
+		return identity.ID{}, admitted{}, false
+	}
+	return id, admitted{ctx: ctx, who: id.String(), leaf: chain[0], holds: func() error {
+		_, err := c.Certs.Material().Verify(chain, x509.ExtKeyUsageClientAuth, c.TrustDomain, time.Now())
+		return err
+	}}, true
+}
+
+// spoke admits a stream carrying a cluster's credential and remembers the cluster.
+func (c Credentials) spoke(ctx context.Context) (admitted, error) {
+	tok, tokErr := auth.AuthFromMD(ctx, "bearer")
+	if id, a, ok := c.certificate(ctx); ok {
+		if _, replica := id.Replica(); replica {
+			return admitted{}, status.Errorf(codes.PermissionDenied, "the identity of replica %s cannot publish for a cluster", id)
+		}
+		cluster, ok := id.Cluster()
+		if !ok {
+			return admitted{}, status.Errorf(codes.PermissionDenied, "identity %s names no cluster (want spiffe://%s/nave/cluster/CLUSTER-ID)", id, c.TrustDomain)
+		}
+		if tokErr == nil {
+			if other, err := c.Tokens().Cluster(tok); err != nil || other != cluster {
+				return admitted{}, status.Errorf(codes.PermissionDenied, "the token does not belong to the certificate's cluster %s", cluster)
+			}
+		}
+		a.ctx = context.WithValue(ctx, authenticatedKey{}, cluster)
+		return a, nil
+	}
+	if c.Tokens() == nil && c.Certs == nil {
+		return admitted{ctx: ctx}, nil
+	}
+	if tokErr != nil {
+		if c.Certs != nil {
+			return admitted{}, status.Error(codes.Unauthenticated, "present a client certificate naming your cluster, or a token")
+		}
+		return admitted{}, tokErr
+	}
+	if c.isPeerToken(tok) {
+		return admitted{}, status.Error(codes.PermissionDenied, "the peer token cannot publish for a cluster")
+	}
+	cluster, err := c.Tokens().Cluster(tok)
+	if err != nil {
+		return admitted{}, status.Error(codes.Unauthenticated, "unknown federation token")
+	}
+	return admitted{ctx: context.WithValue(ctx, authenticatedKey{}, cluster), who: "token of cluster " + string(cluster), holds: func() error {
+		if now, err := c.Tokens().Cluster(tok); err != nil || now != cluster {
+			return fmt.Errorf("the token of cluster %s was withdrawn", cluster)
+		}
+		return nil
+	}}, nil
+}
+
+// replica admits a stream carrying a replica's credential; with none configured, every stream.
+func (c Credentials) replica(ctx context.Context) (admitted, error) {
+	if id, a, ok := c.certificate(ctx); ok {
+		if _, replica := id.Replica(); !replica {
+			return admitted{}, status.Errorf(codes.PermissionDenied, "identity %s is no replica's and cannot replicate", id)
+		}
+		return a, nil
+	}
+	if c.PeerToken() == "" && c.Certs == nil {
+		return admitted{ctx: ctx}, nil
 	}
 	tok, err := auth.AuthFromMD(ctx, "bearer")
 	if err != nil {
-		return nil, err
+		if c.Certs != nil {
+			return admitted{}, status.Error(codes.Unauthenticated, "present a replica's client certificate, or the peer token")
+		}
+		return admitted{}, err
 	}
-	if cfg.isPeerToken(tok) {
-		return nil, status.Error(codes.PermissionDenied, "the peer token cannot publish for a cluster")
+	if c.isPeerToken(tok) {
+		return admitted{ctx: ctx, who: "peer token", holds: func() error {
+			if !c.isPeerToken(tok) {
+				return errors.New("the peer token changed")
+			}
+			return nil
+		}}, nil
 	}
-	c, err := tokens.Cluster(tok)
-	if err != nil {
-		return nil, status.Error(codes.Unauthenticated, "unknown federation token")
+	if _, err := c.Tokens().Cluster(tok); err == nil {
+		return admitted{}, status.Error(codes.PermissionDenied, "a cluster's token cannot replicate")
 	}
-	return context.WithValue(ctx, authenticatedKey{}, c), nil
+	return admitted{}, status.Error(codes.Unauthenticated, "unknown peer token")
 }
 
-// replica admits a stream carrying the peer token; with none configured, every stream.
-func (cfg authConfig) replica(ctx context.Context, tokens Tokens) (context.Context, error) {
-	if cfg.peerToken == "" {
-		return ctx, nil
-	}
-	tok, err := auth.AuthFromMD(ctx, "bearer")
-	if err != nil {
-		return nil, err
-	}
-	if cfg.isPeerToken(tok) {
-		return ctx, nil
-	}
-	if _, err := tokens.Cluster(tok); err == nil {
-		return nil, status.Error(codes.PermissionDenied, "a cluster's token cannot replicate")
-	}
-	return nil, status.Error(codes.Unauthenticated, "unknown peer token")
-}
-
-func (cfg authConfig) isPeerToken(tok string) bool {
-	return cfg.peerToken != "" && subtle.ConstantTimeCompare([]byte(cfg.peerToken), []byte(tok)) == 1
+func (c Credentials) isPeerToken(tok string) bool {
+	peer := c.PeerToken()
+	return peer != "" && subtle.ConstantTimeCompare([]byte(peer), []byte(tok)) == 1
 }
 
 // TokenCredentials sends a bearer token with every RPC.

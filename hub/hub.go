@@ -27,13 +27,13 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
 	"github.com/navemesh/nave/federation"
 	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/gateways"
+	"github.com/navemesh/nave/identity"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/replicas"
 	"github.com/navemesh/nave/xds"
@@ -83,6 +83,24 @@ type Config struct {
 	// PeerCAFile is the CA that signed the replicas' federation certificates
 	// (with TLSCertFile): replicas verify each other with it.
 	PeerCAFile string
+	// ClientCAFile (with TLSCertFile) makes the federation port ask peers
+	// for client certificates signed by this CA: a spoke's names its
+	// cluster (spiffe://TRUST-DOMAIN/nave/cluster/ID) and publishes for it
+	// only; a replica's names the replica (.../nave/replica/ID, which
+	// TLSCertFile must then carry) and replicates only. Without tokens, a
+	// certificate is required.
+	ClientCAFile string
+	// TrustDomain is the trust domain of every identity (default cluster.local).
+	TrustDomain string
+	// CRLFile is a revocation list signed by ClientCAFile's (or
+	// XDSClientCAFile's) CA: a revoked certificate is refused, and its
+	// open sessions end when the list is reloaded.
+	CRLFile string
+	// XDSTLSCertFile and XDSTLSKeyFile make the xDS port speak TLS;
+	// XDSClientCAFile makes it require client certificates signed by that
+	// CA (mTLS). XDSPolicyFile (with mTLS) restricts what each client
+	// identity may receive to some namespaces (see identity.Policy).
+	XDSTLSCertFile, XDSTLSKeyFile, XDSClientCAFile, XDSPolicyFile string
 	// Liveness: when a cluster without a live spoke turns stale, and its policy.
 	Liveness Liveness
 	// SnapshotInterval is the least time between two persisted snapshots of
@@ -125,6 +143,7 @@ func DefaultConfig() Config {
 		Liveness:         DefaultLiveness(),
 		SnapshotInterval: 2 * time.Second,
 		ColdStartWait:    30 * time.Second,
+		TrustDomain:      identity.DefaultTrustDomain,
 		MaxSnapshotBytes: 64 << 20,
 		SnapshotFormat:   2,
 		ClustersetCIDRs:  []netip.Prefix{netip.MustParsePrefix(DefaultClustersetCIDR)},
@@ -237,6 +256,9 @@ func startConfig(cfg Config) Config {
 	if cfg.SnapshotInterval <= 0 {
 		cfg.SnapshotInterval = DefaultConfig().SnapshotInterval
 	}
+	if cfg.TrustDomain == "" {
+		cfg.TrustDomain = identity.DefaultTrustDomain
+	}
 	if cfg.SnapshotFormat == 0 {
 		cfg.SnapshotFormat = DefaultConfig().SnapshotFormat
 	}
@@ -255,11 +277,17 @@ type parts struct {
 	cfg Config
 	log *slog.Logger
 
-	// Credentials.
-	tokens              federation.Tokens
+	// Credentials (see credentials.go).
+	tokens              *federation.TokenFile // nil: no tokens
 	peerToken           string
-	adminToken          *adminToken // nil: the admin API is open
+	fedCerts, peerCerts *identity.Store // nil without TLS on the federation port
+	xdsCerts            *identity.Store // nil without TLS on the xDS port
+	policy              *identity.Policy
+	sessions            *identity.Sessions
+	conns               *identity.Conns // the TLS connections, by client certificate
+	adminToken          *adminToken     // nil: the admin API is open
 	fedCreds, peerCreds credentials.TransportCredentials
+	xdsCreds            credentials.TransportCredentials
 	gossip              bool // with peer replicas (--join, --gossip-addr)
 
 	// etcd.
@@ -301,62 +329,6 @@ type parts struct {
 	serving      []*grpc.Server // the gRPC servers serving, stopped together
 	adminServing bool
 	cleanup      []func() // run in reverse on failure or shutdown
-}
-
-// loadCredentials reads the spokes' tokens and the peer token, and sets up
-// the transport credentials of the federation server and of peer replicas.
-func (p *parts) loadCredentials() (err error) {
-	cfg, log := p.cfg, p.log
-	if cfg.TokensFile != "" {
-		if p.tokens, err = federation.LoadTokens(cfg.TokensFile); err != nil {
-			return err
-		}
-	} else {
-		log.Warn("no --tokens file: any spoke may publish for any cluster (development only)")
-	}
-	p.fedCreds = insecure.NewCredentials()
-	if cfg.TLSCertFile != "" || cfg.TLSKeyFile != "" {
-		if p.fedCreds, err = credentials.NewServerTLSFromFile(cfg.TLSCertFile, cfg.TLSKeyFile); err != nil {
-			return fmt.Errorf("federation TLS: %w", err)
-		}
-	} else if p.tokens != nil {
-		log.Warn("federation without TLS: spoke tokens travel in clear (set --tls-cert and --tls-key)")
-	}
-	if cfg.PeerTokenFile != "" {
-		if p.peerToken, err = federation.LoadToken(cfg.PeerTokenFile); err != nil {
-			return err
-		}
-	}
-	if cfg.AdminTokenFile != "" {
-		if p.adminToken, err = newAdminToken(cfg.AdminTokenFile, log.With("component", "admin")); err != nil {
-			return err
-		}
-	}
-	p.gossip = len(cfg.Join) > 0 || cfg.GossipAddr != ""
-	if p.gossip && len(cfg.EtcdEndpoints) == 0 {
-		// Epochs fence a cluster's sessions across replicas only if every replica draws them from one etcd.
-		return errors.New("hub replicas (--join, --gossip-addr) need a shared etcd: set --etcd-endpoints")
-	}
-	if p.gossip && p.peerToken == "" {
-		log.Warn("no --peer-token-file: any process may replicate with this hub (development only)")
-	}
-	if p.peerToken != "" {
-		if err := federation.ValidatePeerToken(p.peerToken, p.tokens); err != nil {
-			return err
-		}
-	}
-	// Replicas dial each other's federation port: over TLS when it speaks TLS,
-	// trusting the CA in PeerCAFile.
-	p.peerCreds = insecure.NewCredentials()
-	if cfg.TLSCertFile != "" && p.gossip {
-		if cfg.PeerCAFile == "" {
-			return errors.New("hub replicas whose federation port speaks TLS need --peer-ca: the CA that signed the replicas' certificates")
-		}
-		if p.peerCreds, err = credentials.NewClientTLSFromFile(cfg.PeerCAFile, ""); err != nil {
-			return fmt.Errorf("peer TLS: %w", err)
-		}
-	}
-	return nil
 }
 
 // connectEtcd starts the embedded etcd when no endpoints are configured,
@@ -428,6 +400,9 @@ func (p *parts) buildState() {
 		// Envoy gateways are served listeners of their own.
 		xc.Audience = gateways.NewAudience(cfg.IngressExposure, p.log)
 	}
+	if p.policy != nil {
+		xc.Restrict = p.restrictXDS
+	}
 	p.xdsServer = xds.NewServer(xc, p.log, p.metricsReg)
 	// Gossip hears about every change of the state (summaries: who is home, at which stamp).
 	// Imports follow every change too, off the state goroutine.
@@ -472,7 +447,7 @@ func (p *parts) buildServers() {
 			p.grpcMetrics.StreamServerInterceptor(),
 			logging.StreamServerInterceptor(grpcLogger(log.With("component", "federation-grpc")), logOpts...),
 			recovery.StreamServerInterceptor(recoveryOpt),
-			federation.AuthInterceptor(p.tokens, federation.WithPeerToken(p.peerToken)),
+			p.federationCredentials().Interceptor(),
 		),
 	)
 	hubFed := federation.NewHubServer(cfg.Federation, p.state, catalogEpochs{catalog: p.catalog}, p.metrics.federationHooks(), log)
@@ -486,11 +461,13 @@ func (p *parts) buildServers() {
 	fedv1.RegisterReplicationServer(p.fedServer, replicas.NewReplicationServer(p.state, p.replCfg, log))
 
 	p.xdsGRPC = grpc.NewServer(
+		grpc.Creds(p.xdsCreds),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.ChainStreamInterceptor(
 			p.grpcMetrics.StreamServerInterceptor(),
 			logging.StreamServerInterceptor(grpcLogger(log.With("component", "xds-grpc")), logOpts...),
 			recovery.StreamServerInterceptor(recoveryOpt),
+			p.sessions.StreamInterceptor(p.xdsCerts, cfg.TrustDomain),
 		),
 		grpc.ChainUnaryInterceptor(p.grpcMetrics.UnaryServerInterceptor(), recovery.UnaryServerInterceptor(recoveryOpt)),
 	)
@@ -569,6 +546,8 @@ func (p *parts) coordinate(restored bool) {
 	if !restored {
 		p.wg.Go(func() { p.coord.restoreLater(p.coordCtx) })
 	}
+	p.loop("credentials", p.watchCredentials)
+	p.loop("sessions", p.sessions.Run)
 	p.loop("etcd-health", p.coord.watchEtcd)
 	p.loop("leader", p.coord.lead)
 	p.loop("liveness", p.coord.tickLiveness)

@@ -30,6 +30,7 @@ const (
 	metricSnapshotSeconds   = "nave_hub_snapshot_save_seconds"
 	metricReplication       = "nave_hub_replication_updates_total"
 	metricNetworkGateways   = "nave_hub_network_gateways"
+	metricTLSRefused        = "nave_tls_refused_handshakes_total"
 )
 
 type metrics struct {
@@ -49,6 +50,7 @@ type metrics struct {
 	// networkGateways, and the networks it has series of (owned by observe's caller: the state goroutine).
 	networkGateways *prometheus.GaugeVec
 	networks        map[registry.Network]bool
+	tlsRefused      *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -90,11 +92,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.networkGateways = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: metricNetworkGateways,
 		Help: "Gateway addresses clients on other networks can be handed, per network a cluster names; 0: the network's endpoints reach no other network."}, []string{"network"})
 	m.networks = map[registry.Network]bool{}
+	m.tlsRefused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricTLSRefused,
+		Help: "Client certificates refused at the TLS handshake, by port (federation, xds) and reason (expired, untrusted, revoked, no_identity, foreign_trust_domain, no_client_certificate, invalid)."}, []string{"port", "reason"})
 	m.etcdUp.Set(1)
 	m.members.Set(1)
 	reg.MustRegister(m.connected, m.clusterServices, m.clusterEndpoints, m.services, m.version, m.updates, m.resyncs,
 		m.clusterStale, m.clusterRestored, m.clusterDataAge, m.leader, m.etcdUp, m.members, m.snapshotRevision, m.snapshotBytes, m.snapshotSeconds, m.replication,
-		m.networkGateways)
+		m.networkGateways, m.tlsRefused)
 	return m
 }
 

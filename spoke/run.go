@@ -13,9 +13,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/keepalive"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -47,6 +44,11 @@ type Config struct {
 	// HubCAFile, when set, makes the spoke connect over TLS and trust the hub
 	// certificates it signed (PEM); HubServerName overrides the name checked.
 	HubCAFile, HubServerName string
+	// CertFile and KeyFile are the spoke's client certificate (naming its
+	// cluster: spiffe://TRUST-DOMAIN/nave/cluster/ID) for a hub that asks
+	// for one, over TLS (with HubCAFile). Every credential file is read
+	// again when it changes.
+	CertFile, KeyFile string
 	// Source is "kube" (the Kubernetes API) or "dir:PATH" (a directory of manifests).
 	Source string
 	// Kubeconfig is the kubeconfig of a kube source; empty uses the pod's
@@ -103,23 +105,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	transport := insecure.NewCredentials()
-	if cfg.HubCAFile != "" {
-		if transport, err = credentials.NewClientTLSFromFile(cfg.HubCAFile, cfg.HubServerName); err != nil {
-			return fmt.Errorf("hub TLS: %w", err)
-		}
-	}
-	opts := []grpc.DialOption{
-		grpc.WithTransportCredentials(transport),
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
-	}
-	if cfg.TokenFile != "" {
-		tok, err := federation.LoadToken(cfg.TokenFile)
-		if err != nil {
-			return err
-		}
-		// Over TLS the token is protected; without it, sending it anyway is the operator's choice (loopback, demos).
-		opts = append(opts, grpc.WithPerRPCCredentials(federation.TokenCredentials{Token: tok, AllowInsecure: cfg.HubCAFile == ""}))
+	opts, err := hubDialOptions(ctx, cfg, log)
+	if err != nil {
+		return err
 	}
 	conn, err := grpc.NewClient(cfg.HubAddr, opts...)
 	if err != nil {

@@ -128,7 +128,9 @@ type dispatchCache struct {
 	// view returns the caches of a node's audience group, and whether it
 	// belongs to an audience (its caches are nil beyond MaxAudienceGroups).
 	view func(*core.Node) (*view, bool)
-	log  *slog.Logger
+	// restriction returns what the stream of a node's requests may receive (nil: everything).
+	restriction func(*core.Node) Restriction
+	log         *slog.Logger
 }
 
 var _ cache.Cache = (*dispatchCache)(nil)
@@ -139,6 +141,9 @@ func (d *dispatchCache) CreateWatch(req *cache.Request, sub cache.Subscription, 
 	if c == nil {
 		return d.unknownType(req.GetTypeUrl()), nil
 	}
+	if allow := d.restriction(req.GetNode()); allow != nil {
+		sub = restrict(sub, allow)
+	}
 	return c.CreateWatch(req, sub, out)
 }
 
@@ -147,6 +152,9 @@ func (d *dispatchCache) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subs
 	c := d.cacheFor(req.GetTypeUrl(), req.GetNode())
 	if c == nil {
 		return d.unknownType(req.GetTypeUrl()), nil
+	}
+	if allow := d.restriction(req.GetNode()); allow != nil {
+		sub = restrict(sub, allow)
 	}
 	return c.CreateDeltaWatch(req, sub, out)
 }

@@ -27,6 +27,8 @@ const (
 	MetricLocalityGroups = "nave_xds_locality_groups"
 	// MetricRefusedRequests counts requests refused (their stream ended), by reason.
 	MetricRefusedRequests = "nave_xds_refused_requests_total"
+	// MetricDeniedResources counts resource names clients asked for that their identity may not receive, by type ("*": a wildcard request).
+	MetricDeniedResources = "nave_xds_denied_resources_total"
 )
 
 // Short type labels.
@@ -63,6 +65,7 @@ type metrics struct {
 	updateDuration prometheus.Histogram
 	groups         prometheus.Gauge
 	refused        *prometheus.CounterVec
+	denied         *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -96,6 +99,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: MetricRefusedRequests, Help: "xDS requests refused and their streams ended, by reason (too_many_names, metadata_too_large).",
 		}, []string{"reason"}),
+		denied: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricDeniedResources, Help: "Resources clients asked for that their identity may not receive (they get nothing of them), by type.",
+		}, []string{"type"}),
 	}
 	for _, r := range []string{reasonTooManyNames, reasonMetadataTooLarge} {
 		m.refused.WithLabelValues(r)
@@ -106,9 +112,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.nacks.WithLabelValues(t)
 		m.invalid.WithLabelValues(t)
 		m.updates.WithLabelValues(t)
+		m.denied.WithLabelValues(t)
 	}
 	if reg != nil {
-		reg.MustRegister(m.connected, m.responses, m.nacks, m.pushLatency, m.invalid, m.updates, m.updateDuration, m.groups, m.refused)
+		reg.MustRegister(m.connected, m.responses, m.nacks, m.pushLatency, m.invalid, m.updates, m.updateDuration, m.groups, m.refused, m.denied)
 	}
 	return m
 }

@@ -45,6 +45,11 @@ type Config struct {
 	// MaxNodeMetadataBytes the size of a node's metadata.
 	MaxResourceNames     int
 	MaxNodeMetadataBytes int
+	// Restrict, when set, says for each new stream (from its context: the
+	// client's TLS identity) what it may receive and who it is, for logs;
+	// a nil Restriction allows everything, an error refuses the stream.
+	// Every request of a restricted stream is cut down to what it allows.
+	Restrict func(ctx context.Context) (allow Restriction, who string, err error)
 }
 
 // DefaultConfig is a single replica's configuration: version prefix "nave-"
@@ -98,6 +103,8 @@ type Server struct {
 	pushes map[string]pushStamp
 	// requests holds when each stream last asked for each type.
 	requests map[streamKey]map[string]time.Time
+
+	restrict restrictions
 }
 
 // streamKey names a stream: sotw and delta streams are numbered separately.
@@ -131,6 +138,7 @@ func NewServer(cfg Config, log *slog.Logger, reg prometheus.Registerer) *Server 
 		endpoints: map[string]*portEndpoints{},
 		pushes:    map[string]pushStamp{},
 		requests:  map[streamKey]map[string]time.Time{},
+		restrict:  restrictions{byStream: map[streamKey]*streamRestriction{}, byNode: map[*core.Node]*streamRestriction{}},
 	}
 	s.lds = newResourceCache(resource.ListenerType, cfg.VersionPrefix+"lds-", log, nil, nil)
 	s.rds = newResourceCache(resource.RouteType, cfg.VersionPrefix+"rds-", log, nil, nil)
@@ -138,7 +146,7 @@ func NewServer(cfg Config, log *slog.Logger, reg prometheus.Registerer) *Server 
 	s.groups.Store(&map[Client]*resourceCache{})
 	s.topo.Store(newTopology(registry.Networks{}))
 	s.views.Store(&map[string]*view{})
-	dispatch := &dispatchCache{lds: s.lds, rds: s.rds, cds: s.cds, eds: s.edsCache, view: s.viewFor, log: log}
+	dispatch := &dispatchCache{lds: s.lds, rds: s.rds, cds: s.cds, eds: s.edsCache, view: s.viewFor, restriction: s.restrictionOf, log: log}
 	// The streams end when the gRPC server stops; nothing else needs to end them.
 	s.xds = serverv3.NewServer(context.Background(), dispatch, s.callbacks(), sotw.WithLogger(cacheLogger(log)))
 	return s
@@ -404,26 +412,29 @@ func (s *Server) edsCache(node *core.Node) *resourceCache {
 
 func (s *Server) callbacks() serverv3.CallbackFuncs {
 	return serverv3.CallbackFuncs{
-		StreamOpenFunc: func(context.Context, int64, string) error {
+		StreamOpenFunc: func(ctx context.Context, id int64, _ string) error {
 			s.metrics.connected.Inc()
-			return nil
+			return s.openStream(ctx, streamKey{false, id})
 		},
 		StreamClosedFunc: func(id int64, _ *core.Node) {
 			s.metrics.connected.Dec()
 			s.forgetStream(false, id)
+			s.closeStream(streamKey{false, id})
 		},
-		DeltaStreamOpenFunc: func(context.Context, int64, string) error {
+		DeltaStreamOpenFunc: func(ctx context.Context, id int64, _ string) error {
 			s.metrics.connected.Inc()
-			return nil
+			return s.openStream(ctx, streamKey{true, id})
 		},
 		DeltaStreamClosedFunc: func(id int64, _ *core.Node) {
 			s.metrics.connected.Dec()
 			s.forgetStream(true, id)
+			s.closeStream(streamKey{true, id})
 		},
 		StreamRequestFunc: func(id int64, req *discovery.DiscoveryRequest) error {
 			if err := s.admit(req.GetNode(), len(req.GetResourceNames())); err != nil {
 				return err
 			}
+			s.restrictRequest(streamKey{false, id}, req.GetNode(), req.GetTypeUrl(), req.GetResourceNames())
 			s.onRequest(false, id, req.GetTypeUrl(), req.GetNode(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, req.GetResponseNonce())
 			return nil
 		},
@@ -431,6 +442,7 @@ func (s *Server) callbacks() serverv3.CallbackFuncs {
 			if err := s.admit(req.GetNode(), len(req.GetResourceNamesSubscribe())); err != nil {
 				return err
 			}
+			s.restrictRequest(streamKey{true, id}, req.GetNode(), req.GetTypeUrl(), req.GetResourceNamesSubscribe())
 			s.onRequest(true, id, req.GetTypeUrl(), req.GetNode(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, req.GetResponseNonce())
 			return nil
 		},

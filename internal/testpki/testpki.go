@@ -11,8 +11,10 @@ import (
 	"encoding/pem"
 	"math/big"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -33,7 +35,7 @@ func NewCA(t testing.TB, name string) *CA {
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(t), Subject: pkix.Name{CommonName: name},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
@@ -64,6 +66,70 @@ func (ca *CA) Server(t testing.TB, name string, hosts ...string) (certFile, keyF
 func (ca *CA) Client(t testing.TB, name string) (certFile, keyFile string) {
 	t.Helper()
 	return ca.issue(t, name, ca.template(t, name, x509.ExtKeyUsageClientAuth))
+}
+
+// Cert describes a certificate Issue makes: its SPIFFE ID (a URI SAN),
+// host names and IP addresses, usages (default: client and server) and
+// validity (default: from an hour ago for a day).
+type Cert struct {
+	URI       string
+	Hosts     []string
+	Usages    []x509.ExtKeyUsage
+	NotBefore time.Time
+	NotAfter  time.Time
+}
+
+// Issued is a certificate Issue made: its files and serial number.
+type Issued struct {
+	CertFile, KeyFile string
+	Serial            *big.Int
+}
+
+// Issue issues the certificate c describes, named name.
+func (ca *CA) Issue(t testing.TB, name string, c Cert) Issued {
+	t.Helper()
+	tmpl := ca.template(t, name, x509.ExtKeyUsageClientAuth)
+	tmpl.ExtKeyUsage = c.Usages
+	if len(c.Usages) == 0 {
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth}
+	}
+	if c.URI != "" {
+		u, err := url.Parse(c.URI)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tmpl.URIs = []*url.URL{u}
+	}
+	for _, h := range c.Hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, h)
+		}
+	}
+	if !c.NotBefore.IsZero() {
+		tmpl.NotBefore = c.NotBefore
+	}
+	if !c.NotAfter.IsZero() {
+		tmpl.NotAfter = c.NotAfter
+	}
+	cert, key := ca.issue(t, name, tmpl)
+	return Issued{CertFile: cert, KeyFile: key, Serial: tmpl.SerialNumber}
+}
+
+// CRL writes a revocation list signed by the CA that revokes serials, and
+// returns its PEM file; number orders the lists the CA issued.
+func (ca *CA) CRL(t testing.TB, number int64, serials ...*big.Int) string {
+	t.Helper()
+	tmpl := &x509.RevocationList{Number: big.NewInt(number), ThisUpdate: time.Now().Add(-time.Minute), NextUpdate: time.Now().Add(time.Hour)}
+	for _, s := range serials {
+		tmpl.RevokedCertificateEntries = append(tmpl.RevokedCertificateEntries, x509.RevocationListEntry{SerialNumber: s, RevocationTime: time.Now()})
+	}
+	der, err := x509.CreateRevocationList(rand.Reader, tmpl, ca.cert, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca.write(t, "crl-"+strconv.FormatInt(number, 10)+".pem", "X509 CRL", der)
 }
 
 func (ca *CA) template(t testing.TB, name string, usage x509.ExtKeyUsage) *x509.Certificate {

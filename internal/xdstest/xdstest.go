@@ -75,6 +75,28 @@ func BootstrapOn(xdsAddr, node string, l registry.Locality, network registry.Net
 		xdsAddr, node, extra)
 }
 
+// TLSFiles are the PEM files a grpc-go xDS client connects to its xDS
+// server with: the CA it trusts and, for mTLS, its certificate and key.
+type TLSFiles struct{ CA, Cert, Key string }
+
+// NewClientTLS is NewClient for a client whose bootstrap connects to the
+// xDS server over TLS (channel_creds type "tls", gRFC A65).
+func NewClientTLS(t testing.TB, xdsAddr, node string, l registry.Locality, target string, files TLSFiles) healthpb.HealthClient {
+	t.Helper()
+	bootstrap := strings.Replace(Bootstrap(xdsAddr, node, l), `"channel_creds":[{"type":"insecure"}]`,
+		fmt.Sprintf(`"channel_creds":[{"type":"tls","config":{"ca_certificate_file":%q,"certificate_file":%q,"private_key_file":%q}}]`, files.CA, files.Cert, files.Key), 1)
+	resolver, err := grpcxds.NewXDSResolverWithConfigForTesting([]byte(bootstrap))
+	if err != nil {
+		t.Fatalf("xDS resolver: %v", err)
+	}
+	conn, err := grpc.NewClient("xds:///"+target, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(resolver))
+	if err != nil {
+		t.Fatalf("dial %s: %v", target, err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return healthpb.NewHealthClient(conn)
+}
+
 // NewClient dials xds:///target through its own grpc-go xDS client, whose node has locality l.
 func NewClient(t testing.TB, xdsAddr, node string, l registry.Locality, target string) healthpb.HealthClient {
 	t.Helper()

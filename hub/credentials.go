@@ -1,0 +1,217 @@
+package hub
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/navemesh/nave/federation"
+	"github.com/navemesh/nave/identity"
+	"github.com/navemesh/nave/xds"
+)
+
+// credentialsReload is how often credential files are checked for changes.
+const credentialsReload = time.Second
+
+// loadCredentials reads the spokes' tokens, the peer token, the
+// certificates of the federation and xDS ports and the xDS policy, and
+// sets up the transport credentials of both servers and of peer replicas.
+func (p *parts) loadCredentials() error {
+	p.conns = identity.NewConns()
+	p.sessions = identity.NewSessions(p.log.With("component", "sessions"), p.conns)
+	for _, step := range []func() error{p.loadTokens, p.loadFederationTLS, p.loadPeerTLS, p.loadXDSTLS} {
+		if err := step(); err != nil {
+			return err
+		}
+	}
+	if p.cfg.AdminTokenFile != "" {
+		var err error
+		if p.adminToken, err = newAdminToken(p.cfg.AdminTokenFile, p.log.With("component", "admin")); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// loadTokens reads the cluster tokens and the peer token.
+func (p *parts) loadTokens() (err error) {
+	cfg, log := p.cfg, p.log
+	if cfg.TokensFile != "" {
+		if p.tokens, err = federation.OpenTokens(cfg.TokensFile); err != nil {
+			return err
+		}
+	} else if cfg.ClientCAFile == "" {
+		log.Warn("no --tokens file and no --client-ca: any spoke may publish for any cluster (development only)")
+	}
+	if cfg.PeerTokenFile != "" {
+		if p.peerToken, err = federation.LoadToken(cfg.PeerTokenFile); err != nil {
+			return err
+		}
+	}
+	p.gossip = len(cfg.Join) > 0 || cfg.GossipAddr != ""
+	if p.gossip && len(cfg.EtcdEndpoints) == 0 {
+		// Epochs fence a cluster's sessions across replicas only if every replica draws them from one etcd.
+		return errors.New("hub replicas (--join, --gossip-addr) need a shared etcd: set --etcd-endpoints")
+	}
+	if p.gossip && p.peerToken == "" && cfg.ClientCAFile == "" {
+		log.Warn("no --peer-token-file and no --client-ca: any process may replicate with this hub (development only)")
+	}
+	if p.peerToken != "" {
+		if err := federation.ValidatePeerToken(p.peerToken, p.clusterTokens()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *parts) clusterTokens() federation.Tokens {
+	if p.tokens == nil {
+		return nil
+	}
+	return p.tokens.Tokens()
+}
+
+// loadFederationTLS sets up the federation server's TLS: its certificate,
+// and with --client-ca the client certificates it verifies.
+func (p *parts) loadFederationTLS() (err error) {
+	cfg := p.cfg
+	p.fedCreds = insecure.NewCredentials()
+	if cfg.TLSCertFile == "" && cfg.TLSKeyFile == "" {
+		if cfg.ClientCAFile != "" {
+			return errors.New("--client-ca needs --tls-cert and --tls-key: client certificates travel over TLS")
+		}
+		if p.tokens != nil {
+			p.log.Warn("federation without TLS: spoke tokens travel in clear (set --tls-cert and --tls-key)")
+		}
+		return nil
+	}
+	if p.fedCerts, err = identity.Load(identity.Files{Cert: cfg.TLSCertFile, Key: cfg.TLSKeyFile, CA: cfg.ClientCAFile, CRL: cfg.CRLFile}, p.log); err != nil {
+		return fmt.Errorf("federation TLS: %w", err)
+	}
+	p.fedCreds = p.conns.Creds(credentials.NewTLS(p.fedCerts.ServerConfig(identity.ServerOptions{
+		TrustDomain:        cfg.TrustDomain,
+		ClientCertOptional: cfg.TokensFile != "" || cfg.PeerTokenFile != "",
+		Refused:            p.refusedHandshake("federation"),
+	})))
+	return nil
+}
+
+// loadPeerTLS sets up how replicas dial each other's federation port:
+// over TLS when it speaks TLS, trusting --peer-ca, presenting the
+// replica's certificate when peers ask for one.
+func (p *parts) loadPeerTLS() (err error) {
+	cfg := p.cfg
+	p.peerCreds = insecure.NewCredentials()
+	if cfg.TLSCertFile == "" || !p.gossip {
+		return nil
+	}
+	if cfg.PeerCAFile == "" {
+		return errors.New("hub replicas whose federation port speaks TLS need --peer-ca: the CA that signed the replicas' certificates")
+	}
+	if p.peerCerts, err = identity.Load(identity.Files{Cert: cfg.TLSCertFile, Key: cfg.TLSKeyFile, CA: cfg.PeerCAFile}, p.log); err != nil {
+		return fmt.Errorf("peer TLS: %w", err)
+	}
+	if cfg.ClientCAFile != "" && p.peerToken == "" {
+		// Without the peer token, replicas know each other by their certificates.
+		id, err := identity.Of(p.peerCerts.Material().Leaf)
+		if _, replica := id.Replica(); err != nil || !replica || id.TrustDomain != cfg.TrustDomain {
+			return fmt.Errorf("--tls-cert must name this replica (spiffe://%s/nave/replica/%s) for its peers, or set --peer-token-file", cfg.TrustDomain, cfg.ID)
+		}
+	}
+	p.peerCreds = credentials.NewTLS(p.peerCerts.ClientConfig(""))
+	return nil
+}
+
+// loadXDSTLS sets up the xDS server's TLS, client certificates and policy.
+func (p *parts) loadXDSTLS() (err error) {
+	cfg := p.cfg
+	p.xdsCreds = insecure.NewCredentials()
+	if cfg.XDSTLSCertFile == "" && cfg.XDSTLSKeyFile == "" {
+		if cfg.XDSClientCAFile != "" || cfg.XDSPolicyFile != "" {
+			return errors.New("--xds-client-ca and --xds-policy need --xds-tls-cert and --xds-tls-key")
+		}
+		return nil
+	}
+	if cfg.XDSPolicyFile != "" && cfg.XDSClientCAFile == "" {
+		return errors.New("--xds-policy needs --xds-client-ca: the policy is about client identities")
+	}
+	crl := cfg.CRLFile
+	if cfg.XDSClientCAFile == "" {
+		crl = ""
+	}
+	if p.xdsCerts, err = identity.Load(identity.Files{Cert: cfg.XDSTLSCertFile, Key: cfg.XDSTLSKeyFile, CA: cfg.XDSClientCAFile, CRL: crl}, p.log); err != nil {
+		return fmt.Errorf("xDS TLS: %w", err)
+	}
+	p.xdsCreds = p.conns.Creds(credentials.NewTLS(p.xdsCerts.ServerConfig(identity.ServerOptions{TrustDomain: cfg.TrustDomain, Refused: p.refusedHandshake("xds")})))
+	if cfg.XDSPolicyFile != "" {
+		if p.policy, err = identity.LoadPolicy(cfg.XDSPolicyFile); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// refusedHandshake counts and logs a client certificate refused on port.
+func (p *parts) refusedHandshake(port string) func(string, error) {
+	return func(reason string, err error) {
+		if p.metrics != nil {
+			p.metrics.tlsRefused.WithLabelValues(port, reason).Inc()
+		}
+		p.log.Warn("refused a client certificate", "port", port, "reason", reason, "err", err)
+	}
+}
+
+// federationCredentials is what the federation port admits.
+func (p *parts) federationCredentials() federation.Credentials {
+	c := federation.Credentials{
+		Tokens:    p.clusterTokens,
+		PeerToken: func() string { return p.peerToken },
+		Sessions:  p.sessions, TrustDomain: p.cfg.TrustDomain,
+	}
+	if p.cfg.ClientCAFile != "" {
+		c.Certs = p.fedCerts
+	}
+	return c
+}
+
+// restrictXDS is what an xDS client may receive under the policy: what
+// its identity's rule allows (nothing without a rule).
+func (p *parts) restrictXDS(ctx context.Context) (xds.Restriction, string, error) {
+	chain := identity.PeerChain(ctx)
+	if len(chain) == 0 {
+		return func(string) bool { return false }, "no identity", nil
+	}
+	id, err := identity.Of(chain[0])
+	if err != nil {
+		return func(string) bool { return false }, chain[0].Subject.String(), nil
+	}
+	all, namespaces := p.policy.Allows(id)
+	if all {
+		return nil, id.String(), nil
+	}
+	allowed := make(map[string]bool, len(namespaces))
+	for _, ns := range namespaces {
+		allowed[ns] = true
+	}
+	return func(ns string) bool { return allowed[ns] }, id.String(), nil
+}
+
+// watchCredentials reloads every credential file once a second; when one
+// changed, open sessions are checked again and those whose credential no
+// longer holds end. It also ends sessions as their certificates expire.
+func (p *parts) watchCredentials(ctx context.Context) {
+	var reloads []func() (bool, error)
+	for _, s := range []*identity.Store{p.fedCerts, p.peerCerts, p.xdsCerts} {
+		if s != nil {
+			reloads = append(reloads, s.Reload)
+		}
+	}
+	if p.tokens != nil {
+		reloads = append(reloads, p.tokens.Reload)
+	}
+	identity.Watch(ctx, p.log.With("component", "credentials"), credentialsReload, p.sessions.Recheck, reloads...)
+}

@@ -1,0 +1,195 @@
+package identity_test
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/navemesh/nave/identity"
+	"github.com/navemesh/nave/internal/testpki"
+)
+
+func TestParse(t *testing.T) {
+	for _, s := range []string{"spiffe://cluster.local/nave/cluster/east", "spiffe://td/ns/shop/sa/web"} {
+		id, err := identity.Parse(s)
+		if err != nil || id.String() != s {
+			t.Errorf("Parse(%q) = %v, %v", s, id, err)
+		}
+	}
+	for _, s := range []string{"", "https://td/x", "spiffe://td", "spiffe://td/", "spiffe://TD/x", "spiffe://td:8080/x", "spiffe://td/a//b", "spiffe://td/x?y=1", "spiffe://u@td/x"} {
+		if _, err := identity.Parse(s); err == nil {
+			t.Errorf("Parse(%q) accepted", s)
+		}
+	}
+	id := identity.ForCluster("td", "east")
+	if c, ok := id.Cluster(); !ok || c != "east" {
+		t.Errorf("%s names cluster %q, %v", id, c, ok)
+	}
+	if _, ok := id.Replica(); ok {
+		t.Errorf("%s names a replica", id)
+	}
+	if r, ok := identity.ForReplica("td", "hub-0").Replica(); !ok || r != "hub-0" {
+		t.Errorf("replica %q, %v", r, ok)
+	}
+	if _, ok := (identity.ID{TrustDomain: "td", Path: "/nave/cluster/Not_Valid"}).Cluster(); ok {
+		t.Error("an invalid cluster ID is a cluster")
+	}
+}
+
+func TestPolicy(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	write(t, path, `rules:
+- identity: spiffe://td/ns/ops/sa/admin
+  namespaces: ["*"]
+- identity: spiffe://td/ns/*
+  namespaces: [$namespace, shared]
+`)
+	p, err := identity.LoadPolicy(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		id   string
+		all  bool
+		want []string
+	}{
+		{"spiffe://td/ns/ops/sa/admin", true, nil},
+		{"spiffe://td/ns/shop/sa/web", false, []string{"shared", "shop"}},
+		{"spiffe://other/ns/shop/sa/web", false, nil},
+		{"spiffe://td/nave/cluster/east", false, nil},
+	} {
+		id, _ := identity.Parse(c.id)
+		all, ns := p.Allows(id)
+		if all != c.all || len(ns) != len(c.want) || (len(ns) > 0 && (ns[0] != c.want[0] || ns[1] != c.want[1])) {
+			t.Errorf("%s: all %v %v, want %v %v", c.id, all, ns, c.all, c.want)
+		}
+	}
+	for _, bad := range []string{"rules:\n- identity: nope\n  namespaces: [a]\n", "rules:\n- identity: '*'\n", "rule: []\n"} {
+		write(t, path, bad)
+		if _, err := identity.LoadPolicy(path); err == nil {
+			t.Errorf("policy %q accepted", bad)
+		}
+	}
+}
+
+func TestVerifyReasons(t *testing.T) {
+	ca := testpki.NewCA(t, "ca")
+	good := ca.Issue(t, "good", testpki.Cert{URI: "spiffe://td/nave/cluster/east"})
+	revoked := ca.Issue(t, "revoked", testpki.Cert{URI: "spiffe://td/nave/cluster/east"})
+	store, err := identity.Load(identity.Files{CA: ca.File, CRL: ca.CRL(t, 1, revoked.Serial)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := testpki.NewCA(t, "other")
+	for _, c := range []struct {
+		name   string
+		cert   testpki.Issued
+		reason string
+	}{
+		{"good", good, ""},
+		{"revoked", revoked, "revoked"},
+		{"expired", ca.Issue(t, "old", testpki.Cert{URI: "spiffe://td/x", NotAfter: time.Now().Add(-time.Minute)}), "expired"},
+		{"untrusted", other.Issue(t, "x", testpki.Cert{URI: "spiffe://td/x"}), "untrusted"},
+		{"no identity", ca.Issue(t, "anon", testpki.Cert{}), "no_identity"},
+		{"foreign", ca.Issue(t, "foreign", testpki.Cert{URI: "spiffe://elsewhere/x"}), "foreign_trust_domain"},
+	} {
+		_, err := store.Material().Verify(chain(t, c.cert), x509.ExtKeyUsageClientAuth, "td", time.Now())
+		if (err == nil) != (c.reason == "") || (err != nil && identity.Reason(err) != c.reason) {
+			t.Errorf("%s: %v, want reason %q", c.name, err, c.reason)
+		}
+	}
+}
+
+// A file that no longer loads keeps the last good material.
+func TestReloadKeepsTheLastGood(t *testing.T) {
+	ca := testpki.NewCA(t, "ca")
+	first := ca.Issue(t, "first", testpki.Cert{URI: "spiffe://td/a"})
+	dir := t.TempDir()
+	cert, key := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	copyFile(t, first.CertFile, cert)
+	copyFile(t, first.KeyFile, key)
+	store, err := identity.Load(identity.Files{Cert: cert, Key: key, CA: ca.File}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := store.Reload(); changed || err != nil {
+		t.Fatalf("unchanged files reloaded: %v, %v", changed, err)
+	}
+	write(t, cert, "garbage")
+	if changed, err := store.Reload(); changed || err == nil {
+		t.Fatalf("a broken certificate: %v, %v", changed, err)
+	}
+	if store.Material().Leaf.SerialNumber.Cmp(first.Serial) != 0 {
+		t.Fatal("the broken file replaced the good certificate")
+	}
+	second := ca.Issue(t, "second", testpki.Cert{URI: "spiffe://td/a"})
+	copyFile(t, second.CertFile, cert)
+	copyFile(t, second.KeyFile, key)
+	if changed, err := store.Reload(); !changed || err != nil {
+		t.Fatalf("a new certificate: %v, %v", changed, err)
+	}
+	if store.Material().Leaf.SerialNumber.Cmp(second.Serial) != 0 {
+		t.Fatal("the new certificate is not in use")
+	}
+}
+
+// Recheck ends the sessions whose check fails, and only those.
+func TestSessionsRecheck(t *testing.T) {
+	s := identity.NewSessions(nil, nil)
+	bad := errors.New("withdrawn")
+	var failing error
+	ok, releaseOK, err := s.Hold(context.Background(), "ok", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer releaseOK()
+	gone, releaseGone, err := s.Hold(context.Background(), "gone", nil, func() error { return failing })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer releaseGone()
+	s.Recheck()
+	if ok.Err() != nil || gone.Err() != nil {
+		t.Fatal("a session ended while its credential holds")
+	}
+	failing = bad
+	s.Recheck()
+	if ok.Err() != nil || gone.Err() == nil || !errors.Is(context.Cause(gone), bad) {
+		t.Fatalf("after the withdrawal: ok %v, gone %v", ok.Err(), context.Cause(gone))
+	}
+	if _, _, err := s.Hold(context.Background(), "late", nil, func() error { return bad }); err == nil {
+		t.Fatal("a session whose credential fails already was held")
+	}
+	if s.Len() != 1 {
+		t.Fatalf("%d sessions held, want 1", s.Len())
+	}
+}
+
+func chain(t *testing.T, is testpki.Issued) []*x509.Certificate {
+	t.Helper()
+	store, err := identity.Load(identity.Files{Cert: is.CertFile, Key: is.KeyFile}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []*x509.Certificate{store.Material().Leaf}
+}
+
+func write(t *testing.T, path, s string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func copyFile(t *testing.T, src, dst string) {
+	t.Helper()
+	b, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write(t, dst, string(b))
+}

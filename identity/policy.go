@@ -1,0 +1,89 @@
+package identity
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+)
+
+// Policy says which namespaces' services each client identity may receive.
+// The first rule whose identity matches applies; an identity no rule
+// matches may receive nothing.
+type Policy struct {
+	Rules []Rule `json:"rules"`
+}
+
+// Rule grants the identities it matches the services of Namespaces.
+type Rule struct {
+	// Identity is a SPIFFE ID, a prefix of one ending in "/*", or "*" (any).
+	Identity string `json:"identity"`
+	// Namespaces are namespaces, "*" (every one) or "$namespace": the
+	// namespace an Istio-style identity (spiffe://TD/ns/NS/sa/SA) names.
+	Namespaces []string `json:"namespaces"`
+}
+
+// OwnNamespace in a rule's namespaces stands for the identity's own namespace.
+const OwnNamespace = "$namespace"
+
+// LoadPolicy reads a policy file (YAML).
+func LoadPolicy(path string) (*Policy, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read policy: %w", err)
+	}
+	var p Policy
+	if err := yaml.UnmarshalStrict(b, &p); err != nil {
+		return nil, fmt.Errorf("policy %s: %w", path, err)
+	}
+	for i, r := range p.Rules {
+		pattern := strings.TrimSuffix(r.Identity, "/*")
+		if r.Identity != "*" {
+			if _, err := Parse(pattern); err != nil {
+				return nil, fmt.Errorf("policy %s: rule %d: %w", path, i+1, err)
+			}
+		}
+		if len(r.Namespaces) == 0 {
+			return nil, fmt.Errorf("policy %s: rule %d (%s) grants no namespace", path, i+1, r.Identity)
+		}
+	}
+	return &p, nil
+}
+
+// Allows returns what id may receive: all of it, or the namespaces allowed.
+func (p *Policy) Allows(id ID) (all bool, namespaces []string) {
+	s := id.String()
+	for _, r := range p.Rules {
+		prefix, wild := strings.CutSuffix(r.Identity, "/*")
+		if r.Identity != "*" && s != r.Identity && !(wild && strings.HasPrefix(s, prefix+"/")) {
+			continue
+		}
+		for _, ns := range r.Namespaces {
+			switch ns {
+			case "*":
+				return true, nil
+			case OwnNamespace:
+				if own, ok := id.Namespace(); ok {
+					namespaces = append(namespaces, own)
+				}
+			default:
+				namespaces = append(namespaces, ns)
+			}
+		}
+		slices.Sort(namespaces)
+		return false, slices.Compact(namespaces)
+	}
+	return false, nil
+}
+
+// Namespace returns the namespace an Istio-style workload identity
+// (spiffe://TD/ns/NS/sa/SA) names.
+func (id ID) Namespace() (string, bool) {
+	parts := strings.Split(id.Path, "/")
+	if len(parts) != 5 || parts[1] != "ns" || parts[3] != "sa" || parts[2] == "" {
+		return "", false
+	}
+	return parts[2], true
+}
