@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -180,6 +181,12 @@ type HubConfig struct {
 	MaxFullStateBytes int
 	// HelloTimeout bounds the wait for a new stream's Hello.
 	HelloTimeout time.Duration
+	// UpdatesPerSecond and UpdateBurst bound how fast one cluster's updates
+	// are applied (0: no bound). A spoke beyond them is slowed, not
+	// refused: the hub takes its next update only when the rate allows,
+	// so the spoke coalesces its changes meanwhile and nothing queues.
+	UpdatesPerSecond float64
+	UpdateBurst      int
 }
 
 // DefaultHubConfig returns limits that fit large clusters and bound memory.
@@ -190,6 +197,8 @@ func DefaultHubConfig() HubConfig {
 		MaxMessageBytes:   4 << 20,
 		MaxFullStateBytes: 256 << 20,
 		HelloTimeout:      10 * time.Second,
+		UpdatesPerSecond:  100,
+		UpdateBurst:       200,
 	}
 }
 
@@ -198,6 +207,8 @@ type HubMetrics struct {
 	// Update reports an applied or refused update; result is "ack", "nack" (bad input) or "error" (the hub's own trouble).
 	Update func(cluster registry.ClusterID, full bool, result string)
 	Resync func(cluster registry.ClusterID, reason string)
+	// Throttled reports an update that waited for the cluster's update rate.
+	Throttled func(cluster registry.ClusterID)
 }
 
 // HubServer serves the Federation service: one session per spoke stream.
@@ -295,6 +306,9 @@ func (h *HubServer) Publish(stream fedv1.Federation_PublishServer) error {
 	// them, a new one (perhaps a restarted spoke) may start again from 1.
 	s := &hubSession{h: h, cluster: cluster, epoch: epoch, log: log, stream: stream,
 		wantConflicts: slices.Contains(hello.GetCapabilities(), CapabilityServiceConflicts)}
+	if h.cfg.UpdatesPerSecond > 0 {
+		s.rate = rate.NewLimiter(rate.Limit(h.cfg.UpdatesPerSecond), max(1, h.cfg.UpdateBurst))
+	}
 	if h.imports != nil && slices.Contains(hello.GetCapabilities(), CapabilityImports) {
 		s.imports = newHubImports(s, hello.GetNamespaces())
 		defer h.dropImportStatus(cluster, epoch)
@@ -397,6 +411,8 @@ type hubSession struct {
 
 	// imports is the session's import stream; nil when the spoke does not take it.
 	imports *hubImports
+	// rate bounds how fast updates are applied (nil: no bound).
+	rate *rate.Limiter
 }
 
 // importsChanged is closed once the hub's import set changes (nil: never).
@@ -426,6 +442,9 @@ func (s *hubSession) run(ctx context.Context, msgs <-chan *fedv1.SpokeMessage, e
 			var err error
 			switch k := m.GetKind().(type) {
 			case *fedv1.SpokeMessage_Update:
+				if err := s.throttle(ctx); err != nil {
+					return err
+				}
 				err = s.update(ctx, k.Update)
 			case *fedv1.SpokeMessage_Digest:
 				err = s.digest(ctx, k.Digest)
@@ -444,6 +463,17 @@ func (s *hubSession) run(ctx context.Context, msgs <-chan *fedv1.SpokeMessage, e
 			}
 		}
 	}
+}
+
+// throttle waits until the cluster's update rate allows another update.
+func (s *hubSession) throttle(ctx context.Context) error {
+	if s.rate == nil || s.rate.Allow() {
+		return nil
+	}
+	if s.h.metrics.Throttled != nil {
+		s.h.metrics.Throttled(s.cluster)
+	}
+	return s.rate.Wait(ctx)
 }
 
 // rejection is an update the session refuses; nothing of it is applied.

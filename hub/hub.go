@@ -34,6 +34,7 @@ import (
 	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/gateways"
 	"github.com/navemesh/nave/identity"
+	"github.com/navemesh/nave/limits"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/replicas"
 	"github.com/navemesh/nave/xds"
@@ -101,6 +102,8 @@ type Config struct {
 	// CA (mTLS). XDSPolicyFile (with mTLS) restricts what each client
 	// identity may receive to some namespaces (see identity.Policy).
 	XDSTLSCertFile, XDSTLSKeyFile, XDSClientCAFile, XDSPolicyFile string
+	// Connections bounds each port's connections and each peer's share of them.
+	Connections ConnectionLimits
 	// Liveness: when a cluster without a live spoke turns stale, and its policy.
 	Liveness Liveness
 	// SnapshotInterval is the least time between two persisted snapshots of
@@ -147,6 +150,7 @@ func DefaultConfig() Config {
 		MaxSnapshotBytes: 64 << 20,
 		SnapshotFormat:   2,
 		ClustersetCIDRs:  []netip.Prefix{netip.MustParsePrefix(DefaultClustersetCIDR)},
+		Connections:      DefaultConnectionLimits(),
 		Federation:       federation.DefaultHubConfig(),
 		Replication:      replicas.DefaultReplicationConfig(),
 		XDS:              xds.DefaultConfig(),
@@ -440,13 +444,16 @@ func (p *parts) buildServers() {
 	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall)}
 	p.fedServer = grpc.NewServer(
 		grpc.Creds(p.fedCreds),
+		grpc.ConnectionTimeout(cfg.Connections.HandshakeTimeout),
+		grpc.MaxConcurrentStreams(uint32(cfg.Connections.MaxStreamsPerConnection)),
 		grpc.MaxRecvMsgSize(2*cfg.Federation.MaxMessageBytes), // a chunk, plus the removes that ride with it
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, MaxConnectionIdle: cfg.Connections.IdleTimeout}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.ChainStreamInterceptor(
 			p.grpcMetrics.StreamServerInterceptor(),
 			logging.StreamServerInterceptor(grpcLogger(log.With("component", "federation-grpc")), logOpts...),
 			recovery.StreamServerInterceptor(recoveryOpt),
+			limits.StreamsPerPeer(cfg.Connections.FederationStreamsPerPeer, peerKey, p.refused("federation")),
 			p.federationCredentials().Interceptor(),
 		),
 	)
@@ -462,11 +469,16 @@ func (p *parts) buildServers() {
 
 	p.xdsGRPC = grpc.NewServer(
 		grpc.Creds(p.xdsCreds),
+		grpc.ConnectionTimeout(cfg.Connections.HandshakeTimeout),
+		grpc.MaxConcurrentStreams(uint32(cfg.Connections.MaxStreamsPerConnection)),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: cfg.Connections.IdleTimeout}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.ChainStreamInterceptor(
 			p.grpcMetrics.StreamServerInterceptor(),
 			logging.StreamServerInterceptor(grpcLogger(log.With("component", "xds-grpc")), logOpts...),
 			recovery.StreamServerInterceptor(recoveryOpt),
+			limits.StreamsPerPeer(cfg.Connections.XDSStreamsPerPeer, peerKey, p.refused("xds")),
+			limits.FirstMessageWithin(cfg.Connections.FirstRequestTimeout, p.refused("xds")),
 			p.sessions.StreamInterceptor(p.xdsCerts, cfg.TrustDomain),
 		),
 		grpc.ChainUnaryInterceptor(p.grpcMetrics.UnaryServerInterceptor(), recovery.UnaryServerInterceptor(recoveryOpt)),
@@ -499,7 +511,11 @@ func (p *parts) listenOn(name, addr string) (net.Listener, error) {
 		return nil, fmt.Errorf("listen %s: %w", name, err)
 	}
 	p.cleanup = append(p.cleanup, func() { lis.Close() })
-	return lis, nil
+	if name == "admin" {
+		return lis, nil
+	}
+	c := p.cfg.Connections
+	return limits.Listener(lis, c.MaxConnections, c.MaxConnectionsPerPeer, p.refused(name)), nil
 }
 
 // readCatalog returns the clusters in the catalog; with etcd unreachable, none.

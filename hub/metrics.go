@@ -31,6 +31,8 @@ const (
 	metricReplication       = "nave_hub_replication_updates_total"
 	metricNetworkGateways   = "nave_hub_network_gateways"
 	metricTLSRefused        = "nave_tls_refused_handshakes_total"
+	metricLimitsRefused     = "nave_refused_total"
+	metricThrottled         = "nave_federation_throttled_updates_total"
 )
 
 type metrics struct {
@@ -51,6 +53,8 @@ type metrics struct {
 	networkGateways *prometheus.GaugeVec
 	networks        map[registry.Network]bool
 	tlsRefused      *prometheus.CounterVec
+	limitsRefused   *prometheus.CounterVec
+	throttled       *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -94,11 +98,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.networks = map[registry.Network]bool{}
 	m.tlsRefused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricTLSRefused,
 		Help: "Client certificates refused at the TLS handshake, by port (federation, xds) and reason (expired, untrusted, revoked, no_identity, foreign_trust_domain, no_client_certificate, invalid)."}, []string{"port", "reason"})
+	m.limitsRefused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricLimitsRefused,
+		Help: "Connections and streams refused by a limit, by port (federation, xds) and reason (max_connections, max_connections_per_peer, max_streams_per_peer, no_first_message)."}, []string{"port", "reason"})
+	m.throttled = prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricThrottled,
+		Help: "Updates of a cluster that waited for its update rate (the spoke was slowed, not refused)."}, []string{"cluster"})
 	m.etcdUp.Set(1)
 	m.members.Set(1)
 	reg.MustRegister(m.connected, m.clusterServices, m.clusterEndpoints, m.services, m.version, m.updates, m.resyncs,
 		m.clusterStale, m.clusterRestored, m.clusterDataAge, m.leader, m.etcdUp, m.members, m.snapshotRevision, m.snapshotBytes, m.snapshotSeconds, m.replication,
-		m.networkGateways, m.tlsRefused)
+		m.networkGateways, m.tlsRefused, m.limitsRefused, m.throttled)
 	return m
 }
 
@@ -154,7 +162,7 @@ func (m *metrics) forget(id registry.ClusterID) {
 	for _, g := range []*prometheus.GaugeVec{m.clusterServices, m.clusterEndpoints, m.clusterStale, m.clusterRestored, m.clusterDataAge} {
 		g.DeleteLabelValues(string(id))
 	}
-	for _, c := range []*prometheus.CounterVec{m.updates, m.resyncs} {
+	for _, c := range []*prometheus.CounterVec{m.updates, m.resyncs, m.throttled} {
 		c.DeletePartialMatch(prometheus.Labels{"cluster": string(id)})
 	}
 }
@@ -175,7 +183,8 @@ func (m *metrics) federationHooks() federation.HubMetrics {
 			}
 			m.updates.WithLabelValues(string(c), kind, result).Inc()
 		},
-		Resync: func(c registry.ClusterID, reason string) { m.resyncs.WithLabelValues(string(c), reason).Inc() },
+		Resync:    func(c registry.ClusterID, reason string) { m.resyncs.WithLabelValues(string(c), reason).Inc() },
+		Throttled: func(c registry.ClusterID) { m.throttled.WithLabelValues(string(c)).Inc() },
 	}
 }
 

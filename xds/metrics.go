@@ -29,6 +29,8 @@ const (
 	MetricRefusedRequests = "nave_xds_refused_requests_total"
 	// MetricDeniedResources counts resource names clients asked for that their identity may not receive, by type ("*": a wildcard request).
 	MetricDeniedResources = "nave_xds_denied_resources_total"
+	// MetricThrottledRequests counts requests that waited for their stream's request rate.
+	MetricThrottledRequests = "nave_xds_throttled_requests_total"
 )
 
 // Short type labels.
@@ -66,6 +68,7 @@ type metrics struct {
 	groups         prometheus.Gauge
 	refused        *prometheus.CounterVec
 	denied         *prometheus.CounterVec
+	throttled      prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -102,6 +105,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		denied: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: MetricDeniedResources, Help: "Resources clients asked for that their identity may not receive (they get nothing of them), by type.",
 		}, []string{"type"}),
+		throttled: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: MetricThrottledRequests, Help: "xDS requests that waited for their stream's request rate (the client was slowed, not refused).",
+		}),
 	}
 	for _, r := range []string{reasonTooManyNames, reasonMetadataTooLarge} {
 		m.refused.WithLabelValues(r)
@@ -115,7 +121,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.denied.WithLabelValues(t)
 	}
 	if reg != nil {
-		reg.MustRegister(m.connected, m.responses, m.nacks, m.pushLatency, m.invalid, m.updates, m.updateDuration, m.groups, m.refused, m.denied)
+		reg.MustRegister(m.connected, m.responses, m.nacks, m.pushLatency, m.invalid, m.updates, m.updateDuration, m.groups, m.refused, m.denied, m.throttled)
 	}
 	return m
 }

@@ -45,6 +45,11 @@ type Config struct {
 	// MaxNodeMetadataBytes the size of a node's metadata.
 	MaxResourceNames     int
 	MaxNodeMetadataBytes int
+	// RequestsPerSecond and RequestBurst bound how fast one stream's
+	// requests (subscriptions, ACKs and NACKs) are taken (0: no bound); a
+	// client beyond them waits, and its pushes coalesce meanwhile.
+	RequestsPerSecond float64
+	RequestBurst      int
 	// Restrict, when set, says for each new stream (from its context: the
 	// client's TLS identity) what it may receive and who it is, for logs;
 	// a nil Restriction allows everything, an error refuses the stream.
@@ -55,7 +60,8 @@ type Config struct {
 // DefaultConfig is a single replica's configuration: version prefix "nave-"
 // and up to 1024 locality groups (a large multi-region fleet has tens).
 func DefaultConfig() Config {
-	return Config{VersionPrefix: "nave-", MaxLocalityGroups: 1024, MaxResourceNames: 50_000, MaxNodeMetadataBytes: 64 << 10}
+	return Config{VersionPrefix: "nave-", MaxLocalityGroups: 1024, MaxResourceNames: 50_000, MaxNodeMetadataBytes: 64 << 10,
+		RequestsPerSecond: 200, RequestBurst: 400}
 }
 
 // Server serves the registry over xDS (ADS and the separate LDS, RDS, CDS and
@@ -105,6 +111,7 @@ type Server struct {
 	requests map[streamKey]map[string]time.Time
 
 	restrict restrictions
+	throttle *throttle
 }
 
 // streamKey names a stream: sotw and delta streams are numbered separately.
@@ -139,6 +146,7 @@ func NewServer(cfg Config, log *slog.Logger, reg prometheus.Registerer) *Server 
 		pushes:    map[string]pushStamp{},
 		requests:  map[streamKey]map[string]time.Time{},
 		restrict:  restrictions{byStream: map[streamKey]*streamRestriction{}, byNode: map[*core.Node]*streamRestriction{}},
+		throttle:  newThrottle(cfg.RequestsPerSecond, cfg.RequestBurst),
 	}
 	s.lds = newResourceCache(resource.ListenerType, cfg.VersionPrefix+"lds-", log, nil, nil)
 	s.rds = newResourceCache(resource.RouteType, cfg.VersionPrefix+"rds-", log, nil, nil)
@@ -434,6 +442,9 @@ func (s *Server) callbacks() serverv3.CallbackFuncs {
 			if err := s.admit(req.GetNode(), len(req.GetResourceNames())); err != nil {
 				return err
 			}
+			if s.throttle.wait(streamKey{false, id}) {
+				s.metrics.throttled.Inc()
+			}
 			s.restrictRequest(streamKey{false, id}, req.GetNode(), req.GetTypeUrl(), req.GetResourceNames())
 			s.onRequest(false, id, req.GetTypeUrl(), req.GetNode(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, req.GetResponseNonce())
 			return nil
@@ -441,6 +452,9 @@ func (s *Server) callbacks() serverv3.CallbackFuncs {
 		StreamDeltaRequestFunc: func(id int64, req *discovery.DeltaDiscoveryRequest) error {
 			if err := s.admit(req.GetNode(), len(req.GetResourceNamesSubscribe())); err != nil {
 				return err
+			}
+			if s.throttle.wait(streamKey{true, id}) {
+				s.metrics.throttled.Inc()
 			}
 			s.restrictRequest(streamKey{true, id}, req.GetNode(), req.GetTypeUrl(), req.GetResourceNamesSubscribe())
 			s.onRequest(true, id, req.GetTypeUrl(), req.GetNode(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, req.GetResponseNonce())
@@ -467,6 +481,9 @@ func (s *Server) onRequest(delta bool, id int64, typeURL string, node *core.Node
 	s.pushMu.Unlock()
 	if nack {
 		s.metrics.nacks.WithLabelValues(typeLabel(typeURL)).Inc()
+		if !s.throttle.logNACK(streamKey{delta, id}, now) {
+			return
+		}
 		s.log.Warn("client rejected a response (NACK)", "type", typeLabel(typeURL), "node", node.GetId(),
 			"locality", node.GetLocality().String(), "nonce", nonce, "delta", delta, "detail", nackDetail)
 	}
@@ -488,6 +505,7 @@ func (s *Server) onResponse(delta bool, id int64, typeURL, version string) {
 }
 
 func (s *Server) forgetStream(delta bool, id int64) {
+	s.throttle.forget(streamKey{delta, id})
 	s.pushMu.Lock()
 	defer s.pushMu.Unlock()
 	delete(s.requests, streamKey{delta, id})

@@ -1,0 +1,64 @@
+package hub
+
+import (
+	"context"
+	"time"
+
+	"github.com/navemesh/nave/identity"
+	"github.com/navemesh/nave/limits"
+)
+
+// ConnectionLimits bound what one peer may take of the federation and
+// xDS ports, so that a misbehaving one never starves the others. Zero
+// bounds nothing.
+type ConnectionLimits struct {
+	// MaxConnections per port, and MaxConnectionsPerPeer from one IP
+	// address per port: a connection beyond them is closed on accept.
+	MaxConnections, MaxConnectionsPerPeer int
+	// MaxStreamsPerConnection is HTTP/2's concurrent stream limit.
+	MaxStreamsPerConnection int
+	// FederationStreamsPerPeer and XDSStreamsPerPeer bound the open
+	// streams of one peer (its certificate's identity, else its address).
+	FederationStreamsPerPeer, XDSStreamsPerPeer int
+	// HandshakeTimeout bounds a new connection's TLS and HTTP/2
+	// handshakes; a connection that says nothing is closed after it.
+	HandshakeTimeout time.Duration
+	// FirstRequestTimeout bounds the wait for a new xDS stream's first
+	// request (a federation stream's hello has its own, HelloTimeout).
+	FirstRequestTimeout time.Duration
+	// IdleTimeout closes a connection without streams.
+	IdleTimeout time.Duration
+}
+
+// DefaultConnectionLimits fit a large fleet of clients behind NAT-free
+// pod addresses; lower MaxConnectionsPerPeer and XDSStreamsPerPeer where
+// clients each have their own address, raise them where many share one
+// (a node's host-network pods, a benchmark on one machine).
+func DefaultConnectionLimits() ConnectionLimits {
+	return ConnectionLimits{
+		MaxConnections: 50_000, MaxConnectionsPerPeer: 2_048, MaxStreamsPerConnection: 128,
+		FederationStreamsPerPeer: 64, XDSStreamsPerPeer: 2_048,
+		HandshakeTimeout: 10 * time.Second, FirstRequestTimeout: 10 * time.Second, IdleTimeout: 5 * time.Minute,
+	}
+}
+
+// peerKey names a stream's peer for the per-peer limits: its
+// certificate's identity when it has one, else its address.
+func peerKey(ctx context.Context) string {
+	if chain := identity.PeerChain(ctx); len(chain) > 0 {
+		if id, err := identity.Of(chain[0]); err == nil {
+			return id.String()
+		}
+	}
+	return limits.PeerKey(ctx)
+}
+
+// refused counts and logs a connection or stream refused on port.
+func (p *parts) refused(port string) limits.Refused {
+	return func(reason string) {
+		if p.metrics != nil {
+			p.metrics.limitsRefused.WithLabelValues(port, reason).Inc()
+		}
+		p.log.Debug("refused a connection or stream", "port", port, "reason", reason)
+	}
+}

@@ -1,0 +1,201 @@
+// Package limits bounds what one peer may take of a server: connections
+// per port and per address, streams per peer, and how long a new stream
+// may stay silent. Every refusal is counted by its reason, and a refused
+// stream gets a gRPC status saying why.
+package limits
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+)
+
+// Reasons a connection or stream is refused.
+const (
+	ReasonConnections        = "max_connections"
+	ReasonConnectionsPerPeer = "max_connections_per_peer"
+	ReasonStreamsPerPeer     = "max_streams_per_peer"
+	ReasonSilent             = "no_first_message"
+)
+
+// Refused is told about each refusal, with its reason.
+type Refused func(reason string)
+
+// Listener wraps lis so that it holds at most max connections (0: no
+// bound), and at most perPeer from one IP address (0: no bound). A
+// connection beyond either is closed as soon as it is accepted: the
+// client sees its connection reset and retries later, while the
+// connections already held go on undisturbed.
+func Listener(lis net.Listener, max, perPeer int, refused Refused) net.Listener {
+	return &listener{Listener: lis, max: max, perPeer: perPeer, refused: refused, byPeer: map[netip.Addr]int{}}
+}
+
+type listener struct {
+	net.Listener
+	max, perPeer int
+	refused      Refused
+
+	mu     sync.Mutex // guards what follows
+	open   int
+	byPeer map[netip.Addr]int
+}
+
+func (l *listener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		addr := peerAddr(c.RemoteAddr())
+		if reason := l.admit(addr); reason != "" {
+			c.Close()
+			if l.refused != nil {
+				l.refused(reason)
+			}
+			continue
+		}
+		return &conn{Conn: c, l: l, addr: addr}, nil
+	}
+}
+
+func (l *listener) admit(addr netip.Addr) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case l.max > 0 && l.open >= l.max:
+		return ReasonConnections
+	case l.perPeer > 0 && l.byPeer[addr] >= l.perPeer:
+		return ReasonConnectionsPerPeer
+	}
+	l.open++
+	l.byPeer[addr]++
+	return ""
+}
+
+func (l *listener) release(addr netip.Addr) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.open--
+	if l.byPeer[addr]--; l.byPeer[addr] <= 0 {
+		delete(l.byPeer, addr)
+	}
+}
+
+type conn struct {
+	net.Conn
+	l    *listener
+	addr netip.Addr
+	once sync.Once
+}
+
+func (c *conn) Close() error {
+	c.once.Do(func() { c.l.release(c.addr) })
+	return c.Conn.Close()
+}
+
+func peerAddr(a net.Addr) netip.Addr {
+	if tcp, ok := a.(*net.TCPAddr); ok {
+		if ip, ok := netip.AddrFromSlice(tcp.IP); ok {
+			return ip.Unmap()
+		}
+	}
+	return netip.Addr{}
+}
+
+// PeerKey names the peer of a stream for StreamsPerPeer: its address.
+func PeerKey(ctx context.Context) string {
+	if p, ok := peer.FromContext(ctx); ok {
+		return peerAddr(p.Addr).String()
+	}
+	return ""
+}
+
+// StreamsPerPeer returns an interceptor that refuses a stream when its
+// peer (as key names it) already has max streams open, with
+// ResourceExhausted saying so. max <= 0 bounds nothing.
+func StreamsPerPeer(max int, key func(context.Context) string, refused Refused) grpc.StreamServerInterceptor {
+	var mu sync.Mutex
+	open := map[string]int{}
+	return func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if max <= 0 {
+			return handler(srv, ss)
+		}
+		k := key(ss.Context())
+		mu.Lock()
+		if open[k] >= max {
+			mu.Unlock()
+			if refused != nil {
+				refused(ReasonStreamsPerPeer)
+			}
+			return status.Errorf(codes.ResourceExhausted, "%s has %d streams open; at most %d per peer", k, max, max)
+		}
+		open[k]++
+		mu.Unlock()
+		defer func() {
+			mu.Lock()
+			if open[k]--; open[k] <= 0 {
+				delete(open, k)
+			}
+			mu.Unlock()
+		}()
+		return handler(srv, ss)
+	}
+}
+
+// FirstMessageWithin returns an interceptor that ends a stream whose
+// client sends nothing within d of opening it, with DeadlineExceeded: it
+// ends the context the handler sees, and the handler must return when
+// that ends (go-control-plane's do). d <= 0 waits forever.
+func FirstMessageWithin(d time.Duration, refused Refused) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if d <= 0 {
+			return handler(srv, ss)
+		}
+		ctx, cancel := context.WithCancelCause(ss.Context())
+		defer cancel(nil)
+		w := &firstMessage{ServerStream: ss, ctx: ctx, got: make(chan struct{})}
+		timer := time.AfterFunc(d, func() {
+			select {
+			case <-w.got:
+			default:
+				cancel(errSilent)
+			}
+		})
+		defer timer.Stop()
+		err := handler(srv, w)
+		if context.Cause(ctx) == errSilent {
+			if refused != nil {
+				refused(ReasonSilent)
+			}
+			return status.Errorf(codes.DeadlineExceeded, "no request within %v of opening the stream", d)
+		}
+		return err
+	}
+}
+
+var errSilent = errors.New("limits: no first message")
+
+type firstMessage struct {
+	grpc.ServerStream
+	ctx  context.Context
+	got  chan struct{}
+	once sync.Once
+}
+
+func (f *firstMessage) Context() context.Context { return f.ctx }
+
+func (f *firstMessage) RecvMsg(m any) error {
+	err := f.ServerStream.RecvMsg(m)
+	if err == nil {
+		f.once.Do(func() { close(f.got) })
+	}
+	return err
+}

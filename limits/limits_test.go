@@ -1,0 +1,221 @@
+package limits_test
+
+import (
+	"context"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	"github.com/navemesh/nave/limits"
+)
+
+type counts struct {
+	mu sync.Mutex
+	m  map[string]int
+}
+
+func (c *counts) refused(reason string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.m[reason]++
+}
+
+func (c *counts) get(reason string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.m[reason]
+}
+
+// A peer over its share of connections is closed on accept; the others,
+// and a connection freed, are served.
+func TestListenerBoundsConnections(t *testing.T) {
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &counts{m: map[string]int{}}
+	lis := limits.Listener(raw, 3, 2, c.refused)
+	defer lis.Close()
+	accepted := make(chan net.Conn, 10)
+	go func() {
+		for {
+			conn, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- conn
+		}
+	}()
+	dial := func(from string) net.Conn {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+		conn, err := d.Dial("tcp", raw.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		return conn
+	}
+	closedByServer := func(conn net.Conn) bool {
+		_ = conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+		_, err := conn.Read(make([]byte, 1))
+		return err != nil && !isTimeout(err)
+	}
+	a1, a2 := dial("127.0.0.1"), dial("127.0.0.1")
+	held := []net.Conn{<-accepted, <-accepted}
+	a3 := dial("127.0.0.1") // a third from one peer
+	if !closedByServer(a3) || c.get(limits.ReasonConnectionsPerPeer) != 1 {
+		t.Fatalf("a peer's third connection was not refused (%v)", c.m)
+	}
+	dial("127.0.0.2")
+	held = append(held, <-accepted)
+	b2 := dial("127.0.0.2") // a fourth on the port
+	if !closedByServer(b2) || c.get(limits.ReasonConnections) != 1 {
+		t.Fatalf("the port's fourth connection was not refused (%v)", c.m)
+	}
+	held[0].Close() // one of 127.0.0.1's ends: it may connect again
+	dial("127.0.0.1")
+	select {
+	case <-accepted:
+	case <-time.After(2 * time.Second):
+		t.Fatal("a freed slot was not reused")
+	}
+	_, _ = a1, a2
+}
+
+func isTimeout(err error) bool {
+	ne, ok := err.(net.Error)
+	return ok && ne.Timeout()
+}
+
+func serve(t *testing.T, opts ...grpc.ServerOption) healthpb.HealthClient {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer(opts...)
+	healthpb.RegisterHealthServer(s, health.NewServer())
+	go func() { _ = s.Serve(lis) }()
+	t.Cleanup(s.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return healthpb.NewHealthClient(conn)
+}
+
+func TestStreamsPerPeer(t *testing.T) {
+	c := &counts{m: map[string]int{}}
+	client := serve(t, grpc.StreamInterceptor(limits.StreamsPerPeer(2, limits.PeerKey, c.refused)))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for range 2 {
+		w, err := client.Watch(ctx, &healthpb.HealthCheckRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Recv(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w, err := client.Watch(ctx, &healthpb.HealthCheckRequest{})
+	if err == nil {
+		_, err = w.Recv()
+	}
+	if status.Code(err) != codes.ResourceExhausted || c.get(limits.ReasonStreamsPerPeer) != 1 {
+		t.Fatalf("a third stream: %v (%v)", err, c.m)
+	}
+}
+
+// A stream whose first message does not come in time ends with
+// DeadlineExceeded; one that sent it goes on.
+func TestFirstMessageWithin(t *testing.T) {
+	c := &counts{m: map[string]int{}}
+	var done sync.WaitGroup
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer(grpc.StreamInterceptor(limits.FirstMessageWithin(200*time.Millisecond, c.refused)))
+	desc := grpc.ServiceDesc{ServiceName: "t.Echo", HandlerType: (*any)(nil), Streams: []grpc.StreamDesc{{
+		StreamName: "Echo", ClientStreams: true, ServerStreams: true,
+		// Like go-control-plane's and the federation's: receives on a
+		// goroutine of their own, and ends when the stream's context does.
+		Handler: func(_ any, ss grpc.ServerStream) error {
+			done.Add(1)
+			defer done.Done()
+			got := make(chan error)
+			go func() {
+				for {
+					var m healthpb.HealthCheckRequest
+					err := ss.RecvMsg(&m)
+					select {
+					case got <- err:
+					case <-ss.Context().Done():
+						return
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+			for {
+				select {
+				case <-ss.Context().Done():
+					return ss.Context().Err()
+				case err := <-got:
+					if err != nil {
+						return err
+					}
+					if err := ss.SendMsg(&healthpb.HealthCheckResponse{}); err != nil {
+						return err
+					}
+				}
+			}
+		},
+	}}}
+	s.RegisterService(&desc, nil)
+	go func() { _ = s.Serve(lis) }()
+	defer s.Stop()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	open := func() grpc.ClientStream {
+		st, err := conn.NewStream(context.Background(), &desc.Streams[0], "/t.Echo/Echo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	silent := open()
+	if err := silent.RecvMsg(&healthpb.HealthCheckResponse{}); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("a silent stream: %v, want DeadlineExceeded", err)
+	}
+	talking := open()
+	if err := talking.SendMsg(&healthpb.HealthCheckRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(400 * time.Millisecond) // past the deadline
+	if err := talking.SendMsg(&healthpb.HealthCheckRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := talking.RecvMsg(&healthpb.HealthCheckResponse{}); err != nil {
+			t.Fatalf("a stream that spoke in time was ended: %v", err)
+		}
+	}
+	if c.get(limits.ReasonSilent) != 1 {
+		t.Fatalf("refusals %v", c.m)
+	}
+}
