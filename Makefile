@@ -4,7 +4,7 @@ GO ?= go
 PROTOC ?= protoc
 BIN := bin
 
-.PHONY: all build test bench demo generate generate-check lint protoc haproxy kube-apiserver coredns kind-up kind-e2e kind-down clean
+.PHONY: all build test bench fuzz demo generate generate-check lint protoc haproxy kube-apiserver coredns kind-up kind-e2e kind-down clean
 
 # The end-to-end tests run real Kubernetes API servers, built once per machine
 # from k8s.io/kubernetes (tools/kube-apiserver pins the version) and cached by version.
@@ -32,6 +32,18 @@ test: generate-check lint kube-apiserver coredns haproxy
 bench:
 	$(GO) test -run='^$$' -bench=. -benchmem ./...
 	$(GO) run ./bench -scale $(or $(SCALE),small) -out bench-results.json
+
+## fuzz: every fuzz target (func FuzzXxx in the module's tests), one after another, for FUZZTIME each
+## (default 10m). A failure stops here; Go prints the failing input's path under the package's testdata/fuzz.
+## New inputs are minimized for at most 10s: slow targets (manifests) would otherwise spend their time minimizing.
+FUZZTIME ?= 10m
+fuzz:
+	@set -e; for file in $$(grep -l '^func Fuzz' $$($(GO) list -f '{{range .TestGoFiles}}{{$$.Dir}}/{{.}} {{end}}{{range .XTestGoFiles}}{{$$.Dir}}/{{.}} {{end}}' ./...)); do \
+		for name in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$file); do \
+			echo "== $$name ($$(dirname $$file))"; \
+			$(GO) test -run='^$$' -fuzz="^$$name\$$" -fuzztime=$(FUZZTIME) -fuzzminimizetime=10s $$(dirname $$file); \
+		done; \
+	done
 
 ## demo: a hub, three clusters' spokes, real gRPC backends and an xDS client; watch it fail over.
 demo: build
