@@ -15,6 +15,8 @@ import (
 )
 
 // Catalog keeps the cluster catalog and the per-cluster epoch counters in etcd.
+// Every replica draws epochs (NextEpoch: fencing); only the leader writes
+// the records (RecordAll, Forget, under its term's LeaderFence).
 //
 // Keys (under prefix, default "/nave/"):
 //
@@ -30,10 +32,18 @@ type ClusterRecord struct {
 	Cluster   registry.ClusterID `json:"cluster"`
 	Network   registry.Network   `json:"network,omitempty"`
 	FirstSeen time.Time          `json:"firstSeen"`
-	LastSeen  time.Time          `json:"lastSeen"`
-	SpokeID   string             `json:"spokeID,omitempty"`
-	Build     string             `json:"build,omitempty"`
-	Epoch     uint64             `json:"epoch"`
+	// LastSeen is when the cluster was last seen: in records the leader
+	// writes, LiveAt; in those of earlier hubs, its last session's start.
+	LastSeen time.Time `json:"lastSeen"`
+	SpokeID  string    `json:"spokeID,omitempty"`
+	Build    string    `json:"build,omitempty"`
+	Epoch    uint64    `json:"epoch"`
+	// LiveAt is when a live spoke last served the cluster at some replica,
+	// as the leader saw it: refreshed now and then while one does, and
+	// written once more when none does any more. A restarted hub takes the
+	// cluster's drop timer from it. Zero in records of earlier hubs (whose
+	// LastSeen is no such time): a restart starts those clusters' timers over.
+	LiveAt time.Time `json:"liveAt,omitzero"`
 }
 
 // NewCatalog returns a catalog stored under prefix.
@@ -96,6 +106,44 @@ func (c *Catalog) Record(ctx context.Context, r ClusterRecord) error {
 	return nil
 }
 
+// maxRecordsPerTxn bounds the records one transaction writes: etcd refuses
+// a transaction of more than 128 operations (its default --max-txn-ops).
+const maxRecordsPerTxn = 64
+
+// RecordAll stores the records as they are (FirstSeen included: a caller
+// that keeps it has read it, see List), in transactions of up to
+// maxRecordsPerTxn records. Under the context of a leader term (see
+// LeaderFence), each transaction writes only while that term's leadership
+// holds, and fails with ErrNotLeader otherwise. It returns how many records
+// it wrote, records[:n], also with an error.
+func (c *Catalog) RecordAll(ctx context.Context, records []ClusterRecord) (int, error) {
+	fence, fenced := LeaderFence(ctx)
+	done := 0
+	for batch := range slices.Chunk(records, maxRecordsPerTxn) {
+		ops := make([]clientv3.Op, 0, len(batch))
+		for _, r := range batch {
+			b, err := json.Marshal(r)
+			if err != nil {
+				return done, fmt.Errorf("encode catalog entry %s: %w", r.Cluster, err)
+			}
+			ops = append(ops, clientv3.OpPut(c.prefix+"clusters/"+string(r.Cluster), string(b)))
+		}
+		txn := c.etcd.Txn(ctx)
+		if fenced {
+			txn = txn.If(fence)
+		}
+		resp, err := txn.Then(ops...).Commit()
+		if err != nil {
+			return done, fmt.Errorf("write %d catalog entries: %w", len(batch), err)
+		}
+		if !resp.Succeeded {
+			return done, fmt.Errorf("write %d catalog entries: %w", len(batch), ErrNotLeader)
+		}
+		done += len(batch)
+	}
+	return done, nil
+}
+
 // List returns every cluster in the catalog, sorted by ID.
 func (c *Catalog) List(ctx context.Context) ([]ClusterRecord, error) {
 	resp, err := c.etcd.Get(ctx, c.prefix+"clusters/", clientv3.WithPrefix())
@@ -117,7 +165,9 @@ func (c *Catalog) List(ctx context.Context) ([]ClusterRecord, error) {
 // Forget removes a dropped cluster's record, so that a replica starting
 // cold no longer waits for it: only when the record predates the drop's
 // epoch (a cluster whose spoke came back since keeps its newer record).
-// The cluster's epoch counter stays, so its epochs never repeat.
+// The cluster's epoch counter stays, so its epochs never repeat. Under the
+// context of a leader term (see LeaderFence), it forgets only while that
+// term's leadership holds, and fails with ErrNotLeader otherwise.
 func (c *Catalog) Forget(ctx context.Context, cluster registry.ClusterID, dropEpoch uint64) (bool, error) {
 	key := c.prefix + "clusters/" + string(cluster)
 	resp, err := c.etcd.Get(ctx, key)
@@ -131,10 +181,23 @@ func (c *Catalog) Forget(ctx context.Context, cluster registry.ClusterID, dropEp
 	if json.Unmarshal(resp.Kvs[0].Value, &r) == nil && r.Epoch >= dropEpoch {
 		return false, nil // recorded by a session since the drop
 	}
-	txn, err := c.etcd.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", resp.Kvs[0].ModRevision)).
-		Then(clientv3.OpDelete(key)).Commit()
+	unchanged := clientv3.Compare(clientv3.ModRevision(key), "=", resp.Kvs[0].ModRevision)
+	fence, fenced := LeaderFence(ctx)
+	if !fenced {
+		txn, err := c.etcd.Txn(ctx).If(unchanged).Then(clientv3.OpDelete(key)).Commit()
+		if err != nil {
+			return false, fmt.Errorf("forget catalog entry %s: %w", cluster, err)
+		}
+		return txn.Succeeded, nil
+	}
+	// Fenced: the nested transaction tells a lost leadership (ErrNotLeader)
+	// from a record written meanwhile (kept).
+	txn, err := c.etcd.Txn(ctx).If(fence).Then(clientv3.OpTxn([]clientv3.Cmp{unchanged}, []clientv3.Op{clientv3.OpDelete(key)}, nil)).Commit()
 	if err != nil {
 		return false, fmt.Errorf("forget catalog entry %s: %w", cluster, err)
 	}
-	return txn.Succeeded, nil
+	if !txn.Succeeded {
+		return false, fmt.Errorf("forget catalog entry %s: %w", cluster, ErrNotLeader)
+	}
+	return txn.Responses[0].GetResponseTxn().Succeeded, nil
 }
