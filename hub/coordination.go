@@ -82,7 +82,7 @@ func (v *View) held() heldState {
 }
 
 // coordinator runs what makes replicas one hub: etcd health, leadership
-// duties (snapshots, dropping dead clusters) and the glue between gossip,
+// duties (snapshots, the cluster catalog, dropping dead clusters) and the glue between gossip,
 // replication and the state. Its fields are written by its own goroutines
 // and read by the admin API through status.
 type coordinator struct {
@@ -229,26 +229,75 @@ func (c *coordinator) watchEtcd(ctx context.Context) {
 	}
 }
 
-// lead campaigns for leadership; while leading, it persists the registry and
-// drops dead clusters whose policy says so. Leadership ends the moment the
-// etcd session does.
+// lead campaigns for leadership; while leading, it persists the registry,
+// keeps the cluster catalog and drops dead clusters whose policy says so.
+// Leadership ends the moment the etcd session does.
 func (c *coordinator) lead(ctx context.Context) {
-	err := replicas.Lead(ctx, c.etcd, c.leaderCfg, c.log, func(term context.Context) {
+	// A replica that stops as it is about to lead (no other replica does)
+	// leads for a moment first: its term's last catalog write records the
+	// clusters it holds (a hub that stops right after a spoke's hello has
+	// recorded it), then it resigns.
+	leadCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	var stopping sync.WaitGroup
+	defer stopping.Wait()
+	defer stop()
+	stopping.Go(func() {
+		select {
+		case <-leadCtx.Done():
+			return
+		case <-ctx.Done():
+		}
+		c.awaitLeadership(leadCtx)
+		stop()
+	})
+	err := replicas.Lead(leadCtx, c.etcd, c.leaderCfg, c.log, func(term context.Context) {
 		c.isLeader.Store(true)
 		c.metrics.leader.Set(1)
 		c.mu.Lock()
 		c.leader = c.id
 		c.mu.Unlock()
-		c.log.Info("leading: persisting the registry and collecting dead clusters")
 		defer func() {
 			c.isLeader.Store(false)
 			c.metrics.leader.Set(0)
 			c.log.Info("no longer leading")
 		}()
+		if ctx.Err() != nil {
+			// Leading only to stop: the catalog's last write, nothing else.
+			c.log.Info("leading as this replica stops: recording what the catalog lacks")
+			c.keepCatalog(term)
+			return
+		}
+		c.log.Info("leading: persisting the registry, keeping the catalog and collecting dead clusters")
 		c.leaderDuties(term)
 	})
 	if err != nil && ctx.Err() == nil {
 		c.log.Error("leader election failed", "err", err)
+	}
+}
+
+// awaitLeadership waits, for catalogFlushTimeout at most, until this
+// replica leads; it returns at once when another one does, or etcd is
+// unreachable (degraded) or does not answer within a moment.
+func (c *coordinator) awaitLeadership(ctx context.Context) {
+	c.mu.Lock()
+	degraded := c.degraded != ""
+	c.mu.Unlock()
+	if degraded {
+		return
+	}
+	deadline := time.Now().Add(catalogFlushTimeout)
+	for !c.isLeader.Load() && time.Now().Before(deadline) {
+		check, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		leader, err := replicas.CurrentLeader(check, c.etcd, c.leaderCfg.Prefix)
+		cancel()
+		if err != nil || (leader != "" && leader != c.id) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(10 * time.Millisecond):
+		}
 	}
 }
 
@@ -268,6 +317,11 @@ func nextSave(start time.Time, took, interval time.Duration, ok bool) time.Time 
 }
 
 func (c *coordinator) leaderDuties(ctx context.Context) {
+	// The catalog is kept on a goroutine of its own: etcd writes there never
+	// delay a snapshot or a drop. It ends with the term, after its last write.
+	var catalog sync.WaitGroup
+	defer catalog.Wait()
+	catalog.Go(func() { c.keepCatalog(ctx) })
 	t := time.NewTicker(c.interval)
 	defer t.Stop()
 	// What was restored, when nothing else was held, is saved already.
@@ -364,20 +418,186 @@ func (c *coordinator) collect(ctx context.Context) {
 			c.log.Warn("cannot drop a dead cluster yet", "cluster", id, "err", err)
 			continue
 		}
-		dropped, err := c.state.drop(ctx, id, epoch)
-		if err != nil && ctx.Err() == nil {
+		// A dropped cluster leaves the catalog (keepCatalog): a cold start no longer waits for it.
+		if _, err := c.state.drop(ctx, id, epoch); err != nil && ctx.Err() == nil {
 			c.log.Warn("cannot drop a dead cluster", "cluster", id, "err", err)
 		}
-		if !dropped {
+	}
+}
+
+// catalogFlushTimeout bounds the last catalog write of a term that ends (a
+// hub that stops, or that etcd no longer answers).
+const catalogFlushTimeout = 2 * time.Second
+
+// keepCatalog keeps the cluster catalog in etcd current with the state
+// while this replica leads: at every tick (at most a second apart), it
+// records the clusters the catalog lacks or holds stale data of, and
+// forgets the dropped ones. When the term ends it writes what it still
+// owes, so a hub that stops right after a spoke's hello has recorded it.
+func (c *coordinator) keepCatalog(ctx context.Context) {
+	k := &catalogKeeper{catalog: c.catalog, state: c.state, refresh: c.liveness.liveRefresh(), log: c.log}
+	t := time.NewTicker(min(c.interval, time.Second))
+	defer t.Stop()
+	for {
+		k.sync(ctx)
+		select {
+		case <-ctx.Done():
+			// The term's context keeps its leader fence: the last write is
+			// made only while this replica still leads.
+			last, cancel := context.WithTimeout(context.WithoutCancel(ctx), catalogFlushTimeout)
+			k.sync(last)
+			cancel()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// catalogKeeper is keepCatalog's state during one term. The leader is the
+// catalog's only writer, so what it read at the start of its term, and
+// wrote since, is what the catalog holds.
+type catalogKeeper struct {
+	catalog *replicas.Catalog
+	state   *state
+	refresh time.Duration // see Liveness.liveRefresh
+	log     *slog.Logger
+	held    map[registry.ClusterID]replicas.ClusterRecord // nil until read
+}
+
+// sync brings the catalog up to date with the state; an error (or a
+// panic) is logged, and the next sync tries again.
+func (k *catalogKeeper) sync(ctx context.Context) {
+	defer func() {
+		if r := recover(); r != nil {
+			k.log.Error("panic keeping the cluster catalog", "panic", r, "stack", string(debug.Stack()))
+			k.held = nil // read again
+		}
+	}()
+	if err := k.syncOnce(ctx); err != nil && ctx.Err() == nil {
+		if errors.Is(err, replicas.ErrNotLeader) {
+			k.log.Debug("catalog not written: no longer leading", "err", err)
+			return
+		}
+		k.log.Warn("cannot keep the cluster catalog current; trying again", "err", err)
+	}
+}
+
+func (k *catalogKeeper) syncOnce(ctx context.Context) error {
+	if k.held == nil {
+		listCtx, cancel := context.WithTimeout(ctx, etcdTimeout)
+		records, err := k.catalog.List(listCtx)
+		cancel()
+		if err != nil {
+			return err
+		}
+		k.held = make(map[registry.ClusterID]replicas.ClusterRecord, len(records))
+		for _, r := range records {
+			k.held[r.Cluster] = r
+		}
+		// The drop timers of the clusters this replica has not seen live go
+		// on from when the previous leaders saw them live. (A state that has
+		// stopped, as the hub does, has no timers left to set.)
+		if err := k.state.adoptLiveAt(ctx, records); err != nil && !errors.Is(err, errStopped) {
+			return err
+		}
+	}
+	v := k.state.View()
+	now := time.Now()
+	var writes []replicas.ClusterRecord
+	var errs []error
+	for _, id := range slices.Sorted(maps.Keys(v.Clusters)) {
+		cl := v.Clusters[id]
+		old, has := k.held[id]
+		if cl.Dropped {
+			if has {
+				if err := k.forget(ctx, id, cl.Epoch); err != nil {
+					errs = append(errs, err)
+				}
+			}
 			continue
 		}
-		// A dropped cluster leaves the catalog: a cold start no longer waits for it.
-		forgetCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		if _, err := c.catalog.Forget(forgetCtx, id, epoch); err != nil {
-			c.log.Warn("cannot remove a dropped cluster from the catalog; a cold start may wait for it", "cluster", id, "err", err)
+		if r, ok := catalogRecord(cl, old, has, k.refresh, now); ok {
+			writes = append(writes, r)
 		}
-		cancel()
 	}
+	if len(writes) > 0 {
+		writeCtx, cancel := context.WithTimeout(ctx, etcdTimeout)
+		n, err := k.catalog.RecordAll(writeCtx, writes)
+		cancel()
+		for _, r := range writes[:n] {
+			k.held[r.Cluster] = r
+		}
+		if n > 0 {
+			k.log.Debug("recorded clusters in the catalog", "clusters", n)
+		}
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// forget removes a dropped cluster's record.
+func (k *catalogKeeper) forget(ctx context.Context, id registry.ClusterID, dropEpoch uint64) error {
+	forgetCtx, cancel := context.WithTimeout(ctx, etcdTimeout)
+	defer cancel()
+	if _, err := k.catalog.Forget(forgetCtx, id, dropEpoch); err != nil {
+		return fmt.Errorf("remove dropped cluster %s from the catalog (a cold start may wait for it): %w", id, err)
+	}
+	delete(k.held, id) // gone, or newer than the drop (then the next read finds it)
+	k.log.Info("removed a dropped cluster from the catalog", "cluster", id, "epoch", dropEpoch)
+	return nil
+}
+
+// catalogRecord is the record the catalog should hold of cluster cl, and
+// whether that differs from what it holds (old, when has). Only what the
+// state knows for sure replaces what the record says:
+//   - the spoke's ID and build only while its session is here (replication
+//     does not carry them), the network and epoch always;
+//   - LiveAt, while a live spoke serves the cluster somewhere, once it is
+//     refresh old (a restart then takes at most that off its drop timer);
+//     else when this replica saw it live later than the record says. A
+//     time this replica only started a timer from is written only where
+//     the record has none.
+func catalogRecord(cl ClusterStatus, old replicas.ClusterRecord, has bool, refresh time.Duration, now time.Time) (replicas.ClusterRecord, bool) {
+	if !has && cl.Epoch == 0 && cl.Version == 0 && cl.Home == "" {
+		return old, false // nothing held, no spoke: nothing to record yet
+	}
+	r := old
+	r.Cluster = cl.Cluster
+	if !has || cl.Connected {
+		r.SpokeID, r.Build = cl.SpokeID, cl.Build
+	}
+	if cl.Network != "" {
+		r.Network = cl.Network
+	}
+	if cl.Epoch > r.Epoch {
+		r.Epoch = cl.Epoch // never back: a replica may not hold a cluster's newest data yet
+	}
+	if !cl.LiveAt.IsZero() {
+		switch {
+		case old.LiveAt.IsZero(),
+			cl.Home != "" && cl.LiveAt.Sub(old.LiveAt) >= refresh,
+			cl.Home == "" && cl.liveSeen && cl.LiveAt.After(old.LiveAt):
+			r.LiveAt = cl.LiveAt.UTC()
+			r.LastSeen = r.LiveAt
+		}
+	}
+	if r.FirstSeen.IsZero() {
+		r.FirstSeen = now.UTC()
+		for _, t := range []time.Time{cl.SessionStart, cl.LiveAt} {
+			if !t.IsZero() && t.Before(r.FirstSeen) {
+				r.FirstSeen = t.UTC()
+			}
+		}
+	}
+	if r.LastSeen.IsZero() {
+		r.LastSeen = r.FirstSeen
+	}
+	return r, !has || !sameRecord(r, old)
+}
+
+func sameRecord(a, b replicas.ClusterRecord) bool {
+	return a.Cluster == b.Cluster && a.Network == b.Network && a.SpokeID == b.SpokeID && a.Build == b.Build && a.Epoch == b.Epoch &&
+		a.FirstSeen.Equal(b.FirstSeen) && a.LastSeen.Equal(b.LastSeen) && a.LiveAt.Equal(b.LiveAt)
 }
 
 // tickLiveness re-evaluates cluster liveness every second.

@@ -45,6 +45,14 @@ func DefaultLiveness() Liveness {
 	return Liveness{StaleAfter: 30 * time.Second, DropAfter: time.Hour, DefaultPolicy: PolicyKeep}
 }
 
+// liveRefresh is how often the leader records, while a live spoke serves
+// a cluster, that it does (ClusterRecord.LiveAt): a twentieth of DropAfter,
+// between 100ms and a minute. After a full restart, a cluster whose spoke
+// does not come back is dropped at most that much early.
+func (l Liveness) liveRefresh() time.Duration {
+	return min(max(l.DropAfter/20, 100*time.Millisecond), time.Minute)
+}
+
 func (l Liveness) policy(id registry.ClusterID) Policy {
 	if p, ok := l.Policies[id]; ok {
 		return p
@@ -197,7 +205,10 @@ func (s *state) restoreHeld(ctx context.Context, snap registry.Snapshot) (held h
 			c.Network, c.Gateways, c.Epoch, c.Version, c.Restored = sc.Network, sc.Gateways, sc.Epoch, sc.Version, true
 			c.Dropped = isDrop(replicas.Stamp{Epoch: sc.Epoch, Version: sc.Version}, sum.Services)
 			c.Digest, c.Services, c.Endpoints = sum.Digest, sum.Services, sum.Endpoints
-			c.LiveAt = now // a restart gives every cluster its grace again (fail-static)
+			if c.LiveAt.IsZero() {
+				// Neither seen live nor in the catalog: its timers start now (fail-static).
+				c.LiveAt = now
+			}
 			s.replicaChanged(sc.Cluster)
 			mergeDiff(changed, diff)
 		}
@@ -267,7 +278,7 @@ func (s *state) checkLiveness(now time.Time) {
 			aging = true
 		}
 		if home != "" {
-			c.LiveAt = now
+			c.LiveAt, c.liveSeen = now, true
 			if c.Stale || c.Dropped {
 				c.Stale, c.Dropped, changed = false, false, true
 				s.log.Info("cluster live again", "cluster", id, "home", home)
@@ -275,9 +286,11 @@ func (s *state) checkLiveness(now time.Time) {
 			continue
 		}
 		if c.LiveAt.IsZero() {
-			c.LiveAt = now // first seen without a spoke (catalog): the grace starts now
+			c.LiveAt = now // first known without a spoke, nor a time one was last live: the grace starts now
 		}
-		if !c.Stale && now.Sub(c.LiveAt) > s.liveness.StaleAfter {
+		// A restart gives every cluster its grace again (fail-static: spokes
+		// need a moment to reconnect); its drop timer goes on from LiveAt.
+		if !c.Stale && now.Sub(later(c.LiveAt, s.started)) > s.liveness.StaleAfter {
 			c.Stale, changed = true, true
 			s.log.Warn("cluster stale: no live spoke at any replica; keeping its endpoints", "cluster", id,
 				"since", c.LiveAt, "policy", s.liveness.policy(id))
@@ -286,6 +299,14 @@ func (s *state) checkLiveness(now time.Time) {
 	if changed || aging {
 		s.publish(registry.Diff{}) // also keeps the data-age metric current
 	}
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // dropDue returns the clusters whose drop policy applies now.

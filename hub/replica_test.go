@@ -312,3 +312,48 @@ func TestRestoreIsPublishedWhole(t *testing.T) {
 		t.Fatalf("the published registry holds api in %d clusters, want 3", got)
 	}
 }
+
+// A full restart keeps a dead cluster's drop timer: the catalog says when a
+// live spoke last served it, 50 minutes ago; with DropAfter an hour, it is
+// dropped 10 minutes after the restart, not 60. The restart still gives it
+// the grace to come back before it turns stale.
+func TestRestartKeepsWhenAClusterWasLastLive(t *testing.T) {
+	ctx := context.Background()
+	s := startState(t)
+	l := Liveness{StaleAfter: 30 * time.Second, DropAfter: time.Hour, DefaultPolicy: PolicyDrop}
+	restart := time.Now()
+	lastLive := restart.Add(-50 * time.Minute)
+	_ = s.do(ctx, func() { s.liveness, s.started = l, restart })
+	if err := s.known(ctx, []replicas.ClusterRecord{{Cluster: "east", Network: "n1", LiveAt: lastLive, LastSeen: lastLive}}); err != nil {
+		t.Fatal(err)
+	}
+	snap := registry.Snapshot{Revision: 1, Clusters: []registry.SnapshotCluster{{Cluster: "east", Epoch: 5, Version: 10,
+		Shards: []*registry.Shard{apiShard("east", time.Unix(1, 0), "grpc")}}}}
+	if err := s.restore(ctx, snap); err != nil {
+		t.Fatal(err)
+	}
+	at := func(d time.Duration) ClusterStatus {
+		_ = s.do(ctx, func() { s.checkLiveness(restart.Add(d)) })
+		return s.View().Clusters["east"]
+	}
+	if c := at(time.Second); c.Stale || !c.LiveAt.Equal(lastLive) {
+		t.Fatalf("east just after the restart: stale %v, last live %v; want within its grace, last live %v", c.Stale, c.LiveAt, lastLive)
+	}
+	if c := at(31 * time.Second); !c.Stale {
+		t.Fatal("east not stale once the restart's grace has passed")
+	}
+	v := s.View()
+	if due := v.dropDue(l, restart.Add(9*time.Minute)); len(due) != 0 {
+		t.Errorf("drops due 9 minutes after the restart: %v, want none", due)
+	}
+	if due := v.dropDue(l, restart.Add(10*time.Minute+time.Second)); len(due) != 1 || due[0] != "east" {
+		t.Errorf("drops due 10 minutes after the restart: %v, want east", due)
+	}
+	// Its spoke comes back: live again, and its last-live time is new.
+	if _, err := s.Begin(ctx, federation.Session{Cluster: "east", Epoch: 6, Started: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	if c := s.View().Clusters["east"]; c.Stale || !c.LiveAt.After(restart) || len(s.View().dropDue(l, restart.Add(11*time.Minute))) != 0 {
+		t.Errorf("east with its spoke back: %+v, want live", c)
+	}
+}

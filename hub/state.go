@@ -57,14 +57,21 @@ type ClusterStatus struct {
 	Origin string `json:"origin,omitempty"`
 	// Restored: the data comes from the persisted snapshot and no live spoke has confirmed it yet.
 	Restored bool `json:"restored,omitempty"`
-	// LiveAt is when a live spoke last served the cluster at some replica
-	// (or when this replica started, for a cluster it has not seen live).
+	// LiveAt is when a live spoke last served the cluster at some replica:
+	// as this replica saw it, or as the leader recorded it in the catalog
+	// (which survives a restart); for a cluster neither has seen live, when
+	// this replica first knew of it.
 	LiveAt time.Time `json:"liveAt,omitzero"`
 	// Stale: no live spoke at any replica for longer than the grace; the
 	// endpoints are kept until the cluster's policy says otherwise.
 	Stale bool `json:"stale,omitempty"`
 	// Dropped: its drop policy removed the stale cluster's endpoints.
 	Dropped bool `json:"dropped,omitempty"`
+
+	// liveSeen: LiveAt is when this replica last saw a live spoke serve the
+	// cluster, not a time it started the cluster's timer from or read from
+	// the catalog (the leader records only what was seen).
+	liveSeen bool
 }
 
 // DataAge is how old the cluster's data is: zero while a live spoke serves
@@ -93,11 +100,14 @@ type state struct {
 	liveness  Liveness
 	log       *slog.Logger
 	publisher Publisher
-	catalog   *replicas.Catalog // nil: no catalog
 	limits    registry.Limits
 	onChange  func(View)
 	ops       chan func()
 	done      chan struct{} // closed when run returns
+	// started is when this replica started: every cluster's grace before it
+	// turns stale starts over then (a restart is no sign of a dead spoke),
+	// while its drop timer goes on from its LiveAt.
+	started time.Time
 
 	// Owned by run's goroutine.
 	reg      *registry.Registry
@@ -130,11 +140,14 @@ type clusterConflicts struct {
 	changed chan struct{} // closed when the entry is replaced
 }
 
-func newState(self string, liveness Liveness, publisher Publisher, catalog *replicas.Catalog, limits registry.Limits, onChange func(View), log *slog.Logger) *state {
+// newState returns the state of replica self. The catalog argument is not
+// used: the state never waits for etcd, and only the leader writes the
+// catalog (see coordinator.keepCatalog).
+func newState(self string, liveness Liveness, publisher Publisher, _ *replicas.Catalog, limits registry.Limits, onChange func(View), log *slog.Logger) *state {
 	s := &state{
 		self: self, liveness: liveness,
-		log: log.With("component", "state"), publisher: publisher, catalog: catalog, limits: limits, onChange: onChange,
-		ops: make(chan func()), done: make(chan struct{}), reg: registry.New(),
+		log: log.With("component", "state"), publisher: publisher, limits: limits, onChange: onChange,
+		ops: make(chan func()), done: make(chan struct{}), started: time.Now(), reg: registry.New(),
 		clusters: map[registry.ClusterID]*ClusterStatus{}, maxEpoch: map[registry.ClusterID]uint64{},
 		session:   map[registry.ClusterID]uint64{},
 		conflicts: map[registry.ClusterID]*clusterConflicts{},
@@ -273,20 +286,9 @@ func (s *state) Apply(ctx context.Context, epoch, version uint64, ch registry.Ch
 	return digest, applyErr
 }
 
-// Begin implements federation.Store. It records the cluster in the catalog
-// first, on the caller's goroutine, so etcd never stalls the state.
+// Begin implements federation.Store. The catalog learns of the session
+// from the leader, which records what the replicas hold (coordinator.keepCatalog).
 func (s *state) Begin(ctx context.Context, sess federation.Session) (federation.Held, error) {
-	if s.catalog != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), etcdTimeout)
-		err := s.catalog.Record(ctx, replicas.ClusterRecord{
-			Cluster: sess.Cluster, Network: sess.Network, FirstSeen: sess.Started.UTC(), LastSeen: sess.Started.UTC(),
-			SpokeID: sess.SpokeID, Build: sess.Build, Epoch: sess.Epoch,
-		})
-		cancel()
-		if err != nil {
-			s.log.Warn("record cluster in catalog", "cluster", sess.Cluster, "err", err)
-		}
-	}
 	var held federation.Held
 	var beginErr error
 	err := s.do(ctx, func() {
@@ -336,16 +338,20 @@ func (s *state) End(sess federation.Session) {
 	_ = s.do(context.Background(), func() {
 		c := s.cluster(sess.Cluster)
 		if s.session[sess.Cluster] == sess.Epoch {
-			// Only the newest local session speaks for the cluster's liveness.
+			// Only the newest local session speaks for the cluster's liveness:
+			// its spoke was live until now.
 			delete(s.session, sess.Cluster)
-			c.Connected, c.LastSeen = false, time.Now()
-			s.checkLiveness(time.Now())
+			now := time.Now()
+			c.Connected, c.LastSeen, c.LiveAt, c.liveSeen = false, now, now, true
+			s.checkLiveness(now)
 			s.publish(registry.Diff{})
 		}
 	})
 }
 
-// known adds catalog entries of clusters this hub has not seen a session of.
+// known adds catalog entries of clusters this hub has not seen a session
+// of, with when a live spoke last served them (their drop timer goes on
+// from then; see state.started for the grace before they turn stale).
 func (s *state) known(ctx context.Context, records []replicas.ClusterRecord) error {
 	return s.do(ctx, func() {
 		for _, r := range records {
@@ -353,9 +359,27 @@ func (s *state) known(ctx context.Context, records []replicas.ClusterRecord) err
 				continue
 			}
 			c := s.cluster(r.Cluster)
-			c.Network, c.SpokeID, c.Build, c.LastSeen = r.Network, r.SpokeID, r.Build, r.LastSeen
+			c.Network, c.SpokeID, c.Build, c.LastSeen, c.LiveAt = r.Network, r.SpokeID, r.Build, r.LastSeen, r.LiveAt
 		}
 		s.publish(registry.Diff{})
+	})
+}
+
+// adoptLiveAt takes the catalog's LiveAt of each cluster that this replica
+// has not seen live, and that it knows no earlier time for: the leader's
+// drop timers then go on from what the previous leaders saw, even when this
+// replica could not read the catalog at start.
+func (s *state) adoptLiveAt(ctx context.Context, records []replicas.ClusterRecord) error {
+	return s.do(ctx, func() {
+		for _, r := range records {
+			c := s.clusters[r.Cluster]
+			if c == nil || c.liveSeen || c.Home != "" || r.LiveAt.IsZero() || !r.LiveAt.Before(c.LiveAt) {
+				continue
+			}
+			s.log.Info("cluster last live earlier than this replica knew, says the catalog", "cluster", r.Cluster, "liveAt", r.LiveAt)
+			c.LiveAt = r.LiveAt
+		}
+		s.checkLiveness(time.Now())
 	})
 }
 
