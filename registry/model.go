@@ -160,6 +160,11 @@ type Shard struct {
 // shards compare, hash and encode equally. It changes s in place.
 func (s *Shard) Normalize() {
 	s.ExportedAt = s.ExportedAt.UTC().Truncate(time.Second)
+	if s.ExportedAt.Unix() == 0 {
+		// The Unix epoch is "unset" on the wire: say so here too, or the
+		// hub would hold another shard (and hash) than the spoke.
+		s.ExportedAt = time.Time{}
+	}
 	slices.SortFunc(s.Ports, func(a, b ServicePort) int {
 		return cmp.Or(cmp.Compare(a.Port, b.Port), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Name, b.Name))
 	})

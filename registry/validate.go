@@ -137,6 +137,9 @@ func (s *Shard) Validate(lim Limits) error {
 	if err := ValidateClusterID(s.Cluster); err != nil {
 		return bad("cluster ID %q is not a DNS label", s.Cluster)
 	}
+	if y := s.ExportedAt.UTC().Year(); y < 1 || y > 9999 {
+		return bad("export time %d (Unix seconds) is outside the years 1 to 9999", s.ExportedAt.Unix())
+	}
 	if len(s.Ports) == 0 && !s.Headless {
 		return bad("no ports") // only a headless service may have none (it names pods, not ports)
 	}

@@ -1,13 +1,16 @@
 package xds
 
 import (
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/navemesh/nave/registry"
 )
@@ -183,5 +186,23 @@ func TestSplitHorizonWithOverlappingPodAddresses(t *testing.T) {
 		if err := Validate(decoded(t, cla)); err != nil {
 			t.Errorf("%+v: %v", tc.client, err)
 		}
+	}
+}
+
+// Clients choose their network as they choose their locality: beyond
+// MaxLocalityGroups, networks no cluster is on share one group, so no
+// client can grow the EDS caches past the bound by naming new networks.
+func TestNetworkNamesDoNotEscapeTheGroupBound(t *testing.T) {
+	s := NewServer(Config{MaxLocalityGroups: 4}, nil, nil)
+	s.SetNetworks(registry.Networks{Clusters: map[registry.ClusterID]registry.Network{"east": "n1"}})
+	for i := range 100 {
+		md, _ := structpb.NewStruct(map[string]any{"NETWORK": fmt.Sprintf("made-up-%d", i)})
+		s.edsCache(&core.Node{Id: fmt.Sprint(i), Locality: &core.Locality{Region: fmt.Sprint("r", i)}, Metadata: md})
+	}
+	md, _ := structpb.NewStruct(map[string]any{"NETWORK": "n1"})
+	s.edsCache(&core.Node{Id: "known", Locality: &core.Locality{Region: "elsewhere"}, Metadata: md})
+	// 4 groups, one for every unknown network, one for the known network n1.
+	if n := len(*s.groups.Load()); n > 6 {
+		t.Fatalf("%d locality groups; the bound is 4, plus one for unknown networks and one per known network", n)
 	}
 }

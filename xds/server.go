@@ -394,6 +394,14 @@ func (s *Server) edsCache(node *core.Node) *resourceCache {
 		if c := groups[group]; c != nil {
 			return c
 		}
+		if group.Network != "" && !s.topo.Load().knows(group.Network) {
+			// Clients name their network too: one group for every network no
+			// cluster is on, or each new name would cost a group beyond the bound.
+			group.Network = unknownNetwork
+			if c := groups[group]; c != nil {
+				return c
+			}
+		}
 	}
 	initial := make(map[string]types.Resource, len(s.endpoints))
 	sums := make(map[string]uint64, len(s.endpoints))
