@@ -183,11 +183,17 @@ func (s *state) safely(op func()) {
 // errStopped is returned by operations sent after the state stopped.
 var errStopped = errors.New("hub state stopped")
 
+// errPanicked is returned by an operation that panicked: it did not
+// complete, and whoever asked for it must not act as if it had (a spoke's
+// update is not acknowledged).
+var errPanicked = errors.New("hub state: the operation failed (a panic, logged)")
+
 // do runs op on the state goroutine and waits for it.
 func (s *state) do(ctx context.Context, op func()) error {
 	done := make(chan struct{})
+	completed := false // written before done closes
 	select {
-	case s.ops <- func() { defer close(done); op() }:
+	case s.ops <- func() { defer close(done); op(); completed = true }:
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-s.done:
@@ -195,6 +201,9 @@ func (s *state) do(ctx context.Context, op func()) error {
 	}
 	select {
 	case <-done:
+		if !completed {
+			return errPanicked
+		}
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()

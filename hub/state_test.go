@@ -2,6 +2,7 @@ package hub
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/netip"
 	"strings"
@@ -96,5 +97,18 @@ func TestStateTracksConflictsPerCluster(t *testing.T) {
 		if set, _ := s.Conflicts(id); len(set) != 0 {
 			t.Errorf("%s still has conflicts %q", id, set)
 		}
+	}
+}
+
+// An operation that panics reports that it failed (an update it was part
+// of is not acknowledged), and the state goes on.
+func TestPanickingOperationFails(t *testing.T) {
+	s := startState(t)
+	if err := s.do(context.Background(), func() { panic("boom") }); !errors.Is(err, errPanicked) {
+		t.Fatalf("a panicking operation returned %v, want errPanicked", err)
+	}
+	ran := false
+	if err := s.do(context.Background(), func() { ran = true }); err != nil || !ran {
+		t.Fatalf("the next operation: %v, ran %v", err, ran)
 	}
 }
