@@ -4,7 +4,7 @@ GO ?= go
 PROTOC ?= protoc
 BIN := bin
 
-.PHONY: all build test bench fuzz demo generate generate-check lint protoc haproxy kube-apiserver coredns kind-up kind-e2e kind-down clean
+.PHONY: all build test bench fuzz demo generate generate-check lint protoc haproxy kube-apiserver coredns cert-manager-crds kind-up kind-e2e kind-down clean
 
 # The end-to-end tests run real Kubernetes API servers, built once per machine
 # from k8s.io/kubernetes (tools/kube-apiserver pins the version) and cached by version.
@@ -17,6 +17,11 @@ export NAVE_KUBE_APISERVER := $(KUBE_APISERVER)
 COREDNS_VERSION := $(shell awk '$$1 == "github.com/coredns/coredns" || $$2 == "github.com/coredns/coredns" {print $$NF}' tools/coredns/go.mod | head -1)
 COREDNS := $(NAVE_CACHE)/coredns-$(COREDNS_VERSION)
 export NAVE_COREDNS := $(COREDNS)
+# The manifest test applies cert-manager's real CRDs (deploy/security holds
+# Certificates): copied from the cert-manager Go module tools/cert-manager pins.
+CERT_MANAGER_VERSION := $(shell awk '$$1 == "github.com/cert-manager/cert-manager" || $$2 == "github.com/cert-manager/cert-manager" {print $$NF}' tools/cert-manager/go.mod | head -1)
+CERT_MANAGER_CRDS := $(NAVE_CACHE)/cert-manager-$(CERT_MANAGER_VERSION)
+export NAVE_CERT_MANAGER_CRDS := $(CERT_MANAGER_CRDS)
 
 all: build
 
@@ -24,7 +29,7 @@ build:
 	$(GO) build -o $(BIN)/ ./cmd/...
 
 ## test: everything CI runs: generated code current, vet, gofmt, and every test with -race.
-test: generate-check lint kube-apiserver coredns haproxy
+test: generate-check lint kube-apiserver coredns haproxy cert-manager-crds
 	NAVE_E2E_REQUIRE=1 $(GO) test -race -count=1 -timeout 30m ./...
 
 ## bench: benchmarks print numbers; nothing is asserted. The scale benchmark drives a real hub
@@ -85,6 +90,13 @@ coredns: $(COREDNS)
 $(COREDNS):
 	@mkdir -p $(dir $@)
 	cd tools/coredns && $(GO) build -trimpath -o $@.tmp . && mv $@.tmp $@
+
+## cert-manager-crds: copy cert-manager's CRDs out of its Go module (once per machine and version).
+cert-manager-crds: $(CERT_MANAGER_CRDS)
+$(CERT_MANAGER_CRDS):
+	@mkdir -p $@.tmp
+	dir=$$(cd tools/cert-manager && $(GO) mod download -json github.com/cert-manager/cert-manager@$(CERT_MANAGER_VERSION) | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$$/\1/p') && \
+		cp "$$dir"/deploy/crds/cert-manager.io_*.yaml $@.tmp/ && chmod u+w $@.tmp/* && mv $@.tmp $@
 
 ## kind-up, kind-e2e, kind-down: three kind clusters with the hub and spokes deployed, and the e2e suite
 ## run against them (needs Docker, kind and kubectl; see deploy/README.md).

@@ -45,7 +45,30 @@ type tool struct {
 var (
 	apiServerTool = tool{name: "kube-apiserver", module: "k8s.io/kubernetes", env: BinaryEnv, buildTime: "about 10 minutes"}
 	coreDNSTool   = tool{name: "coredns", module: "github.com/coredns/coredns", env: CoreDNSEnv, buildTime: "about 4 minutes"}
+	certManager   = tool{name: "cert-manager", module: "github.com/cert-manager/cert-manager", env: CertManagerCRDsEnv, buildTime: "a download"}
 )
+
+// CertManagerCRDsEnv names the directory holding cert-manager's CRDs; `make` exports it.
+const CertManagerCRDsEnv = "NAVE_CERT_MANAGER_CRDS"
+
+// CertManagerCRDs returns cert-manager's CRD files: from $NAVE_CERT_MANAGER_CRDS,
+// else where `make cert-manager-crds` caches them. Missing ones skip the
+// test, or fail it under NAVE_E2E_REQUIRE=1.
+func CertManagerCRDs(t testing.TB) []string {
+	t.Helper()
+	dir := os.Getenv(CertManagerCRDsEnv)
+	if dir == "" {
+		var err error
+		if dir, err = certManager.cachedPath(); err != nil {
+			unavailable(t, "cert-manager CRDs: %v; run `make cert-manager-crds`", err)
+		}
+	}
+	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	if err != nil || len(files) == 0 {
+		unavailable(t, "cert-manager CRDs are missing from %s: run `make cert-manager-crds` or set %s", dir, CertManagerCRDsEnv)
+	}
+	return files
+}
 
 // binary returns the tool's path: $env, else the Makefile's cache. A
 // missing binary skips the test, or fails it under NAVE_E2E_REQUIRE=1.
