@@ -1,7 +1,9 @@
 package spoke
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -14,6 +16,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+
+	"github.com/navemesh/nave/federation"
 )
 
 // LeaderElection configures the coordination.k8s.io Lease through which one
@@ -31,6 +35,10 @@ type LeaderElection struct {
 	// LeaseDuration by more than RetryPeriod/2, so a leader stops before a
 	// standby starts); RetryPeriod is how often both try.
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// StandBack is how long a leader that gave up the Lease (it could not
+	// reach the hub, see Config.GiveUpAfter) stays out of the election, so
+	// that a standby takes it; then it is a candidate again. 0: LeaseDuration.
+	StandBack time.Duration
 }
 
 // DefaultLeaderElection returns the Lease settings `nave spoke --source kube`
@@ -64,7 +72,26 @@ func podNamespace() string {
 // term ends first and the Lease is released after, so the next leader
 // starts only once this one has stopped. Terms never overlap.
 func lead(ctx context.Context, client kubernetes.Interface, cfg LeaderElection, identity string, log *slog.Logger, term func(context.Context)) error {
+	return leadOrGiveUp(ctx, client, cfg, identity, log, func(ctx context.Context) error {
+		term(ctx)
+		return nil
+	})
+}
+
+// errHubUnreachable ends a term that could not reach the hub: its leader
+// gives up the Lease (see leadOrGiveUp).
+var errHubUnreachable = errors.New("spoke: the hub is unreachable")
+
+// leadOrGiveUp is lead whose terms may give up: a term that returns an
+// error wrapping errHubUnreachable (after it ended its own work) releases
+// the Lease at once, so a standby, on another node and maybe another
+// network path, takes it within RetryPeriod; this replica stays out of the
+// election for StandBack before it is a candidate again. A standby that
+// cannot reach the hub either gives it up in turn; a lone candidate takes
+// it back after StandBack and tries again.
+func leadOrGiveUp(ctx context.Context, client kubernetes.Interface, cfg LeaderElection, identity string, log *slog.Logger, term func(context.Context) error) error {
 	log = log.With("component", "leader-election", "lease", cfg.Namespace+"/"+cfg.Name, "identity", identity)
+	standBack := cmp.Or(cfg.StandBack, cfg.LeaseDuration)
 	for ctx.Err() == nil {
 		lock := &renewalLock{Interface: &resourcelock.LeaseLock{
 			LeaseMeta:  metav1.ObjectMeta{Namespace: cfg.Namespace, Name: cfg.Name},
@@ -75,6 +102,7 @@ func lead(ctx context.Context, client kubernetes.Interface, cfg LeaderElection, 
 		electorCtx, stopElector := context.WithCancel(context.WithoutCancel(ctx))
 		var terms sync.Mutex // held while a term runs; abandoned is set once no term may start
 		abandoned := false
+		var gaveUp error // why the term gave up the Lease; guarded by terms
 		elector, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 			Lock:          lock,
 			LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.RenewDeadline, RetryPeriod: cfg.RetryPeriod,
@@ -96,7 +124,13 @@ func lead(ctx context.Context, client kubernetes.Interface, cfg LeaderElection, 
 						end()
 					})
 					log.Info("leading: streaming this cluster to the hub")
-					term(tctx)
+					if err := term(tctx); errors.Is(err, errHubUnreachable) && ctx.Err() == nil {
+						// The term has ended; releasing the Lease comes after (ReleaseOnCancel).
+						gaveUp = err
+						log.Warn("giving up the Lease: this replica cannot reach the hub; a standby may take over",
+							"err", err, "standBack", standBack)
+						stopElector()
+					}
 				},
 				OnStoppedLeading: func() { log.Info("not leading") },
 				OnNewLeader: func(id string) {
@@ -122,7 +156,43 @@ func lead(ctx context.Context, client kubernetes.Interface, cfg LeaderElection, 
 		stopElector()
 		terms.Lock() // a term that is running ends with its leadership; none starts after this
 		abandoned = true
+		standingBack := gaveUp != nil
 		terms.Unlock()
+		if standingBack {
+			select {
+			case <-ctx.Done():
+			case <-time.After(standBack):
+				log.Info("a candidate for the Lease again after giving it up", "stoodBack", standBack)
+			}
+		}
+	}
+	return nil
+}
+
+// hubFailures counts a term's hub sessions in a row that failed (the
+// connection, the hello or the stream broke before the hub acknowledged
+// the spoke's state), for Config.GiveUpAfter. Owned by the publisher's
+// goroutine (its status callback).
+type hubFailures struct {
+	limit  int
+	failed int
+	synced bool // the current session has been acknowledged
+}
+
+// observe takes the publisher's status; it returns an error wrapping
+// errHubUnreachable once limit sessions in a row have failed.
+func (f *hubFailures) observe(s federation.SessionStatus) error {
+	switch {
+	case s.Connected && s.Synced:
+		f.synced, f.failed = true, 0
+	case !s.Connected: // a session (or an attempt at one) ended
+		if !f.synced {
+			f.failed++
+		}
+		f.synced = false
+		if f.limit > 0 && f.failed >= f.limit {
+			return fmt.Errorf("%w: %d sessions in a row failed", errHubUnreachable, f.failed)
+		}
 	}
 	return nil
 }

@@ -60,6 +60,12 @@ type Config struct {
 	Namespaces NamespaceFilter
 	// LeaderElection makes one of several replicas of a kube source's spoke stream.
 	LeaderElection LeaderElection
+	// GiveUpAfter is how many hub sessions in a row the leader may fail to
+	// establish (the hub unreachable, the stream broken before the hub
+	// acknowledged the state) before it gives up the Lease, so a standby on
+	// another node tries (see LeaderElection.StandBack); 0 never gives up.
+	// Only with leader election.
+	GiveUpAfter int
 	// Region is the region of endpoints whose node carries none.
 	Region string
 	// ExportAll federates every service, not only those labelled nave.io/export=true.
@@ -88,6 +94,7 @@ func DefaultConfig() Config {
 		KubeQPS: 20, KubeBurst: 40,
 		Namespaces:     NamespaceFilter{Exclude: slices.Clone(DefaultExcludedNamespaces)},
 		LeaderElection: DefaultLeaderElection(),
+		GiveUpAfter:    5,
 		Imports:        true, ImportsQPS: 50, ImportsBurst: 100,
 	}
 }
@@ -137,8 +144,16 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if kube != nil {
 		fc.OnReport = kube.SetReports
 	}
+	// A leader that cannot reach the hub gives up the Lease after GiveUpAfter sessions in a row failed.
+	giveUpAfter := 0
+	if kube != nil && cfg.LeaderElection.Enabled {
+		giveUpAfter = cfg.GiveUpAfter
+	}
 	// A term is one stretch of publishing: the whole run, or one leadership.
-	term := func(ctx context.Context) {
+	// It ends with ctx, or gives up (errHubUnreachable).
+	term := func(ctx context.Context) error {
+		ctx, giveUp := context.WithCancelCause(ctx)
+		defer giveUp(nil)
 		mon.setLeading(true)
 		defer mon.setLeading(false)
 		if kube != nil {
@@ -160,7 +175,17 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 				}
 			})
 		}
-		pub = federation.NewPublisher(tc, conn, log, mon.observe)
+		status := mon.observe
+		if giveUpAfter > 0 {
+			failures := &hubFailures{limit: giveUpAfter}
+			status = func(s federation.SessionStatus) {
+				mon.observe(s)
+				if err := failures.observe(s); err != nil {
+					giveUp(err)
+				}
+			}
+		}
+		pub = federation.NewPublisher(tc, conn, log, status)
 		states := make(chan State)
 		wg.Go(func() { latest.feed(ctx, states) })
 		if kube != nil {
@@ -175,6 +200,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			defer kube.OnGateways("", nil)
 		}
 		_ = pub.Run(ctx, states) // returns once ctx ends
+		if err := context.Cause(ctx); errors.Is(err, errHubUnreachable) {
+			return err
+		}
+		return nil
 	}
 
 	ctx, cancel := context.WithCancel(ctx)
@@ -202,12 +231,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		// the Lease from a warm standby, nor hold it while it cannot publish.
 		select {
 		case <-kube.Synced():
-			leadErr = lead(ctx, clients.source, cfg.LeaderElection, fc.SpokeID, log, term)
+			leadErr = leadOrGiveUp(ctx, clients.source, cfg.LeaderElection, fc.SpokeID, log, term)
 		case <-ctx.Done():
 		}
 		cancel()
 	} else {
-		term(ctx)
+		_ = term(ctx) // gives up never: giveUpAfter is 0
 	}
 	// Publishing ends only once ctx ends: because the caller is done, or the source failed.
 	if err := <-srcErr; err != nil && !errors.Is(err, context.Canceled) {
