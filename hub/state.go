@@ -188,7 +188,9 @@ var errStopped = errors.New("hub state stopped")
 // update is not acknowledged).
 var errPanicked = errors.New("hub state: the operation failed (a panic, logged)")
 
-// do runs op on the state goroutine and waits for it.
+// do runs op on the state goroutine and waits for it. Once the state
+// goroutine has taken op, do waits for its end whatever ctx does: op is
+// short (operations never block), and its caller reads what op wrote.
 func (s *state) do(ctx context.Context, op func()) error {
 	done := make(chan struct{})
 	completed := false // written before done closes
@@ -199,17 +201,11 @@ func (s *state) do(ctx context.Context, op func()) error {
 	case <-s.done:
 		return errStopped
 	}
-	select {
-	case <-done:
-		if !completed {
-			return errPanicked
-		}
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-s.done:
-		return errStopped
+	<-done // closed even when op panics; run takes nothing else meanwhile
+	if !completed {
+		return errPanicked
 	}
+	return nil
 }
 
 // View returns the latest snapshot.
