@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -19,7 +20,6 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -65,10 +65,11 @@ const (
 	phaseChurn
 	phaseWarmRestart
 	phaseColdRestart
+	phaseCatalogRestart // cold, with the cluster catalog kept (see catalog.go)
 	phases
 )
 
-var phaseNames = [phases]string{"connect", "churn", "warm-restart", "cold-restart"}
+var phaseNames = [phases]string{"connect", "churn", "warm-restart", "cold-restart", "catalog-restart"}
 
 // resourceNames maps bench services to their xDS names and back.
 type resourceNames struct {
@@ -140,6 +141,9 @@ type fleet struct {
 	phase    atomic.Int32
 	// observed counts stale (obsOlder) and unknown states seen, by phase.
 	observed [phases][2]atomic.Int64
+	// streamErrors tallies the errors that ended client streams, by phase
+	// (not the ones the bench ended itself).
+	streamErrors [phases]errorTally
 	// restarting is true while the rolling restart runs; restartPushes counts
 	// the assignments of service 0 its subscribers received meanwhile.
 	restarting    atomic.Bool
@@ -155,9 +159,15 @@ type fleet struct {
 
 // fleetConfig says which clients to make.
 type fleetConfig struct {
-	GRPC, ServicesPerClient, Gateways, Conns int
-	Delta                                    bool
-	Seed                                     uint64
+	GRPC, ServicesPerClient, Gateways int
+	// Conns is how many gRPC connections the clients share (client i uses
+	// connection i % Conns); each dials from a loopback address of its own.
+	Conns int
+	Delta bool
+	Seed  uint64
+	// TLS, when set, is the TLS configuration of connection j (mTLS: its
+	// client certificate); nil: plaintext.
+	TLS func(conn int) *tls.Config
 }
 
 // newFleet makes the clients (not yet connected) and counts each service's
@@ -166,9 +176,12 @@ func newFleet(ctx context.Context, cfg fleetConfig, sc scaleConfig, l *ledger, x
 	ctx, cancel := context.WithCancel(ctx)
 	f := &fleet{ledger: l, layout: newAddrLayout(sc.Clusters), names: newResourceNames(sc.Services), clusters: sc.Clusters,
 		delta: cfg.Delta, ctx: ctx, cancel: cancel}
-	for range max(cfg.Conns, 1) {
-		conn, err := grpc.NewClient(xdsAddr,
-			grpc.WithTransportCredentials(insecure.NewCredentials()),
+	for j := range max(cfg.Conns, 1) {
+		var tlsCfg *tls.Config
+		if cfg.TLS != nil {
+			tlsCfg = cfg.TLS(j)
+		}
+		conn, err := grpc.NewClient(xdsAddr, transportCreds(tlsCfg), dialFrom(loopbackAddr(clientBlock, j)),
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(1<<30)),
 			grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{
 				BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 200 * time.Millisecond,
@@ -344,7 +357,9 @@ func (c *adsClient) slotOf(s int) (int, bool) {
 func (c *adsClient) run(ctx context.Context, conn *grpc.ClientConn) {
 	ads := discovery.NewAggregatedDiscoveryServiceClient(conn)
 	for ctx.Err() == nil {
-		_ = c.session(ctx, ads)
+		if err := c.session(ctx, ads); err != nil && ctx.Err() == nil {
+			c.f.streamErrors[c.f.phase.Load()].add(streamErrorKey(err), err.Error())
+		}
 		c.completeAt.Store(0)
 		// The connection backs off by itself (streams wait for it to be
 		// ready); this only keeps a refused stream from spinning.

@@ -265,6 +265,7 @@ func (h *hubProcess) usage(ctx context.Context, phase string) (usageSample, erro
 		u.LiveHeapBytes = m.sum("go_memstats_next_gc_bytes", "") / (1 + gogc/100)
 	}
 	u.GCs = int(m.sum("go_gc_duration_seconds_count", ""))
+	u.PeakRSSBytes, _ = procPeakRSS(h.pid())
 	if !m.has("process_resident_memory_bytes") {
 		if rss, cpu, err := procUsage(h.pid()); err == nil {
 			u.RSSBytes, u.CPUSeconds = rss, cpu

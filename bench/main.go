@@ -6,11 +6,14 @@
 //
 //	go run ./bench                        # small scale (or SCALE=large)
 //	go run ./bench -scale large -out large.json
+//	go run ./bench -scale large -mtls     # the same with mTLS on both of the hub's ports
+//	go run ./bench -storm                 # 100 spokes and 10,000 clients connect at once, then reconnect
 //	go run ./bench -h                     # every knob
 package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -26,6 +29,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/navemesh/nave/internal/xdstest"
 	"github.com/navemesh/nave/registry"
 )
 
@@ -70,6 +74,16 @@ var scales = map[string]scaleConfig{
 		Rate: 100, Duration: 60 * time.Second, RestartOver: 20 * time.Second, RestartEndpoints: 1000, PhaseTimeout: 10 * time.Minute},
 }
 
+// stormScale is the reconnect storm's (-storm): a modest registry, many
+// peers. It has no churn; Rate and Duration only size the address space.
+var stormScale = scaleConfig{Name: "storm", Clusters: 100, Services: 20, Endpoints: 5, GRPCClients: 10_000, ServicesPerClient: 3,
+	Rate: 1, Duration: time.Second, PhaseTimeout: 5 * time.Minute}
+
+// defaultStreamsPerConn is how many client streams share one gRPC
+// connection at most: below the hub's 128 concurrent streams per
+// connection, beyond which grpc-go queues new streams until one ends.
+const defaultStreamsPerConn = 100
+
 // config is everything a run needs.
 type config struct {
 	scale       scaleConfig
@@ -89,6 +103,17 @@ type config struct {
 	spokeMaxBo  time.Duration
 	hubArgs     []string
 	noRestarts  bool
+	// storm runs the reconnect storm instead of the churn scenario.
+	storm bool
+	// mtls runs the hub with mTLS on both ports; spokes and clients present certificates.
+	mtls bool
+	// clientIdentities spreads the ADS clients' certificates over this many
+	// SPIFFE IDs (service accounts); the hub bounds streams per identity.
+	clientIdentities int
+	// streamsPerConn bounds the client streams sharing one connection;
+	// connsSet says -conns was given (the storm's default is one per client).
+	streamsPerConn int
+	connsSet       bool
 }
 
 func parseFlags(args []string) (config, error) {
@@ -102,6 +127,9 @@ func parseFlags(args []string) (config, error) {
 			fmt.Fprintf(fs.Output(), "  %s: %d clusters x %d services x %d endpoints, %d gRPC clients x %d services, %d gateways, %.0f changes/s for %s\n",
 				name, sc.Clusters, sc.Services, sc.Endpoints, sc.GRPCClients, sc.ServicesPerClient, sc.Gateways, sc.Rate, sc.Duration)
 		}
+		sc := stormScale
+		fmt.Fprintf(fs.Output(), "  -storm: %d clusters x %d services x %d endpoints, %d gRPC clients x %d services, each on a connection of its own, all at once; then again after a hub restart\n",
+			sc.Clusters, sc.Services, sc.Endpoints, sc.GRPCClients, sc.ServicesPerClient)
 		fmt.Fprintln(fs.Output())
 		fs.PrintDefaults()
 	}
@@ -118,13 +146,17 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&o.RestartEndpoints, "restart-endpoints", 0, "endpoints of the service the rolling restart replaces, one by one")
 	fs.DurationVar(&o.PhaseTimeout, "phase-timeout", 0, "longest wait for any phase (sync, clients, drain, restart)")
 	noRestart := fs.Bool("no-rolling-restart", false, "churn without the rolling restart of one service")
-	fs.BoolVar(&cfg.noRestarts, "no-restarts", false, "skip the warm and cold hub restarts")
-	fs.IntVar(&cfg.conns, "conns", 4, "gRPC connections the ADS clients share")
+	fs.BoolVar(&cfg.noRestarts, "no-restarts", false, "skip the hub restarts (warm, cold with the catalog, cold; -storm: the reconnect storm)")
+	fs.IntVar(&cfg.conns, "conns", 4, "gRPC connections the ADS clients share, at least (more when -streams-per-conn asks; -storm: one per client)")
+	fs.IntVar(&cfg.streamsPerConn, "streams-per-conn", defaultStreamsPerConn, "client streams one connection carries at most (the hub allows 128)")
+	fs.BoolVar(&cfg.storm, "storm", false, "reconnect storm: every spoke and every client connects at once, to a fresh hub and after a restart (sizes from -storm's scale; the size flags override)")
+	fs.BoolVar(&cfg.mtls, "mtls", false, "mTLS on the hub's federation and xDS ports: spokes and clients present certificates of a CA the bench makes")
+	clientIDs := fs.Int("client-identities", 0, "with -mtls, how many SPIFFE IDs the clients' certificates spread over (default 1; -storm: 10, as the hub bounds streams per identity)")
 	fs.BoolVar(&cfg.delta, "delta", false, "ADS clients speak delta (incremental) xDS instead of state of the world")
 	fs.Uint64Var(&cfg.seed, "seed", 1, "random seed (subscriptions, churn)")
 	fs.StringVar(&cfg.out, "out", "bench-results.json", "where to write the results as JSON (empty: nowhere)")
-	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "save the hub's CPU profile during the churn here (starts the hub with --pprof)")
-	fs.StringVar(&cfg.heapProfile, "heapprofile", "", "save the hub's heap profile after the churn here (starts the hub with --pprof)")
+	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "save the hub's CPU profile during the churn (-storm: the storm's first 20 s) here (starts the hub with --pprof)")
+	fs.StringVar(&cfg.heapProfile, "heapprofile", "", "save the hub's heap profile after the churn (-storm: the storm) here (starts the hub with --pprof)")
 	fs.StringVar(&cfg.selfProfile, "bench-cpuprofile", "", "save the benchmark process's own CPU profile (the whole run) here")
 	fs.StringVar(&cfg.restartProfile, "restart-cpuprofile", "", "save the hub's CPU profile of the first seconds after the warm restart here (starts the hub with --pprof)")
 	fs.StringVar(&cfg.naveBin, "nave-bin", "", "a built nave binary (default: build ./cmd/nave into the work dir)")
@@ -142,8 +174,16 @@ func parseFlags(args []string) (config, error) {
 	if !ok {
 		return config{}, fmt.Errorf("-scale %q: want small or large", *scaleName)
 	}
+	cfg.clientIdentities = 1
+	if cfg.storm {
+		sc, cfg.clientIdentities = stormScale, 10
+	}
 	fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
+		case "conns":
+			cfg.connsSet = true
+		case "client-identities":
+			cfg.clientIdentities = *clientIDs
 		case "clusters":
 			sc.Clusters = o.Clusters
 		case "services":
@@ -199,8 +239,25 @@ func validate(cfg config) error {
 		return errors.New("-phase-timeout must be positive")
 	case cfg.conns < 1:
 		return errors.New("-conns must be at least 1")
+	case cfg.streamsPerConn < 1:
+		return errors.New("-streams-per-conn must be at least 1")
+	case cfg.clientIdentities < 1:
+		return errors.New("-client-identities must be at least 1")
+	case sc.Clusters > maxLoopbackPeers || clientConns(cfg) > maxLoopbackPeers:
+		return fmt.Errorf("at most %d spokes and %d client connections (each dials from a loopback address of its own)", maxLoopbackPeers, maxLoopbackPeers)
 	}
 	return nil
+}
+
+// clientConns is how many connections the ADS clients use: one each in the
+// storm (unless -conns), else -conns, or more so that none carries more
+// than -streams-per-conn streams.
+func clientConns(cfg config) int {
+	clients := cfg.scale.GRPCClients + cfg.scale.Gateways
+	if cfg.storm && !cfg.connsSet {
+		return max(clients, 1)
+	}
+	return connsFor(clients, cfg.streamsPerConn, cfg.conns)
 }
 
 func main() {
@@ -244,7 +301,11 @@ func progress(format string, args ...any) {
 // run runs the whole benchmark, then reports what it measured, also when a
 // phase failed (the results say which).
 func run(ctx context.Context, cfg config, stdout io.Writer) (err error) {
-	res := &results{Scale: cfg.scale, Delta: cfg.delta, Conns: cfg.conns, Seed: cfg.seed, Started: time.Now(), CPUs: numCPU()}
+	res := &results{Scale: cfg.scale, Delta: cfg.delta, Conns: clientConns(cfg), Seed: cfg.seed, Started: time.Now(), CPUs: numCPU(),
+		MTLS: cfg.mtls, Load: loadAverage()}
+	if cfg.mtls {
+		res.ClientIdentities = cfg.clientIdentities
+	}
 	b := &bench{cfg: cfg, res: res}
 	defer func() {
 		b.close()
@@ -284,8 +345,23 @@ func run(ctx context.Context, cfg config, stdout io.Writer) (err error) {
 		{"churn", b.churn, false},
 		// 6. Restart the hub on its data dir (warm start from the persisted snapshot).
 		{"warm restart", b.warmRestart, true},
-		// 7. Restart the hub on a fresh data dir (spokes resync everything).
+		// 7. Restart the hub on its data dir without its snapshots: it knows the clusters from its catalog.
+		{"cold restart with the catalog", b.catalogRestart, true},
+		// 8. Restart the hub on a fresh data dir (spokes resync everything).
 		{"cold restart", b.coldRestart, true},
+	}
+	if cfg.storm {
+		steps = steps[:2]
+		steps = append(steps, []struct {
+			name    string
+			fn      func(context.Context) error
+			restart bool
+		}{
+			// 3. Every spoke and every client connects at once to the fresh hub.
+			{"storm", b.storm, false},
+			// 4. The hub restarts on its data dir: every one of them reconnects at once.
+			{"reconnect storm", b.reconnectStorm, true},
+		}...)
 	}
 	for _, s := range steps {
 		if s.restart && cfg.noRestarts {
@@ -319,6 +395,10 @@ type bench struct {
 	sanity  []*sanityClient
 	all     []int // every client index
 	logFile *os.File
+	// pki holds the certificates of an -mtls run.
+	pki *benchPKI
+	// spokeWarnings tallies the spokes' log records at Warn and above, by phase.
+	spokeWarnings [phases]errorTally
 }
 
 func (b *bench) close() {
@@ -351,6 +431,16 @@ func (b *bench) prepare(ctx context.Context) error {
 	progress("scale %s: %d clusters x %d services x %d endpoints, %d gRPC clients (%d services each), %d gateways, %.0f changes/s for %s; work dir %s",
 		b.cfg.scale.Name, b.cfg.scale.Clusters, b.cfg.scale.Services, b.cfg.scale.Endpoints, b.cfg.scale.GRPCClients,
 		b.cfg.scale.ServicesPerClient, b.cfg.scale.Gateways, b.cfg.scale.Rate, b.cfg.scale.Duration, work)
+	if b.cfg.mtls {
+		var ids []registry.ClusterID
+		for c := range b.cfg.scale.Clusters {
+			ids = append(ids, clusterID(c))
+		}
+		if b.pki, err = newBenchPKI(filepath.Join(work, "pki"), ids, b.cfg.clientIdentities); err != nil {
+			return fmt.Errorf("certificates: %w", err)
+		}
+		progress("mTLS on both ports: %d cluster certificates, %d client identities", len(ids), len(b.pki.clients))
+	}
 	if b.cfg.naveBin != "" {
 		b.bin = b.cfg.naveBin
 		return nil
@@ -368,6 +458,9 @@ func (b *bench) startHub(ctx context.Context) error {
 	hubArgs := b.cfg.hubArgs
 	if b.cfg.cpuProfile != "" || b.cfg.heapProfile != "" || b.cfg.restartProfile != "" {
 		hubArgs = append([]string{"--pprof"}, hubArgs...)
+	}
+	if b.pki != nil {
+		hubArgs = append(b.pki.hubArgs(), hubArgs...)
 	}
 	if b.hub, err = newHubProcess(b.bin, filepath.Join(b.work, "hub.log"), hubArgs); err != nil {
 		return err
@@ -406,17 +499,12 @@ func (b *bench) initialSync(ctx context.Context) error {
 	}
 	b.res.Endpoints = b.world.endpointCount()
 	// The clients exist (unconnected) before any change, so every change knows its subscribers.
-	if b.fleet, err = newFleet(ctx, fleetConfig{GRPC: sc.GRPCClients, ServicesPerClient: sc.ServicesPerClient,
-		Gateways: sc.Gateways, Conns: b.cfg.conns, Delta: b.cfg.delta, Seed: b.cfg.seed}, sc, b.ledger, b.hub.xds); err != nil {
+	if err := b.makeFleet(ctx); err != nil {
 		return err
 	}
-	if b.logFile, err = os.Create(filepath.Join(b.work, "spokes.log")); err != nil {
-		return err
-	}
-	log := slog.New(slog.NewTextHandler(b.logFile, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	progress("%d spokes publish %d endpoints", sc.Clusters, b.res.Endpoints)
 	start := time.Now()
-	if b.spokes, err = startSpokes(ctx, b.world, b.hub.fed, b.cfg.spokeMaxBo, log); err != nil {
+	if err := b.startSpokes(ctx); err != nil {
 		return err
 	}
 	synced, confirmed, err := b.awaitSpokes(ctx, nil, start)
@@ -426,6 +514,39 @@ func (b *bench) initialSync(ctx context.Context) error {
 	b.res.InitialSync = syncResult{SpokesSyncedMs: ms(synced), HubConfirmedMs: ms(confirmed)}
 	progress("initial sync: spokes acknowledged after %s, hub view confirmed after %s", synced.Round(time.Millisecond), confirmed.Round(time.Millisecond))
 	return b.sample(ctx, "synced")
+}
+
+// makeFleet makes the ADS clients, unconnected: on clientConns
+// connections, over mTLS with -mtls.
+func (b *bench) makeFleet(ctx context.Context) error {
+	sc := b.cfg.scale
+	fc := fleetConfig{GRPC: sc.GRPCClients, ServicesPerClient: sc.ServicesPerClient, Gateways: sc.Gateways,
+		Conns: clientConns(b.cfg), Delta: b.cfg.delta, Seed: b.cfg.seed}
+	if b.pki != nil {
+		fc.TLS = func(conn int) *tls.Config { return b.pki.clients[clientIdentity(conn, b.cfg.clientIdentities)] }
+	}
+	var err error
+	b.fleet, err = newFleet(ctx, fc, sc, b.ledger, b.hub.xds)
+	return err
+}
+
+// startSpokes starts a publisher per cluster, logging to spokes.log; their
+// warnings are tallied by the phase the clients are in.
+func (b *bench) startSpokes(ctx context.Context) error {
+	var err error
+	if b.logFile == nil {
+		if b.logFile, err = os.Create(filepath.Join(b.work, "spokes.log")); err != nil {
+			return err
+		}
+	}
+	handler := slog.NewTextHandler(b.logFile, &slog.HandlerOptions{Level: slog.LevelInfo})
+	log := slog.New(warnCounter{Handler: handler, tally: func() *errorTally { return &b.spokeWarnings[b.fleet.phase.Load()] }})
+	var tlsFor func(registry.ClusterID) *tls.Config
+	if b.pki != nil {
+		tlsFor = func(c registry.ClusterID) *tls.Config { return b.pki.spokes[c] }
+	}
+	b.spokes, err = startSpokes(ctx, b.world, b.hub.fed, b.cfg.spokeMaxBo, log, tlsFor)
+	return err
 }
 
 // awaitSpokes waits until every publisher has a session acknowledged by the
@@ -538,8 +659,12 @@ func (b *bench) connectClients(ctx context.Context) error {
 	}
 	// Real grpc-go clients in two localities call the echo backend through the hub.
 	regionLast := fmt.Sprintf("region-%d", regions(sc.Clusters)-1)
+	var files *xdstest.TLSFiles
+	if b.pki != nil {
+		files = &xdstest.TLSFiles{CA: b.pki.ca.File, Cert: b.pki.sanityCert, Key: b.pki.sanityKey}
+	}
 	for i, l := range []registry.Locality{{Region: "region-0", Zone: zoneOf("region-0", 0)}, {Region: regionLast, Zone: zoneOf(regionLast, 1)}} {
-		c, err := newSanityClient(b.hub.xds, fmt.Sprintf("grpc-go-%d", i), l)
+		c, err := newSanityClient(b.hub.xds, fmt.Sprintf("grpc-go-%d", i), l, files)
 		if err != nil {
 			return err
 		}
@@ -612,6 +737,8 @@ func (b *bench) churn(ctx context.Context) error {
 	}
 	b.res.Churn = b.churnResults(cr, start, end, pendingAtEnd, drainErr == nil, beforeM, afterM, beforeU, afterU,
 		afterT.minus(beforeT), afterSelf-beforeSelf)
+	// Nothing refused a legitimate spoke or client while connecting and churning?
+	b.res.Refusals = b.refusals(afterM, 0, phaseConnect, phaseChurn)
 	if drainErr != nil {
 		return drainErr
 	}
@@ -743,21 +870,39 @@ func (b *bench) warmRestart(ctx context.Context) error {
 		b.res.Notes = append(b.res.Notes, "warm restart without a snapshot of the final state: "+err.Error())
 	}
 	b.res.SnapshotBytes = snap.Snapshot.Bytes
-	r, err := b.restart(ctx, phaseWarmRestart, filepath.Join(b.work, "data-1"))
+	r, err := b.restart(ctx, phaseWarmRestart, filepath.Join(b.work, "data-1"), nil)
 	b.res.WarmRestart = r
 	return err
 }
 
+// catalogRestart restarts the hub on its data dir with the snapshots
+// deleted from its etcd and the catalog kept (see catalog.go).
+func (b *bench) catalogRestart(ctx context.Context) error {
+	dataDir := filepath.Join(b.work, "data-1")
+	r, err := b.restart(ctx, phaseCatalogRestart, dataDir, func(r *restartResult) error {
+		dropped, err := dropSnapshots(ctx, dataDir)
+		if err != nil {
+			return err
+		}
+		r.Catalog = &dropped
+		progress("%s: deleted %d snapshot keys; the catalog holds %d clusters", phaseNames[phaseCatalogRestart], dropped.SnapshotKeysDeleted, dropped.CatalogClusters)
+		return nil
+	})
+	b.res.CatalogRestart = r
+	return err
+}
+
 func (b *bench) coldRestart(ctx context.Context) error {
-	r, err := b.restart(ctx, phaseColdRestart, filepath.Join(b.work, "data-2"))
+	r, err := b.restart(ctx, phaseColdRestart, filepath.Join(b.work, "data-2"), nil)
 	b.res.ColdRestart = r
 	return err
 }
 
-// restart stops the hub (SIGTERM) and starts it again on dataDir, then
-// measures until the hub is ready, every client holds every endpoint again,
-// and every spoke is synced.
-func (b *bench) restart(ctx context.Context, phase int, dataDir string) (*restartResult, error) {
+// restart stops the hub (SIGTERM) and starts it again on dataDir (after
+// beforeStart, if set, with the hub stopped), then measures until the hub
+// is ready, every client holds every endpoint again, and every spoke is
+// synced. The result exists before beforeStart runs.
+func (b *bench) restart(ctx context.Context, phase int, dataDir string, beforeStart func(*restartResult) error) (*restartResult, error) {
 	r := &restartResult{DataDir: filepath.Base(dataDir)}
 	b.fleet.phase.Store(int32(phase))
 	sessions := b.spokes.sessions()
@@ -766,6 +911,11 @@ func (b *bench) restart(ctx context.Context, phase int, dataDir string) (*restar
 	r.StopMs = ms(stopped)
 	if err != nil {
 		return r, err
+	}
+	if beforeStart != nil {
+		if err := beforeStart(r); err != nil {
+			return r, fmt.Errorf("%s: %w", phaseNames[phase], err)
+		}
 	}
 	progress("%s: starting the hub on %s", phaseNames[phase], r.DataDir)
 	if err := b.hub.start(dataDir); err != nil {

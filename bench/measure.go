@@ -221,6 +221,8 @@ type usageSample struct {
 	Goroutines     int     `json:"goroutines"`
 	XDSClients     int     `json:"xdsClients"`
 	LocalityGroups int     `json:"localityGroups"`
+	// PeakRSSBytes is the most the process held resident so far (VmHWM).
+	PeakRSSBytes float64 `json:"peakRssBytes"`
 }
 
 // procUsage reads a process's resident memory and CPU time from /proc.
@@ -229,12 +231,7 @@ func procUsage(pid int) (rss, cpu float64, err error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	for _, line := range strings.Split(string(status), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
-			kb, _ := strconv.ParseFloat(f[1], 64)
-			rss = kb * 1024
-		}
-	}
+	rss = statusBytes(status, "VmRSS")
 	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return rss, 0, err
@@ -247,6 +244,26 @@ func procUsage(pid int) (rss, cpu float64, err error) {
 		cpu = (ut + st) / 100 // USER_HZ is 100 on Linux
 	}
 	return rss, cpu, nil
+}
+
+// procPeakRSS reads a process's peak resident memory (VmHWM) from /proc.
+func procPeakRSS(pid int) (float64, error) {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	return statusBytes(status, "VmHWM"), nil
+}
+
+// statusBytes is a "Field:  123 kB" line of /proc/PID/status in bytes (0: none).
+func statusBytes(status []byte, field string) float64 {
+	for _, line := range strings.Split(string(status), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == field+":" {
+			kb, _ := strconv.ParseFloat(f[1], 64)
+			return kb * 1024
+		}
+	}
+	return 0
 }
 
 // selfCPU is the CPU time the bench process has used.

@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -20,6 +22,12 @@ type results struct {
 	Started time.Time   `json:"started"`
 	CPUs    int         `json:"cpus"`
 	Error   string      `json:"error,omitempty"`
+	// Load is the machine's load average (1, 5, 15 min) when the run started.
+	Load string `json:"loadAverage"`
+	// MTLS: the hub ran with mTLS on both ports (-mtls); the clients'
+	// certificates spread over ClientIdentities SPIFFE IDs.
+	MTLS             bool `json:"mtls"`
+	ClientIdentities int  `json:"clientIdentities,omitempty"`
 
 	Endpoints  int     `json:"endpoints"` // published at start, echo included
 	HubReadyMs float64 `json:"hubReadyMs"`
@@ -29,11 +37,16 @@ type results struct {
 	Churn         churnStats     `json:"churn"`
 	SnapshotBytes int            `json:"snapshotBytes"`
 	WarmRestart   *restartResult `json:"warmRestart,omitempty"`
-	ColdRestart   *restartResult `json:"coldRestart,omitempty"`
-	Usage         []usageSample  `json:"usage"`
-	Memory        memoryDerived  `json:"memory"`
-	Sanity        []sanityResult `json:"sanity"`
-	Notes         []string       `json:"notes,omitempty"`
+	// CatalogRestart: cold, the snapshots deleted and the catalog kept (see catalog.go).
+	CatalogRestart *restartResult `json:"catalogRestart,omitempty"`
+	ColdRestart    *restartResult `json:"coldRestart,omitempty"`
+	Usage          []usageSample  `json:"usage"`
+	Memory         memoryDerived  `json:"memory"`
+	Sanity         []sanityResult `json:"sanity"`
+	// Refusals: what refused legitimate peers while they connected and churned.
+	Refusals *refusalReport `json:"refusals,omitempty"`
+	Storm    *stormResult   `json:"storm,omitempty"`
+	Notes    []string       `json:"notes,omitempty"`
 }
 
 // syncResult is how long the initial sync took, from the publishers' start.
@@ -134,6 +147,8 @@ type restartResult struct {
 	SpokesResumed   int            `json:"spokesResumed"`
 	StaleStates     int64          `json:"staleStates"`   // assignments older than what a client held
 	UnknownStates   int64          `json:"unknownStates"` // assignments matching no published state (partial views)
+	// Catalog: what the cold restart with the catalog left in etcd.
+	Catalog *catalogAfterDrop `json:"catalog,omitempty"`
 }
 
 // memoryDerived is what the usage samples say per endpoint, group and client.
@@ -227,8 +242,12 @@ func printReport(w io.Writer, r *results) {
 	if r.Delta {
 		mode = "delta"
 	}
-	fmt.Fprintf(w, "\nNave scale benchmark (%s): %d clusters x %d services x %d endpoints = %d endpoints; %d gRPC clients x %d services, %d gateways; %s xDS over %d conns; %d CPUs\n",
-		sc.Name, sc.Clusters, sc.Services, sc.Endpoints, r.Endpoints, sc.GRPCClients, sc.ServicesPerClient, sc.Gateways, mode, r.Conns, r.CPUs)
+	security := "plaintext"
+	if r.MTLS {
+		security = fmt.Sprintf("mTLS on both ports, %d client identities", r.ClientIdentities)
+	}
+	fmt.Fprintf(w, "\nNave scale benchmark (%s): %d clusters x %d services x %d endpoints = %d endpoints; %d gRPC clients x %d services, %d gateways; %s xDS over %d conns; %s; %d CPUs, load %s\n",
+		sc.Name, sc.Clusters, sc.Services, sc.Endpoints, r.Endpoints, sc.GRPCClients, sc.ServicesPerClient, sc.Gateways, mode, r.Conns, security, r.CPUs, r.Load)
 	if r.Error != "" {
 		fmt.Fprintf(w, "RUN FAILED: %s\n", firstLine(r.Error))
 	}
@@ -249,6 +268,30 @@ func printReport(w io.Writer, r *results) {
 	}
 	if r.Connect.Rest+r.Connect.FirstPerGroup > 0 {
 		row("clients served", "%d first-of-group in %s, %d more in %s", r.Connect.FirstPerGroup, fmtMs(r.Connect.FirstPerGroupMs), r.Connect.Rest, fmtMs(r.Connect.RestMs))
+	}
+
+	if st := r.Storm; st != nil {
+		section(fmt.Sprintf("Reconnect storm: %d spokes and %d clients on %d connections, from %d loopback addresses, at once",
+			st.Spokes, st.Clients, st.Conns, st.SourceAddresses))
+		for _, ph := range []struct {
+			name string
+			p    *stormPhase
+		}{{"fresh hub", &st.Connect}, {"after a restart", st.Reconnect}} {
+			if ph.p == nil {
+				continue
+			}
+			p := ph.p
+			from := "from the storm's start"
+			if p.HubReadyMs > 0 {
+				from = fmt.Sprintf("from the hub's start (ready %s)", fmtMs(p.HubReadyMs))
+			}
+			row(ph.name+": all served", "%s %s: spokes synced %s (%d of %d), clients served %s (%d of %d)",
+				fmtMs(p.AllServedMs), from, fmtMs(p.SpokesSyncedMs), p.SpokesSynced, st.Spokes, fmtMs(p.ClientsServedMs), p.ClientsDone, st.Clients)
+			row("  per client", "%s", p.ClientsServed)
+			row("  hub", "peak RSS (VmHWM) %s, CPU %.1f s; bench CPU %.1f s, peak RSS %s", mib(p.PeakRSSBytes), p.HubCPUSeconds, p.BenchCPUSeconds, mib(p.BenchPeakRSS))
+			row("  stale / unknown states seen", "%d / %d", p.StaleStates, p.UnknownStates)
+			printRefusals(t, "  ", p.Refusals)
+		}
 	}
 
 	c := r.Churn
@@ -304,12 +347,16 @@ func printReport(w io.Writer, r *results) {
 			h.SpokeDeltas, h.RegistryVersions, h.Updates, h.UpdateMeanMs, h.EDSPushLatencyMeanMs, h.SpokeNACKs, h.XDSNACKs)
 		row("hub CPU", "%.2f s (%.2f cores, %.2f ms per change); bench process %.2f s", h.CPUSeconds, h.CPUCores, h.CPUMsPerChange, h.LoadCPUSeconds)
 	}
+	if r.Refusals != nil {
+		section("Refusals (connect and churn)")
+		printRefusals(t, "", r.Refusals)
+	}
 
 	if len(r.Usage) > 0 {
 		section("Hub memory and CPU")
-		fmt.Fprintf(t, "  phase\tRSS\theap in use\tlive heap\tCPU s\tgoroutines\txDS streams\tgroups\n")
+		fmt.Fprintf(t, "  phase\tRSS\tpeak RSS\theap in use\tlive heap\tCPU s\tgoroutines\txDS streams\tgroups\n")
 		for _, u := range r.Usage {
-			fmt.Fprintf(t, "  %s\t%s\t%s\t%s\t%.2f\t%d\t%d\t%d\n", u.Phase, mib(u.RSSBytes), mib(u.HeapInuseBytes), mib(u.LiveHeapBytes),
+			fmt.Fprintf(t, "  %s\t%s\t%s\t%s\t%s\t%.2f\t%d\t%d\t%d\n", u.Phase, mib(u.RSSBytes), mib(u.PeakRSSBytes), mib(u.HeapInuseBytes), mib(u.LiveHeapBytes),
 				u.CPUSeconds, u.Goroutines, u.XDSClients, u.LocalityGroups)
 		}
 		m := r.Memory
@@ -324,7 +371,9 @@ func printReport(w io.Writer, r *results) {
 	for _, rr := range []struct {
 		name string
 		r    *restartResult
-	}{{"Warm restart (same data dir: persisted snapshot)", r.WarmRestart}, {"Cold restart (fresh data dir: no snapshot)", r.ColdRestart}} {
+	}{{"Warm restart (same data dir: persisted snapshot)", r.WarmRestart},
+		{"Cold restart with the catalog (same data dir, snapshots deleted: the hub knows its clusters and waits for them, --cold-start-wait)", r.CatalogRestart},
+		{"Cold restart (fresh data dir: no snapshot, no catalog)", r.ColdRestart}} {
 		if rr.r == nil {
 			continue
 		}
@@ -334,6 +383,9 @@ func printReport(w io.Writer, r *results) {
 		row("every client served", "%s after start (per client %s)", fmtMs(rr.r.ClientsServedMs), rr.r.ClientsServed)
 		row("every spoke synced", "%s after start (hub view %s); %d resumed", fmtMs(rr.r.SpokesSyncedMs), fmtMs(rr.r.HubConfirmedMs), rr.r.SpokesResumed)
 		row("stale / unknown states seen", "%d / %d", rr.r.StaleStates, rr.r.UnknownStates)
+		if c := rr.r.Catalog; c != nil {
+			row("before the start", "%d snapshot keys deleted; the catalog holds %d clusters", c.SnapshotKeysDeleted, c.CatalogClusters)
+		}
 	}
 
 	if len(r.Sanity) > 0 {
@@ -360,6 +412,41 @@ Convergence: a change handed to its spoke's publisher -> a subscribed client rec
 process's start. Memory per endpoint/group/client: deltas between phases; RSS and heap in use are noisy (Go keeps
 freed memory, garbage awaits the next GC); live heap (the GC goal / (1 + GOGC/100)) is steadier.
 `
+
+// printRefusals prints a refusal report as rows of t, each key prefixed.
+func printRefusals(t io.Writer, prefix string, r *refusalReport) {
+	if r == nil {
+		return
+	}
+	row := func(k, format string, args ...any) {
+		fmt.Fprintf(t, "  %s%s\t%s\n", prefix, k, fmt.Sprintf(format, args...))
+	}
+	var hub []string
+	for _, s := range slices.Sorted(maps.Keys(r.Hub)) {
+		hub = append(hub, fmt.Sprintf("%s %.0f", s, r.Hub[s]))
+	}
+	row("refusals of legitimate peers", "%.0f (hub counters: %s)", r.Refused, cmpOr(strings.Join(hub, ", "), "none"))
+	row("client stream errors", "%d%s", r.ClientStreamErrors, listed(r.ClientErrors))
+	row("spoke warnings", "%d%s", r.SpokeWarnings, listed(r.SpokeMessages))
+	var logs []string
+	for _, m := range slices.Sorted(maps.Keys(r.HubLog)) {
+		logs = append(logs, fmt.Sprintf("%d x %q", r.HubLog[m], m))
+	}
+	row("hub log warnings/errors", "%s", cmpOr(strings.Join(logs, ", "), "none"))
+}
+
+// listed is ": a; b; c" (at most five, then how many more), or "" for none.
+func listed(items []string) string {
+	if len(items) == 0 {
+		return ""
+	}
+	more := ""
+	if len(items) > 5 {
+		more = fmt.Sprintf("; and %d more", len(items)-5)
+		items = items[:5]
+	}
+	return ": " + strings.Join(items, "; ") + more
+}
 
 func kinds(by map[string]int) string {
 	var parts []string

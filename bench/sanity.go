@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -46,9 +47,17 @@ type sanityClient struct {
 	conn *grpc.ClientConn
 }
 
-func newSanityClient(xdsAddr, name string, l registry.Locality) (*sanityClient, error) {
-	// What xdstest.NewClient does, without a testing.TB.
-	resolver, err := grpcxds.NewXDSResolverWithConfigForTesting([]byte(xdstest.Bootstrap(xdsAddr, name, l)))
+// With files set, the client reaches the xDS server over mTLS (the
+// bootstrap's "tls" channel credentials, gRFC A65).
+func newSanityClient(xdsAddr, name string, l registry.Locality, files *xdstest.TLSFiles) (*sanityClient, error) {
+	// What xdstest.NewClient and NewClientTLS do, without a testing.TB.
+	bootstrap := xdstest.Bootstrap(xdsAddr, name, l)
+	if files != nil {
+		bootstrap = strings.Replace(bootstrap, `"channel_creds":[{"type":"insecure"}]`,
+			fmt.Sprintf(`"channel_creds":[{"type":"tls","config":{"ca_certificate_file":%q,"certificate_file":%q,"private_key_file":%q}}]`,
+				files.CA, files.Cert, files.Key), 1)
+	}
+	resolver, err := grpcxds.NewXDSResolverWithConfigForTesting([]byte(bootstrap))
 	if err != nil {
 		return nil, fmt.Errorf("xDS resolver for %s: %w", name, err)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -13,7 +14,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/registry"
@@ -51,6 +51,9 @@ func serviceKey(s int) registry.ServiceKey {
 
 // echoKey is the one service with a real backend, for the grpc-go sanity clients.
 var echoKey = registry.ServiceKey{Namespace: benchNamespace, Name: "echo"}
+
+// clusterID is the ID of cluster c.
+func clusterID(c int) registry.ClusterID { return registry.ClusterID(fmt.Sprintf("c%02d", c)) }
 
 // regionOf is the region of cluster c.
 func regionOf(c int) string { return fmt.Sprintf("region-%d", c/clustersPerRegion) }
@@ -103,7 +106,7 @@ func newWorld(cfg scaleConfig, l *ledger, seed uint64, echo netip.AddrPort) (*wo
 	w := &world{layout: layout, ledger: l, rng: rand.New(rand.NewPCG(seed, seed^0x5eed)), endpoints: cfg.Endpoints, services: cfg.Services,
 		restarted: cfg.RestartOver > 0 && cfg.Services > 1}
 	for c := range cfg.Clusters {
-		cl := &simCluster{index: c, id: registry.ClusterID(fmt.Sprintf("c%02d", c)), region: regionOf(c),
+		cl := &simCluster{index: c, id: clusterID(c), region: regionOf(c),
 			shards: make([]*registry.Shard, cfg.Services), state: make(federation.State, cfg.Services+1), out: make(chan federation.State, 1)}
 		w.clusters = append(w.clusters, cl)
 		for s := range cfg.Services {
@@ -448,12 +451,18 @@ type spokes struct {
 
 // startSpokes runs a publisher per cluster against the hub's federation
 // address, each over its own gRPC connection, until stop.
-func startSpokes(ctx context.Context, w *world, fedAddr string, maxBackoff time.Duration, log *slog.Logger) (*spokes, error) {
+// Each dials from a loopback address of its own, over TLS with the
+// configuration tlsFor returns for its cluster (nil: plaintext).
+func startSpokes(ctx context.Context, w *world, fedAddr string, maxBackoff time.Duration, log *slog.Logger,
+	tlsFor func(registry.ClusterID) *tls.Config) (*spokes, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	sp := &spokes{cancel: cancel}
-	for _, cl := range w.clusters {
-		conn, err := grpc.NewClient(fedAddr,
-			grpc.WithTransportCredentials(insecure.NewCredentials()),
+	for i, cl := range w.clusters {
+		var tlsCfg *tls.Config
+		if tlsFor != nil {
+			tlsCfg = tlsFor(cl.id)
+		}
+		conn, err := grpc.NewClient(fedAddr, transportCreds(tlsCfg), dialFrom(loopbackAddr(spokeBlock, i)),
 			grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{
 				BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: maxBackoff,
 			}, MinConnectTimeout: 5 * time.Second}))
