@@ -76,7 +76,7 @@ func tlsCreds(t *testing.T, ca string, is testpki.Issued) credentials.TransportC
 	if err != nil {
 		t.Fatal(err)
 	}
-	return credentials.NewTLS(store.ClientConfig(""))
+	return store.ClientCreds("", nil)
 }
 
 func (h *testHub) cluster(c registry.ClusterID) hub.ClusterStatus { return h.View().Clusters[c] }

@@ -66,14 +66,17 @@ func parseTokens(path string, b []byte) (Tokens, error) {
 
 // TokenFile is a tokens file (see LoadTokens) read again when it changes.
 type TokenFile struct {
-	path string
-	cur  atomic.Pointer[Tokens]
-	raw  []byte // what cur was read from; owned by Reload's caller
+	path  string
+	check func(Tokens) error // nil: none
+	cur   atomic.Pointer[Tokens]
+	raw   []byte // what cur was read from; owned by Reload's caller
 }
 
-// OpenTokens reads a tokens file.
-func OpenTokens(path string) (*TokenFile, error) {
-	f := &TokenFile{path: path}
+// OpenTokens reads a tokens file; check (nil: none) must accept every
+// version of it, or that version is refused (the hub checks that no
+// cluster's token is the peer token).
+func OpenTokens(path string, check func(Tokens) error) (*TokenFile, error) {
+	f := &TokenFile{path: path, check: check}
 	if _, err := f.Reload(); err != nil {
 		return nil, err
 	}
@@ -97,6 +100,11 @@ func (f *TokenFile) Reload() (bool, error) {
 	t, err := parseTokens(f.path, raw)
 	if err != nil {
 		return false, err
+	}
+	if f.check != nil {
+		if err := f.check(t); err != nil {
+			return false, fmt.Errorf("tokens %s: %w", f.path, err)
+		}
 	}
 	f.raw = raw
 	f.cur.Store(&t)

@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -676,5 +678,42 @@ func TestSessionWithoutHelloTimesOut(t *testing.T) {
 	_ = stream.Send(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Update{Update: &fedv1.Update{Version: 1}}})
 	if _, err := stream.Recv(); status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("an update before the hello ended with %v, want InvalidArgument", err)
+	}
+}
+
+// A tokens file is read again when it changes; a version that does not
+// load, or that its check refuses, changes nothing.
+func TestTokenFileReload(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tokens.yaml")
+	write := func(s string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("east: east-token-0123456789abcdef\n")
+	peer := "peer-token-0123456789abcdef"
+	f, err := OpenTokens(path, func(tk Tokens) error { return ValidatePeerToken(peer, tk) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := f.Reload(); changed || err != nil {
+		t.Fatalf("an unchanged file: %v, %v", changed, err)
+	}
+	for _, bad := range []string{"east: short\n", "east: " + peer + "\n", "not yaml: [\n"} {
+		write(bad)
+		if changed, err := f.Reload(); changed || err == nil {
+			t.Errorf("%q: %v, %v", bad, changed, err)
+		}
+		if c, err := f.Tokens().Cluster("east-token-0123456789abcdef"); err != nil || c != "east" {
+			t.Fatalf("after %q the last good tokens are gone: %v %v", bad, c, err)
+		}
+	}
+	write("west: west-token-0123456789abcdef\n")
+	if changed, err := f.Reload(); !changed || err != nil {
+		t.Fatalf("a good new version: %v, %v", changed, err)
+	}
+	if _, err := f.Tokens().Cluster("east-token-0123456789abcdef"); err == nil {
+		t.Fatal("a withdrawn token still admits")
 	}
 }

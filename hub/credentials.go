@@ -40,17 +40,24 @@ func (p *parts) loadCredentials() error {
 // loadTokens reads the cluster tokens and the peer token.
 func (p *parts) loadTokens() (err error) {
 	cfg, log := p.cfg, p.log
-	if cfg.TokensFile != "" {
-		if p.tokens, err = federation.OpenTokens(cfg.TokensFile); err != nil {
-			return err
-		}
-	} else if cfg.ClientCAFile == "" {
-		log.Warn("no --tokens file and no --client-ca: any spoke may publish for any cluster (development only)")
-	}
 	if cfg.PeerTokenFile != "" {
 		if p.peerToken, err = federation.LoadToken(cfg.PeerTokenFile); err != nil {
 			return err
 		}
+	}
+	if cfg.TokensFile != "" {
+		// Every version of the file: no cluster's token may be the peer token.
+		check := func(t federation.Tokens) error {
+			if p.peerToken == "" {
+				return nil
+			}
+			return federation.ValidatePeerToken(p.peerToken, t)
+		}
+		if p.tokens, err = federation.OpenTokens(cfg.TokensFile, check); err != nil {
+			return err
+		}
+	} else if cfg.ClientCAFile == "" {
+		log.Warn("no --tokens file and no --client-ca: any spoke may publish for any cluster (development only)")
 	}
 	p.gossip = len(cfg.Join) > 0 || cfg.GossipAddr != ""
 	if p.gossip && len(cfg.EtcdEndpoints) == 0 {
@@ -60,10 +67,8 @@ func (p *parts) loadTokens() (err error) {
 	if p.gossip && p.peerToken == "" && cfg.ClientCAFile == "" {
 		log.Warn("no --peer-token-file and no --client-ca: any process may replicate with this hub (development only)")
 	}
-	if p.peerToken != "" {
-		if err := federation.ValidatePeerToken(p.peerToken, p.clusterTokens()); err != nil {
-			return err
-		}
+	if p.peerToken != "" && p.tokens == nil {
+		return federation.ValidatePeerToken(p.peerToken, nil)
 	}
 	return nil
 }
@@ -122,7 +127,17 @@ func (p *parts) loadPeerTLS() (err error) {
 			return fmt.Errorf("--tls-cert must name this replica (spiffe://%s/nave/replica/%s) for its peers, or set --peer-token-file", cfg.TrustDomain, cfg.ID)
 		}
 	}
-	p.peerCreds = credentials.NewTLS(p.peerCerts.ClientConfig(""))
+	var peerID func(identity.ID) error
+	if cfg.ClientCAFile != "" {
+		// Replicas know each other by their identities: a peer's server must be a replica's.
+		peerID = func(id identity.ID) error {
+			if _, replica := id.Replica(); !replica || id.TrustDomain != cfg.TrustDomain {
+				return fmt.Errorf("peer %s is no replica of trust domain %s", id, cfg.TrustDomain)
+			}
+			return nil
+		}
+	}
+	p.peerCreds = p.peerCerts.ClientCreds("", peerID)
 	return nil
 }
 

@@ -39,8 +39,15 @@ func Parse(s string) (ID, error) {
 		return ID{}, fmt.Errorf("identity: %q is no SPIFFE ID: it has a query or fragment", s)
 	case u.Host != strings.ToLower(u.Host):
 		return ID{}, fmt.Errorf("identity: %q is no SPIFFE ID: the trust domain must be lower case", s)
+	case strings.Contains(s, "%"):
+		return ID{}, fmt.Errorf("identity: %q is no SPIFFE ID: percent-encoding is not allowed", s)
 	case len(u.Path) < 2 || strings.HasSuffix(u.Path, "/") || strings.Contains(u.Path, "//"):
 		return ID{}, fmt.Errorf("identity: %q is no SPIFFE ID: the path is empty or has an empty segment", s)
+	}
+	for _, seg := range strings.Split(u.Path[1:], "/") {
+		if seg == "." || seg == ".." {
+			return ID{}, fmt.Errorf("identity: %q is no SPIFFE ID: the path has a %q segment", s, seg)
+		}
 	}
 	return ID{TrustDomain: u.Host, Path: u.Path}, nil
 }

@@ -39,7 +39,10 @@ func LoadPolicy(path string) (*Policy, error) {
 		return nil, fmt.Errorf("policy %s: %w", path, err)
 	}
 	for i, r := range p.Rules {
-		pattern := strings.TrimSuffix(r.Identity, "/*")
+		pattern := r.Identity
+		if prefix, ok := strings.CutSuffix(r.Identity, "/*"); ok {
+			pattern = prefix + "/any" // a prefix may be a whole trust domain
+		}
 		if r.Identity != "*" {
 			if _, err := Parse(pattern); err != nil {
 				return nil, fmt.Errorf("policy %s: rule %d: %w", path, i+1, err)

@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	middleware "github.com/grpc-ecosystem/go-grpc-middleware/v2"
+	"github.com/navemesh/nave/internal/streams"
 )
 
 // ErrNoLongerHolds ends a session whose credential no longer holds; the
@@ -150,9 +150,7 @@ func Ended(ctx context.Context, err error) error {
 // Stream runs handler on a stream whose context is ctx (from Hold), and
 // returns what the client should see (see Ended).
 func Stream(ctx context.Context, srv any, stream grpc.ServerStream, handler grpc.StreamHandler) error {
-	wrapped := middleware.WrapServerStream(stream)
-	wrapped.WrappedContext = ctx
-	return Ended(ctx, handler(srv, wrapped))
+	return Ended(ctx, handler(srv, streams.WithContext(stream, ctx)))
 }
 
 // StreamInterceptor holds, in s, every stream whose peer presented a

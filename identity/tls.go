@@ -5,6 +5,8 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
+	"net"
 	"time"
 
 	"google.golang.org/grpc/credentials"
@@ -30,6 +32,9 @@ type ServerOptions struct {
 func (s *Store) ServerConfig(opts ServerOptions) *tls.Config {
 	cfg := &tls.Config{
 		MinVersion: tls.VersionTLS12,
+		// A resumed session skips VerifyPeerCertificate: every connection
+		// verifies its client's certificate against the CA and CRL of the moment.
+		SessionTicketsDisabled: true,
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 			if m := s.Material(); m.Cert != nil {
 				return m.Cert, nil
@@ -60,36 +65,62 @@ func (s *Store) ServerConfig(opts ServerOptions) *tls.Config {
 	return cfg
 }
 
-// ClientConfig is a TLS client configuration presenting the store's
-// current certificate (if any) and verifying the server's for the name
-// dialled against the current CA (the system's without one).
-func (s *Store) ClientConfig(serverName string) *tls.Config {
-	return &tls.Config{
-		MinVersion: tls.VersionTLS12,
-		ServerName: serverName,
-		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-			if m := s.Material(); m.Cert != nil {
-				return m.Cert, nil
-			}
-			return &tls.Certificate{}, nil
-		},
-		// Verified below against the CA of the moment, which a static RootCAs cannot follow.
-		InsecureSkipVerify: true,
-		VerifyConnection: func(cs tls.ConnectionState) error {
-			if len(cs.PeerCertificates) == 0 {
-				return errors.New("identity: the server presented no certificate")
-			}
-			inter := x509.NewCertPool()
-			for _, c := range cs.PeerCertificates[1:] {
-				inter.AddCert(c)
-			}
-			_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{
-				Roots: s.Material().Roots, Intermediates: inter, DNSName: cs.ServerName,
-				KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-			})
-			return err
-		},
+// ClientCreds are gRPC transport credentials that present the store's
+// current certificate (if any) and verify the server's for the name
+// dialled (serverName, else the target's host, IP addresses included)
+// against the current CA (the system's without one). Each handshake
+// reads the store again, so renewals and a new CA take effect at the
+// next connection. serverID, when set, must also accept the server
+// certificate's SPIFFE ID.
+func (s *Store) ClientCreds(serverName string, serverID func(ID) error) credentials.TransportCredentials {
+	return &clientCreds{store: s, serverName: serverName, serverID: serverID}
+}
+
+type clientCreds struct {
+	store      *Store
+	serverName string
+	serverID   func(ID) error
+}
+
+// config is the TLS configuration of one handshake: standard
+// verification (chain, usages, host name or IP) with the current roots.
+func (c *clientCreds) config() *tls.Config {
+	m := c.store.Material()
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: m.Roots, ServerName: c.serverName}
+	if m.Cert != nil {
+		cfg.Certificates = []tls.Certificate{*m.Cert}
 	}
+	if c.serverID != nil {
+		cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+			id, err := Of(cs.PeerCertificates[0])
+			if err != nil {
+				return fmt.Errorf("the server's certificate: %w", err)
+			}
+			return c.serverID(id)
+		}
+	}
+	return cfg
+}
+
+func (c *clientCreds) ClientHandshake(ctx context.Context, authority string, raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	return credentials.NewTLS(c.config()).ClientHandshake(ctx, authority, raw)
+}
+
+func (c *clientCreds) ServerHandshake(net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	return nil, nil, errors.New("identity: client credentials cannot serve")
+}
+
+func (c *clientCreds) Info() credentials.ProtocolInfo { return credentials.NewTLS(c.config()).Info() }
+
+func (c *clientCreds) Clone() credentials.TransportCredentials {
+	clone := *c
+	return &clone
+}
+
+//nolint:staticcheck // part of the interface, deprecated
+func (c *clientCreds) OverrideServerName(name string) error {
+	c.serverName = name
+	return nil
 }
 
 // PeerChain returns the certificate chain the peer of a gRPC call

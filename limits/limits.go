@@ -16,6 +16,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+
+	"github.com/navemesh/nave/internal/streams"
 )
 
 // Reasons a connection or stream is refused.
@@ -151,9 +153,8 @@ func StreamsPerPeer(max int, key func(context.Context) string, refused Refused) 
 }
 
 // FirstMessageWithin returns an interceptor that ends a stream whose
-// client sends nothing within d of opening it, with DeadlineExceeded: it
-// ends the context the handler sees, and the handler must return when
-// that ends (go-control-plane's do). d <= 0 waits forever.
+// client sends nothing within d of opening it, with DeadlineExceeded (its
+// reads fail, so any handler ends). d <= 0 waits forever.
 func FirstMessageWithin(d time.Duration, refused Refused) grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		if d <= 0 {
@@ -161,7 +162,7 @@ func FirstMessageWithin(d time.Duration, refused Refused) grpc.StreamServerInter
 		}
 		ctx, cancel := context.WithCancelCause(ss.Context())
 		defer cancel(nil)
-		w := &firstMessage{ServerStream: ss, ctx: ctx, got: make(chan struct{})}
+		w := &firstMessage{ServerStream: streams.WithContext(ss, ctx), raw: ss, got: make(chan struct{})}
 		timer := time.AfterFunc(d, func() {
 			select {
 			case <-w.got:
@@ -183,16 +184,20 @@ func FirstMessageWithin(d time.Duration, refused Refused) grpc.StreamServerInter
 
 var errSilent = errors.New("limits: no first message")
 
+// firstMessage guards the first read; later ones go straight to the raw stream.
 type firstMessage struct {
-	grpc.ServerStream
-	ctx  context.Context
-	got  chan struct{}
-	once sync.Once
+	grpc.ServerStream                   // reads end with the interceptor's context
+	raw               grpc.ServerStream // what it wraps
+	got               chan struct{}     // closed once a message arrived
+	once              sync.Once
 }
 
-func (f *firstMessage) Context() context.Context { return f.ctx }
-
 func (f *firstMessage) RecvMsg(m any) error {
+	select {
+	case <-f.got:
+		return f.raw.RecvMsg(m)
+	default:
+	}
 	err := f.ServerStream.RecvMsg(m)
 	if err == nil {
 		f.once.Do(func() { close(f.got) })

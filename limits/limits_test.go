@@ -148,37 +148,18 @@ func TestFirstMessageWithin(t *testing.T) {
 	s := grpc.NewServer(grpc.StreamInterceptor(limits.FirstMessageWithin(200*time.Millisecond, c.refused)))
 	desc := grpc.ServiceDesc{ServiceName: "t.Echo", HandlerType: (*any)(nil), Streams: []grpc.StreamDesc{{
 		StreamName: "Echo", ClientStreams: true, ServerStreams: true,
-		// Like go-control-plane's and the federation's: receives on a
-		// goroutine of their own, and ends when the stream's context does.
+		// Like go-control-plane's: it reads requests and never looks at
+		// the stream's context.
 		Handler: func(_ any, ss grpc.ServerStream) error {
 			done.Add(1)
 			defer done.Done()
-			got := make(chan error)
-			go func() {
-				for {
-					var m healthpb.HealthCheckRequest
-					err := ss.RecvMsg(&m)
-					select {
-					case got <- err:
-					case <-ss.Context().Done():
-						return
-					}
-					if err != nil {
-						return
-					}
-				}
-			}()
 			for {
-				select {
-				case <-ss.Context().Done():
-					return ss.Context().Err()
-				case err := <-got:
-					if err != nil {
-						return err
-					}
-					if err := ss.SendMsg(&healthpb.HealthCheckResponse{}); err != nil {
-						return err
-					}
+				var m healthpb.HealthCheckRequest
+				if err := ss.RecvMsg(&m); err != nil {
+					return nil // as go-control-plane does when its requests end
+				}
+				if err := ss.SendMsg(&healthpb.HealthCheckResponse{}); err != nil {
+					return err
 				}
 			}
 		},

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 
@@ -35,7 +34,7 @@ func hubDialOptions(ctx context.Context, cfg Config, log *slog.Logger) ([]grpc.D
 		if err != nil {
 			return nil, fmt.Errorf("hub TLS: %w", err)
 		}
-		transport = credentials.NewTLS(store.ClientConfig(cfg.HubServerName))
+		transport = store.ClientCreds(cfg.HubServerName, nil)
 		reloads = append(reloads, store.Reload)
 	}
 	opts := []grpc.DialOption{

@@ -13,8 +13,9 @@ import (
 // namespace; nil allows everything.
 type Restriction func(namespace string) bool
 
-// restrictions remember the Restriction of every open stream, by stream
-// and by the node its requests carry (a watch knows only the node).
+// restrictions remember, when Config.Restrict is set, what every open
+// stream may receive, by stream and by the node its requests carry (a
+// watch knows only its request, whose node is the stream's).
 type restrictions struct {
 	mu       sync.Mutex // guards what follows
 	byStream map[streamKey]*streamRestriction
@@ -22,11 +23,18 @@ type restrictions struct {
 }
 
 type streamRestriction struct {
-	allow  Restriction
+	allow  Restriction // nil: everything
 	who    string
-	warned bool // a denial was logged for the stream
-	nodes  []*core.Node
+	node   *core.Node      // the node the stream's requests carry now
+	judged map[string]bool // names (and "*" per type) already counted, up to maxJudged
+	warned bool            // a denial was logged for the stream
 }
+
+// maxJudged bounds the names a stream's denials are deduplicated over.
+const maxJudged = 4096
+
+// denyAll is the Restriction of a request on no known stream.
+func denyAll(string) bool { return false }
 
 // NamespaceOf returns the namespace of the service a resource name names
 // (a listener or route "HOST:PORT", a cluster or assignment
@@ -51,18 +59,21 @@ func (s *Server) openStream(ctx context.Context, key streamKey) error {
 		return nil
 	}
 	allow, who, err := s.cfg.Restrict(ctx)
-	if err != nil || allow == nil {
+	if err != nil {
 		return err
 	}
 	s.restrict.mu.Lock()
 	defer s.restrict.mu.Unlock()
-	s.restrict.byStream[key] = &streamRestriction{allow: allow, who: who}
+	s.restrict.byStream[key] = &streamRestriction{allow: allow, who: who, judged: map[string]bool{}}
 	return nil
 }
 
-// restrictRequest ties a restricted stream's node to its Restriction and
-// counts (and logs once per stream) the names it may not receive.
-func (s *Server) restrictRequest(key streamKey, node *core.Node, typeURL string, names []string) {
+// restrictRequest ties a stream's node to its Restriction, and counts
+// (and logs once per stream) what it asks for and may not receive. A
+// delta request without a node is given the stream's (go-control-plane
+// fills it in only after this callback), so that every watch of the
+// stream finds its Restriction.
+func (s *Server) restrictRequest(key streamKey, node **core.Node, typeURL string, names []string, firstOfType bool) {
 	if s.cfg.Restrict == nil {
 		return
 	}
@@ -72,18 +83,45 @@ func (s *Server) restrictRequest(key streamKey, node *core.Node, typeURL string,
 		s.restrict.mu.Unlock()
 		return
 	}
-	if node != nil && s.restrict.byNode[node] == nil {
-		s.restrict.byNode[node] = r
-		r.nodes = append(r.nodes, node)
+	switch {
+	case *node == nil && r.node == nil:
+		*node = &core.Node{} // what go-control-plane would use
+		fallthrough
+	case *node != nil && *node != r.node:
+		if r.node != nil {
+			delete(s.restrict.byNode, r.node)
+		}
+		r.node = *node
+		s.restrict.byNode[r.node] = r
+	case *node == nil:
+		*node = r.node
+	}
+	if r.allow == nil {
+		s.restrict.mu.Unlock()
+		return
 	}
 	var denied []string
-	for _, n := range names {
-		if ns, ok := NamespaceOf(n); !ok || !r.allow(ns) {
-			denied = append(denied, n)
+	judge := func(name string, ok bool) {
+		if r.judged[name] {
+			return
+		}
+		if len(r.judged) < maxJudged {
+			r.judged[name] = true
+		}
+		if !ok {
+			denied = append(denied, name)
 		}
 	}
-	if len(names) == 0 {
-		denied = append(denied, "*")
+	for _, n := range names {
+		if n == "*" {
+			judge(typeURL+"/*", false)
+			continue
+		}
+		ns, ok := NamespaceOf(n)
+		judge(n, ok && r.allow(ns))
+	}
+	if len(names) == 0 && firstOfType {
+		judge(typeURL+"/*", false) // a wildcard subscription
 	}
 	first := len(denied) > 0 && !r.warned
 	r.warned = r.warned || first
@@ -94,7 +132,7 @@ func (s *Server) restrictRequest(key streamKey, node *core.Node, typeURL string,
 	s.metrics.denied.WithLabelValues(typeLabel(typeURL)).Add(float64(len(denied)))
 	if first {
 		s.log.Warn("a client asked for resources its identity may not receive; it gets nothing of them",
-			"identity", r.who, "node", node.GetId(), "type", typeLabel(typeURL), "denied", len(denied), "example", denied[0])
+			"identity", r.who, "node", (*node).GetId(), "type", typeLabel(typeURL), "denied", len(denied), "example", denied[0])
 	}
 }
 
@@ -105,24 +143,26 @@ func (s *Server) closeStream(key streamKey) {
 	s.restrict.mu.Lock()
 	defer s.restrict.mu.Unlock()
 	if r := s.restrict.byStream[key]; r != nil {
-		for _, n := range r.nodes {
-			delete(s.restrict.byNode, n)
+		if r.node != nil {
+			delete(s.restrict.byNode, r.node)
 		}
 		delete(s.restrict.byStream, key)
 	}
 }
 
-// restrictionOf returns the Restriction of the stream node's requests come on.
+// restrictionOf returns the Restriction of the stream node's requests
+// come on: nil allows everything; a node of no open stream gets nothing.
 func (s *Server) restrictionOf(node *core.Node) Restriction {
 	if s.cfg.Restrict == nil {
 		return nil
 	}
 	s.restrict.mu.Lock()
 	defer s.restrict.mu.Unlock()
-	if r := s.restrict.byNode[node]; r != nil {
-		return r.allow
+	r := s.restrict.byNode[node]
+	if r == nil {
+		return denyAll
 	}
-	return nil
+	return r.allow
 }
 
 // restrictedSubscription is a subscription cut down to what a

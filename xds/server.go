@@ -453,7 +453,9 @@ func (s *Server) callbacks() serverv3.CallbackFuncs {
 			if s.throttle.wait(streamKey{false, id}) {
 				s.metrics.throttled.Inc()
 			}
-			s.restrictRequest(streamKey{false, id}, req.GetNode(), req.GetTypeUrl(), req.GetResourceNames())
+			if s.cfg.Restrict != nil {
+				s.restrictRequest(streamKey{false, id}, &req.Node, req.GetTypeUrl(), req.GetResourceNames(), s.firstOfType(false, id, req.GetTypeUrl()))
+			}
 			s.onRequest(false, id, req.GetTypeUrl(), req.GetNode(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, req.GetResponseNonce())
 			return nil
 		},
@@ -464,7 +466,9 @@ func (s *Server) callbacks() serverv3.CallbackFuncs {
 			if s.throttle.wait(streamKey{true, id}) {
 				s.metrics.throttled.Inc()
 			}
-			s.restrictRequest(streamKey{true, id}, req.GetNode(), req.GetTypeUrl(), req.GetResourceNamesSubscribe())
+			if s.cfg.Restrict != nil {
+				s.restrictRequest(streamKey{true, id}, &req.Node, req.GetTypeUrl(), req.GetResourceNamesSubscribe(), s.firstOfType(true, id, req.GetTypeUrl()))
+			}
 			s.onRequest(true, id, req.GetTypeUrl(), req.GetNode(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, req.GetResponseNonce())
 			return nil
 		},
@@ -510,6 +514,15 @@ func (s *Server) onResponse(delta bool, id int64, typeURL, version string) {
 	if ok && stamp.version == version && asked.Before(stamp.at) {
 		s.metrics.pushLatency.WithLabelValues(label).Observe(time.Since(stamp.at).Seconds())
 	}
+}
+
+// firstOfType reports whether a stream has not asked for typeURL before
+// (call it before onRequest records the request).
+func (s *Server) firstOfType(delta bool, id int64, typeURL string) bool {
+	s.pushMu.Lock()
+	defer s.pushMu.Unlock()
+	_, asked := s.requests[streamKey{delta, id}][typeURL]
+	return !asked
 }
 
 func (s *Server) forgetStream(delta bool, id int64) {
