@@ -204,8 +204,11 @@ func TestXDSOverMTLSWithPolicy(t *testing.T) {
 	server := ca.Issue(t, "hub-xds", testpki.Cert{Hosts: []string{"127.0.0.1"}, Usages: serverUsage})
 	policy := filepath.Join(t.TempDir(), "policy.yaml")
 	writeFile(t, policy, "rules:\n- identity: spiffe://cluster.local/ns/*\n  namespaces: [$namespace]\n")
+	crl := filepath.Join(t.TempDir(), "crl.pem")
+	copyTo(t, ca.CRL(t, 1), crl)
 	h := startHub(t, func(c *hub.Config) {
 		c.XDSTLSCertFile, c.XDSTLSKeyFile, c.XDSClientCAFile, c.XDSPolicyFile = server.CertFile, server.KeyFile, ca.File, policy
+		c.CRLFile = crl
 	})
 	dir := filepath.Join(t.TempDir(), "east")
 	writeService(t, dir, "echo", endpoint{xdstest.StartBackend(t, "east", "127.0.0.1"), "z1", true})
@@ -239,6 +242,11 @@ func TestXDSOverMTLSWithPolicy(t *testing.T) {
 		t.Fatal("a client of an unknown CA was served")
 	}
 	h.metricAtLeast(t, `nave_tls_refused_handshakes_total{port="xds",reason="untrusted"}`, 1)
+
+	// Revoking the first client's certificate ends its xDS stream: it
+	// reconnects, and that handshake is refused.
+	copyTo(t, ca.CRL(t, 2, mine.Serial), crl)
+	h.metricAtLeast(t, `nave_tls_refused_handshakes_total{port="xds",reason="revoked"}`, 1)
 }
 
 // Replicas know each other by their own identities (no peer token): a
