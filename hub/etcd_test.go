@@ -37,6 +37,7 @@ func TestHubOverEtcdWithTLS(t *testing.T) {
 		c.ColdStartWait = 30 * time.Second
 	}
 	h, stop := startHub(t, t.TempDir(), tlsEtcd)
+	awaitFirstSave(t, h)
 	hello(t, h, "east")
 	stop()
 	// The catalog, in the TLS etcd, names east: the new hub waits for it before serving xDS.

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -330,7 +331,9 @@ type parts struct {
 	stopState    context.CancelFunc
 	coordCtx     context.Context
 	stopCoord    context.CancelFunc
+	servingMu    sync.Mutex     // guards serving and stopping: xDS may start serving after a cold start's wait
 	serving      []*grpc.Server // the gRPC servers serving, stopped together
+	stopping     bool           // stop has begun: nothing starts serving
 	adminServing bool
 	cleanup      []func() // run in reverse on failure or shutdown
 }
@@ -424,7 +427,7 @@ func (p *parts) buildState() {
 	}
 	// xDS translation runs off the state goroutine, coalescing what arrives meanwhile.
 	p.push = newPusher(p.xdsServer, p.log)
-	p.state = newState(cfg.ID, cfg.Liveness, publishers{p.push, p.imports}, p.catalog, cfg.Federation.Limits, onChange, p.log)
+	p.state = newState(cfg.ID, cfg.Liveness, publishers{p.push, p.imports}, cfg.Federation.Limits, onChange, p.log)
 	p.coord = &coordinator{
 		id: cfg.ID, state: p.state, etcd: p.etcd, catalog: p.catalog, snapshots: p.snapshots,
 		leaderCfg: leaderConfig(cfg),
@@ -627,6 +630,11 @@ func (p *parts) serveXDS() {
 }
 
 func (p *parts) serveGRPC(name string, s *grpc.Server, lis net.Listener) {
+	p.servingMu.Lock()
+	defer p.servingMu.Unlock()
+	if p.stopping {
+		return // stop has stopped the servers already
+	}
 	p.serving = append(p.serving, s)
 	p.run(name, func() error { return s.Serve(lis) })
 }
@@ -648,7 +656,11 @@ func (p *parts) stop() {
 	if p.stopCoord != nil {
 		p.stopCoord()
 	}
-	stopGRPC(p.serving...)
+	p.servingMu.Lock()
+	p.stopping = true
+	serving := slices.Clone(p.serving)
+	p.servingMu.Unlock()
+	stopGRPC(serving...)
 	if p.adminServing {
 		shutdownCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_ = p.adminServer.Shutdown(shutdownCtx)

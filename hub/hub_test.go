@@ -271,13 +271,7 @@ func TestColdStartWaitsForTheCatalogsClusters(t *testing.T) {
 	// is the only one within the hour.
 	noSnapshots := func(c *hub.Config) { c.SnapshotInterval = time.Hour; c.ColdStartWait = 20 * time.Second }
 	h, stop := startHub(t, dir, noSnapshots)
-	// The first save comes when the replica first leads; the clusters must
-	// come after it, or that save holds them.
-	for deadline := time.Now().Add(30 * time.Second); coordination(t, h).Snapshot.Revision == 0; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the empty registry was never saved")
-		}
-	}
+	awaitFirstSave(t, h)
 	hello(t, h, "east")
 	hello(t, h, "west")
 	if s := coordination(t, h).Snapshot; s.Clusters != 0 {
@@ -335,7 +329,26 @@ func TestColdStartWaitsForTheCatalogsClusters(t *testing.T) {
 			t.Fatal("xDS is not served after every cluster resynced")
 		}
 	}
-	if code, body := get(t, admin+"/readyz"); code != http.StatusOK {
-		t.Errorf("/readyz once serving: %d %q", code, body)
+	// Ready follows serving at once (xDS answers a moment before the flag is set).
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		code, body := get(t, admin+"/readyz")
+		if code == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz once serving: %d %q", code, body)
+		}
+	}
+}
+
+// awaitFirstSave waits for a new replica's first snapshot, of its empty
+// registry: it is saved when the replica first leads, so clusters that say
+// hello before it would be in it (and a restart would be a warm one).
+func awaitFirstSave(t *testing.T, h *hub.Hub) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); coordination(t, h).Snapshot.Revision == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the empty registry was never saved")
+		}
 	}
 }

@@ -51,7 +51,7 @@ var (
 func TestGatewaysFollowTheirCluster(t *testing.T) {
 	ctx := context.Background()
 	pub := &topologies{}
-	s := newState("hub-test", DefaultLiveness(), pub, nil, registry.DefaultLimits(), nil, slog.New(slog.DiscardHandler))
+	s := newState("hub-test", DefaultLiveness(), pub, registry.DefaultLimits(), nil, slog.New(slog.DiscardHandler))
 	runCtx, cancel := context.WithCancel(ctx)
 	go s.run(runCtx)
 	t.Cleanup(func() { cancel(); <-s.done })
@@ -155,7 +155,7 @@ func TestGatewayNamesAreResolvedAndKept(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	pub := &topologies{}
-	s := newState("hub-test", DefaultLiveness(), pub, nil, registry.DefaultLimits(), nil, slog.New(slog.DiscardHandler))
+	s := newState("hub-test", DefaultLiveness(), pub, registry.DefaultLimits(), nil, slog.New(slog.DiscardHandler))
 	go s.run(ctx)
 	t.Cleanup(func() { cancel(); <-s.done })
 	if _, err := s.Begin(ctx, federation.Session{Cluster: "west", Network: "net-b", Epoch: 1, Started: time.Now(),

@@ -292,7 +292,7 @@ func (u *updates) Update(r *registry.Registry, _ registry.Diff) {
 func TestRestoreIsPublishedWhole(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	pub := &updates{}
-	s := newState("hub-test", DefaultLiveness(), pub, nil, registry.DefaultLimits(), nil, slog.New(slog.DiscardHandler))
+	s := newState("hub-test", DefaultLiveness(), pub, registry.DefaultLimits(), nil, slog.New(slog.DiscardHandler))
 	go s.run(ctx)
 	t.Cleanup(func() { cancel(); <-s.done })
 	snap := registry.Snapshot{Revision: 1}

@@ -140,10 +140,9 @@ type clusterConflicts struct {
 	changed chan struct{} // closed when the entry is replaced
 }
 
-// newState returns the state of replica self. The catalog argument is not
-// used: the state never waits for etcd, and only the leader writes the
-// catalog (see coordinator.keepCatalog).
-func newState(self string, liveness Liveness, publisher Publisher, _ *replicas.Catalog, limits registry.Limits, onChange func(View), log *slog.Logger) *state {
+// newState returns the state of replica self. It never waits for etcd:
+// only the leader writes the catalog (see coordinator.keepCatalog).
+func newState(self string, liveness Liveness, publisher Publisher, limits registry.Limits, onChange func(View), log *slog.Logger) *state {
 	s := &state{
 		self: self, liveness: liveness,
 		log: log.With("component", "state"), publisher: publisher, limits: limits, onChange: onChange,

@@ -15,7 +15,7 @@ import (
 
 func startState(t *testing.T) *state {
 	t.Helper()
-	s := newState("hub-test", DefaultLiveness(), nil, nil, registry.DefaultLimits(), nil, slog.New(slog.DiscardHandler))
+	s := newState("hub-test", DefaultLiveness(), nil, registry.DefaultLimits(), nil, slog.New(slog.DiscardHandler))
 	ctx, cancel := context.WithCancel(context.Background())
 	go s.run(ctx)
 	t.Cleanup(func() { cancel(); <-s.done })

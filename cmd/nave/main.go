@@ -226,6 +226,8 @@ func runSpoke(ctx context.Context, args []string) error {
 	fs.DurationVar(&le.LeaseDuration, "lease-duration", le.LeaseDuration, "how long a standby waits after the leader's last renewal before taking over")
 	fs.DurationVar(&le.RenewDeadline, "renew-deadline", le.RenewDeadline, "how long the leader tries to renew before it stops streaming (less than --lease-duration)")
 	fs.DurationVar(&le.RetryPeriod, "retry-period", le.RetryPeriod, "how often leader election retries")
+	fs.IntVar(&cfg.GiveUpAfter, "give-up-after", cfg.GiveUpAfter, "a leader that fails this many hub sessions in a row gives up the Lease so a standby on another node tries (0: never)")
+	fs.DurationVar(&le.StandBack, "stand-back", le.StandBack, "how long a leader that gave up the Lease stays out of the election (0: --lease-duration)")
 	fs.StringVar(&cfg.Region, "region", "", "region of endpoints whose node has no topology.kubernetes.io/region label")
 	fs.StringVar(&export, "export", "labeled", "which services federate: labeled (nave.io/export=true) or all")
 	fs.BoolVar(&cfg.Imports, "imports", cfg.Imports, "write the MCS imports the hub sends (ServiceImports, EndpointSlices, derived Services) into the cluster (kube source, leader only)")
