@@ -52,10 +52,11 @@ func ownFiles(t *testing.T, is testpki.Issued) testpki.Issued {
 	return own
 }
 
-// publishAs says hello for cluster over creds and returns how the hub answered.
-func publishAs(t *testing.T, addr string, creds credentials.TransportCredentials, cluster string) error {
+// sayHello says hello for cluster to the federation port at addr, dialled
+// with opts, and returns how the hub answered.
+func sayHello(t *testing.T, addr, cluster string, opts ...grpc.DialOption) error {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,6 +69,19 @@ func publishAs(t *testing.T, addr string, creds credentials.TransportCredentials
 		_, err = stream.Recv()
 	}
 	return err
+}
+
+// publishAs says hello for cluster over creds.
+func publishAs(t *testing.T, addr string, creds credentials.TransportCredentials, cluster string) error {
+	t.Helper()
+	return sayHello(t, addr, cluster, grpc.WithTransportCredentials(creds))
+}
+
+// publishWithToken says hello for cluster with token, in plaintext.
+func publishWithToken(t *testing.T, addr, token, cluster string) error {
+	t.Helper()
+	return sayHello(t, addr, cluster, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithPerRPCCredentials(federation.TokenCredentials{Token: token, AllowInsecure: true}))
 }
 
 func tlsCreds(t *testing.T, ca string, is testpki.Issued) credentials.TransportCredentials {
@@ -317,22 +331,4 @@ func TestTokensReloaded(t *testing.T) {
 	if h.cluster("east").Connected {
 		t.Fatal("east reconnected with a withdrawn token")
 	}
-}
-
-func publishWithToken(t *testing.T, addr, token, cluster string) error {
-	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithPerRPCCredentials(federation.TokenCredentials{Token: token, AllowInsecure: true}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	stream, err := fedv1.NewFederationClient(conn).Publish(ctx)
-	if err == nil {
-		_ = stream.Send(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Hello{Hello: &fedv1.Hello{ClusterId: cluster, Network: "net1", SpokeId: "s"}}})
-		_, err = stream.Recv()
-	}
-	return err
 }

@@ -2,8 +2,6 @@ package xds
 
 import (
 	"context"
-	"log/slog"
-	"net"
 	"slices"
 	"testing"
 	"time"
@@ -12,7 +10,6 @@ import (
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
 
 	"github.com/navemesh/nave/registry"
 )
@@ -25,21 +22,12 @@ func startRestrictedXDS(t *testing.T) (*Server, *prometheus.Registry, string) {
 	cfg.Restrict = func(context.Context) (Restriction, string, error) {
 		return func(ns string) bool { return ns == "default" }, "test-identity", nil
 	}
-	reg := prometheus.NewRegistry()
-	s := NewServer(cfg, slog.New(slog.DiscardHandler), reg)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer()
-	s.Register(g)
-	go func() { _ = g.Serve(lis) }()
-	t.Cleanup(g.Stop)
+	s, reg, addr := startXDSWith(t, cfg)
 	r, _ := apply(t, registry.New(),
 		shard("east", echo, []registry.ServicePort{tcp("grpc", 8080)}, ep("10.0.0.1", loc("r1", "z1"), ready, eport("grpc", 9090))),
 		shard("west", shopKey, []registry.ServicePort{tcp("grpc", 8080)}, ep("10.1.0.1", loc("r2", "z3"), ready, eport("grpc", 9090))))
 	s.Update(r, registry.Diff{})
-	return s, reg, lis.Addr().String()
+	return s, reg, addr
 }
 
 var shopKey = registry.ServiceKey{Namespace: "shop", Name: "cart"}
