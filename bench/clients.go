@@ -168,7 +168,14 @@ type fleetConfig struct {
 	// TLS, when set, is the TLS configuration of connection j (mTLS: its
 	// client certificate); nil: plaintext.
 	TLS func(conn int) *tls.Config
+	// Dial is how the connections dial (timeouts, backoff) and counts them.
+	Dial *peerDialing
 }
+
+// clientBackoff is the clients' reconnect backoff: fast (grpc-go's default
+// starts at 1 s and grows to 120 s), so restarts measure the hub, not the
+// backoff; a reconnect storm is all the harsher for it.
+var clientBackoff = backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 200 * time.Millisecond}
 
 // newFleet makes the clients (not yet connected) and counts each service's
 // subscribers in the ledger.
@@ -181,11 +188,8 @@ func newFleet(ctx context.Context, cfg fleetConfig, sc scaleConfig, l *ledger, x
 		if cfg.TLS != nil {
 			tlsCfg = cfg.TLS(j)
 		}
-		conn, err := grpc.NewClient(xdsAddr, transportCreds(tlsCfg), dialFrom(loopbackAddr(clientBlock, j)),
-			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(1<<30)),
-			grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{
-				BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 200 * time.Millisecond,
-			}, MinConnectTimeout: 5 * time.Second}))
+		opts := append(cfg.Dial.options(loopbackAddr(clientBlock, j), tlsCfg), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(1<<30)))
+		conn, err := grpc.NewClient(xdsAddr, opts...)
 		if err != nil {
 			f.stop()
 			return nil, fmt.Errorf("xDS connection: %w", err)

@@ -29,6 +29,8 @@ import (
 	"syscall"
 	"time"
 
+	"google.golang.org/grpc/backoff"
+
 	"github.com/navemesh/nave/internal/xdstest"
 	"github.com/navemesh/nave/registry"
 )
@@ -114,6 +116,8 @@ type config struct {
 	// connsSet says -conns was given (the storm's default is one per client).
 	streamsPerConn int
 	connsSet       bool
+	// connectTimeout bounds each connection attempt of spokes and clients.
+	connectTimeout time.Duration
 }
 
 func parseFlags(args []string) (config, error) {
@@ -163,6 +167,7 @@ func parseFlags(args []string) (config, error) {
 	fs.BoolVar(&cfg.keep, "keep", false, "keep the work dir (hub data, logs) after a successful run")
 	fs.DurationVar(&cfg.settle, "settle", 2*time.Second, "pause before each memory sample, so the hub's heap settles")
 	fs.DurationVar(&cfg.spokeMaxBo, "spoke-max-backoff", 500*time.Millisecond, "the simulated spokes' longest reconnect backoff (production default: 30s)")
+	fs.DurationVar(&cfg.connectTimeout, "connect-timeout", 5*time.Second, "how long one connection attempt of a spoke or client (TCP, TLS and HTTP/2 handshakes) may take before it gives up and retries (grpc-go's default: 20s)")
 	hubArgs := fs.String("hub-args", "", "extra flags for nave hub, space-separated (e.g. \"--snapshot-interval 1s\")")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
@@ -239,6 +244,8 @@ func validate(cfg config) error {
 		return errors.New("-phase-timeout must be positive")
 	case cfg.conns < 1:
 		return errors.New("-conns must be at least 1")
+	case cfg.connectTimeout <= 0:
+		return errors.New("-connect-timeout must be positive")
 	case cfg.streamsPerConn < 1:
 		return errors.New("-streams-per-conn must be at least 1")
 	case cfg.clientIdentities < 1:
@@ -306,7 +313,11 @@ func run(ctx context.Context, cfg config, stdout io.Writer) (err error) {
 	if cfg.mtls {
 		res.ClientIdentities = cfg.clientIdentities
 	}
-	b := &bench{cfg: cfg, res: res}
+	b := &bench{cfg: cfg, res: res,
+		spokeDial: &peerDialing{connectTimeout: cfg.connectTimeout,
+			backoff: backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: cfg.spokeMaxBo}},
+		clientDial: &peerDialing{connectTimeout: cfg.connectTimeout, backoff: clientBackoff},
+	}
 	defer func() {
 		b.close()
 		if err != nil {
@@ -399,6 +410,8 @@ type bench struct {
 	pki *benchPKI
 	// spokeWarnings tallies the spokes' log records at Warn and above, by phase.
 	spokeWarnings [phases]errorTally
+	// How spokes and clients dial the hub, and how often they did.
+	spokeDial, clientDial *peerDialing
 }
 
 func (b *bench) close() {
@@ -521,7 +534,7 @@ func (b *bench) initialSync(ctx context.Context) error {
 func (b *bench) makeFleet(ctx context.Context) error {
 	sc := b.cfg.scale
 	fc := fleetConfig{GRPC: sc.GRPCClients, ServicesPerClient: sc.ServicesPerClient, Gateways: sc.Gateways,
-		Conns: clientConns(b.cfg), Delta: b.cfg.delta, Seed: b.cfg.seed}
+		Conns: clientConns(b.cfg), Delta: b.cfg.delta, Seed: b.cfg.seed, Dial: b.clientDial}
 	if b.pki != nil {
 		fc.TLS = func(conn int) *tls.Config { return b.pki.clients[clientIdentity(conn, b.cfg.clientIdentities)] }
 	}
@@ -545,7 +558,7 @@ func (b *bench) startSpokes(ctx context.Context) error {
 	if b.pki != nil {
 		tlsFor = func(c registry.ClusterID) *tls.Config { return b.pki.spokes[c] }
 	}
-	b.spokes, err = startSpokes(ctx, b.world, b.hub.fed, b.cfg.spokeMaxBo, log, tlsFor)
+	b.spokes, err = startSpokes(ctx, b.world, b.hub.fed, b.cfg.spokeMaxBo, log, tlsFor, b.spokeDial)
 	return err
 }
 

@@ -15,8 +15,10 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -47,24 +49,33 @@ func loopbackAddr(block byte, i int) netip.Addr {
 // maxLoopbackPeers is how many addresses a block holds.
 const maxLoopbackPeers = 1<<16 - 2
 
-// dialFrom is a gRPC dial option connecting from the local address from
-// (not set: the kernel's choice).
-func dialFrom(from netip.Addr) grpc.DialOption {
-	return grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-		d := net.Dialer{}
-		if from.IsValid() {
-			d.LocalAddr = net.TCPAddrFromAddrPort(netip.AddrPortFrom(from, 0))
-		}
-		return d.DialContext(ctx, "tcp", addr)
-	})
+// peerDialing is how one kind of simulated peer (spokes, clients) dials
+// the hub, and how often it did.
+type peerDialing struct {
+	// connectTimeout bounds one connection attempt: TCP, TLS and HTTP/2
+	// handshakes (gRPC's MinConnectTimeout; grpc-go's default is 20 s).
+	connectTimeout time.Duration
+	backoff        backoff.Config
+	// attempts counts the connections dialled (TCP connects started).
+	attempts atomic.Int64
 }
 
-// transportCreds is TLS with cfg, or plaintext when cfg is nil.
-func transportCreds(cfg *tls.Config) grpc.DialOption {
-	if cfg == nil {
-		return grpc.WithTransportCredentials(insecure.NewCredentials())
+// options are the dial options of one connection from the local address
+// from, over TLS with tlsCfg (nil: plaintext).
+func (d *peerDialing) options(from netip.Addr, tlsCfg *tls.Config) []grpc.DialOption {
+	creds := insecure.NewCredentials()
+	if tlsCfg != nil {
+		creds = credentials.NewTLS(tlsCfg)
 	}
-	return grpc.WithTransportCredentials(credentials.NewTLS(cfg))
+	return []grpc.DialOption{
+		grpc.WithTransportCredentials(creds),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: d.backoff, MinConnectTimeout: d.connectTimeout}),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			d.attempts.Add(1)
+			dialer := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(from, 0))}
+			return dialer.DialContext(ctx, "tcp", addr)
+		}),
+	}
 }
 
 // connsFor is how many connections n streams need so that none carries

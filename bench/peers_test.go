@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -201,5 +204,41 @@ func TestStatusBytes(t *testing.T) {
 	}
 	if got := statusBytes(status, "VmSwap"); got != 0 {
 		t.Errorf("VmSwap = %v", got)
+	}
+}
+
+// A peer's connection comes from its own loopback address, and is counted.
+func TestPeerDialingFromLoopback(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	from := make(chan net.Addr, 1)
+	go func() {
+		c, err := lis.Accept()
+		if err != nil {
+			return
+		}
+		from <- c.RemoteAddr()
+		c.Close()
+	}()
+	d := &peerDialing{connectTimeout: time.Second, backoff: clientBackoff}
+	conn, err := grpc.NewClient(lis.Addr().String(), d.options(loopbackAddr(clientBlock, 41), nil)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.Connect()
+	select {
+	case a := <-from:
+		if got := a.(*net.TCPAddr).AddrPort().Addr(); got != netip.MustParseAddr("127.2.0.42") {
+			t.Errorf("connected from %s, want 127.2.0.42", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no connection")
+	}
+	if n := d.attempts.Load(); n < 1 {
+		t.Errorf("%d attempts counted", n)
 	}
 }

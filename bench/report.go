@@ -289,6 +289,7 @@ func printReport(w io.Writer, r *results) {
 				fmtMs(p.AllServedMs), from, fmtMs(p.SpokesSyncedMs), p.SpokesSynced, st.Spokes, fmtMs(p.ClientsServedMs), p.ClientsDone, st.Clients)
 			row("  per client", "%s", p.ClientsServed)
 			row("  hub", "peak RSS (VmHWM) %s, CPU %.1f s; bench CPU %.1f s, peak RSS %s", mib(p.PeakRSSBytes), p.HubCPUSeconds, p.BenchCPUSeconds, mib(p.BenchPeakRSS))
+			row("  connections dialled", "%d by %d spokes, %d by %d clients (beyond one each: retries)", p.SpokeDials, st.Spokes, p.ClientDials, st.Conns)
 			row("  stale / unknown states seen", "%d / %d", p.StaleStates, p.UnknownStates)
 			printRefusals(t, "  ", p.Refusals)
 		}

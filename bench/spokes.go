@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 
 	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/registry"
@@ -454,7 +453,7 @@ type spokes struct {
 // Each dials from a loopback address of its own, over TLS with the
 // configuration tlsFor returns for its cluster (nil: plaintext).
 func startSpokes(ctx context.Context, w *world, fedAddr string, maxBackoff time.Duration, log *slog.Logger,
-	tlsFor func(registry.ClusterID) *tls.Config) (*spokes, error) {
+	tlsFor func(registry.ClusterID) *tls.Config, dial *peerDialing) (*spokes, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	sp := &spokes{cancel: cancel}
 	for i, cl := range w.clusters {
@@ -462,10 +461,7 @@ func startSpokes(ctx context.Context, w *world, fedAddr string, maxBackoff time.
 		if tlsFor != nil {
 			tlsCfg = tlsFor(cl.id)
 		}
-		conn, err := grpc.NewClient(fedAddr, transportCreds(tlsCfg), dialFrom(loopbackAddr(spokeBlock, i)),
-			grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{
-				BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: maxBackoff,
-			}, MinConnectTimeout: 5 * time.Second}))
+		conn, err := grpc.NewClient(fedAddr, dial.options(loopbackAddr(spokeBlock, i), tlsCfg)...)
 		if err != nil {
 			sp.stop()
 			return nil, fmt.Errorf("spoke %s: %w", cl.id, err)

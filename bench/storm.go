@@ -45,9 +45,13 @@ type stormPhase struct {
 	HubCPUSeconds   float64        `json:"hubCpuSeconds"`
 	BenchCPUSeconds float64        `json:"benchCpuSeconds"`
 	BenchPeakRSS    float64        `json:"benchPeakRssBytes"` // the bench process's VmHWM (its spokes and clients)
-	StaleStates     int64          `json:"staleStates"`
-	UnknownStates   int64          `json:"unknownStates"`
-	Refusals        *refusalReport `json:"refusals"`
+	// SpokeDials and ClientDials count the connections dialled (a
+	// connection attempt that timed out in its handshakes dials again).
+	SpokeDials    int64          `json:"spokeDials"`
+	ClientDials   int64          `json:"clientDials"`
+	StaleStates   int64          `json:"staleStates"`
+	UnknownStates int64          `json:"unknownStates"`
+	Refusals      *refusalReport `json:"refusals"`
 }
 
 // refusalReport is what refused or troubled legitimate peers.
@@ -176,6 +180,7 @@ func (b *bench) storm(ctx context.Context) error {
 		profDone <- nil
 	}
 	beforeSelf := selfCPU()
+	beforeSpokeDials, beforeClientDials := b.spokeDial.attempts.Load(), b.clientDial.attempts.Load()
 	start := time.Now()
 	startL := b.ledger.since(start)
 	if err := b.startSpokes(ctx); err != nil {
@@ -196,6 +201,7 @@ func (b *bench) storm(ctx context.Context) error {
 		return !spokesAt.IsZero() && done == len(b.all), nil
 	})
 	p.BenchCPUSeconds = (selfCPU() - beforeSelf).Seconds()
+	p.SpokeDials, p.ClientDials = b.spokeDial.attempts.Load()-beforeSpokeDials, b.clientDial.attempts.Load()-beforeClientDials
 	if !spokesAt.IsZero() {
 		p.SpokesSyncedMs = ms(spokesAt.Sub(start))
 	}
@@ -257,6 +263,7 @@ func (b *bench) stormCosts(ctx context.Context, p *stormPhase, beforeM promText,
 func (b *bench) reconnectStorm(ctx context.Context) error {
 	logFrom := fileSize(b.hub.logPath)
 	beforeSelf := selfCPU()
+	beforeSpokeDials, beforeClientDials := b.spokeDial.attempts.Load(), b.clientDial.attempts.Load()
 	err := b.warmRestart(ctx)
 	r := b.res.WarmRestart
 	if r == nil {
@@ -264,7 +271,8 @@ func (b *bench) reconnectStorm(ctx context.Context) error {
 	}
 	p := &stormPhase{HubReadyMs: r.ReadyMs, SpokesSyncedMs: r.SpokesSyncedMs, ClientsServedMs: r.ClientsServedMs,
 		ClientsServed: r.ClientsServed, ClientsDone: r.ClientsServed.N, StaleStates: r.StaleStates, UnknownStates: r.UnknownStates,
-		BenchCPUSeconds: (selfCPU() - beforeSelf).Seconds()}
+		BenchCPUSeconds: (selfCPU() - beforeSelf).Seconds(),
+		SpokeDials:      b.spokeDial.attempts.Load() - beforeSpokeDials, ClientDials: b.clientDial.attempts.Load() - beforeClientDials}
 	p.AllServedMs = max(p.SpokesSyncedMs, p.ClientsServedMs)
 	if r.SpokesSyncedMs > 0 {
 		p.SpokesSynced = len(b.spokes.status)
