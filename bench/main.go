@@ -167,7 +167,7 @@ func parseFlags(args []string) (config, error) {
 	fs.BoolVar(&cfg.keep, "keep", false, "keep the work dir (hub data, logs) after a successful run")
 	fs.DurationVar(&cfg.settle, "settle", 2*time.Second, "pause before each memory sample, so the hub's heap settles")
 	fs.DurationVar(&cfg.spokeMaxBo, "spoke-max-backoff", 500*time.Millisecond, "the simulated spokes' longest reconnect backoff (production default: 30s)")
-	fs.DurationVar(&cfg.connectTimeout, "connect-timeout", 5*time.Second, "how long one connection attempt of a spoke or client (TCP, TLS and HTTP/2 handshakes) may take before it gives up and retries (grpc-go's default: 20s)")
+	fs.DurationVar(&cfg.connectTimeout, "connect-timeout", 0, "how long one connection attempt of a spoke or client (TCP, TLS and HTTP/2 handshakes) may take before it gives up and retries (default 5s; -storm: 20s, grpc-go's default, as real clients reconnecting)")
 	hubArgs := fs.String("hub-args", "", "extra flags for nave hub, space-separated (e.g. \"--snapshot-interval 1s\")")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
@@ -180,6 +180,12 @@ func parseFlags(args []string) (config, error) {
 		return config{}, fmt.Errorf("-scale %q: want small or large", *scaleName)
 	}
 	cfg.clientIdentities = 1
+	if cfg.connectTimeout == 0 {
+		cfg.connectTimeout = 5 * time.Second
+		if cfg.storm {
+			cfg.connectTimeout = 20 * time.Second
+		}
+	}
 	if cfg.storm {
 		sc, cfg.clientIdentities = stormScale, 10
 	}

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -89,7 +91,7 @@ func TestParseFlagsStormAndMTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.scale.Name != "storm" || !cfg.storm || !cfg.mtls || cfg.clientIdentities != 10 || clientConns(cfg) != 10_000 {
+	if cfg.scale.Name != "storm" || !cfg.storm || !cfg.mtls || cfg.clientIdentities != 10 || clientConns(cfg) != 10_000 || cfg.connectTimeout != 20*time.Second {
 		t.Errorf("-storm -mtls: %+v", cfg)
 	}
 	cfg, err = parseFlags([]string{"-storm", "-grpc-clients", "500", "-client-identities", "1"})
@@ -103,7 +105,7 @@ func TestParseFlagsStormAndMTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.scale.Name != "large" || cfg.clientIdentities != 1 || cfg.storm {
+	if cfg.scale.Name != "large" || cfg.clientIdentities != 1 || cfg.storm || cfg.connectTimeout != 5*time.Second {
 		t.Errorf("-scale large -mtls: %+v", cfg)
 	}
 }
@@ -240,5 +242,28 @@ func TestPeerDialingFromLoopback(t *testing.T) {
 	}
 	if n := d.attempts.Load(); n < 1 {
 		t.Errorf("%d attempts counted", n)
+	}
+}
+
+// A stream refused by a limit is counted once: by the hub, not again by
+// the client that saw it refused; other codes only the client saw count.
+func TestRefusals(t *testing.T) {
+	log := filepath.Join(t.TempDir(), "hub.log")
+	if err := os.WriteFile(log, []byte("time=1 level=WARN msg=\"old\"\ntime=2 level=WARN msg=\"finished call\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b := &bench{fleet: &fleet{}, hub: &hubProcess{logPath: log}}
+	b.fleet.streamErrors[phaseConnect].add("ResourceExhausted", "at most 2048 per peer")
+	b.fleet.streamErrors[phaseConnect].add("Unavailable", "connection reset")
+	b.fleet.streamErrors[phaseConnect].add("PermissionDenied", "no")
+	b.fleet.streamErrors[phaseChurn].add("Internal", "not asked for")
+	b.spokeWarnings[phaseConnect].add("hub session ended; reconnecting", "refused")
+	m := parseProm([]byte(`nave_refused_total{port="xds",reason="max_streams_per_peer"} 1` + "\n"))
+	r := b.refusals(m, int64(len("time=1 level=WARN msg=\"old\"\n")), phaseConnect)
+	if r.Refused != 2 || r.ClientStreamErrors != 3 || r.SpokeWarnings != 1 || len(r.ClientErrors) != 3 {
+		t.Errorf("refusals = %+v, want 2 refused (1 by the hub, PermissionDenied), 3 client errors, 1 spoke warning", r)
+	}
+	if len(r.HubLog) != 1 || r.HubLog["finished call"] != 1 {
+		t.Errorf("hub log from the offset: %v", r.HubLog)
 	}
 }

@@ -57,9 +57,10 @@ type stormPhase struct {
 // refusalReport is what refused or troubled legitimate peers.
 type refusalReport struct {
 	// Refused counts refusals of legitimate peers: the hub's refusal
-	// counters, and client streams that ended with a code other than
-	// Unavailable (a refused connection or handshake shows as Unavailable
-	// to the client, and is in the hub's counters).
+	// counters, and client streams that ended with a code the hub does not
+	// count there (its refused connections and handshakes show as
+	// Unavailable to the client, its refused streams as ResourceExhausted
+	// or DeadlineExceeded: those it counts itself).
 	Refused float64 `json:"refused"`
 	// Hub holds the hub's nave_refused_total and
 	// nave_tls_refused_handshakes_total series that are not 0.
@@ -92,7 +93,7 @@ func (b *bench) refusals(m promText, logFrom int64, phases ...int) *refusalRepor
 		}
 		t.mu.Lock()
 		for code, n := range t.counts {
-			if code != "Unavailable" {
+			if !countedByHub[code] {
 				r.Refused += float64(n)
 			}
 		}
@@ -110,6 +111,11 @@ func (b *bench) refusals(m promText, logFrom int64, phases ...int) *refusalRepor
 	}
 	return r
 }
+
+// countedByHub are the codes of client stream errors whose refusals the
+// hub counts itself (nave_refused_total, nave_tls_refused_handshakes_total);
+// Unavailable is also what a stopping hub or a broken connection gives.
+var countedByHub = map[string]bool{"Unavailable": true, "ResourceExhausted": true, "DeadlineExceeded": true}
 
 // readFrom reads a file from byte off on.
 func readFrom(path string, off int64) ([]byte, error) {
