@@ -1,10 +1,8 @@
 package hub
 
 import (
-	"context"
 	"time"
 
-	"github.com/navemesh/nave/identity"
 	"github.com/navemesh/nave/limits"
 )
 
@@ -18,7 +16,8 @@ type ConnectionLimits struct {
 	// MaxStreamsPerConnection is HTTP/2's concurrent stream limit.
 	MaxStreamsPerConnection int
 	// FederationStreamsPerPeer and XDSStreamsPerPeer bound the open
-	// streams of one peer (its certificate's identity, else its address).
+	// streams of one peer address (a pod; not an identity, which
+	// thousands of pods of one service account share).
 	FederationStreamsPerPeer, XDSStreamsPerPeer int
 	// HandshakeTimeout bounds a new connection's TLS and HTTP/2
 	// handshakes; a connection that says nothing is closed after it.
@@ -40,17 +39,6 @@ func DefaultConnectionLimits() ConnectionLimits {
 		FederationStreamsPerPeer: 64, XDSStreamsPerPeer: 2_048,
 		HandshakeTimeout: 10 * time.Second, FirstRequestTimeout: 10 * time.Second, IdleTimeout: 5 * time.Minute,
 	}
-}
-
-// peerKey names a stream's peer for the per-peer limits: its
-// certificate's identity when it has one, else its address.
-func peerKey(ctx context.Context) string {
-	if chain := identity.PeerChain(ctx); len(chain) > 0 {
-		if id, err := identity.Of(chain[0]); err == nil {
-			return id.String()
-		}
-	}
-	return limits.PeerKey(ctx)
 }
 
 // refused counts and logs a connection or stream refused on port.

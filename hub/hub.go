@@ -454,9 +454,10 @@ func (p *parts) buildServers() {
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.ChainStreamInterceptor(
 			p.grpcMetrics.StreamServerInterceptor(),
+			// Refusals are counted, not logged one by one: a flood must not flood the log.
+			limits.StreamsPerPeer(cfg.Connections.FederationStreamsPerPeer, limits.PeerKey, p.refused("federation")),
 			logging.StreamServerInterceptor(grpcLogger(log.With("component", "federation-grpc")), logOpts...),
 			recovery.StreamServerInterceptor(recoveryOpt),
-			limits.StreamsPerPeer(cfg.Connections.FederationStreamsPerPeer, peerKey, p.refused("federation")),
 			p.federationCredentials().Interceptor(),
 		),
 	)
@@ -478,9 +479,9 @@ func (p *parts) buildServers() {
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.ChainStreamInterceptor(
 			p.grpcMetrics.StreamServerInterceptor(),
+			limits.StreamsPerPeer(cfg.Connections.XDSStreamsPerPeer, limits.PeerKey, p.refused("xds")),
 			logging.StreamServerInterceptor(grpcLogger(log.With("component", "xds-grpc")), logOpts...),
 			recovery.StreamServerInterceptor(recoveryOpt),
-			limits.StreamsPerPeer(cfg.Connections.XDSStreamsPerPeer, peerKey, p.refused("xds")),
 			limits.FirstMessageWithin(cfg.Connections.FirstRequestTimeout, p.refused("xds")),
 			p.sessions.StreamInterceptor(p.xdsCerts, cfg.TrustDomain),
 		),
