@@ -151,8 +151,10 @@ func TestFederationMTLS(t *testing.T) {
 	}{
 		{"another cluster's certificate", tlsCreds(t, ca.File, west), codes.PermissionDenied, `cannot publish for cluster "east"`},
 		{"a replica's certificate", tlsCreds(t, ca.File, replica), codes.PermissionDenied, "replica"},
-		{"an expired certificate", tlsCreds(t, ca.File, expired), codes.Unavailable, "certificate"},
-		{"an unknown CA's certificate", tlsCreds(t, ca.File, foreign), codes.Unavailable, "certificate"},
+		// Refused at the handshake: with TLS 1.3 the client may see its
+		// connection closed before the alert; the hub's metric says why (below).
+		{"an expired certificate", tlsCreds(t, ca.File, expired), codes.Unavailable, ""},
+		{"an unknown CA's certificate", tlsCreds(t, ca.File, foreign), codes.Unavailable, ""},
 		{"a plaintext client", insecure.NewCredentials(), codes.Unavailable, ""},
 	} {
 		err := publishAs(t, fed, c.creds, "east")
