@@ -480,7 +480,10 @@ func (s *hubSession) throttle(ctx context.Context) error {
 type rejection []*fedv1.Rejection
 
 func (r rejection) Error() string {
-	if len(r) == 1 {
+	switch len(r) {
+	case 0:
+		return "no reason given" // a peer's NACK may name none
+	case 1:
 		return r[0].GetReason()
 	}
 	return fmt.Sprintf("%s (and %d more)", r[0].GetReason(), len(r)-1)
