@@ -509,7 +509,10 @@ func (b *bench) sample(ctx context.Context, phase string) error {
 	return nil
 }
 
-func (b *bench) initialSync(ctx context.Context) error {
+// makeWorld makes the simulated clusters, their ledger and the
+// (unconnected) clients: they exist before any change, so every change
+// knows its subscribers.
+func (b *bench) makeWorld(ctx context.Context) error {
 	sc := b.cfg.scale
 	b.ledger = newLedger(time.Now(), sc.Clusters, sc.Services)
 	var err error
@@ -517,8 +520,12 @@ func (b *bench) initialSync(ctx context.Context) error {
 		return err
 	}
 	b.res.Endpoints = b.world.endpointCount()
-	// The clients exist (unconnected) before any change, so every change knows its subscribers.
-	if err := b.makeFleet(ctx); err != nil {
+	return b.makeFleet(ctx)
+}
+
+func (b *bench) initialSync(ctx context.Context) error {
+	sc := b.cfg.scale
+	if err := b.makeWorld(ctx); err != nil {
 		return err
 	}
 	progress("%d spokes publish %d endpoints", sc.Clusters, b.res.Endpoints)

@@ -156,13 +156,7 @@ func loadAverage() string {
 // waits until every spoke is synced and every client served.
 func (b *bench) storm(ctx context.Context) error {
 	sc := b.cfg.scale
-	b.ledger = newLedger(time.Now(), sc.Clusters, sc.Services)
-	var err error
-	if b.world, err = newWorld(sc, b.ledger, b.cfg.seed, b.echo.addr); err != nil {
-		return err
-	}
-	b.res.Endpoints = b.world.endpointCount()
-	if err := b.makeFleet(ctx); err != nil {
+	if err := b.makeWorld(ctx); err != nil {
 		return err
 	}
 	for i := range b.fleet.clients {
