@@ -110,6 +110,59 @@ func TestVerifyReasons(t *testing.T) {
 	}
 }
 
+// A chain verified once is remembered by the certificate the connection
+// parsed (its streams need not verify it again), but only for the usage,
+// trust domain and time it was verified for, and never past a reload.
+func TestVerifyRemembers(t *testing.T) {
+	ca := testpki.NewCA(t, "ca")
+	is := ca.Issue(t, "east", testpki.Cert{URI: "spiffe://td/nave/cluster/east"})
+	crl := filepath.Join(t.TempDir(), "crl.pem")
+	copyFile(t, ca.CRL(t, 1), crl)
+	store, err := identity.Load(identity.Files{CA: ca.File, CRL: crl}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	verified := chain(t, is)
+	now := time.Now()
+	if _, err := store.Material().Verify(verified, x509.ExtKeyUsageClientAuth, "td", now); err != nil {
+		t.Fatal(err)
+	}
+	// Spoil the signature of the parsed certificate: only a remembered verdict passes it.
+	verified[0].Signature[len(verified[0].Signature)/2] ^= 0xff
+	if id, err := store.Material().Verify(verified, x509.ExtKeyUsageClientAuth, "td", now); err != nil || id.String() != "spiffe://td/nave/cluster/east" {
+		t.Fatalf("the verified chain again: %v, %v", id, err)
+	}
+	spoiled := chain(t, is)
+	spoiled[0].Signature[len(spoiled[0].Signature)/2] ^= 0xff
+	for _, c := range []struct {
+		name   string
+		chain  []*x509.Certificate
+		usage  x509.ExtKeyUsage
+		td     string
+		at     time.Time
+		reason string
+	}{
+		{"another parse of a spoiled certificate", spoiled, x509.ExtKeyUsageClientAuth, "td", now, "untrusted"},
+		{"another usage", verified, x509.ExtKeyUsageCodeSigning, "td", now, "untrusted"},
+		{"another trust domain", verified, x509.ExtKeyUsageClientAuth, "elsewhere", now, "untrusted"},
+		{"after it expired", verified, x509.ExtKeyUsageClientAuth, "td", verified[0].NotAfter.Add(time.Second), "expired"},
+	} {
+		if _, err := store.Material().Verify(c.chain, c.usage, c.td, c.at); identity.Reason(err) != c.reason {
+			t.Errorf("%s: %v, want reason %q", c.name, err, c.reason)
+		}
+	}
+	copyFile(t, ca.CRL(t, 2, is.Serial), crl)
+	if changed, err := store.Reload(); !changed || err != nil {
+		t.Fatalf("reload: %v, %v", changed, err)
+	}
+	if _, err := store.Material().Verify(chain(t, is), x509.ExtKeyUsageClientAuth, "td", now); identity.Reason(err) != "revoked" {
+		t.Errorf("after the CRL revoked it: %v, want revoked", err)
+	}
+	if _, err := store.Material().Verify(verified, x509.ExtKeyUsageClientAuth, "td", now); identity.Reason(err) != "untrusted" {
+		t.Errorf("the spoiled chain after a reload: %v, want untrusted (nothing remembered)", err)
+	}
+}
+
 // A file that no longer loads keeps the last good material.
 func TestReloadKeepsTheLastGood(t *testing.T) {
 	ca := testpki.NewCA(t, "ca")

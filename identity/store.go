@@ -35,6 +35,61 @@ type Material struct {
 	Leaf    *x509.Certificate
 	Roots   *x509.CertPool // nil without Files.CA
 	revoked map[string]bool
+	// verified remembers the chains Verify accepted, by their leaf: a
+	// stream on a connection whose chain the handshake verified against
+	// this material need not verify it again.
+	verified verifiedChains
+}
+
+// verifiedChains is a bounded memo of chains accepted, by leaf (pointer:
+// the certificate a connection parsed at its handshake) and what they were
+// verified for. Only success is remembered, with the span of time every
+// certificate of the chain is valid in.
+type verifiedChains struct {
+	mu sync.Mutex
+	m  map[verifiedKey]verifiedChain
+}
+
+type verifiedKey struct {
+	leaf        *x509.Certificate
+	usage       x509.ExtKeyUsage
+	trustDomain string
+}
+
+type verifiedChain struct {
+	id                  ID
+	notBefore, notAfter time.Time
+}
+
+// maxVerified bounds the memo: past it, it starts over.
+const maxVerified = 65_536
+
+func (v *verifiedChains) get(k verifiedKey, now time.Time) (ID, bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	c, ok := v.m[k]
+	if !ok || now.Before(c.notBefore) || now.After(c.notAfter) {
+		return ID{}, false
+	}
+	return c.id, true
+}
+
+func (v *verifiedChains) put(k verifiedKey, chain []*x509.Certificate, id ID) {
+	c := verifiedChain{id: id, notBefore: chain[0].NotBefore, notAfter: chain[0].NotAfter}
+	for _, cert := range chain[1:] {
+		if cert.NotBefore.After(c.notBefore) {
+			c.notBefore = cert.NotBefore
+		}
+		if cert.NotAfter.Before(c.notAfter) {
+			c.notAfter = cert.NotAfter
+		}
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.m == nil || len(v.m) >= maxVerified {
+		v.m = map[verifiedKey]verifiedChain{}
+	}
+	v.m[k] = c
 }
 
 // Store holds an identity's material and reloads it when its files change:
@@ -203,6 +258,10 @@ func (m *Material) Verify(chain []*x509.Certificate, usage x509.ExtKeyUsage, tru
 	if m.Roots == nil {
 		return ID{}, fmt.Errorf("%w: no CA configured", ErrUntrusted)
 	}
+	key := verifiedKey{leaf: leaf, usage: usage, trustDomain: trustDomain}
+	if id, ok := m.verified.get(key, now); ok {
+		return id, nil
+	}
 	inter := x509.NewCertPool()
 	for _, c := range chain[1:] {
 		inter.AddCert(c)
@@ -222,19 +281,8 @@ func (m *Material) Verify(chain []*x509.Certificate, usage x509.ExtKeyUsage, tru
 	if trustDomain != "" && id.TrustDomain != trustDomain {
 		return ID{}, fmt.Errorf("%w: %s is not in %s", ErrForeign, id, trustDomain)
 	}
+	m.verified.put(key, chain, id)
 	return id, nil
-}
-
-func parseChain(raw [][]byte) ([]*x509.Certificate, error) {
-	chain := make([]*x509.Certificate, 0, len(raw))
-	for _, b := range raw {
-		c, err := x509.ParseCertificate(b)
-		if err != nil {
-			return nil, fmt.Errorf("identity: a peer certificate does not parse: %w", err)
-		}
-		chain = append(chain, c)
-	}
-	return chain, nil
 }
 
 // Watch calls every reload once per interval until ctx ends. A reload

@@ -32,8 +32,8 @@ type ServerOptions struct {
 func (s *Store) ServerConfig(opts ServerOptions) *tls.Config {
 	cfg := &tls.Config{
 		MinVersion: tls.VersionTLS12,
-		// A resumed session skips VerifyPeerCertificate: every connection
-		// verifies its client's certificate against the CA and CRL of the moment.
+		// No resumption: every connection proves it holds its
+		// certificate's key, and is verified against the CA and CRL of the moment.
 		SessionTicketsDisabled: true,
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 			if m := s.Material(); m.Cert != nil {
@@ -49,14 +49,14 @@ func (s *Store) ServerConfig(opts ServerOptions) *tls.Config {
 	if opts.ClientCertOptional {
 		cfg.ClientAuth = tls.RequestClientCert
 	}
-	cfg.VerifyPeerCertificate = func(raw [][]byte, _ [][]*x509.Certificate) error {
-		if len(raw) == 0 && opts.ClientCertOptional {
+	// VerifyConnection sees the chain the connection keeps (PeerChain):
+	// Verify remembers it, so the connection's streams need not verify it again.
+	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+		chain := cs.PeerCertificates
+		if len(chain) == 0 && opts.ClientCertOptional {
 			return nil
 		}
-		chain, err := parseChain(raw)
-		if err == nil {
-			_, err = s.Material().Verify(chain, x509.ExtKeyUsageClientAuth, opts.TrustDomain, time.Now())
-		}
+		_, err := s.Material().Verify(chain, x509.ExtKeyUsageClientAuth, opts.TrustDomain, time.Now())
 		if err != nil && opts.Refused != nil {
 			opts.Refused(Reason(err), err)
 		}
