@@ -1,7 +1,6 @@
 package hub
 
 import (
-	"runtime"
 	"time"
 
 	"github.com/navemesh/nave/limits"
@@ -23,11 +22,6 @@ type ConnectionLimits struct {
 	// HandshakeTimeout bounds a new connection's TLS and HTTP/2
 	// handshakes; a connection that says nothing is closed after it.
 	HandshakeTimeout time.Duration
-	// ConcurrentHandshakes bounds the TLS handshakes computing at once on
-	// each port (one waiting on its peer does not count): a reconnect
-	// storm's handshakes then queue instead of crowding out the sessions
-	// already running.
-	ConcurrentHandshakes int
 	// FirstRequestTimeout bounds the wait for a new xDS stream's first
 	// request (a federation stream's hello has its own, HelloTimeout).
 	FirstRequestTimeout time.Duration
@@ -44,7 +38,6 @@ func DefaultConnectionLimits() ConnectionLimits {
 		MaxConnections: 50_000, MaxConnectionsPerPeer: 2_048, MaxStreamsPerConnection: 128,
 		FederationStreamsPerPeer: 64, XDSStreamsPerPeer: 2_048,
 		HandshakeTimeout: 10 * time.Second, FirstRequestTimeout: 10 * time.Second, IdleTimeout: 5 * time.Minute,
-		ConcurrentHandshakes: 2 * runtime.GOMAXPROCS(0),
 	}
 }
 

@@ -446,7 +446,7 @@ func (p *parts) buildServers() {
 	})
 	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall)}
 	p.fedServer = grpc.NewServer(
-		grpc.Creds(limits.Handshakes(p.fedCreds, cfg.Connections.ConcurrentHandshakes, cfg.Connections.HandshakeTimeout, p.refused("federation"))),
+		grpc.Creds(p.fedCreds),
 		grpc.ConnectionTimeout(cfg.Connections.HandshakeTimeout),
 		grpc.MaxConcurrentStreams(uint32(cfg.Connections.MaxStreamsPerConnection)),
 		grpc.MaxRecvMsgSize(2*cfg.Federation.MaxMessageBytes), // a chunk, plus the removes that ride with it
@@ -472,7 +472,7 @@ func (p *parts) buildServers() {
 	fedv1.RegisterReplicationServer(p.fedServer, replicas.NewReplicationServer(p.state, p.replCfg, log))
 
 	p.xdsGRPC = grpc.NewServer(
-		grpc.Creds(limits.Handshakes(p.xdsCreds, cfg.Connections.ConcurrentHandshakes, cfg.Connections.HandshakeTimeout, p.refused("xds"))),
+		grpc.Creds(p.xdsCreds),
 		grpc.ConnectionTimeout(cfg.Connections.HandshakeTimeout),
 		grpc.MaxConcurrentStreams(uint32(cfg.Connections.MaxStreamsPerConnection)),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: cfg.Connections.IdleTimeout}),

@@ -132,7 +132,6 @@ func runHub(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.Connections.MaxConnections, "max-connections", cfg.Connections.MaxConnections, "connections each of the federation and xDS ports holds at most (0: no bound); more are closed on accept")
 	fs.IntVar(&cfg.Connections.MaxConnectionsPerPeer, "max-connections-per-peer", cfg.Connections.MaxConnectionsPerPeer, "connections one IP address may hold on each port (0: no bound)")
 	fs.IntVar(&cfg.Connections.XDSStreamsPerPeer, "max-xds-streams-per-peer", cfg.Connections.XDSStreamsPerPeer, "xDS streams one IP address may hold (0: no bound)")
-	fs.IntVar(&cfg.Connections.ConcurrentHandshakes, "max-concurrent-handshakes", cfg.Connections.ConcurrentHandshakes, "TLS handshakes computing at once on each of the federation and xDS ports (0: no bound; default twice the CPUs); more wait their turn")
 	fs.IntVar(&cfg.Connections.MaxStreamsPerConnection, "max-streams-per-connection", cfg.Connections.MaxStreamsPerConnection, "concurrent streams of one HTTP/2 connection on the federation and xDS ports")
 	fs.Float64Var(&cfg.XDS.RequestsPerSecond, "xds-requests-per-second", cfg.XDS.RequestsPerSecond, "requests one xDS stream may make per second before it is slowed (0: no bound)")
 	fs.Float64Var(&cfg.Federation.UpdatesPerSecond, "updates-per-second", cfg.Federation.UpdatesPerSecond, "updates of one cluster the hub applies per second before the spoke is slowed (0: no bound)")
