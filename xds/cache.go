@@ -35,6 +35,9 @@ type resourceCache struct {
 	// staged changes, flushed together in one UpdateResources call.
 	upserts map[string]stagedResource
 	deletes map[string]bool
+	// wildcards are the restricted wildcard watches on this cache, told
+	// about every flush that changes something.
+	wildcards wildcards
 }
 
 type stagedResource struct {
@@ -142,9 +145,14 @@ func (d *dispatchCache) CreateWatch(req *cache.Request, sub cache.Subscription, 
 		return d.unknownType(req.GetTypeUrl()), nil
 	}
 	if allow := d.restriction(req.GetNode()); allow != nil {
+		if sub.IsWildcard() {
+			return watchRestrictedWildcard(c, allow, out, func(names map[string]struct{}, ch chan cache.Response) (func(), error) {
+				return c.linear.CreateWatch(req, restrictedSubscription{Subscription: sub, names: names}, ch)
+			})
+		}
 		sub = restrict(sub, allow)
 	}
-	return c.CreateWatch(req, sub, out)
+	return c.linear.CreateWatch(req, sub, out)
 }
 
 // CreateDeltaWatch implements cache.ConfigWatcher.
@@ -154,9 +162,14 @@ func (d *dispatchCache) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subs
 		return d.unknownType(req.GetTypeUrl()), nil
 	}
 	if allow := d.restriction(req.GetNode()); allow != nil {
+		if sub.IsWildcard() {
+			return watchRestrictedWildcard(c, allow, out, func(names map[string]struct{}, ch chan cache.DeltaResponse) (func(), error) {
+				return c.linear.CreateDeltaWatch(req, restrictedSubscription{Subscription: sub, names: names}, ch)
+			})
+		}
 		sub = restrict(sub, allow)
 	}
-	return c.CreateDeltaWatch(req, sub, out)
+	return c.linear.CreateDeltaWatch(req, sub, out)
 }
 
 // Fetch implements cache.ConfigFetcher.
@@ -164,9 +177,9 @@ func (d *dispatchCache) Fetch(context.Context, *cache.Request) (cache.Response, 
 	return nil, errFetchUnsupported
 }
 
-func (d *dispatchCache) cacheFor(typeURL string, node *core.Node) *cache.LinearCache {
+func (d *dispatchCache) cacheFor(typeURL string, node *core.Node) *resourceCache {
 	if typeURL == resource.EndpointType {
-		return d.eds(node).linear
+		return d.eds(node)
 	}
 	lds, rds, cds := d.lds, d.rds, d.cds
 	if v, member := d.view(node); member {
@@ -177,11 +190,11 @@ func (d *dispatchCache) cacheFor(typeURL string, node *core.Node) *cache.LinearC
 	}
 	switch typeURL {
 	case resource.ListenerType:
-		return lds.linear
+		return lds
 	case resource.RouteType:
-		return rds.linear
+		return rds
 	case resource.ClusterType:
-		return cds.linear
+		return cds
 	default:
 		return nil
 	}

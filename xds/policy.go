@@ -73,7 +73,7 @@ func (s *Server) openStream(ctx context.Context, key streamKey) error {
 // delta request without a node is given the stream's (go-control-plane
 // fills it in only after this callback), so that every watch of the
 // stream finds its Restriction.
-func (s *Server) restrictRequest(key streamKey, node **core.Node, typeURL string, names []string, firstOfType bool) {
+func (s *Server) restrictRequest(key streamKey, node **core.Node, typeURL string, names []string) {
 	if s.cfg.Restrict == nil {
 		return
 	}
@@ -114,14 +114,10 @@ func (s *Server) restrictRequest(key streamKey, node **core.Node, typeURL string
 	}
 	for _, n := range names {
 		if n == "*" {
-			judge(typeURL+"/*", false)
-			continue
+			continue // a wildcard receives what it may see (watchRestrictedWildcard)
 		}
 		ns, ok := NamespaceOf(n)
 		judge(n, ok && r.allow(ns))
-	}
-	if len(names) == 0 && firstOfType {
-		judge(typeURL+"/*", false) // a wildcard subscription
 	}
 	first := len(denied) > 0 && !r.warned
 	r.warned = r.warned || first
@@ -165,21 +161,20 @@ func (s *Server) restrictionOf(node *core.Node) Restriction {
 	return r.allow
 }
 
-// restrictedSubscription is a subscription cut down to what a
-// Restriction allows. A wildcard subscription becomes an empty one: a
-// restricted client must name what it wants.
+// restrictedSubscription is a subscription cut down to names (see
+// restrict; a wildcard one, see watchRestrictedWildcard).
 type restrictedSubscription struct {
 	cache.Subscription
 	names map[string]struct{}
 }
 
+// restrict cuts a subscription that names its resources down to those a
+// Restriction allows.
 func restrict(sub cache.Subscription, allow Restriction) cache.Subscription {
 	names := map[string]struct{}{}
-	if !sub.IsWildcard() {
-		for n := range sub.SubscribedResources() {
-			if ns, ok := NamespaceOf(n); ok && allow(ns) {
-				names[n] = struct{}{}
-			}
+	for n := range sub.SubscribedResources() {
+		if ns, ok := NamespaceOf(n); ok && allow(ns) {
+			names[n] = struct{}{}
 		}
 	}
 	return restrictedSubscription{Subscription: sub, names: names}

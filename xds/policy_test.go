@@ -6,17 +6,19 @@ import (
 	"testing"
 	"time"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/navemesh/nave/registry"
 )
 
 // startRestrictedXDS serves twoServices, moving other to namespace
 // "shop", to clients that may receive namespace "default" only.
-func startRestrictedXDS(t *testing.T) (*Server, *prometheus.Registry, string) {
+func startRestrictedXDS(t *testing.T) (*Server, *prometheus.Registry, string, *registry.Registry) {
 	t.Helper()
 	cfg := DefaultConfig()
 	cfg.Restrict = func(context.Context) (Restriction, string, error) {
@@ -27,7 +29,7 @@ func startRestrictedXDS(t *testing.T) (*Server, *prometheus.Registry, string) {
 		shard("east", echo, []registry.ServicePort{tcp("grpc", 8080)}, ep("10.0.0.1", loc("r1", "z1"), ready, eport("grpc", 9090))),
 		shard("west", shopKey, []registry.ServicePort{tcp("grpc", 8080)}, ep("10.1.0.1", loc("r2", "z3"), ready, eport("grpc", 9090))))
 	s.Update(r, registry.Diff{})
-	return s, reg, addr
+	return s, reg, addr, r
 }
 
 var shopKey = registry.ServiceKey{Namespace: "shop", Name: "cart"}
@@ -35,7 +37,7 @@ var shopKey = registry.ServiceKey{Namespace: "shop", Name: "cart"}
 func TestPolicyHoldsForDeltaWithoutANode(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	s, reg, addr := startRestrictedXDS(t)
+	s, reg, addr, _ := startRestrictedXDS(t)
 	stream, err := dialADS(ctx, t, addr).DeltaAggregatedResources(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -58,23 +60,19 @@ func TestPolicyHoldsForDeltaWithoutANode(t *testing.T) {
 	if err := stream.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: resource.ClusterType}); err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan *discovery.DeltaDiscoveryResponse, 1)
-	go func() {
-		if r, err := stream.Recv(); err == nil {
-			got <- r
-		}
-	}()
-	select {
-	case r := <-got:
-		t.Fatalf("a restricted wildcard subscription was answered: %v", resourceNames(r.GetResources()))
-	case <-time.After(500 * time.Millisecond):
+	resp, err = stream.Recv()
+	if err != nil {
+		t.Fatal(err)
 	}
-	// Denied: theirs, and the wildcard; the ACK counts nothing.
+	if got := resourceNames(resp.GetResources()); !slices.Equal(got, []string{mine}) {
+		t.Fatalf("a restricted wildcard subscription was sent %v, want only %s", got, mine)
+	}
+	// Denied: theirs; the ACK counts nothing, and a wildcard is no denial.
 	if n := metricValue(t, reg, MetricDeniedResources, typeEDS); n != 1 {
 		t.Errorf("denied EDS names counted %v, want 1", n)
 	}
-	if n := metricValue(t, reg, MetricDeniedResources, typeCDS); n != 1 {
-		t.Errorf("denied CDS wildcard counted %v, want 1", n)
+	if n := metricValue(t, reg, MetricDeniedResources, typeCDS); n != 0 {
+		t.Errorf("denied CDS names counted %v, want 0", n)
 	}
 	s.restrict.mu.Lock()
 	defer s.restrict.mu.Unlock()
@@ -88,7 +86,7 @@ func TestPolicyHoldsForDeltaWithoutANode(t *testing.T) {
 func TestPolicyRemembersOneNodePerStream(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	s, _, addr := startRestrictedXDS(t)
+	s, _, addr, _ := startRestrictedXDS(t)
 	stream, err := dialADS(ctx, t, addr).StreamAggregatedResources(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -120,4 +118,75 @@ func TestPolicyRemembersOneNodePerStream(t *testing.T) {
 	if n := len(s.restrict.byNode); n != 1 {
 		t.Fatalf("%d nodes remembered for one stream", n)
 	}
+}
+
+// A restricted wildcard subscription (an Envoy gateway's CDS) receives the
+// part it may see, and follows it: a service appearing in its namespaces
+// is pushed, one in another namespace is not, one going is withdrawn.
+func TestPolicyWildcardGetsWhatItMaySee(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, reg, addr, r := startRestrictedXDS(t)
+	stream, err := dialADS(ctx, t, addr).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := &core.Node{Id: "gateway", Locality: &core.Locality{Region: "r1"}}
+	var last *discovery.DiscoveryResponse
+	recv := func(want ...string) {
+		t.Helper()
+		req := &discovery.DiscoveryRequest{Node: node, TypeUrl: resource.ClusterType}
+		if last != nil {
+			req.VersionInfo, req.ResponseNonce = last.GetVersionInfo(), last.GetNonce()
+		}
+		if err := stream.Send(req); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := clusterNames(t, resp.GetResources())
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			t.Fatalf("sent clusters %v, want %v", got, want)
+		}
+		last = resp
+	}
+	mine := ClusterName(echo, 8080)
+	recv(mine)
+	added := registry.ServiceKey{Namespace: "default", Name: "added"}
+	r, d := apply(t, r, shard("east", added, []registry.ServicePort{tcp("grpc", 8080)}, ep("10.0.0.2", loc("r1", "z1"), ready, eport("grpc", 9090))))
+	s.Update(r, d)
+	recv(mine, ClusterName(added, 8080))
+	// A service elsewhere changes nothing the client sees: the next answer
+	// is the withdrawal that follows, not a repeat.
+	hidden := registry.ServiceKey{Namespace: "shop", Name: "hidden"}
+	r, d = apply(t, r, shard("west", hidden, []registry.ServicePort{tcp("grpc", 8080)}, ep("10.1.0.2", loc("r2", "z3"), ready, eport("grpc", 9090))))
+	s.Update(r, d)
+	r, d = r.Apply(registry.Change{Cluster: "east", Removes: []registry.ServiceKey{added}})
+	s.Update(r, d)
+	recv(mine)
+	if n := metricValue(t, reg, MetricDeniedResources, typeCDS); n != 0 {
+		t.Errorf("a wildcard counted %v denied names, want 0", n)
+	}
+	s.cds.wildcards.mu.Lock()
+	defer s.cds.wildcards.mu.Unlock()
+	if n := len(s.cds.wildcards.open); n > 1 {
+		t.Errorf("%d restricted wildcard watches open for one stream", n)
+	}
+}
+
+func clusterNames(t *testing.T, resources []*anypb.Any) []string {
+	t.Helper()
+	var out []string
+	for _, r := range resources {
+		var c clusterv3.Cluster
+		if err := r.UnmarshalTo(&c); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, c.GetName())
+	}
+	slices.Sort(out)
+	return out
 }

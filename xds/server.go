@@ -365,6 +365,7 @@ func (s *Server) flush(c *resourceCache, start time.Time) {
 	if version == "" {
 		return
 	}
+	c.wildcards.rewatchAll()
 	s.pushMu.Lock()
 	s.pushes[c.prefix] = pushStamp{version: version, at: start}
 	s.pushMu.Unlock()
@@ -454,7 +455,7 @@ func (s *Server) callbacks() serverv3.CallbackFuncs {
 				s.metrics.throttled.Inc()
 			}
 			if s.cfg.Restrict != nil {
-				s.restrictRequest(streamKey{false, id}, &req.Node, req.GetTypeUrl(), req.GetResourceNames(), s.firstOfType(false, id, req.GetTypeUrl()))
+				s.restrictRequest(streamKey{false, id}, &req.Node, req.GetTypeUrl(), req.GetResourceNames())
 			}
 			s.onRequest(false, id, req.GetTypeUrl(), req.GetNode(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, req.GetResponseNonce())
 			return nil
@@ -467,7 +468,7 @@ func (s *Server) callbacks() serverv3.CallbackFuncs {
 				s.metrics.throttled.Inc()
 			}
 			if s.cfg.Restrict != nil {
-				s.restrictRequest(streamKey{true, id}, &req.Node, req.GetTypeUrl(), req.GetResourceNamesSubscribe(), s.firstOfType(true, id, req.GetTypeUrl()))
+				s.restrictRequest(streamKey{true, id}, &req.Node, req.GetTypeUrl(), req.GetResourceNamesSubscribe())
 			}
 			s.onRequest(true, id, req.GetTypeUrl(), req.GetNode(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, req.GetResponseNonce())
 			return nil
@@ -514,15 +515,6 @@ func (s *Server) onResponse(delta bool, id int64, typeURL, version string) {
 	if ok && stamp.version == version && asked.Before(stamp.at) {
 		s.metrics.pushLatency.WithLabelValues(label).Observe(time.Since(stamp.at).Seconds())
 	}
-}
-
-// firstOfType reports whether a stream has not asked for typeURL before
-// (call it before onRequest records the request).
-func (s *Server) firstOfType(delta bool, id int64, typeURL string) bool {
-	s.pushMu.Lock()
-	defer s.pushMu.Unlock()
-	_, asked := s.requests[streamKey{delta, id}][typeURL]
-	return !asked
 }
 
 func (s *Server) forgetStream(delta bool, id int64) {
