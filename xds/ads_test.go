@@ -13,6 +13,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/navemesh/nave/registry"
@@ -42,13 +43,22 @@ func dialADS(ctx context.Context, t *testing.T, addr string) discovery.Aggregate
 
 func claNames(t *testing.T, resources []*anypb.Any) []string {
 	t.Helper()
+	return namesOf(t, resources, (*endpoint.ClusterLoadAssignment).GetClusterName)
+}
+
+// namesOf unpacks resources as M and returns their names, sorted.
+func namesOf[M any, P interface {
+	*M
+	proto.Message
+}](t *testing.T, resources []*anypb.Any, name func(P) string) []string {
+	t.Helper()
 	var out []string
 	for _, r := range resources {
-		var cla endpoint.ClusterLoadAssignment
-		if err := r.UnmarshalTo(&cla); err != nil {
+		m := P(new(M))
+		if err := r.UnmarshalTo(m); err != nil {
 			t.Fatal(err)
 		}
-		out = append(out, cla.GetClusterName())
+		out = append(out, name(m))
 	}
 	slices.Sort(out)
 	return out

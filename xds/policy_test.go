@@ -11,7 +11,6 @@ import (
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/navemesh/nave/registry"
 )
@@ -146,7 +145,7 @@ func TestPolicyWildcardGetsWhatItMaySee(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := clusterNames(t, resp.GetResources())
+		got := namesOf(t, resp.GetResources(), (*clusterv3.Cluster).GetName)
 		slices.Sort(want)
 		if !slices.Equal(got, want) {
 			t.Fatalf("sent clusters %v, want %v", got, want)
@@ -175,18 +174,4 @@ func TestPolicyWildcardGetsWhatItMaySee(t *testing.T) {
 	if n := len(s.cds.wildcards.open); n > 1 {
 		t.Errorf("%d restricted wildcard watches open for one stream", n)
 	}
-}
-
-func clusterNames(t *testing.T, resources []*anypb.Any) []string {
-	t.Helper()
-	var out []string
-	for _, r := range resources {
-		var c clusterv3.Cluster
-		if err := r.UnmarshalTo(&c); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, c.GetName())
-	}
-	slices.Sort(out)
-	return out
 }
