@@ -56,6 +56,20 @@ func ownFiles(t *testing.T, is testpki.Issued) testpki.Issued {
 // with opts, and returns how the hub answered.
 func sayHello(t *testing.T, addr, cluster string, opts ...grpc.DialOption) error {
 	t.Helper()
+	return onFederation(t, addr, opts, func(ctx context.Context, conn *grpc.ClientConn) error {
+		stream, err := fedv1.NewFederationClient(conn).Publish(ctx)
+		if err == nil {
+			_ = stream.Send(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Hello{Hello: &fedv1.Hello{ClusterId: cluster, Network: "net1", SpokeId: "intruder"}}})
+			_, err = stream.Recv()
+		}
+		return err
+	})
+}
+
+// onFederation runs call on a connection to the federation port at addr,
+// dialled with opts, with 5 s to answer.
+func onFederation(t *testing.T, addr string, opts []grpc.DialOption, call func(context.Context, *grpc.ClientConn) error) error {
+	t.Helper()
 	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		t.Fatal(err)
@@ -63,12 +77,24 @@ func sayHello(t *testing.T, addr, cluster string, opts ...grpc.DialOption) error
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	stream, err := fedv1.NewFederationClient(conn).Publish(ctx)
-	if err == nil {
-		_ = stream.Send(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Hello{Hello: &fedv1.Hello{ClusterId: cluster, Network: "net1", SpokeId: "intruder"}}})
-		_, err = stream.Recv()
-	}
-	return err
+	return call(ctx, conn)
+}
+
+// subscribe opens a replication subscription at addr, dialled with opts,
+// without a hello, and returns how the hub answered: an admitted stream
+// is refused at once with InvalidArgument.
+func subscribe(t *testing.T, addr string, opts ...grpc.DialOption) error {
+	t.Helper()
+	return onFederation(t, addr, opts, func(ctx context.Context, conn *grpc.ClientConn) error {
+		stream, err := fedv1.NewReplicationClient(conn).Subscribe(ctx)
+		if err == nil {
+			err = stream.Send(&fedv1.ReplicaRequest{})
+		}
+		if err == nil {
+			_, err = stream.Recv()
+		}
+		return err
+	})
 }
 
 // publishAs says hello for cluster over creds.
@@ -289,19 +315,61 @@ func TestReplicasAuthenticateByCertificate(t *testing.T) {
 	awaitFor(t, "echo replicated to hub-b", 30*time.Second, func() bool { return len(replicas[1].clustersOf("default/echo")) == 1 })
 
 	// A cluster's certificate cannot replicate.
-	conn, err := grpc.NewClient(replicas[1].FederationAddr.String(), grpc.WithTransportCredentials(tlsCreds(t, ca.File, east)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	stream, err := fedv1.NewReplicationClient(conn).Subscribe(ctx)
-	if err == nil {
-		_, err = stream.Recv()
-	}
-	if status.Code(err) != codes.PermissionDenied {
+	if err := subscribe(t, replicas[1].FederationAddr.String(), grpc.WithTransportCredentials(tlsCreds(t, ca.File, east))); status.Code(err) != codes.PermissionDenied {
 		t.Fatalf("a cluster's certificate replicating: %v, want PermissionDenied", err)
+	}
+}
+
+// The peer token rotates with every replica replicating throughout: the
+// new token added second everywhere, then moved first, then the old one
+// removed. A change made at hub-a reaches hub-b after each step; at the
+// end the new token replicates and the old one no longer does.
+func TestPeerTokenRotated(t *testing.T) {
+	const old, next = "peer-old-0123456789abcdef", "peer-new-0123456789abcdef"
+	etcd := startTestEtcd(t, "127.0.0.1")
+	gossip := []string{freeAddr(t), freeAddr(t)}
+	var replicas []*testHub
+	var files []string
+	for i, id := range []string{"hub-a", "hub-b"} {
+		file := filepath.Join(t.TempDir(), "peer-token")
+		writeFile(t, file, old+"\n")
+		files = append(files, file)
+		replicas = append(replicas, startHub(t, func(c *hub.Config) {
+			c.ID, c.EtcdEndpoints, c.PeerTokenFile = id, []string{etcd.endpoint()}, file
+			c.GossipAddr, c.AdvertiseHost, c.Join, c.FastGossip = gossip[i], "127.0.0.1", []string{gossip[1-i]}, true
+		}))
+	}
+	dir := filepath.Join(t.TempDir(), "east")
+	backend := xdstest.StartBackend(t, "east", "127.0.0.1")
+	writeService(t, dir, "echo", endpoint{backend, "z1", true})
+	startSpoke(t, replicas[0], "east", dir, "r1")
+	awaitFor(t, "echo replicated to hub-b", 30*time.Second, func() bool { return len(replicas[1].clustersOf("default/echo")) == 1 })
+	replicateWith := func(h *testHub, token string) codes.Code {
+		return status.Code(subscribe(t, h.FederationAddr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithPerRPCCredentials(federation.TokenCredentials{Token: token, AllowInsecure: true})))
+	}
+	everywhere := func(what string, cond func(*testHub) bool) {
+		t.Helper()
+		awaitFor(t, what, 10*time.Second, func() bool { return cond(replicas[0]) && cond(replicas[1]) })
+	}
+	for step, content := range []string{old + "\n" + next + "\n", next + "\n" + old + "\n", next + "\n"} {
+		for _, f := range files {
+			writeFile(t, f, content)
+		}
+		switch step {
+		case 0:
+			everywhere("the new token accepted", func(h *testHub) bool { return replicateWith(h, next) != codes.Unauthenticated })
+		case 1:
+			time.Sleep(2500 * time.Millisecond) // nothing tells which token a replica presents: two reload periods
+		case 2:
+			everywhere("the old token refused", func(h *testHub) bool { return replicateWith(h, old) == codes.Unauthenticated })
+		}
+		name := fmt.Sprintf("step%d", step)
+		writeService(t, dir, name, endpoint{backend, "z1", true})
+		awaitFor(t, name+" replicated to hub-b", 30*time.Second, func() bool { return len(replicas[1].clustersOf("default/"+name)) == 1 })
+	}
+	if code := replicateWith(replicas[1], next); code == codes.Unauthenticated {
+		t.Fatal("the new token does not replicate")
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -65,18 +66,13 @@ func parseTokens(path string, b []byte) (Tokens, error) {
 }
 
 // TokenFile is a tokens file (see LoadTokens) read again when it changes.
-type TokenFile struct {
-	path  string
-	check func(Tokens) error // nil: none
-	cur   atomic.Pointer[Tokens]
-	raw   []byte // what cur was read from; owned by Reload's caller
-}
+type TokenFile struct{ f watchedFile[Tokens] }
 
 // OpenTokens reads a tokens file; check (nil: none) must accept every
 // version of it, or that version is refused (the hub checks that no
-// cluster's token is the peer token).
+// cluster's token is a peer token).
 func OpenTokens(path string, check func(Tokens) error) (*TokenFile, error) {
-	f := &TokenFile{path: path, check: check}
+	f := &TokenFile{watchedFile[Tokens]{what: "tokens", path: path, parse: parseTokens, check: check}}
 	if _, err := f.Reload(); err != nil {
 		return nil, err
 	}
@@ -84,32 +80,126 @@ func OpenTokens(path string, check func(Tokens) error) (*TokenFile, error) {
 }
 
 // Tokens returns the tokens the file last held when it read cleanly.
-func (f *TokenFile) Tokens() Tokens { return *f.cur.Load() }
+func (f *TokenFile) Tokens() Tokens { return f.f.get() }
 
 // Reload reads the file again and reports whether the tokens changed; a
 // file that does not read cleanly changes nothing. Call it from one
 // goroutine at a time.
-func (f *TokenFile) Reload() (bool, error) {
+func (f *TokenFile) Reload() (bool, error) { return f.f.reload() }
+
+// watchedFile is a credentials file parsed into T, read again when it changes.
+type watchedFile[T any] struct {
+	what  string // what it holds, for errors
+	path  string
+	parse func(path string, raw []byte) (T, error)
+	check func(T) error // nil: none
+	cur   atomic.Pointer[T]
+	raw   []byte // what cur was read from; owned by reload's caller
+}
+
+func (f *watchedFile[T]) get() T { return *f.cur.Load() }
+
+func (f *watchedFile[T]) reload() (bool, error) {
 	raw, err := os.ReadFile(f.path)
 	if err != nil {
-		return false, fmt.Errorf("read tokens: %w", err)
+		return false, fmt.Errorf("read %s: %w", f.what, err)
 	}
 	if f.cur.Load() != nil && bytes.Equal(raw, f.raw) {
 		return false, nil
 	}
-	t, err := parseTokens(f.path, raw)
+	v, err := f.parse(f.path, raw)
 	if err != nil {
 		return false, err
 	}
 	if f.check != nil {
-		if err := f.check(t); err != nil {
-			return false, fmt.Errorf("tokens %s: %w", f.path, err)
+		if err := f.check(v); err != nil {
+			return false, fmt.Errorf("%s %s: %w", f.what, f.path, err)
 		}
 	}
 	f.raw = raw
-	f.cur.Store(&t)
+	f.cur.Store(&v)
 	return true, nil
 }
+
+// PeerTokens are the tokens hub replicas share: the first is the one a
+// replica presents, and every one is accepted. Several at once let an
+// operator rotate the token without a moment of refused replication:
+// add the new one on a second line everywhere, then move it first
+// everywhere, then remove the old one.
+type PeerTokens []string
+
+// Present is the token a replica presents to its peers.
+func (p PeerTokens) Present() string {
+	if len(p) == 0 {
+		return ""
+	}
+	return p[0]
+}
+
+// Accepts reports whether tok is one of the tokens. It compares in constant time.
+func (p PeerTokens) Accepts(tok string) bool {
+	found := false
+	for _, t := range p {
+		if subtle.ConstantTimeCompare([]byte(t), []byte(tok)) == 1 {
+			found = true
+		}
+	}
+	return found
+}
+
+// Validate checks peer tokens before they are used: each long enough and
+// unlike every cluster's token (a token must say what it admits).
+func (p PeerTokens) Validate(tokens Tokens) error {
+	for _, peer := range p {
+		if err := ValidatePeerToken(peer, tokens); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// parsePeerTokens reads a peer token file: one token a line, blank lines
+// and lines starting with # ignored.
+func parsePeerTokens(path string, raw []byte) (PeerTokens, error) {
+	var p PeerTokens
+	for line := range strings.Lines(string(raw)) {
+		tok := strings.TrimSpace(line)
+		if tok == "" || strings.HasPrefix(tok, "#") {
+			continue
+		}
+		if slices.Contains(p, tok) {
+			return nil, fmt.Errorf("peer tokens %s: a token appears twice", path)
+		}
+		p = append(p, tok)
+	}
+	if len(p) == 0 {
+		return nil, fmt.Errorf("peer tokens %s: no token", path)
+	}
+	return p, nil
+}
+
+// PeerTokenFile is a peer token file (see PeerTokens) read again when it
+// changes.
+type PeerTokenFile struct{ f watchedFile[PeerTokens] }
+
+// OpenPeerTokens reads a peer token file; check (nil: none) must accept
+// every version of it, or that version is refused (the hub checks that
+// no cluster's token is among them).
+func OpenPeerTokens(path string, check func(PeerTokens) error) (*PeerTokenFile, error) {
+	f := &PeerTokenFile{watchedFile[PeerTokens]{what: "peer tokens", path: path, parse: parsePeerTokens, check: check}}
+	if _, err := f.Reload(); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// Tokens returns the tokens the file last held when it read cleanly.
+func (f *PeerTokenFile) Tokens() PeerTokens { return f.f.get() }
+
+// Reload reads the file again and reports whether the tokens changed; a
+// file that does not read cleanly changes nothing. Call it from one
+// goroutine at a time.
+func (f *PeerTokenFile) Reload() (bool, error) { return f.f.reload() }
 
 // Cluster returns the cluster a token belongs to. It compares in constant time.
 func (t Tokens) Cluster(token string) (registry.ClusterID, error) {
@@ -144,9 +234,9 @@ type Credentials struct {
 	// Tokens returns the cluster tokens (nil: none; with no certificates
 	// either, every spoke is admitted: development only).
 	Tokens func() Tokens
-	// PeerToken returns the replicas' shared token ("": none; with no
+	// PeerTokens returns the tokens replicas share (none: with no
 	// certificates either, replication is open: development only).
-	PeerToken func() string
+	PeerTokens func() PeerTokens
 	// Certs verifies the client certificates peers present (nil: none are
 	// asked for); TrustDomain is the trust domain their identities belong to.
 	Certs       *identity.Store
@@ -166,7 +256,7 @@ type AuthOption func(*Credentials)
 // cannot replicate, a replica cannot publish. Without this option
 // (development), Replication is open to every client.
 func WithPeerToken(token string) AuthOption {
-	return func(c *Credentials) { c.PeerToken = func() string { return token } }
+	return func(c *Credentials) { c.PeerTokens = func() PeerTokens { return PeerTokens{token} } }
 }
 
 // ValidatePeerToken checks a peer token before it is used: long enough, and
@@ -208,8 +298,8 @@ func (c Credentials) Interceptor() grpc.StreamServerInterceptor {
 	if c.Tokens == nil {
 		c.Tokens = func() Tokens { return nil }
 	}
-	if c.PeerToken == nil {
-		c.PeerToken = func() string { return "" }
+	if c.PeerTokens == nil {
+		c.PeerTokens = func() PeerTokens { return nil }
 	}
 	replication := "/" + fedv1.Replication_ServiceDesc.ServiceName + "/"
 	return func(srv any, stream grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
@@ -283,7 +373,7 @@ func (c Credentials) spoke(ctx context.Context) (admitted, error) {
 		}
 		return admitted{}, tokErr
 	}
-	if c.isPeerToken(tok) {
+	if c.PeerTokens().Accepts(tok) {
 		return admitted{}, status.Error(codes.PermissionDenied, "the peer token cannot publish for a cluster")
 	}
 	cluster, err := c.Tokens().Cluster(tok)
@@ -306,7 +396,7 @@ func (c Credentials) replica(ctx context.Context) (admitted, error) {
 		}
 		return a, nil
 	}
-	if c.PeerToken() == "" && c.Certs == nil {
+	if len(c.PeerTokens()) == 0 && c.Certs == nil {
 		return admitted{ctx: ctx}, nil
 	}
 	tok, err := auth.AuthFromMD(ctx, "bearer")
@@ -316,10 +406,10 @@ func (c Credentials) replica(ctx context.Context) (admitted, error) {
 		}
 		return admitted{}, err
 	}
-	if c.isPeerToken(tok) {
+	if c.PeerTokens().Accepts(tok) {
 		return admitted{ctx: ctx, who: "peer token", holds: func() error {
-			if !c.isPeerToken(tok) {
-				return errors.New("the peer token changed")
+			if !c.PeerTokens().Accepts(tok) {
+				return errors.New("the peer token was withdrawn")
 			}
 			return nil
 		}}, nil
@@ -328,11 +418,6 @@ func (c Credentials) replica(ctx context.Context) (admitted, error) {
 		return admitted{}, status.Error(codes.PermissionDenied, "a cluster's token cannot replicate")
 	}
 	return admitted{}, status.Error(codes.Unauthenticated, "unknown peer token")
-}
-
-func (c Credentials) isPeerToken(tok string) bool {
-	peer := c.PeerToken()
-	return peer != "" && subtle.ConstantTimeCompare([]byte(peer), []byte(tok)) == 1
 }
 
 // TokenCredentials sends a bearer token with every RPC.
@@ -351,6 +436,22 @@ func (c TokenCredentials) GetRequestMetadata(context.Context, ...string) (map[st
 func (c TokenCredentials) RequireTransportSecurity() bool { return !c.AllowInsecure }
 
 var _ credentials.PerRPCCredentials = TokenCredentials{}
+
+// TokenFunc sends the token Get returns with every RPC: read each time,
+// so that a token file reloaded behind it takes effect at once.
+type TokenFunc struct {
+	Get func() string
+	// AllowInsecure lets the token travel over a connection without TLS (loopback, tests, demos).
+	AllowInsecure bool
+}
+
+// GetRequestMetadata implements credentials.PerRPCCredentials.
+func (c TokenFunc) GetRequestMetadata(ctx context.Context, uri ...string) (map[string]string, error) {
+	return TokenCredentials{Token: c.Get()}.GetRequestMetadata(ctx, uri...)
+}
+
+// RequireTransportSecurity implements credentials.PerRPCCredentials.
+func (c TokenFunc) RequireTransportSecurity() bool { return !c.AllowInsecure }
 
 // LoadToken reads a spoke's token file (the token, surrounding space ignored).
 func LoadToken(path string) (string, error) {

@@ -717,3 +717,48 @@ func TestTokenFileReload(t *testing.T) {
 		t.Fatal("a withdrawn token still admits")
 	}
 }
+
+// A peer token file holds one or more tokens: the first is presented,
+// every one is accepted. A version that does not load, or that its check
+// refuses, changes nothing.
+func TestPeerTokenFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "peer-token")
+	write := func(s string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const old, next = "peer-old-0123456789abcdef", "peer-new-0123456789abcdef"
+	write(old + "\n")
+	f, err := OpenPeerTokens(path, func(p PeerTokens) error { return p.Validate(testTokens) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := f.Tokens(); got.Present() != old || !got.Accepts(old) || got.Accepts(next) {
+		t.Fatalf("one token: present %q, accepts old %v, new %v", got.Present(), got.Accepts(old), got.Accepts(next))
+	}
+	write("# rotating\n" + old + "\n\n  " + next + "  \n")
+	if changed, err := f.Reload(); !changed || err != nil {
+		t.Fatalf("a second token: %v, %v", changed, err)
+	}
+	if got := f.Tokens(); got.Present() != old || !got.Accepts(old) || !got.Accepts(next) || got.Accepts("") {
+		t.Fatalf("two tokens: present %q, accepts old %v, new %v, empty %v", got.Present(), got.Accepts(old), got.Accepts(next), got.Accepts(""))
+	}
+	for _, bad := range []string{"", "# nothing\n\n", "short\n", old + "\n" + old + "\n", testTokens["east"] + "\n"} {
+		write(bad)
+		if changed, err := f.Reload(); changed || err == nil {
+			t.Errorf("%q: %v, %v", bad, changed, err)
+		}
+		if got := f.Tokens(); got.Present() != old || !got.Accepts(next) {
+			t.Fatalf("after %q the last good tokens are gone: %v", bad, got)
+		}
+	}
+	write(next + "\n")
+	if changed, err := f.Reload(); !changed || err != nil {
+		t.Fatalf("the old token removed: %v, %v", changed, err)
+	}
+	if got := f.Tokens(); got.Present() != next || got.Accepts(old) {
+		t.Fatalf("rotated: present %q, accepts old %v", got.Present(), got.Accepts(old))
+	}
+}

@@ -40,19 +40,15 @@ func (p *parts) loadCredentials() error {
 // loadTokens reads the cluster tokens and the peer token.
 func (p *parts) loadTokens() (err error) {
 	cfg, log := p.cfg, p.log
+	// Every version of either file: no cluster's token may be a peer token.
 	if cfg.PeerTokenFile != "" {
-		if p.peerToken, err = federation.LoadToken(cfg.PeerTokenFile); err != nil {
+		check := func(peers federation.PeerTokens) error { return peers.Validate(p.clusterTokens()) }
+		if p.peerTokens, err = federation.OpenPeerTokens(cfg.PeerTokenFile, check); err != nil {
 			return err
 		}
 	}
 	if cfg.TokensFile != "" {
-		// Every version of the file: no cluster's token may be the peer token.
-		check := func(t federation.Tokens) error {
-			if p.peerToken == "" {
-				return nil
-			}
-			return federation.ValidatePeerToken(p.peerToken, t)
-		}
+		check := func(t federation.Tokens) error { return p.currentPeerTokens().Validate(t) }
 		if p.tokens, err = federation.OpenTokens(cfg.TokensFile, check); err != nil {
 			return err
 		}
@@ -64,11 +60,8 @@ func (p *parts) loadTokens() (err error) {
 		// Epochs fence a cluster's sessions across replicas only if every replica draws them from one etcd.
 		return errors.New("hub replicas (--join, --gossip-addr) need a shared etcd: set --etcd-endpoints")
 	}
-	if p.gossip && p.peerToken == "" && cfg.ClientCAFile == "" {
+	if p.gossip && p.peerTokens == nil && cfg.ClientCAFile == "" {
 		log.Warn("no --peer-token-file and no --client-ca: any process may replicate with this hub (development only)")
-	}
-	if p.peerToken != "" && p.tokens == nil {
-		return federation.ValidatePeerToken(p.peerToken, nil)
 	}
 	return nil
 }
@@ -78,6 +71,22 @@ func (p *parts) clusterTokens() federation.Tokens {
 		return nil
 	}
 	return p.tokens.Tokens()
+}
+
+// currentPeerTokens are the peer tokens the file holds now (none without one).
+func (p *parts) currentPeerTokens() federation.PeerTokens {
+	if p.peerTokens == nil {
+		return nil
+	}
+	return p.peerTokens.Tokens()
+}
+
+// peerToken is the token this replica presents to its peers (nil: none).
+func (p *parts) peerToken() func() string {
+	if p.peerTokens == nil {
+		return nil
+	}
+	return func() string { return p.peerTokens.Tokens().Present() }
 }
 
 // loadFederationTLS sets up the federation server's TLS: its certificate,
@@ -120,7 +129,7 @@ func (p *parts) loadPeerTLS() (err error) {
 	if p.peerCerts, err = identity.Load(identity.Files{Cert: cfg.TLSCertFile, Key: cfg.TLSKeyFile, CA: cfg.PeerCAFile}, p.log); err != nil {
 		return fmt.Errorf("peer TLS: %w", err)
 	}
-	if cfg.ClientCAFile != "" && p.peerToken == "" {
+	if cfg.ClientCAFile != "" && p.peerTokens == nil {
 		// Without the peer token, replicas know each other by their certificates.
 		id, err := identity.Of(p.peerCerts.Material().Leaf)
 		if _, replica := id.Replica(); err != nil || !replica || id.TrustDomain != cfg.TrustDomain {
@@ -184,7 +193,7 @@ func (p *parts) refusedHandshake(port string) func(string, error) {
 func (p *parts) federationCredentials() federation.Credentials {
 	c := federation.Credentials{
 		Tokens:    p.clusterTokens,
-		PeerToken: func() string { return p.peerToken },
+		PeerTokens: p.currentPeerTokens,
 		Sessions:  p.sessions, TrustDomain: p.cfg.TrustDomain,
 	}
 	if p.cfg.ClientCAFile != "" {
@@ -227,6 +236,9 @@ func (p *parts) watchCredentials(ctx context.Context) {
 	}
 	if p.tokens != nil {
 		reloads = append(reloads, p.tokens.Reload)
+	}
+	if p.peerTokens != nil {
+		reloads = append(reloads, p.peerTokens.Reload)
 	}
 	identity.Watch(ctx, p.log.With("component", "credentials"), credentialsReload, p.sessions.Recheck, reloads...)
 }

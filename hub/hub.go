@@ -283,10 +283,10 @@ type parts struct {
 	log *slog.Logger
 
 	// Credentials (see credentials.go).
-	tokens              *federation.TokenFile // nil: no tokens
-	peerToken           string
-	fedCerts, peerCerts *identity.Store // nil without TLS on the federation port
-	xdsCerts            *identity.Store // nil without TLS on the xDS port
+	tokens              *federation.TokenFile     // nil: no tokens
+	peerTokens          *federation.PeerTokenFile // nil: none
+	fedCerts, peerCerts *identity.Store           // nil without TLS on the federation port
+	xdsCerts            *identity.Store           // nil without TLS on the xDS port
 	policy              *identity.Policy
 	sessions            *identity.Sessions
 	conns               *identity.Conns // the TLS connections, by client certificate
@@ -466,7 +466,7 @@ func (p *parts) buildServers() {
 	fedv1.RegisterFederationServer(p.fedServer, hubFed)
 	// Replicas replicate over the federation port, authenticated by the peer token.
 	p.replCfg = cfg.Replication
-	p.replCfg.ReplicaID, p.replCfg.MaxMessageBytes, p.replCfg.PeerToken = cfg.ID, cfg.Federation.MaxMessageBytes, p.peerToken
+	p.replCfg.ReplicaID, p.replCfg.MaxMessageBytes, p.replCfg.PeerToken = cfg.ID, cfg.Federation.MaxMessageBytes, p.peerToken()
 	p.replCfg.Limits = cfg.Federation.Limits
 	p.replCfg.Hooks = p.metrics.replicationHooks()
 	fedv1.RegisterReplicationServer(p.fedServer, replicas.NewReplicationServer(p.state, p.replCfg, log))

@@ -100,9 +100,10 @@ var ErrBaseMismatch = errors.New("replicas: delta base is not what the replica h
 type ReplicationConfig struct {
 	// ReplicaID names this replica to its peers; unique among them.
 	ReplicaID string
-	// PeerToken is the secret replicas present to each other (see
-	// federation.WithPeerToken); empty sends none (development).
-	PeerToken string
+	// PeerToken returns the secret replicas present to each other (see
+	// federation.PeerTokens), read at every RPC so that a reloaded token
+	// file takes effect at once; nil sends none (development).
+	PeerToken func() string
 	// DigestInterval is how often a replica sends subscribers the digests of
 	// the clusters whose changes originate at it (anti-entropy), and how long
 	// a subscriber tolerates holding older data than such a digest says.
@@ -636,9 +637,9 @@ func NewReplicator(store Store, cfg ReplicationConfig, transport credentials.Tra
 			MinConnectTimeout: 5 * time.Second,
 		}),
 	}
-	if cfg.PeerToken != "" {
-		opts = append(opts, grpc.WithPerRPCCredentials(federation.TokenCredentials{
-			Token: cfg.PeerToken, AllowInsecure: transport.Info().SecurityProtocol == "insecure",
+	if cfg.PeerToken != nil {
+		opts = append(opts, grpc.WithPerRPCCredentials(federation.TokenFunc{
+			Get: cfg.PeerToken, AllowInsecure: transport.Info().SecurityProtocol == "insecure",
 		}))
 	}
 	return &Replicator{

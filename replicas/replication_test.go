@@ -229,7 +229,7 @@ type replNode struct {
 
 func fastReplication(id string) ReplicationConfig {
 	cfg := DefaultReplicationConfig()
-	cfg.ReplicaID, cfg.PeerToken = id, replPeerToken
+	cfg.ReplicaID, cfg.PeerToken = id, func() string { return replPeerToken }
 	cfg.MinBackoff, cfg.MaxBackoff = 10*time.Millisecond, 50*time.Millisecond
 	return cfg
 }
@@ -268,8 +268,8 @@ func (n *replNode) serve(t *testing.T, addr string) {
 	}
 	n.addr = lis.Addr().String()
 	var opts []federation.AuthOption
-	if n.cfg.PeerToken != "" {
-		opts = append(opts, federation.WithPeerToken(n.cfg.PeerToken))
+	if n.cfg.PeerToken != nil {
+		opts = append(opts, federation.WithPeerToken(n.cfg.PeerToken()))
 	}
 	g := grpc.NewServer(grpc.MaxRecvMsgSize(2*n.cfg.MaxMessageBytes), grpc.StreamInterceptor(federation.AuthInterceptor(testTokens, opts...)))
 	n.srv = NewReplicationServer(n.store, n.cfg, slog.New(slog.DiscardHandler))
@@ -609,7 +609,7 @@ func TestReplicationPeerToken(t *testing.T) {
 		}
 	})
 	t.Run("replicator with a wrong token", func(t *testing.T) {
-		b := startReplNode(t, "b", func(cfg *ReplicationConfig) { cfg.PeerToken = "wrong-token-0123456789" })
+		b := startReplNode(t, "b", func(cfg *ReplicationConfig) { cfg.PeerToken = func() string { return "wrong-token-0123456789" } })
 		b.rep.SetPeers(peersOf(a))
 		waitFor(t, func() bool { s, _ := b.peerStatus("a"); return s.LastError != "" })
 		if s, _ := b.peerStatus("a"); s.Connected || !strings.Contains(s.LastError, "Unauthenticated") || slices.Contains(a.srv.Subscribers(), "b") {
@@ -617,7 +617,7 @@ func TestReplicationPeerToken(t *testing.T) {
 		}
 	})
 	t.Run("open without a peer token", func(t *testing.T) {
-		dev := startReplNode(t, "dev", func(cfg *ReplicationConfig) { cfg.PeerToken = "" })
+		dev := startReplNode(t, "dev", func(cfg *ReplicationConfig) { cfg.PeerToken = nil })
 		c, err := grpc.NewClient(dev.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			t.Fatal(err)
@@ -696,7 +696,7 @@ func TestReplicationDropsInvalidUpdatesWhole(t *testing.T) {
 	go func() { _ = g.Serve(lis) }()
 	t.Cleanup(g.Stop)
 
-	b := startReplNode(t, "b", func(cfg *ReplicationConfig) { cfg.PeerToken = "" })
+	b := startReplNode(t, "b", func(cfg *ReplicationConfig) { cfg.PeerToken = nil })
 	b.rep.SetPeers(map[string]string{"p": lis.Addr().String()})
 	waitFor(t, func() bool { return b.synced("p") })
 	if got := <-resynced; got != "east" {
