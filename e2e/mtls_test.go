@@ -274,6 +274,17 @@ func TestXDSOverMTLSWithPolicy(t *testing.T) {
 	}
 	h.metricAtLeast(t, `nave_xds_denied_resources_total{type="lds"}`, 1)
 
+	// The policy file changes: a grant that changed ends its stream, whose
+	// client comes back under the new policy; the first client's grant did
+	// not change, and its poller sees no failed call.
+	writeFile(t, policy, "rules:\n- identity: spiffe://cluster.local/ns/other/sa/client\n  namespaces: [default]\n- identity: spiffe://cluster.local/ns/*\n  namespaces: [$namespace]\n")
+	awaitFor(t, "namespace other's identity served default's services under the new policy", 20*time.Second, func() bool {
+		callCtx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		_, err := denied.Check(callCtx, &healthpb.HealthCheckRequest{})
+		return err == nil
+	})
+
 	// A client without a certificate, or with an unknown CA's, gets no connection.
 	stranger := testpki.NewCA(t, "stranger")
 	foreign := stranger.Issue(t, "client", testpki.Cert{URI: "spiffe://cluster.local/ns/default/sa/client"})

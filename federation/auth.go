@@ -1,7 +1,6 @@
 package federation
 
 import (
-	"bytes"
 	"context"
 	"crypto/subtle"
 	"crypto/x509"
@@ -10,7 +9,6 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/auth"
@@ -22,6 +20,7 @@ import (
 
 	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/identity"
+	"github.com/navemesh/nave/internal/watched"
 	"github.com/navemesh/nave/registry"
 )
 
@@ -66,60 +65,26 @@ func parseTokens(path string, b []byte) (Tokens, error) {
 }
 
 // TokenFile is a tokens file (see LoadTokens) read again when it changes.
-type TokenFile struct{ f watchedFile[Tokens] }
+type TokenFile struct{ f *watched.File[Tokens] }
 
 // OpenTokens reads a tokens file; check (nil: none) must accept every
 // version of it, or that version is refused (the hub checks that no
 // cluster's token is a peer token).
 func OpenTokens(path string, check func(Tokens) error) (*TokenFile, error) {
-	f := &TokenFile{watchedFile[Tokens]{what: "tokens", path: path, parse: parseTokens, check: check}}
-	if _, err := f.Reload(); err != nil {
+	f, err := watched.Open("tokens", path, parseTokens, check)
+	if err != nil {
 		return nil, err
 	}
-	return f, nil
+	return &TokenFile{f}, nil
 }
 
 // Tokens returns the tokens the file last held when it read cleanly.
-func (f *TokenFile) Tokens() Tokens { return f.f.get() }
+func (f *TokenFile) Tokens() Tokens { return f.f.Get() }
 
 // Reload reads the file again and reports whether the tokens changed; a
 // file that does not read cleanly changes nothing. Call it from one
 // goroutine at a time.
-func (f *TokenFile) Reload() (bool, error) { return f.f.reload() }
-
-// watchedFile is a credentials file parsed into T, read again when it changes.
-type watchedFile[T any] struct {
-	what  string // what it holds, for errors
-	path  string
-	parse func(path string, raw []byte) (T, error)
-	check func(T) error // nil: none
-	cur   atomic.Pointer[T]
-	raw   []byte // what cur was read from; owned by reload's caller
-}
-
-func (f *watchedFile[T]) get() T { return *f.cur.Load() }
-
-func (f *watchedFile[T]) reload() (bool, error) {
-	raw, err := os.ReadFile(f.path)
-	if err != nil {
-		return false, fmt.Errorf("read %s: %w", f.what, err)
-	}
-	if f.cur.Load() != nil && bytes.Equal(raw, f.raw) {
-		return false, nil
-	}
-	v, err := f.parse(f.path, raw)
-	if err != nil {
-		return false, err
-	}
-	if f.check != nil {
-		if err := f.check(v); err != nil {
-			return false, fmt.Errorf("%s %s: %w", f.what, f.path, err)
-		}
-	}
-	f.raw = raw
-	f.cur.Store(&v)
-	return true, nil
-}
+func (f *TokenFile) Reload() (bool, error) { return f.f.Reload() }
 
 // PeerTokens are the tokens hub replicas share: the first is the one a
 // replica presents, and every one is accepted. Several at once let an
@@ -180,26 +145,26 @@ func parsePeerTokens(path string, raw []byte) (PeerTokens, error) {
 
 // PeerTokenFile is a peer token file (see PeerTokens) read again when it
 // changes.
-type PeerTokenFile struct{ f watchedFile[PeerTokens] }
+type PeerTokenFile struct{ f *watched.File[PeerTokens] }
 
 // OpenPeerTokens reads a peer token file; check (nil: none) must accept
 // every version of it, or that version is refused (the hub checks that
 // no cluster's token is among them).
 func OpenPeerTokens(path string, check func(PeerTokens) error) (*PeerTokenFile, error) {
-	f := &PeerTokenFile{watchedFile[PeerTokens]{what: "peer tokens", path: path, parse: parsePeerTokens, check: check}}
-	if _, err := f.Reload(); err != nil {
+	f, err := watched.Open("peer tokens", path, parsePeerTokens, check)
+	if err != nil {
 		return nil, err
 	}
-	return f, nil
+	return &PeerTokenFile{f}, nil
 }
 
 // Tokens returns the tokens the file last held when it read cleanly.
-func (f *PeerTokenFile) Tokens() PeerTokens { return f.f.get() }
+func (f *PeerTokenFile) Tokens() PeerTokens { return f.f.Get() }
 
 // Reload reads the file again and reports whether the tokens changed; a
 // file that does not read cleanly changes nothing. Call it from one
 // goroutine at a time.
-func (f *PeerTokenFile) Reload() (bool, error) { return f.f.reload() }
+func (f *PeerTokenFile) Reload() (bool, error) { return f.f.Reload() }
 
 // Cluster returns the cluster a token belongs to. It compares in constant time.
 func (t Tokens) Cluster(token string) (registry.ClusterID, error) {

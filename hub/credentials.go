@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -172,7 +174,7 @@ func (p *parts) loadXDSTLS() (err error) {
 	}
 	p.xdsCreds = p.conns.Creds(credentials.NewTLS(p.xdsCerts.ServerConfig(identity.ServerOptions{TrustDomain: cfg.TrustDomain, Refused: p.refusedHandshake("xds")})))
 	if cfg.XDSPolicyFile != "" {
-		if p.policy, err = identity.LoadPolicy(cfg.XDSPolicyFile); err != nil {
+		if p.policy, err = identity.OpenPolicy(cfg.XDSPolicyFile); err != nil {
 			return err
 		}
 	}
@@ -192,9 +194,9 @@ func (p *parts) refusedHandshake(port string) func(string, error) {
 // federationCredentials is what the federation port admits.
 func (p *parts) federationCredentials() federation.Credentials {
 	c := federation.Credentials{
-		Tokens:    p.clusterTokens,
+		Tokens:     p.clusterTokens,
 		PeerTokens: p.currentPeerTokens,
-		Sessions:  p.sessions, TrustDomain: p.cfg.TrustDomain,
+		Sessions:   p.sessions, TrustDomain: p.cfg.TrustDomain,
 	}
 	if p.cfg.ClientCAFile != "" {
 		c.Certs = p.fedCerts
@@ -205,23 +207,59 @@ func (p *parts) federationCredentials() federation.Credentials {
 // restrictXDS is what an xDS client may receive under the policy: what
 // its identity's rule allows (nothing without a rule).
 func (p *parts) restrictXDS(ctx context.Context) (xds.Restriction, string, error) {
+	g := p.grantOf(ctx)
+	if g.all {
+		return nil, g.who, nil
+	}
+	allowed := make(map[string]bool, len(g.namespaces))
+	for _, ns := range g.namespaces {
+		allowed[ns] = true
+	}
+	return func(ns string) bool { return allowed[ns] }, g.who, nil
+}
+
+// grant is what the policy grants a client identity.
+type grant struct {
+	who        string
+	all        bool
+	namespaces []string // sorted
+}
+
+func (g grant) equal(o grant) bool { return g.all == o.all && slices.Equal(g.namespaces, o.namespaces) }
+
+// grantOf is what the current policy grants the identity of a stream's peer.
+func (p *parts) grantOf(ctx context.Context) grant {
 	chain := identity.PeerChain(ctx)
 	if len(chain) == 0 {
-		return func(string) bool { return false }, "no identity", nil
+		return grant{who: "no identity"}
 	}
 	id, err := identity.Of(chain[0])
 	if err != nil {
-		return func(string) bool { return false }, chain[0].Subject.String(), nil
+		return grant{who: chain[0].Subject.String()}
 	}
-	all, namespaces := p.policy.Allows(id)
-	if all {
-		return nil, id.String(), nil
+	all, namespaces := p.policy.Policy().Allows(id)
+	return grant{who: id.String(), all: all, namespaces: namespaces}
+}
+
+// holdGrants holds every xDS stream, under the policy, with what the
+// policy granted it at its start: a new policy that grants it otherwise
+// ends the stream (its client reconnects, and is served under the new
+// policy) while streams whose grant is unchanged go on.
+func (p *parts) holdGrants() grpc.StreamServerInterceptor {
+	return func(srv any, stream grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		granted := p.grantOf(stream.Context())
+		ctx, release, err := p.sessions.Hold(stream.Context(), "xDS policy of "+granted.who, nil, func() error {
+			if !p.grantOf(stream.Context()).equal(granted) {
+				return errors.New("the xDS policy changed what it grants")
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		defer release()
+		return identity.Stream(ctx, srv, stream, handler)
 	}
-	allowed := make(map[string]bool, len(namespaces))
-	for _, ns := range namespaces {
-		allowed[ns] = true
-	}
-	return func(ns string) bool { return allowed[ns] }, id.String(), nil
 }
 
 // watchCredentials reloads every credential file once a second; when one
@@ -239,6 +277,9 @@ func (p *parts) watchCredentials(ctx context.Context) {
 	}
 	if p.peerTokens != nil {
 		reloads = append(reloads, p.peerTokens.Reload)
+	}
+	if p.policy != nil {
+		reloads = append(reloads, p.policy.Reload)
 	}
 	identity.Watch(ctx, p.log.With("component", "credentials"), credentialsReload, p.sessions.Recheck, reloads...)
 }

@@ -287,7 +287,7 @@ type parts struct {
 	peerTokens          *federation.PeerTokenFile // nil: none
 	fedCerts, peerCerts *identity.Store           // nil without TLS on the federation port
 	xdsCerts            *identity.Store           // nil without TLS on the xDS port
-	policy              *identity.Policy
+	policy              *identity.PolicyFile
 	sessions            *identity.Sessions
 	conns               *identity.Conns // the TLS connections, by client certificate
 	adminToken          *adminToken     // nil: the admin API is open
@@ -471,20 +471,24 @@ func (p *parts) buildServers() {
 	p.replCfg.Hooks = p.metrics.replicationHooks()
 	fedv1.RegisterReplicationServer(p.fedServer, replicas.NewReplicationServer(p.state, p.replCfg, log))
 
+	xdsInterceptors := []grpc.StreamServerInterceptor{
+		p.grpcMetrics.StreamServerInterceptor(),
+		limits.StreamsPerPeer(cfg.Connections.XDSStreamsPerPeer, limits.PeerKey, p.refused("xds")),
+		logging.StreamServerInterceptor(grpcLogger(log.With("component", "xds-grpc")), logOpts...),
+		recovery.StreamServerInterceptor(recoveryOpt),
+		limits.FirstMessageWithin(cfg.Connections.FirstRequestTimeout, p.refused("xds")),
+		p.sessions.StreamInterceptor(p.xdsCerts, cfg.TrustDomain),
+	}
+	if p.policy != nil {
+		xdsInterceptors = append(xdsInterceptors, p.holdGrants())
+	}
 	p.xdsGRPC = grpc.NewServer(
 		grpc.Creds(p.xdsCreds),
 		grpc.ConnectionTimeout(cfg.Connections.HandshakeTimeout),
 		grpc.MaxConcurrentStreams(uint32(cfg.Connections.MaxStreamsPerConnection)),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: cfg.Connections.IdleTimeout}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-		grpc.ChainStreamInterceptor(
-			p.grpcMetrics.StreamServerInterceptor(),
-			limits.StreamsPerPeer(cfg.Connections.XDSStreamsPerPeer, limits.PeerKey, p.refused("xds")),
-			logging.StreamServerInterceptor(grpcLogger(log.With("component", "xds-grpc")), logOpts...),
-			recovery.StreamServerInterceptor(recoveryOpt),
-			limits.FirstMessageWithin(cfg.Connections.FirstRequestTimeout, p.refused("xds")),
-			p.sessions.StreamInterceptor(p.xdsCerts, cfg.TrustDomain),
-		),
+		grpc.ChainStreamInterceptor(xdsInterceptors...),
 		grpc.ChainUnaryInterceptor(p.grpcMetrics.UnaryServerInterceptor(), recovery.UnaryServerInterceptor(recoveryOpt)),
 	)
 	p.xdsServer.Register(p.xdsGRPC)

@@ -54,7 +54,7 @@ func TestPolicy(t *testing.T) {
 - identity: spiffe://other/*
   namespaces: [public]
 `)
-	p, err := identity.LoadPolicy(path)
+	f, err := identity.OpenPolicy(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,16 +69,31 @@ func TestPolicy(t *testing.T) {
 		{"spiffe://td/nave/cluster/east", false, nil},
 	} {
 		id, _ := identity.Parse(c.id)
-		all, ns := p.Allows(id)
+		all, ns := f.Policy().Allows(id)
 		if all != c.all || !slices.Equal(ns, c.want) {
 			t.Errorf("%s: all %v %v, want %v %v", c.id, all, ns, c.all, c.want)
 		}
 	}
+	// A version that does not load keeps the last good policy; a good one replaces it.
+	shop, _ := identity.Parse("spiffe://td/ns/shop/sa/web")
 	for _, bad := range []string{"rules:\n- identity: nope\n  namespaces: [a]\n", "rules:\n- identity: '*'\n", "rule: []\n"} {
 		write(t, path, bad)
-		if _, err := identity.LoadPolicy(path); err == nil {
+		if _, err := identity.OpenPolicy(path); err == nil {
 			t.Errorf("policy %q accepted", bad)
 		}
+		if changed, err := f.Reload(); changed || err == nil {
+			t.Errorf("policy %q reloaded: %v, %v", bad, changed, err)
+		}
+		if _, ns := f.Policy().Allows(shop); !slices.Equal(ns, []string{"shared", "shop"}) {
+			t.Fatalf("after %q the last good policy is gone: %v", bad, ns)
+		}
+	}
+	write(t, path, "rules:\n- identity: '*'\n  namespaces: [public]\n")
+	if changed, err := f.Reload(); !changed || err != nil {
+		t.Fatalf("a good new policy: %v, %v", changed, err)
+	}
+	if _, ns := f.Policy().Allows(shop); !slices.Equal(ns, []string{"public"}) {
+		t.Fatalf("the new policy grants %v, want [public]", ns)
 	}
 }
 

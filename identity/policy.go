@@ -2,11 +2,12 @@ package identity
 
 import (
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/navemesh/nave/internal/watched"
 )
 
 // Policy says which namespaces' services each client identity may receive.
@@ -28,12 +29,27 @@ type Rule struct {
 // OwnNamespace in a rule's namespaces stands for the identity's own namespace.
 const OwnNamespace = "$namespace"
 
-// LoadPolicy reads a policy file (YAML).
-func LoadPolicy(path string) (*Policy, error) {
-	b, err := os.ReadFile(path)
+// PolicyFile is a policy file read again when it changes; a version that
+// does not load changes nothing.
+type PolicyFile struct{ f *watched.File[*Policy] }
+
+// OpenPolicy reads a policy file (YAML).
+func OpenPolicy(path string) (*PolicyFile, error) {
+	f, err := watched.Open("policy", path, parsePolicy, nil)
 	if err != nil {
-		return nil, fmt.Errorf("read policy: %w", err)
+		return nil, err
 	}
+	return &PolicyFile{f}, nil
+}
+
+// Policy returns the policy the file last held when it read cleanly.
+func (f *PolicyFile) Policy() *Policy { return f.f.Get() }
+
+// Reload reads the file again and reports whether the policy changed.
+// Call it from one goroutine at a time.
+func (f *PolicyFile) Reload() (bool, error) { return f.f.Reload() }
+
+func parsePolicy(path string, b []byte) (*Policy, error) {
 	var p Policy
 	if err := yaml.UnmarshalStrict(b, &p); err != nil {
 		return nil, fmt.Errorf("policy %s: %w", path, err)
