@@ -149,6 +149,7 @@ func TestVerifyRemembers(t *testing.T) {
 	}
 	spoiled := chain(t, is)
 	spoiled[0].Signature[len(spoiled[0].Signature)/2] ^= 0xff
+	withOthers := []*x509.Certificate{verified[0], chain(t, ca.Issue(t, "other", testpki.Cert{URI: "spiffe://td/x"}))[0]}
 	for _, c := range []struct {
 		name   string
 		chain  []*x509.Certificate
@@ -158,6 +159,7 @@ func TestVerifyRemembers(t *testing.T) {
 		reason string
 	}{
 		{"another parse of a spoiled certificate", spoiled, x509.ExtKeyUsageClientAuth, "td", now, "untrusted"},
+		{"the leaf with other certificates", withOthers, x509.ExtKeyUsageClientAuth, "td", now, "untrusted"},
 		{"another usage", verified, x509.ExtKeyUsageCodeSigning, "td", now, "untrusted"},
 		{"another trust domain", verified, x509.ExtKeyUsageClientAuth, "elsewhere", now, "untrusted"},
 		{"after it expired", verified, x509.ExtKeyUsageClientAuth, "td", verified[0].NotAfter.Add(time.Second), "expired"},
@@ -165,6 +167,14 @@ func TestVerifyRemembers(t *testing.T) {
 		if _, err := store.Material().Verify(c.chain, c.usage, c.td, c.at); identity.Reason(err) != c.reason {
 			t.Errorf("%s: %v, want reason %q", c.name, err, c.reason)
 		}
+	}
+	// A leaf outliving its CA: remembered only while the CA is valid too.
+	long := chain(t, ca.Issue(t, "long", testpki.Cert{URI: "spiffe://td/nave/cluster/east", NotAfter: now.Add(72 * time.Hour)}))
+	if _, err := store.Material().Verify(long, x509.ExtKeyUsageClientAuth, "td", now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Material().Verify(long, x509.ExtKeyUsageClientAuth, "td", now.Add(48*time.Hour)); identity.Reason(err) != "untrusted" {
+		t.Errorf("after the CA expired: %v, want untrusted", err)
 	}
 	copyFile(t, ca.CRL(t, 2, is.Serial), crl)
 	if changed, err := store.Reload(); !changed || err != nil {

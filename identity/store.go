@@ -10,8 +10,10 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime"
 	"sync"
 	"time"
+	"weak"
 )
 
 // Files are the PEM files of an identity and of what it trusts. Every one
@@ -41,42 +43,56 @@ type Material struct {
 	verified verifiedChains
 }
 
-// verifiedChains is a bounded memo of chains accepted, by leaf (pointer:
-// the certificate a connection parsed at its handshake) and what they were
-// verified for. Only success is remembered, with the span of time every
-// certificate of the chain is valid in.
+// verifiedChains is a memo of chains accepted, keyed weakly by leaf (the
+// certificate a connection parsed at its handshake: an entry goes when
+// its connection's certificate is collected) and what they were verified
+// for. Only success is remembered, with the chain presented (a hit must
+// present the same certificates) and the span of time the whole chain
+// verified up to its root is valid in. It is bounded besides: past
+// maxVerified entries it starts over.
 type verifiedChains struct {
 	mu sync.Mutex
 	m  map[verifiedKey]verifiedChain
 }
 
 type verifiedKey struct {
-	leaf        *x509.Certificate
+	leaf        weak.Pointer[x509.Certificate]
 	usage       x509.ExtKeyUsage
 	trustDomain string
 }
 
 type verifiedChain struct {
 	id                  ID
+	intermediates       []weak.Pointer[x509.Certificate]
 	notBefore, notAfter time.Time
 }
 
-// maxVerified bounds the memo: past it, it starts over.
+// maxVerified bounds the memo.
 const maxVerified = 65_536
 
-func (v *verifiedChains) get(k verifiedKey, now time.Time) (ID, bool) {
+func keyOf(chain []*x509.Certificate, usage x509.ExtKeyUsage, trustDomain string) verifiedKey {
+	return verifiedKey{leaf: weak.Make(chain[0]), usage: usage, trustDomain: trustDomain}
+}
+
+func (v *verifiedChains) get(chain []*x509.Certificate, k verifiedKey, now time.Time) (ID, bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	c, ok := v.m[k]
-	if !ok || now.Before(c.notBefore) || now.After(c.notAfter) {
+	if !ok || now.Before(c.notBefore) || now.After(c.notAfter) || len(c.intermediates) != len(chain)-1 {
 		return ID{}, false
+	}
+	for i, p := range c.intermediates {
+		if p != weak.Make(chain[i+1]) {
+			return ID{}, false
+		}
 	}
 	return c.id, true
 }
 
-func (v *verifiedChains) put(k verifiedKey, chain []*x509.Certificate, id ID) {
-	c := verifiedChain{id: id, notBefore: chain[0].NotBefore, notAfter: chain[0].NotAfter}
-	for _, cert := range chain[1:] {
+// put remembers that chain, presented, verified as verified (leaf to root).
+func (v *verifiedChains) put(k verifiedKey, chain, verified []*x509.Certificate, id ID) {
+	c := verifiedChain{id: id, notBefore: verified[0].NotBefore, notAfter: verified[0].NotAfter}
+	for _, cert := range verified[1:] {
 		if cert.NotBefore.After(c.notBefore) {
 			c.notBefore = cert.NotBefore
 		}
@@ -84,12 +100,25 @@ func (v *verifiedChains) put(k verifiedKey, chain []*x509.Certificate, id ID) {
 			c.notAfter = cert.NotAfter
 		}
 	}
+	for _, cert := range chain[1:] {
+		c.intermediates = append(c.intermediates, weak.Make(cert))
+	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.m == nil || len(v.m) >= maxVerified {
 		v.m = map[verifiedKey]verifiedChain{}
 	}
+	if _, known := v.m[k]; !known {
+		runtime.AddCleanup(chain[0], v.forget, k)
+	}
 	v.m[k] = c
+}
+
+// forget drops the entry of a leaf that was collected.
+func (v *verifiedChains) forget(k verifiedKey) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	delete(v.m, k)
 }
 
 // Store holds an identity's material and reloads it when its files change:
@@ -258,15 +287,16 @@ func (m *Material) Verify(chain []*x509.Certificate, usage x509.ExtKeyUsage, tru
 	if m.Roots == nil {
 		return ID{}, fmt.Errorf("%w: no CA configured", ErrUntrusted)
 	}
-	key := verifiedKey{leaf: leaf, usage: usage, trustDomain: trustDomain}
-	if id, ok := m.verified.get(key, now); ok {
+	key := keyOf(chain, usage, trustDomain)
+	if id, ok := m.verified.get(chain, key, now); ok {
 		return id, nil
 	}
 	inter := x509.NewCertPool()
 	for _, c := range chain[1:] {
 		inter.AddCert(c)
 	}
-	if _, err := leaf.Verify(x509.VerifyOptions{Roots: m.Roots, Intermediates: inter, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{usage}}); err != nil {
+	verified, err := leaf.Verify(x509.VerifyOptions{Roots: m.Roots, Intermediates: inter, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{usage}})
+	if err != nil {
 		return ID{}, fmt.Errorf("%w: %w", ErrUntrusted, err)
 	}
 	for _, c := range chain {
@@ -281,7 +311,7 @@ func (m *Material) Verify(chain []*x509.Certificate, usage x509.ExtKeyUsage, tru
 	if trustDomain != "" && id.TrustDomain != trustDomain {
 		return ID{}, fmt.Errorf("%w: %s is not in %s", ErrForeign, id, trustDomain)
 	}
-	m.verified.put(key, chain, id)
+	m.verified.put(key, chain, verified[0], id)
 	return id, nil
 }
 
