@@ -36,7 +36,7 @@ type resourceCache struct {
 	upserts map[string]stagedResource
 	deletes map[string]bool
 	// wildcards are the restricted wildcard watches on this cache, told
-	// about every flush that changes something.
+	// about every flush that adds or deletes names.
 	wildcards wildcards
 }
 
@@ -92,7 +92,11 @@ func (c *resourceCache) flush() (version string, changed int, err error) {
 		delete(c.published, name)
 	}
 	upserts := make(map[string]types.Resource, len(c.upserts))
+	var added []string // names the cache did not hold
 	for name, staged := range c.upserts {
+		if _, held := c.published[name]; !held {
+			added = append(added, name)
+		}
 		c.published[name] = staged.sum
 		upserts[name] = staged.res
 	}
@@ -102,6 +106,9 @@ func (c *resourceCache) flush() (version string, changed int, err error) {
 	c.version++
 	if err := c.linear.UpdateResources(upserts, deletes); err != nil {
 		return "", changed, fmt.Errorf("update %s cache: %w", c.label, err)
+	}
+	if len(added) > 0 || len(deletes) > 0 {
+		c.wildcards.rewatchAll(added, deletes)
 	}
 	return c.prefix + strconv.FormatUint(c.version, 10), changed, nil
 }
@@ -148,7 +155,7 @@ func (d *dispatchCache) CreateWatch(req *cache.Request, sub cache.Subscription, 
 		if sub.IsWildcard() {
 			return watchRestrictedWildcard(c, allow, out, func(names map[string]struct{}, ch chan cache.Response) (func(), error) {
 				return c.linear.CreateWatch(req, restrictedSubscription{Subscription: sub, names: names}, ch)
-			})
+			}, nil)
 		}
 		sub = restrict(sub, allow)
 	}
@@ -163,9 +170,12 @@ func (d *dispatchCache) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subs
 	}
 	if allow := d.restriction(req.GetNode()); allow != nil {
 		if sub.IsWildcard() {
+			first := func() (cache.DeltaResponse, bool) {
+				return newEmptyDeltaResponse(req, sub), req.GetResponseNonce() == ""
+			}
 			return watchRestrictedWildcard(c, allow, out, func(names map[string]struct{}, ch chan cache.DeltaResponse) (func(), error) {
 				return c.linear.CreateDeltaWatch(req, restrictedSubscription{Subscription: sub, names: names}, ch)
-			})
+			}, first)
 		}
 		sub = restrict(sub, allow)
 	}

@@ -26,7 +26,7 @@ type streamRestriction struct {
 	allow  Restriction // nil: everything
 	who    string
 	node   *core.Node      // the node the stream's requests carry now
-	judged map[string]bool // names (and "*" per type) already counted, up to maxJudged
+	judged map[string]bool // type and name of the names already counted, up to maxJudged
 	warned bool            // a denial was logged for the stream
 }
 
@@ -102,11 +102,12 @@ func (s *Server) restrictRequest(key streamKey, node **core.Node, typeURL string
 	}
 	var denied []string
 	judge := func(name string, ok bool) {
-		if r.judged[name] {
+		key := typeURL + " " + name // CDS and EDS share names
+		if r.judged[key] {
 			return
 		}
 		if len(r.judged) < maxJudged {
-			r.judged[name] = true
+			r.judged[key] = true
 		}
 		if !ok {
 			denied = append(denied, name)

@@ -2,6 +2,7 @@ package xds
 
 import (
 	"context"
+	"log/slog"
 	"slices"
 	"testing"
 	"time"
@@ -9,7 +10,10 @@ import (
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	cache "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/server/stream/v3"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/navemesh/nave/registry"
@@ -132,7 +136,9 @@ func TestPolicyWildcardGetsWhatItMaySee(t *testing.T) {
 	}
 	node := &core.Node{Id: "gateway", Locality: &core.Locality{Region: "r1"}}
 	var last *discovery.DiscoveryResponse
-	recv := func(want ...string) {
+	// ack acknowledges the last answer (or asks first), and waits until
+	// the stream's new watch is open.
+	ack := func() {
 		t.Helper()
 		req := &discovery.DiscoveryRequest{Node: node, TypeUrl: resource.ClusterType}
 		if last != nil {
@@ -141,6 +147,20 @@ func TestPolicyWildcardGetsWhatItMaySee(t *testing.T) {
 		if err := stream.Send(req); err != nil {
 			t.Fatal(err)
 		}
+		for end := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+			s.cds.wildcards.mu.Lock()
+			n := len(s.cds.wildcards.open)
+			s.cds.wildcards.mu.Unlock()
+			if n == 1 || last == nil {
+				return
+			}
+			if time.Now().After(end) {
+				t.Fatal("no watch open after the ACK")
+			}
+		}
+	}
+	recv := func(want ...string) {
+		t.Helper()
 		resp, err := stream.Recv()
 		if err != nil {
 			t.Fatal(err)
@@ -153,13 +173,16 @@ func TestPolicyWildcardGetsWhatItMaySee(t *testing.T) {
 		last = resp
 	}
 	mine := ClusterName(echo, 8080)
+	ack()
 	recv(mine)
+	ack()
 	added := registry.ServiceKey{Namespace: "default", Name: "added"}
 	r, d := apply(t, r, shard("east", added, []registry.ServicePort{tcp("grpc", 8080)}, ep("10.0.0.2", loc("r1", "z1"), ready, eport("grpc", 9090))))
 	s.Update(r, d)
 	recv(mine, ClusterName(added, 8080))
-	// A service elsewhere changes nothing the client sees: the next answer
-	// is the withdrawal that follows, not a repeat.
+	ack()
+	// With a watch open, a service elsewhere changes nothing the client
+	// sees: the next answer is the withdrawal that follows, not a repeat.
 	hidden := registry.ServiceKey{Namespace: "shop", Name: "hidden"}
 	r, d = apply(t, r, shard("west", hidden, []registry.ServicePort{tcp("grpc", 8080)}, ep("10.1.0.2", loc("r2", "z3"), ready, eport("grpc", 9090))))
 	s.Update(r, d)
@@ -169,9 +192,66 @@ func TestPolicyWildcardGetsWhatItMaySee(t *testing.T) {
 	if n := metricValue(t, reg, MetricDeniedResources, typeCDS); n != 0 {
 		t.Errorf("a wildcard counted %v denied names, want 0", n)
 	}
+	ack()
 	s.cds.wildcards.mu.Lock()
 	defer s.cds.wildcards.mu.Unlock()
-	if n := len(s.cds.wildcards.open); n > 1 {
+	if n := len(s.cds.wildcards.open); n != 1 {
 		t.Errorf("%d restricted wildcard watches open for one stream", n)
+	}
+}
+
+// A delta client's first wildcard request is answered even when it may
+// see nothing (Envoy waits for that answer to initialise).
+func TestPolicyDeltaWildcardSeeingNothingIsAnswered(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cfg := DefaultConfig()
+	cfg.Restrict = func(context.Context) (Restriction, string, error) {
+		return func(ns string) bool { return ns == "empty" }, "gateway", nil
+	}
+	s, _, addr := startXDSWith(t, cfg)
+	r, _ := apply(t, registry.New(), shard("east", echo, []registry.ServicePort{tcp("grpc", 8080)}, ep("10.0.0.1", loc("r1", "z1"), ready, eport("grpc", 9090))))
+	s.Update(r, registry.Diff{})
+	stream, err := dialADS(ctx, t, addr).DeltaAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&discovery.DeltaDiscoveryRequest{Node: &core.Node{Id: "gateway"}, TypeUrl: resource.ClusterType}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.GetResources()) != 0 || len(resp.GetRemovedResources()) != 0 || resp.GetNonce() == "" {
+		t.Fatalf("first answer: %d resources, removed %v, nonce %q; want an empty answer", len(resp.GetResources()), resp.GetRemovedResources(), resp.GetNonce())
+	}
+}
+
+// No answer is sent once a restricted wildcard watch is cancelled: a
+// delta stream closes its channel right after (go-control-plane's
+// watches.Cancel), and a send then would panic the process.
+func TestRestrictedWildcardSendsNothingAfterItsCancel(t *testing.T) {
+	c := newResourceCache(resource.ClusterType, "cds-", slog.New(slog.DiscardHandler), nil, nil)
+	name := ClusterName(echo, 8080)
+	if err := c.linear.UpdateResources(map[string]types.Resource{name: &clusterv3.Cluster{Name: name}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	allow := func(string) bool { return true }
+	for i := range 20_000 { // each watch is answered at once: its forwarder races the stream's end
+		req := &cache.DeltaRequest{TypeUrl: resource.ClusterType, Node: &core.Node{Id: "gateway"}}
+		sub := stream.NewDeltaSubscription(nil, nil, nil, true)
+		muxed := make(chan cache.DeltaResponse, 16)
+		cancel, err := watchRestrictedWildcard(c, allow, muxed, func(names map[string]struct{}, ch chan cache.DeltaResponse) (func(), error) {
+			return c.linear.CreateDeltaWatch(req, restrictedSubscription{Subscription: &sub, names: names}, ch)
+		}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j := range i % 2000 { // the stream ends a moment later
+			_ = j * j
+		}
+		cancel()
+		close(muxed)
 	}
 }

@@ -365,7 +365,6 @@ func (s *Server) flush(c *resourceCache, start time.Time) {
 	if version == "" {
 		return
 	}
-	c.wildcards.rewatchAll()
 	s.pushMu.Lock()
 	s.pushes[c.prefix] = pushStamp{version: version, at: start}
 	s.pushMu.Unlock()
