@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -188,6 +189,28 @@ func TestVerifyRemembers(t *testing.T) {
 	}
 }
 
+// A CRL revokes the serial numbers of its own issuer only: with two CAs
+// trusted (a rotation), the other CA's certificate of the same serial
+// number stays good.
+func TestRevocationIsPerIssuer(t *testing.T) {
+	old, next := testpki.NewCA(t, "old"), testpki.NewCA(t, "next")
+	serial := big.NewInt(4242)
+	revoked := old.Issue(t, "east-old", testpki.Cert{URI: "spiffe://td/nave/cluster/east", Serial: serial})
+	same := next.Issue(t, "east-next", testpki.Cert{URI: "spiffe://td/nave/cluster/east", Serial: serial})
+	cas := filepath.Join(t.TempDir(), "ca.pem")
+	write(t, cas, read(t, old.File)+read(t, next.File))
+	store, err := identity.Load(identity.Files{CA: cas, CRL: old.CRL(t, 1, serial)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Material().Verify(chain(t, revoked), x509.ExtKeyUsageClientAuth, "td", time.Now()); identity.Reason(err) != "revoked" {
+		t.Errorf("the old CA's revoked certificate: %v, want revoked", err)
+	}
+	if _, err := store.Material().Verify(chain(t, same), x509.ExtKeyUsageClientAuth, "td", time.Now()); err != nil {
+		t.Errorf("the next CA's certificate of the same serial: %v, want good", err)
+	}
+}
+
 // A file that no longer loads keeps the last good material.
 func TestReloadKeepsTheLastGood(t *testing.T) {
 	ca := testpki.NewCA(t, "ca")
@@ -320,4 +343,13 @@ func TestClientCredsVerifyTheHostDialled(t *testing.T) {
 		raw.Close()
 		lis.Close()
 	}
+}
+
+func read(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/big"
 	"os"
 	"runtime"
 	"sync"
@@ -35,8 +36,10 @@ func (f Files) paths() []string { return []string{f.Cert, f.Key, f.CA, f.CRL} }
 type Material struct {
 	Cert    *tls.Certificate // nil without Files.Cert
 	Leaf    *x509.Certificate
-	Roots   *x509.CertPool // nil without Files.CA
-	revoked map[string]bool
+	Roots   *x509.CertPool  // nil without Files.CA
+	revoked map[string]bool // by revocationKey
+	// crlNextUpdate is when the CRL's issuer promised the next one (zero: no CRL, or no promise).
+	crlNextUpdate time.Time
 	// verified remembers the chains Verify accepted, by their leaf: a
 	// stream on a connection whose chain the handshake verified against
 	// this material need not verify it again.
@@ -155,7 +158,17 @@ func Load(files Files, log *slog.Logger) (*Store, error) {
 		return nil, err
 	}
 	s.cur, s.contents = m, contents
+	s.warnStaleCRL(m)
 	return s, nil
+}
+
+// warnStaleCRL warns when a CRL is past the next update its issuer
+// promised: revocations since may be missing from it.
+func (s *Store) warnStaleCRL(m *Material) {
+	if !m.crlNextUpdate.IsZero() && time.Now().After(m.crlNextUpdate) {
+		s.log.Warn("the CRL is past its next update: renew it, or revocations issued since are not enforced",
+			"crl", s.files.CRL, "nextUpdate", m.crlNextUpdate)
+	}
 }
 
 // Material returns the current material.
@@ -189,6 +202,7 @@ func (s *Store) Reload() (bool, error) {
 	s.cur, s.contents = m, contents
 	s.mu.Unlock()
 	s.log.Info("reloaded certificates", "cert", s.files.Cert, "ca", s.files.CA, "crl", s.files.CRL, "notAfter", leafNotAfter(m))
+	s.warnStaleCRL(m)
 	return true, nil
 }
 
@@ -268,9 +282,16 @@ func parse(files Files, contents [][]byte) (*Material, error) {
 	}
 	m.revoked = map[string]bool{}
 	for _, e := range crl.RevokedCertificateEntries {
-		m.revoked[e.SerialNumber.String()] = true
+		m.revoked[revocationKey(crl.RawIssuer, e.SerialNumber)] = true
 	}
+	m.crlNextUpdate = crl.NextUpdate
 	return m, nil
+}
+
+// revocationKey names a certificate in a CRL: serial numbers are unique
+// per issuer only (a CA file may hold several CAs, as in a rotation).
+func revocationKey(issuer []byte, serial *big.Int) string {
+	return string(issuer) + "\x00" + serial.String()
 }
 
 // Verify checks a peer's chain (leaf first) at now against the material:
@@ -300,7 +321,7 @@ func (m *Material) Verify(chain []*x509.Certificate, usage x509.ExtKeyUsage, tru
 		return ID{}, fmt.Errorf("%w: %w", ErrUntrusted, err)
 	}
 	for _, c := range chain {
-		if m.revoked[c.SerialNumber.String()] {
+		if m.revoked[revocationKey(c.RawIssuer, c.SerialNumber)] {
 			return ID{}, fmt.Errorf("%w (serial %s)", ErrRevoked, c.SerialNumber)
 		}
 	}

@@ -77,6 +77,7 @@ type Cert struct {
 	Usages    []x509.ExtKeyUsage
 	NotBefore time.Time
 	NotAfter  time.Time
+	Serial    *big.Int // nil: a random one
 }
 
 // Issued is a certificate Issue made: its files and serial number.
@@ -112,6 +113,9 @@ func (ca *CA) Issue(t testing.TB, name string, c Cert) Issued {
 	}
 	if !c.NotAfter.IsZero() {
 		tmpl.NotAfter = c.NotAfter
+	}
+	if c.Serial != nil {
+		tmpl.SerialNumber = c.Serial
 	}
 	cert, key := ca.issue(t, name, tmpl)
 	return Issued{CertFile: cert, KeyFile: key, Serial: tmpl.SerialNumber}
