@@ -363,6 +363,7 @@ func TestPeerTokenRotated(t *testing.T) {
 		t.Helper()
 		awaitFor(t, what, 10*time.Second, func() bool { return cond(replicas[0]) && cond(replicas[1]) })
 	}
+	var oldSession fedv1.Replication_SubscribeClient
 	for step, content := range []string{old + "\n" + next + "\n", next + "\n" + old + "\n", next + "\n"} {
 		for _, f := range files {
 			writeFile(t, f, content)
@@ -370,10 +371,20 @@ func TestPeerTokenRotated(t *testing.T) {
 		switch step {
 		case 0:
 			everywhere("the new token accepted", func(h *testHub) bool { return replicateWith(h, next) != codes.Unauthenticated })
+			oldSession = subscribeAs(t, replicas[1], old)
 		case 1:
 			time.Sleep(2500 * time.Millisecond) // nothing tells which token a replica presents: two reload periods
 		case 2:
 			everywhere("the old token refused", func(h *testHub) bool { return replicateWith(h, old) == codes.Unauthenticated })
+			// A subscription opened with the old token ends with it.
+			for {
+				if _, err := oldSession.Recv(); err != nil {
+					if status.Code(err) != codes.Unauthenticated {
+						t.Fatalf("the old token's subscription ended with %v, want Unauthenticated", err)
+					}
+					break
+				}
+			}
 		}
 		name := fmt.Sprintf("step%d", step)
 		writeService(t, dir, name, endpoint{backend, "z1", true})
@@ -382,6 +393,31 @@ func TestPeerTokenRotated(t *testing.T) {
 	if code := replicateWith(replicas[1], next); code == codes.Unauthenticated {
 		t.Fatal("the new token does not replicate")
 	}
+}
+
+// subscribeAs opens a replication subscription to h as a replica
+// presenting token, and returns it once it carries state.
+func subscribeAs(t *testing.T, h *testHub, token string) fedv1.Replication_SubscribeClient {
+	t.Helper()
+	conn, err := grpc.NewClient(h.FederationAddr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithPerRPCCredentials(federation.TokenCredentials{Token: token, AllowInsecure: true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	stream, err := fedv1.NewReplicationClient(conn).Subscribe(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&fedv1.ReplicaRequest{Kind: &fedv1.ReplicaRequest_Hello{Hello: &fedv1.ReplicaHello{ReplicaId: "probe"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatalf("subscribing with a good token: %v", err)
+	}
+	return stream
 }
 
 // Tokens are read again when their file changes: a rotated token admits

@@ -45,6 +45,9 @@ func parseTokens(path string, b []byte) (Tokens, error) {
 	if err := yaml.UnmarshalStrict(b, &raw); err != nil {
 		return nil, fmt.Errorf("parse tokens %s: want lines of `cluster-id: token`: %w", path, err)
 	}
+	if len(raw) == 0 {
+		return nil, fmt.Errorf("tokens %s: no cluster's token (without --tokens, spokes present certificates)", path)
+	}
 	t := make(Tokens, len(raw))
 	seen := map[string]registry.ClusterID{}
 	for id, tok := range raw {
@@ -103,6 +106,9 @@ func (p PeerTokens) Present() string {
 
 // Accepts reports whether tok is one of the tokens. It compares in constant time.
 func (p PeerTokens) Accepts(tok string) bool {
+	if tok == "" {
+		return false
+	}
 	found := false
 	for _, t := range p {
 		if subtle.ConstantTimeCompare([]byte(t), []byte(tok)) == 1 {
@@ -221,7 +227,14 @@ type AuthOption func(*Credentials)
 // cannot replicate, a replica cannot publish. Without this option
 // (development), Replication is open to every client.
 func WithPeerToken(token string) AuthOption {
-	return func(c *Credentials) { c.PeerTokens = func() PeerTokens { return PeerTokens{token} } }
+	return func(c *Credentials) {
+		c.PeerTokens = func() PeerTokens {
+			if token == "" {
+				return nil
+			}
+			return PeerTokens{token}
+		}
+	}
 }
 
 // ValidatePeerToken checks a peer token before it is used: long enough, and

@@ -700,7 +700,7 @@ func TestTokenFileReload(t *testing.T) {
 	if changed, err := f.Reload(); changed || err != nil {
 		t.Fatalf("an unchanged file: %v, %v", changed, err)
 	}
-	for _, bad := range []string{"east: short\n", "east: " + peer + "\n", "not yaml: [\n"} {
+	for _, bad := range []string{"east: short\n", "east: " + peer + "\n", "not yaml: [\n", "", "\n", "# half written\n", "{}\n"} {
 		write(bad)
 		if changed, err := f.Reload(); changed || err == nil {
 			t.Errorf("%q: %v, %v", bad, changed, err)

@@ -2,12 +2,15 @@ package hub
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
+	"sync/atomic"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -205,9 +208,12 @@ func (p *parts) federationCredentials() federation.Credentials {
 }
 
 // restrictXDS is what an xDS client may receive under the policy: what
-// its identity's rule allows (nothing without a rule).
+// its stream was granted (policyGrant), nothing without a rule.
 func (p *parts) restrictXDS(ctx context.Context) (xds.Restriction, string, error) {
-	g := p.grantOf(ctx)
+	g, ok := ctx.Value(grantKey{}).(grant)
+	if !ok { // not held under the policy (no client certificate): nothing
+		g = p.grantUnder(p.policy.Policy(), ctx)
+	}
 	if g.all {
 		return nil, g.who, nil
 	}
@@ -225,10 +231,12 @@ type grant struct {
 	namespaces []string // sorted
 }
 
+type grantKey struct{}
+
 func (g grant) equal(o grant) bool { return g.all == o.all && slices.Equal(g.namespaces, o.namespaces) }
 
-// grantOf is what the current policy grants the identity of a stream's peer.
-func (p *parts) grantOf(ctx context.Context) grant {
+// grantUnder is what policy grants the identity of a stream's peer.
+func (p *parts) grantUnder(policy *identity.Policy, ctx context.Context) grant {
 	chain := identity.PeerChain(ctx)
 	if len(chain) == 0 {
 		return grant{who: "no identity"}
@@ -237,28 +245,28 @@ func (p *parts) grantOf(ctx context.Context) grant {
 	if err != nil {
 		return grant{who: chain[0].Subject.String()}
 	}
-	all, namespaces := p.policy.Policy().Allows(id)
+	all, namespaces := policy.Allows(id)
 	return grant{who: id.String(), all: all, namespaces: namespaces}
 }
 
-// holdGrants holds every xDS stream, under the policy, with what the
-// policy granted it at its start: a new policy that grants it otherwise
-// ends the stream (its client reconnects, and is served under the new
-// policy) while streams whose grant is unchanged go on.
-func (p *parts) holdGrants() grpc.StreamServerInterceptor {
-	return func(srv any, stream grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		granted := p.grantOf(stream.Context())
-		ctx, release, err := p.sessions.Hold(stream.Context(), "xDS policy of "+granted.who, nil, func() error {
-			if !p.grantOf(stream.Context()).equal(granted) {
-				return errors.New("the xDS policy changed what it grants")
-			}
+// policyGrant decides what the policy grants a new xDS stream, once: the
+// stream is restricted to it (restrictXDS reads it from the context), and
+// its session ends, for its client to reconnect, when a reloaded policy
+// grants it otherwise. Streams whose grant is unchanged go on.
+func (p *parts) policyGrant(ctx context.Context) (context.Context, func() error) {
+	var seen atomic.Pointer[identity.Policy] // the last policy the grant was checked under
+	seen.Store(p.policy.Policy())
+	granted := p.grantUnder(seen.Load(), ctx)
+	return context.WithValue(ctx, grantKey{}, granted), func() error {
+		now := p.policy.Policy()
+		if seen.Load() == now {
 			return nil
-		})
-		if err != nil {
-			return err
 		}
-		defer release()
-		return identity.Stream(ctx, srv, stream, handler)
+		if !p.grantUnder(now, ctx).equal(granted) {
+			return fmt.Errorf("%w: the xDS policy changed what it grants %s", identity.ErrReconnect, granted.who)
+		}
+		seen.Store(now)
+		return nil
 	}
 }
 
@@ -276,10 +284,27 @@ func (p *parts) watchCredentials(ctx context.Context) {
 		reloads = append(reloads, p.tokens.Reload)
 	}
 	if p.peerTokens != nil {
-		reloads = append(reloads, p.peerTokens.Reload)
+		reloads = append(reloads, logged(p.log, "reloaded the peer tokens", p.peerTokens.Reload, func() []any {
+			t := p.peerTokens.Tokens()
+			sum := sha256.Sum256([]byte(t.Present()))
+			return []any{"tokens", len(t), "presented", hex.EncodeToString(sum[:4])}
+		}))
 	}
 	if p.policy != nil {
-		reloads = append(reloads, p.policy.Reload)
+		reloads = append(reloads, logged(p.log, "reloaded the xDS policy", p.policy.Reload, func() []any {
+			return []any{"rules", len(p.policy.Policy().Rules)}
+		}))
 	}
 	identity.Watch(ctx, p.log.With("component", "credentials"), credentialsReload, p.sessions.Recheck, reloads...)
+}
+
+// logged is reload, logging msg with what attrs says when it changed something.
+func logged(log *slog.Logger, msg string, reload func() (bool, error), attrs func() []any) func() (bool, error) {
+	return func() (bool, error) {
+		changed, err := reload()
+		if changed {
+			log.Info(msg, attrs()...)
+		}
+		return changed, err
+	}
 }

@@ -477,10 +477,11 @@ func (p *parts) buildServers() {
 		logging.StreamServerInterceptor(grpcLogger(log.With("component", "xds-grpc")), logOpts...),
 		recovery.StreamServerInterceptor(recoveryOpt),
 		limits.FirstMessageWithin(cfg.Connections.FirstRequestTimeout, p.refused("xds")),
-		p.sessions.StreamInterceptor(p.xdsCerts, cfg.TrustDomain),
 	}
 	if p.policy != nil {
-		xdsInterceptors = append(xdsInterceptors, p.holdGrants())
+		xdsInterceptors = append(xdsInterceptors, p.sessions.StreamInterceptor(p.xdsCerts, cfg.TrustDomain, p.policyGrant))
+	} else {
+		xdsInterceptors = append(xdsInterceptors, p.sessions.StreamInterceptor(p.xdsCerts, cfg.TrustDomain))
 	}
 	p.xdsGRPC = grpc.NewServer(
 		grpc.Creds(p.xdsCreds),

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"math/big"
 	"net"
 	"os"
@@ -12,6 +13,9 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/navemesh/nave/identity"
 	"github.com/navemesh/nave/internal/testpki"
@@ -77,7 +81,7 @@ func TestPolicy(t *testing.T) {
 	}
 	// A version that does not load keeps the last good policy; a good one replaces it.
 	shop, _ := identity.Parse("spiffe://td/ns/shop/sa/web")
-	for _, bad := range []string{"rules:\n- identity: nope\n  namespaces: [a]\n", "rules:\n- identity: '*'\n", "rule: []\n"} {
+	for _, bad := range []string{"rules:\n- identity: nope\n  namespaces: [a]\n", "rules:\n- identity: '*'\n", "rule: []\n", "", "  \n", "# half written\n", "{}\n"} {
 		write(t, path, bad)
 		if _, err := identity.OpenPolicy(path); err == nil {
 			t.Errorf("policy %q accepted", bad)
@@ -273,6 +277,57 @@ func TestSessionsRecheck(t *testing.T) {
 	}
 	if s.Len() != 1 {
 		t.Fatalf("%d sessions held, want 1", s.Len())
+	}
+}
+
+// A credential withdrawn while a new session is being checked still ends
+// it: the session is held before its check runs.
+func TestSessionsHoldBeforeTheCheck(t *testing.T) {
+	s := identity.NewSessions(nil, nil)
+	withdrawn := false
+	ctx, release, err := s.Hold(context.Background(), "racing", nil, func() error {
+		if withdrawn {
+			return errors.New("withdrawn")
+		}
+		// The check passes; meanwhile the credential is withdrawn and rechecked.
+		withdrawn = true
+		s.Recheck()
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	if ctx.Err() == nil {
+		t.Fatal("a session whose credential was withdrawn during its check goes on")
+	}
+}
+
+// A grant that changed ends its session with Unavailable, for the client
+// to reconnect, and does not count as a failed credential.
+func TestSessionsReconnectOnAChangedGrant(t *testing.T) {
+	s := identity.NewSessions(nil, nil)
+	changed := false
+	ctx, release, err := s.Hold(context.Background(), "granted", nil, func() error {
+		if changed {
+			return fmt.Errorf("%w: the grant changed", identity.ErrReconnect)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	changed = true
+	s.Recheck()
+	if ctx.Err() == nil {
+		t.Fatal("the session goes on")
+	}
+	if code := status.Code(identity.Ended(ctx, nil)); code != codes.Unavailable {
+		t.Errorf("ended with %s, want Unavailable", code)
+	}
+	if _, _, err := s.Hold(context.Background(), "late", nil, func() error { return fmt.Errorf("%w: changed", identity.ErrReconnect) }); status.Code(err) != codes.Unavailable {
+		t.Errorf("a new session whose grant changed at once: %v, want Unavailable", err)
 	}
 }
 

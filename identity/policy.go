@@ -54,6 +54,10 @@ func parsePolicy(path string, b []byte) (*Policy, error) {
 	if err := yaml.UnmarshalStrict(b, &p); err != nil {
 		return nil, fmt.Errorf("policy %s: %w", path, err)
 	}
+	if p.Rules == nil {
+		// What a file caught half-written says; a policy granting nothing says `rules: []`.
+		return nil, fmt.Errorf("policy %s: no rules", path)
+	}
 	for i, r := range p.Rules {
 		pattern := r.Identity
 		if prefix, ok := strings.CutSuffix(r.Identity, "/*"); ok {

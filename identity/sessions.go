@@ -19,6 +19,11 @@ import (
 // reason follows it.
 var ErrNoLongerHolds = errors.New("identity: the session's credential no longer holds")
 
+// ErrReconnect, in a check's error, says the credential holds but what it
+// was granted changed: the session ends with Unavailable, and its client
+// reconnects to be served under the new grant.
+var ErrReconnect = errors.New("identity: reconnect")
+
 // Sessions are the streams open under a credential. Each holds while its
 // check passes and its certificate is valid: Recheck (after credentials
 // change) and the passing of time end those that no longer do, with a
@@ -59,23 +64,30 @@ func (s *Sessions) Hold(ctx context.Context, what string, leaf *x509.Certificate
 		s.closeConns(leaf)
 		return nil, nil, status.Error(codes.Unauthenticated, ErrExpired.Error())
 	}
-	if check != nil {
-		if err := check(); err != nil {
-			s.closeConns(leaf)
-			return nil, nil, status.Error(codes.Unauthenticated, err.Error())
-		}
-	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	h := &held{what: what, leaf: leaf, check: check, cancel: cancel}
-	s.mu.Lock()
-	s.held[h] = struct{}{}
-	s.mu.Unlock()
-	return ctx, func() {
+	release := func() {
 		s.mu.Lock()
 		delete(s.held, h)
 		s.mu.Unlock()
 		cancel(nil)
-	}, nil
+	}
+	// Held before it is checked: a Recheck from now on sees it, so a
+	// credential withdrawn while it is checked cannot slip through.
+	s.mu.Lock()
+	s.held[h] = struct{}{}
+	s.mu.Unlock()
+	if check != nil {
+		if err := check(); err != nil {
+			release()
+			if errors.Is(err, ErrReconnect) {
+				return nil, nil, status.Error(codes.Unavailable, err.Error())
+			}
+			s.closeConns(leaf)
+			return nil, nil, status.Error(codes.Unauthenticated, err.Error())
+		}
+	}
+	return ctx, release, nil
 }
 
 func (s *Sessions) closeConns(leaf *x509.Certificate) {
@@ -115,6 +127,7 @@ func (s *Sessions) sweep(now time.Time, check bool) {
 		all = append(all, h)
 	}
 	s.mu.Unlock()
+	reconnects := 0
 	for _, h := range all {
 		var err error
 		switch {
@@ -126,23 +139,35 @@ func (s *Sessions) sweep(now time.Time, check bool) {
 		if err == nil {
 			continue
 		}
-		s.log.Warn("ending a session whose credential no longer holds", "peer", h.what, "err", err)
-		h.cancel(errors.Join(ErrNoLongerHolds, err))
 		s.mu.Lock()
 		delete(s.held, h)
 		s.mu.Unlock()
+		if errors.Is(err, ErrReconnect) {
+			reconnects++
+			h.cancel(err)
+			continue
+		}
+		s.log.Warn("ending a session whose credential no longer holds", "peer", h.what, "err", err)
+		h.cancel(errors.Join(ErrNoLongerHolds, err))
 		// After the stream's status had a moment to leave: the client
 		// reconnects, with a new handshake.
 		time.AfterFunc(100*time.Millisecond, func() { s.closeConns(h.leaf) })
+	}
+	if reconnects > 0 {
+		s.log.Info("ended sessions whose grant changed; their clients reconnect", "sessions", reconnects)
 	}
 }
 
 // Ended turns the error a stream handler returned into the status a
 // client should see: when the session ended because its credential no
-// longer holds, Unauthenticated with the reason; otherwise err.
+// longer holds, Unauthenticated with the reason; because its grant
+// changed, Unavailable (reconnect); otherwise err.
 func Ended(ctx context.Context, err error) error {
-	if cause := context.Cause(ctx); errors.Is(cause, ErrNoLongerHolds) {
+	switch cause := context.Cause(ctx); {
+	case errors.Is(cause, ErrNoLongerHolds):
 		return status.Error(codes.Unauthenticated, cause.Error())
+	case errors.Is(cause, ErrReconnect):
+		return status.Error(codes.Unavailable, cause.Error())
 	}
 	return err
 }
@@ -153,10 +178,16 @@ func Stream(ctx context.Context, srv any, stream grpc.ServerStream, handler grpc
 	return Ended(ctx, handler(srv, streams.WithContext(stream, ctx)))
 }
 
+// A Grant decides, when a stream starts, what else its session rests on
+// than its certificate: it returns the stream's context, carrying what it
+// decided, and a check that fails (wrapping ErrReconnect) once that changed.
+type Grant func(ctx context.Context) (context.Context, func() error)
+
 // StreamInterceptor holds, in s, every stream whose peer presented a
 // client certificate, checked against store: it ends when the certificate
-// expires, is revoked or is no longer trusted.
-func (s *Sessions) StreamInterceptor(store *Store, trustDomain string) grpc.StreamServerInterceptor {
+// expires, is revoked or is no longer trusted, or when one of grants
+// changed.
+func (s *Sessions) StreamInterceptor(store *Store, trustDomain string, grants ...Grant) grpc.StreamServerInterceptor {
 	return func(srv any, stream grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		chain := PeerChain(stream.Context())
 		if len(chain) == 0 || store == nil {
@@ -166,9 +197,23 @@ func (s *Sessions) StreamInterceptor(store *Store, trustDomain string) grpc.Stre
 		if id, err := Of(chain[0]); err == nil {
 			who = id.String()
 		}
-		ctx, release, err := s.Hold(stream.Context(), who, chain[0], func() error {
+		checks := []func() error{func() error {
 			_, err := store.Material().Verify(chain, x509.ExtKeyUsageClientAuth, trustDomain, time.Now())
 			return err
+		}}
+		ctx := stream.Context()
+		for _, g := range grants {
+			var check func() error
+			ctx, check = g(ctx)
+			checks = append(checks, check)
+		}
+		ctx, release, err := s.Hold(ctx, who, chain[0], func() error {
+			for _, check := range checks {
+				if err := check(); err != nil {
+					return err
+				}
+			}
+			return nil
 		})
 		if err != nil {
 			return err

@@ -1,6 +1,6 @@
 // Package watched holds a file parsed into a value, read again when the
-// file changes: a version that does not parse, or that a check refuses,
-// changes nothing.
+// file changes: a version that is empty, does not parse, or that a check
+// refuses changes nothing.
 package watched
 
 import (
@@ -43,6 +43,10 @@ func (f *File[T]) Reload() (bool, error) {
 	}
 	if f.cur.Load() != nil && bytes.Equal(raw, f.raw) {
 		return false, nil
+	}
+	if len(bytes.TrimSpace(raw)) == 0 {
+		// Caught half-written, or templated empty: never a version to apply.
+		return false, fmt.Errorf("%s %s is empty", f.what, f.path)
 	}
 	v, err := f.parse(f.path, raw)
 	if err != nil {
