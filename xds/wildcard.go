@@ -159,6 +159,10 @@ func (w *restrictedWildcard[R]) forward(inner chan R, stop chan struct{}) {
 		}
 		w.done = true
 		w.c.wildcards.remove(w)
+		// Sent under mu, so that none is sent once close returns. It never
+		// waits: go-control-plane's response channels hold an answer per
+		// type (sotw ADS, delta) or are one's own (sotw per type), and a
+		// stream has one watch per type open.
 		select {
 		case w.out <- r:
 		case <-w.closing:
