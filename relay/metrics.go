@@ -1,0 +1,80 @@
+package relay
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metric names.
+const (
+	MetricNACKs              = "nave_relay_nacks_total"
+	MetricUpstreamConnected  = "nave_relay_upstream_connected"
+	MetricUpstreamResponses  = "nave_relay_upstream_responses_total"
+	MetricUpstreamNACKs      = "nave_relay_upstream_nacks_total"
+	MetricStreams            = "nave_relay_streams"
+	MetricUpstreamReconnects = "nave_relay_upstream_reconnects_total"
+)
+
+// Type labels.
+const (
+	typeLDS   = "lds"
+	typeRDS   = "rds"
+	typeCDS   = "cds"
+	typeEDS   = "eds"
+	typeOther = "other"
+)
+
+func typeLabel(typeURL string) string {
+	switch typeURL {
+	case resource.ListenerType:
+		return typeLDS
+	case resource.RouteType:
+		return typeRDS
+	case resource.ClusterType:
+		return typeCDS
+	case resource.EndpointType:
+		return typeEDS
+	default:
+		return typeOther
+	}
+}
+
+type metrics struct {
+	nacks             *prometheus.CounterVec
+	upstreamConnected prometheus.Gauge
+	upstreamResponses *prometheus.CounterVec
+	upstreamNACKs     *prometheus.CounterVec
+	streams           prometheus.Gauge
+	reconnects        prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		nacks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricNACKs,
+			Help: "Responses the relay's local clients rejected, by type."}, []string{"type"}),
+		upstreamConnected: prometheus.NewGauge(prometheus.GaugeOpts{Name: MetricUpstreamConnected,
+			Help: "1 while the relay's stream to the hub is open, else 0."}),
+		upstreamResponses: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricUpstreamResponses,
+			Help: "Responses received from the hub, by type."}, []string{"type"}),
+		upstreamNACKs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricUpstreamNACKs,
+			Help: "Responses from the hub the relay could not decode and rejected, by type."}, []string{"type"}),
+		streams: prometheus.NewGauge(prometheus.GaugeOpts{Name: MetricStreams,
+			Help: "Open local xDS streams."}),
+		reconnects: prometheus.NewCounter(prometheus.CounterOpts{Name: MetricUpstreamReconnects,
+			Help: "Upstream streams that ended and were retried."}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	var errs []error
+	for _, c := range []prometheus.Collector{m.nacks, m.upstreamConnected, m.upstreamResponses, m.upstreamNACKs, m.streams, m.reconnects} {
+		errs = append(errs, reg.Register(c))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("relay: register metrics: %w", err)
+	}
+	return m, nil
+}

@@ -1,0 +1,264 @@
+// Package relay is a node-local xDS relay: it holds one state-of-the-world
+// ADS stream to the hub and serves the proxyless gRPC clients of its node
+// from caches filled by that stream, so the hub holds one stream per node
+// instead of one per client.
+//
+// Upstream, the relay subscribes, per type, to the union of the resource
+// names its local clients ask for (wildcard when any of them asks wildcard),
+// ACKs every response it can decode and NACKs the others. Locally it serves
+// state-of-the-world ADS (and the separate LDS, RDS, CDS and EDS services)
+// from one go-control-plane LinearCache per type.
+//
+// Locality: the hub computes endpoints for the relay's own node (its
+// Config.Node: locality, NETWORK and CLUSTER_ID metadata), and every local
+// client is served exactly that, whatever locality its own bootstrap names.
+// A node's clients share its zone, so this is what they would be served
+// anyway; run one relay per node.
+//
+// When the hub is unreachable the relay keeps serving the last good state
+// (a new local client is served from the caches at once) and reconnects
+// with jittered exponential backoff; the caches are never cleared, the
+// hub's next responses replace what they hold.
+//
+// A resource no local client wants any more leaves the upstream
+// subscription at once and the caches after Config.RetainUnwanted, so a
+// client whose stream breaks finds it again. A listener or cluster watch
+// from a client that holds another server's state (the relay restarted) is
+// not answered before the relay holds what it names: a state-of-the-world
+// answer without them would delete them at the client.
+//
+// Endpoint and route entries (EDS, RDS) the hub deleted stay cached, and
+// are served, while a local client still asks for them: a
+// state-of-the-world response cannot say a resource of those types is
+// gone, so the relay only learns it when no client wants it any more.
+//
+// Security: the relay speaks to the hub under its own identity (the
+// caller's DialOptions), so the hub's per-client restrictions (its
+// per-identity namespace policy) apply to the relay's identity only, and
+// every local client may ask for, and is served, whatever the relay may
+// see. The relay does no authentication of its local clients: deploy it
+// where that is acceptable (a listener reachable only by the node's
+// trusted workloads).
+//
+// Not yet: delta xDS for local clients (delta streams are refused), and
+// per-client views (every client gets the relay's node's resources).
+package relay
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	clusterservice "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
+	listenerservice "github.com/envoyproxy/go-control-plane/envoy/service/listener/v3"
+	routeservice "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
+	cache "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/server/sotw/v3"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+)
+
+// Config configures a relay.
+type Config struct {
+	// Upstream is the hub's xDS address (a gRPC target).
+	Upstream string
+	// DialOptions are used to dial Upstream; the caller supplies the
+	// transport credentials (TLS), since only it knows them.
+	DialOptions []grpc.DialOption
+	// Node is the relay's own node, sent to the hub on the first request of
+	// each stream: its ID, cluster, locality and metadata (NETWORK,
+	// CLUSTER_ID) decide which network and locality the hub computes
+	// endpoints for, for every local client.
+	Node *core.Node
+	// BackoffMin and BackoffMax bound the delay between upstream
+	// reconnection attempts; it doubles on each failure, with jitter.
+	BackoffMin, BackoffMax time.Duration
+	// RetainUnwanted is how long a resource no local client wants any more
+	// stays in the caches (it leaves the upstream subscription at once). A
+	// client whose stream breaks and comes back within it finds its
+	// resources still there, even with the hub unreachable.
+	RetainUnwanted time.Duration
+	// HoldUnknown bounds how long a listener or cluster watch from a client
+	// that holds another server's state waits for resources the relay does
+	// not hold, once the hub has answered (see localCache).
+	HoldUnknown time.Duration
+	// MaxResourceNames bounds the resource names of one local request (a
+	// stream asking for more is ended with ResourceExhausted) and of the
+	// upstream subscription per type (past it the type is subscribed to as
+	// a wildcard): the hub refuses requests naming more than its own bound
+	// (50,000) and ends the relay's stream.
+	MaxResourceNames int
+}
+
+// DefaultConfig has the backoff bounds (100 ms to 10 s), keeps unwanted
+// resources a minute, holds a watch for unknown resources up to 2 s and
+// allows 50,000 resource names (the hub's bound); Upstream, Node and
+// DialOptions are left for the caller.
+func DefaultConfig() Config {
+	return Config{BackoffMin: 100 * time.Millisecond, BackoffMax: 10 * time.Second, RetainUnwanted: time.Minute, HoldUnknown: 2 * time.Second,
+		MaxResourceNames: 50_000}
+}
+
+// ErrNoUpstream is returned by New when Config.Upstream is empty.
+var ErrNoUpstream = errors.New("relay: no upstream address")
+
+// ErrNoNode is returned by New when Config.Node has no ID.
+var ErrNoNode = errors.New("relay: no node ID")
+
+// ErrRunTwice is returned by Run when it was called before: a relay runs once.
+var ErrRunTwice = errors.New("relay: Run called twice")
+
+// relayedTypes are the resource types relayed, in the order requests for them are
+// sent upstream.
+var relayedTypes = []string{resource.ListenerType, resource.RouteType, resource.ClusterType, resource.EndpointType}
+
+// Relay relays the hub's xDS resources to the clients of one node.
+type Relay struct {
+	cfg     Config
+	log     *slog.Logger
+	metrics *metrics
+	xds     serverv3.Server
+	// caches hold the resources served locally, one per type URL. Written
+	// only by the upstream goroutine (Run).
+	caches map[string]*cache.LinearCache
+
+	// local tracks the local streams and their subscriptions.
+	local *localStreams
+	// cache is what the local server watches.
+	cache *localCache
+
+	// changed tells the upstream goroutine that a local subscription changed
+	// (capacity 1: signals coalesce).
+	changed chan struct{}
+
+	// upstreamMu guards upstreamSubs, what the upstream stream last asked
+	// for per type (for Subscriptions).
+	upstreamMu   sync.Mutex
+	upstreamSubs map[string]subscription
+
+	// ran is set by the first Run; stopLocal ends the local streams (when Run returns).
+	ran       atomic.Bool
+	stopLocal context.CancelFunc
+}
+
+// New returns a relay for cfg. Its metrics are registered on reg (nil: not registered).
+func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Relay, error) {
+	if cfg.Upstream == "" {
+		return nil, ErrNoUpstream
+	}
+	if cfg.Node.GetId() == "" {
+		return nil, ErrNoNode
+	}
+	def := DefaultConfig()
+	if cfg.BackoffMin <= 0 {
+		cfg.BackoffMin = def.BackoffMin
+	}
+	if cfg.BackoffMax < cfg.BackoffMin {
+		cfg.BackoffMax = max(def.BackoffMax, cfg.BackoffMin)
+	}
+	if cfg.RetainUnwanted <= 0 {
+		cfg.RetainUnwanted = def.RetainUnwanted
+	}
+	if cfg.HoldUnknown <= 0 {
+		cfg.HoldUnknown = def.HoldUnknown
+	}
+	if cfg.MaxResourceNames <= 0 {
+		cfg.MaxResourceNames = def.MaxResourceNames
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log = log.With("component", "relay")
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	// A prefix of its own per relay process: a local client that comes back
+	// to a restarted relay never matches its old versions against new counters.
+	token := make([]byte, 4)
+	_, _ = rand.Read(token)
+	prefix := "relay-" + hex.EncodeToString(token) + "-"
+	r := &Relay{
+		cfg:          cfg,
+		log:          log,
+		metrics:      m,
+		caches:       map[string]*cache.LinearCache{},
+		changed:      make(chan struct{}, 1),
+		upstreamSubs: map[string]subscription{},
+	}
+	prefixes := map[string]string{}
+	for _, t := range relayedTypes {
+		prefixes[t] = prefix + typeLabel(t) + "-"
+		r.caches[t] = cache.NewLinearCache(t, cache.WithVersionPrefix(prefixes[t]), cache.WithLogger(cacheLogger{log}))
+	}
+	r.local = newLocalStreams(r.metrics, log, cfg.MaxResourceNames, r.notify)
+	r.cache = newLocalCache(r.caches, prefixes, r.local, cfg.HoldUnknown, log)
+	// The local streams end when Run returns (or the gRPC server stops).
+	serverCtx, stop := context.WithCancel(context.Background())
+	r.stopLocal = stop
+	r.xds = serverv3.NewServer(serverCtx, r.cache, r.local.callbacks(), sotw.WithLogger(cacheLogger{log}))
+	return r, nil
+}
+
+// Register registers the aggregated discovery service and the separate LDS,
+// RDS, CDS and EDS services on g. The local streams end when Run returns
+// (or g stops).
+func (r *Relay) Register(g *grpc.Server) {
+	discovery.RegisterAggregatedDiscoveryServiceServer(g, r.xds)
+	listenerservice.RegisterListenerDiscoveryServiceServer(g, r.xds)
+	routeservice.RegisterRouteDiscoveryServiceServer(g, r.xds)
+	clusterservice.RegisterClusterDiscoveryServiceServer(g, r.xds)
+	endpointservice.RegisterEndpointDiscoveryServiceServer(g, r.xds)
+}
+
+// Clients returns the status of every local stream, oldest first.
+func (r *Relay) Clients() []ClientStatus {
+	return r.local.status()
+}
+
+// Subscriptions returns what the upstream stream last subscribed to, by
+// type label (lds, rds, cds, eds): sorted names, or ["*"] for wildcard.
+// Types never subscribed on the current stream are absent.
+func (r *Relay) Subscriptions() map[string][]string {
+	r.upstreamMu.Lock()
+	defer r.upstreamMu.Unlock()
+	out := make(map[string][]string, len(r.upstreamSubs))
+	for t, s := range r.upstreamSubs {
+		out[typeLabel(t)] = s.requestNames()
+	}
+	return out
+}
+
+// notify tells the upstream goroutine that a local subscription changed; it never blocks.
+func (r *Relay) notify() {
+	select {
+	case r.changed <- struct{}{}:
+	default:
+	}
+}
+
+// cacheLogger routes go-control-plane's logs into slog; its Info is chatty per watch, so it becomes Debug.
+type cacheLogger struct{ l *slog.Logger }
+
+func (f cacheLogger) Debugf(format string, args ...any) { f.log(slog.LevelDebug, format, args...) }
+func (f cacheLogger) Infof(format string, args ...any)  { f.log(slog.LevelDebug, format, args...) }
+func (f cacheLogger) Warnf(format string, args ...any)  { f.log(slog.LevelWarn, format, args...) }
+func (f cacheLogger) Errorf(format string, args ...any) { f.log(slog.LevelError, format, args...) }
+
+func (f cacheLogger) log(level slog.Level, format string, args ...any) {
+	if !f.l.Enabled(context.Background(), level) {
+		return
+	}
+	f.l.Log(context.Background(), level, fmt.Sprintf(format, args...))
+}

@@ -1,0 +1,422 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"runtime/debug"
+	"time"
+
+	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listener "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	route "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	cache "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+)
+
+// Run keeps one ADS stream to the hub until ctx ends, reconnecting with
+// jittered exponential backoff; it returns nil when ctx ends, or an error
+// if the upstream cannot be dialled at all (a bad address or options).
+//
+// Run may be called once: the local streams end when it returns.
+func (r *Relay) Run(ctx context.Context) error {
+	if !r.ran.CompareAndSwap(false, true) {
+		return ErrRunTwice
+	}
+	defer r.stopLocal()
+	// The connection's own backoff follows BackoffMin and BackoffMax (grpc's
+	// default starts at 1 s and grows to 120 s); the caller's options come
+	// after, so they may override it.
+	opts := append([]grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+		Backoff: backoff.Config{BaseDelay: r.cfg.BackoffMin, Multiplier: 2, Jitter: 0.2, MaxDelay: r.cfg.BackoffMax},
+		// Give a slow connection (a TLS handshake far away) time to complete.
+		MinConnectTimeout: max(r.cfg.BackoffMax, minConnectTimeout),
+	})}, r.cfg.DialOptions...)
+	conn, err := grpc.NewClient(r.cfg.Upstream, opts...)
+	if err != nil {
+		return fmt.Errorf("relay: dial %s: %w", r.cfg.Upstream, err)
+	}
+	defer func() { _ = conn.Close() }()
+	client := discovery.NewAggregatedDiscoveryServiceClient(conn)
+	held := newHeldState()
+	delay := r.cfg.BackoffMin
+	failures := 0
+	for {
+		served, err := r.session(ctx, client, held)
+		r.metrics.upstreamConnected.Set(0)
+		r.cache.reset()
+		r.upstreamMu.Lock()
+		clear(r.upstreamSubs)
+		r.upstreamMu.Unlock()
+		if ctx.Err() != nil {
+			return nil
+		}
+		if served {
+			delay, failures = r.cfg.BackoffMin, 0
+		}
+		failures++
+		r.metrics.reconnects.Inc()
+		// Jitter over the upper half: never a burst of relays at once, never much sooner than planned.
+		wait := delay/2 + rand.N(delay/2+1)
+		// Warn when the hub goes away and now and then while it stays away, not on every attempt.
+		level := slog.LevelDebug
+		if failures&(failures-1) == 0 {
+			level = slog.LevelWarn
+		}
+		r.log.Log(ctx, level, "upstream stream ended; serving the last good state", "upstream", r.cfg.Upstream, "err", err, "attempt", failures, "retry in", wait)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+		delay = min(delay*2, r.cfg.BackoffMax)
+	}
+}
+
+// minConnectTimeout is the least time a connection attempt to the hub is given.
+const minConnectTimeout = 5 * time.Second
+
+// errPanic reports a recovered panic.
+var errPanic = errors.New("relay: panic")
+
+// heldState is what the caches hold, kept across upstream streams; owned
+// by the goroutine running Run.
+type heldState struct {
+	// wire is, per type URL, the wire form of each resource the cache holds
+	// (to skip unchanged ones).
+	wire map[string]map[string][]byte
+	// unwanted is, per type URL, since when each held resource no local
+	// client wants has been unwanted.
+	unwanted map[string]map[string]time.Time
+}
+
+func newHeldState() *heldState {
+	h := &heldState{wire: map[string]map[string][]byte{}, unwanted: map[string]map[string]time.Time{}}
+	for _, t := range relayedTypes {
+		h.wire[t] = map[string][]byte{}
+		h.unwanted[t] = map[string]time.Time{}
+	}
+	return h
+}
+
+// upstreamType is the state of one type on one upstream stream.
+type upstreamType struct {
+	// sent is what the last request asked for (valid when requested).
+	sent      subscription
+	requested bool
+	// answerable is what every request the next response may answer asked
+	// for: the intersection of the requests sent since the last response
+	// (the ACK of that response included). A name missing from a full-state
+	// response is deleted only if it is in answerable: the response may
+	// answer an older request than the last, one that did not name it.
+	answerable subscription
+	// version is the last version ACKed, nonce the last nonce received.
+	version, nonce string
+}
+
+// session runs one upstream stream until it fails or ctx ends, and says
+// whether the hub answered on it (which resets the backoff).
+func (r *Relay) session(ctx context.Context, client discovery.AggregatedDiscoveryServiceClient, held *heldState) (served bool, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			r.log.Error("upstream session panicked", "panic", p, "stack", string(debug.Stack()))
+			err = fmt.Errorf("%w: %v", errPanic, p)
+		}
+	}()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// Not WaitForReady: while the hub is unreachable each attempt fails at
+	// once, so the failure (a refused connection, a bad certificate) is
+	// logged; the connection's backoff follows BackoffMin and BackoffMax
+	// (see Run), so the hub's return is noticed within about BackoffMax.
+	stream, err := client.StreamAggregatedResources(ctx)
+	if err != nil {
+		return false, fmt.Errorf("open stream: %w", err)
+	}
+	responses := make(chan *discovery.DiscoveryResponse)
+	recvErr := make(chan error, 1)
+	go func() {
+		defer func() {
+			if p := recover(); p != nil {
+				r.log.Error("upstream receiver panicked", "panic", p, "stack", string(debug.Stack()))
+				recvErr <- fmt.Errorf("%w: %v", errPanic, p)
+			}
+		}()
+		for {
+			resp, err := stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			select {
+			case responses <- resp:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+
+	u := &upstream{relay: r, stream: stream, held: held, types: map[string]*upstreamType{}, first: true}
+	for _, t := range relayedTypes {
+		u.types[t] = &upstreamType{}
+	}
+	if err := u.sync(); err != nil {
+		return false, err
+	}
+	r.metrics.upstreamConnected.Set(1)
+	r.log.Info("upstream stream open", "upstream", r.cfg.Upstream, "node", r.cfg.Node.GetId())
+	// The ticker ends retention and holds that no event ends.
+	tick := time.NewTicker(min(max(min(r.cfg.RetainUnwanted, r.cfg.HoldUnknown)/4, 10*time.Millisecond), time.Second))
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return served, ctx.Err()
+		case now := <-tick.C:
+			u.prune(r.local.union(), now)
+			r.cache.release(now)
+		case err := <-recvErr:
+			return served, fmt.Errorf("receive: %w", err)
+		case <-r.changed:
+			if err := u.sync(); err != nil {
+				return served, err
+			}
+		case resp := <-responses:
+			served = true
+			if err := u.handle(resp); err != nil {
+				return served, err
+			}
+		}
+	}
+}
+
+// upstream is one stream's state; owned by the goroutine running session.
+type upstream struct {
+	relay  *Relay
+	stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient
+	held   *heldState
+	types  map[string]*upstreamType
+	// first is true until the first request (which carries the node) is sent.
+	first bool
+}
+
+// sync asks the hub for the union of the local subscriptions where it
+// changed, and drops from the caches what no local client has wanted for
+// RetainUnwanted.
+func (u *upstream) sync() error {
+	r := u.relay
+	union := r.local.union()
+	for _, t := range relayedTypes {
+		want, st := union[t], u.types[t]
+		if (!st.requested && want.empty()) || (st.requested && st.sent.equal(want)) {
+			continue
+		}
+		if err := u.send(t, want, nil); err != nil {
+			return err
+		}
+		if st.requested {
+			st.answerable = st.answerable.intersect(want)
+		} else {
+			st.answerable = want
+		}
+		st.sent, st.requested = want, true
+	}
+	r.upstreamMu.Lock()
+	clear(r.upstreamSubs)
+	for t, st := range u.types {
+		if st.requested {
+			r.upstreamSubs[t] = st.sent
+		}
+	}
+	r.upstreamMu.Unlock()
+	u.prune(union, time.Now())
+	return nil
+}
+
+// prune drops from the caches what no local client has wanted for RetainUnwanted.
+func (u *upstream) prune(union map[string]subscription, now time.Time) {
+	r := u.relay
+	for _, t := range relayedTypes {
+		want, unwanted := union[t], u.held.unwanted[t]
+		var drop []string
+		for name := range u.held.wire[t] {
+			if want.wants(name) {
+				delete(unwanted, name)
+				continue
+			}
+			since, ok := unwanted[name]
+			if !ok {
+				unwanted[name] = now
+			} else if now.Sub(since) >= r.cfg.RetainUnwanted {
+				drop = append(drop, name)
+			}
+		}
+		if len(drop) == 0 {
+			continue
+		}
+		for _, name := range drop {
+			delete(u.held.wire[t], name)
+			delete(unwanted, name)
+		}
+		if err := r.caches[t].UpdateResources(nil, drop); err != nil {
+			r.log.Error("drop unwanted resources", "type", typeLabel(t), "err", err)
+		}
+		r.cache.noteHeld(t, nil, drop)
+		r.log.Debug("dropped resources no local client wants", "type", typeLabel(t), "count", len(drop))
+	}
+}
+
+// send sends a request for type t asking for sub, with the last ACKed
+// version and last nonce; nack, if not nil, rejects the last response.
+func (u *upstream) send(t string, sub subscription, nack *rpcstatus.Status) error {
+	st := u.types[t]
+	req := &discovery.DiscoveryRequest{
+		TypeUrl:       t,
+		ResourceNames: sub.requestNames(),
+		VersionInfo:   st.version,
+		ResponseNonce: st.nonce,
+		ErrorDetail:   nack,
+	}
+	if u.first {
+		req.Node = proto.CloneOf(u.relay.cfg.Node)
+		if req.Node.UserAgentName == "" {
+			req.Node.UserAgentName = "nave-relay"
+		}
+		u.first = false
+	}
+	if err := u.stream.Send(req); err != nil {
+		return fmt.Errorf("send %s request: %w", typeLabel(t), err)
+	}
+	return nil
+}
+
+// handle applies a response to the caches and ACKs it, or NACKs it if it
+// cannot be decoded (the caches keep the last good state).
+func (u *upstream) handle(resp *discovery.DiscoveryResponse) error {
+	r := u.relay
+	t := resp.GetTypeUrl()
+	label := typeLabel(t)
+	r.metrics.upstreamResponses.WithLabelValues(label).Inc()
+	st := u.types[t]
+	if st == nil || !st.requested {
+		// Never asked for on this stream: answering would subscribe to it (an
+		// empty first request is a wildcard).
+		r.log.Warn("upstream sent a type the relay did not ask for", "type", t)
+		return nil
+	}
+	st.nonce = resp.GetNonce()
+	decoded, wire, err := decode(t, resp)
+	if err != nil {
+		r.metrics.upstreamNACKs.WithLabelValues(label).Inc()
+		r.log.Warn("rejecting an upstream response (NACK)", "type", label, "version", resp.GetVersionInfo(), "nonce", resp.GetNonce(), "err", err)
+		st.answerable = st.sent
+		return u.send(t, st.sent, &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: err.Error()})
+	}
+	u.apply(t, st.sent, st.answerable, decoded, wire)
+	st.version = resp.GetVersionInfo()
+	now := time.Now()
+	r.cache.synced(t, now, st.answerable.wildcard)
+	r.cache.release(now)
+	// The next response answers this ACK or a later request.
+	st.answerable = st.sent
+	return u.send(t, st.sent, nil)
+}
+
+// apply updates the cache of type t: upserts what changed and, for types
+// whose responses are full state (LDS, CDS), deletes what is absent.
+// Resources neither in sent, the subscription last asked for, nor held are
+// left out: a response that crossed an unsubscription brings what no client
+// wants (but what the caches still hold is kept up to date). Only what
+// answerable names can be deleted: retained resources are not asked for,
+// and names added to the subscription since the last response may be
+// missing from an answer to an older request.
+func (u *upstream) apply(t string, sent, answerable subscription, decoded map[string]types.Resource, wire map[string][]byte) {
+	held := u.held.wire[t]
+	upserts := map[string]types.Resource{}
+	added := []string{}
+	for name, res := range decoded {
+		old, isHeld := held[name]
+		if !sent.wants(name) && !isHeld {
+			continue
+		}
+		if isHeld && bytes.Equal(old, wire[name]) {
+			continue
+		}
+		upserts[name] = res
+		held[name] = wire[name]
+		added = append(added, name)
+	}
+	var deletes []string
+	if cache.ResourceRequiresFullStateInSotw(t) {
+		for name := range held {
+			if _, ok := decoded[name]; !ok && answerable.wants(name) {
+				deletes = append(deletes, name)
+				delete(held, name)
+				delete(u.held.unwanted[t], name)
+			}
+		}
+	}
+	if len(upserts) == 0 && len(deletes) == 0 {
+		return
+	}
+	if err := u.relay.caches[t].UpdateResources(upserts, deletes); err != nil {
+		u.relay.log.Error("update local cache", "type", typeLabel(t), "err", err)
+	}
+	u.relay.cache.noteHeld(t, added, deletes)
+	u.relay.log.Debug("relayed upstream resources", "type", typeLabel(t), "changed", len(upserts), "deleted", len(deletes))
+}
+
+// decode unpacks every resource of resp, which must all be of type t and named.
+func decode(t string, resp *discovery.DiscoveryResponse) (map[string]types.Resource, map[string][]byte, error) {
+	decoded := make(map[string]types.Resource, len(resp.GetResources()))
+	wire := make(map[string][]byte, len(resp.GetResources()))
+	for i, a := range resp.GetResources() {
+		if a.GetTypeUrl() != t {
+			return nil, nil, fmt.Errorf("resource %d has type %q in a %q response", i, a.GetTypeUrl(), t)
+		}
+		m := newResource(t)
+		if m == nil {
+			return nil, nil, fmt.Errorf("type %q is not relayed", t)
+		}
+		if err := proto.Unmarshal(a.GetValue(), m); err != nil {
+			return nil, nil, fmt.Errorf("resource %d: %w", i, err)
+		}
+		name := cache.GetResourceName(m)
+		if name == "" {
+			return nil, nil, fmt.Errorf("resource %d has no name", i)
+		}
+		if _, dup := decoded[name]; dup {
+			return nil, nil, fmt.Errorf("resource %q appears twice", name)
+		}
+		decoded[name], wire[name] = m, a.GetValue()
+	}
+	return decoded, wire, nil
+}
+
+func newResource(t string) types.Resource {
+	switch t {
+	case resource.ListenerType:
+		return &listener.Listener{}
+	case resource.RouteType:
+		return &route.RouteConfiguration{}
+	case resource.ClusterType:
+		return &cluster.Cluster{}
+	case resource.EndpointType:
+		return &endpoint.ClusterLoadAssignment{}
+	default:
+		return nil
+	}
+}

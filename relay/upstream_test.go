@@ -1,0 +1,152 @@
+package relay
+
+import (
+	"context"
+	"net"
+	"slices"
+	"testing"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/anypb"
+)
+
+// scriptedHub is an ADS server the test drives by hand: it hands over
+// every request it receives and sends what the test gives it.
+type scriptedHub struct {
+	discovery.UnimplementedAggregatedDiscoveryServiceServer
+	requests  chan *discovery.DiscoveryRequest
+	responses chan *discovery.DiscoveryResponse
+}
+
+func (h *scriptedHub) StreamAggregatedResources(stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
+	errc := make(chan error, 1)
+	go func() {
+		for {
+			req, err := stream.Recv()
+			if err != nil {
+				errc <- err
+				return
+			}
+			select {
+			case h.requests <- req:
+			case <-stream.Context().Done():
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case err := <-errc:
+			return err
+		case <-stream.Context().Done():
+			return nil
+		case resp := <-h.responses:
+			if err := stream.Send(resp); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// TestRelayACKsAndNACKsUpstream: the relay ACKs what it decodes with its
+// version and nonce, NACKs what it cannot with the last good version, and
+// keeps serving the last good state.
+func TestRelayACKsAndNACKsUpstream(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	h := &scriptedHub{requests: make(chan *discovery.DiscoveryRequest, 16), responses: make(chan *discovery.DiscoveryResponse)}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	discovery.RegisterAggregatedDiscoveryServiceServer(g, h)
+	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop)
+	relay, reg, relayAddr := startRelay(t, lis.Addr().String(), loc("r1", "z1"))
+
+	next := func(what string) *discovery.DiscoveryRequest {
+		t.Helper()
+		select {
+		case req := <-h.requests:
+			return req
+		case <-ctx.Done():
+			t.Fatalf("no upstream request: %s", what)
+			return nil
+		}
+	}
+	respond := func(resp *discovery.DiscoveryResponse) {
+		t.Helper()
+		select {
+		case h.responses <- resp:
+		case <-ctx.Done():
+			t.Fatal("the scripted hub's stream is gone")
+		}
+	}
+
+	// A local client asks for one assignment.
+	conn, err := grpc.NewClient(relayAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	local, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const name = "outbound|8080||echo.default.svc.clusterset.local"
+	if err := local.Send(&discovery.DiscoveryRequest{Node: &core.Node{Id: "raw"}, TypeUrl: resource.EndpointType, ResourceNames: []string{name}}); err != nil {
+		t.Fatal(err)
+	}
+
+	req := next("the subscription")
+	if req.GetNode().GetId() != "node-1" || req.GetTypeUrl() != resource.EndpointType || !slices.Equal(req.GetResourceNames(), []string{name}) ||
+		req.GetVersionInfo() != "" || req.GetResponseNonce() != "" {
+		t.Fatalf("first upstream request %v, want node-1's EDS subscription to %s", req, name)
+	}
+	cla, err := anypb.New(&endpoint.ClusterLoadAssignment{ClusterName: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	respond(&discovery.DiscoveryResponse{TypeUrl: resource.EndpointType, VersionInfo: "v1", Nonce: "n1", Resources: []*anypb.Any{cla}})
+	if req := next("the ACK"); req.GetVersionInfo() != "v1" || req.GetResponseNonce() != "n1" || req.GetErrorDetail() != nil ||
+		!slices.Equal(req.GetResourceNames(), []string{name}) || req.GetNode() != nil {
+		t.Fatalf("ACK %v, want version v1, nonce n1, no error, no node", req)
+	}
+	// The local client gets the assignment (perhaps after an empty first answer).
+	for {
+		resp, err := local.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.GetResources()) == 1 {
+			break
+		}
+		if err := local.Send(&discovery.DiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNames: []string{name},
+			VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Garbage: NACKed with the last good version, and the cache keeps v1's assignment.
+	respond(&discovery.DiscoveryResponse{TypeUrl: resource.EndpointType, VersionInfo: "v2", Nonce: "n2",
+		Resources: []*anypb.Any{{TypeUrl: resource.EndpointType, Value: []byte{0xff, 0xff, 0xff}}}})
+	if req := next("the NACK"); req.GetVersionInfo() != "v1" || req.GetResponseNonce() != "n2" || req.GetErrorDetail().GetMessage() == "" {
+		t.Fatalf("NACK %v, want version v1, nonce n2 and an error detail", req)
+	}
+	if n := metricValue(t, reg, MetricUpstreamNACKs, typeEDS); n != 1 {
+		t.Errorf("%s{eds} = %v, want 1", MetricUpstreamNACKs, n)
+	}
+	if got := relay.caches[resource.EndpointType].GetResources(); len(got) != 1 || got[name] == nil {
+		t.Errorf("after a NACK the cache holds %v, want the last good assignment", got)
+	}
+	if n := metricValue(t, reg, MetricUpstreamResponses, typeEDS); n != 2 {
+		t.Errorf("%s{eds} = %v, want 2", MetricUpstreamResponses, n)
+	}
+}
