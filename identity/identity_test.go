@@ -1,16 +1,19 @@
 package identity_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/big"
 	"net"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -212,6 +215,26 @@ func TestRevocationIsPerIssuer(t *testing.T) {
 	}
 	if _, err := store.Material().Verify(chain(t, same), x509.ExtKeyUsageClientAuth, "td", time.Now()); err != nil {
 		t.Errorf("the next CA's certificate of the same serial: %v, want good", err)
+	}
+}
+
+// A CRL past the next update its issuer promised is loaded, with a
+// warning: revocations issued since may be missing.
+func TestStaleCRLWarned(t *testing.T) {
+	ca := testpki.NewCA(t, "ca")
+	for _, c := range []struct {
+		name  string
+		next  time.Time
+		warns bool
+	}{{"fresh", time.Now().Add(time.Hour), false}, {"stale", time.Now().Add(-time.Minute), true}} {
+		var logged bytes.Buffer
+		log := slog.New(slog.NewTextHandler(&logged, nil))
+		if _, err := identity.Load(identity.Files{CA: ca.File, CRL: ca.CRLUntil(t, 1, c.next)}, log); err != nil {
+			t.Fatal(err)
+		}
+		if warned := strings.Contains(logged.String(), "past its next update"); warned != c.warns {
+			t.Errorf("%s CRL: warned %v, want %v (log %q)", c.name, warned, c.warns, logged.String())
+		}
 	}
 }
 

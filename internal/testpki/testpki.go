@@ -125,7 +125,13 @@ func (ca *CA) Issue(t testing.TB, name string, c Cert) Issued {
 // returns its PEM file; number orders the lists the CA issued.
 func (ca *CA) CRL(t testing.TB, number int64, serials ...*big.Int) string {
 	t.Helper()
-	tmpl := &x509.RevocationList{Number: big.NewInt(number), ThisUpdate: time.Now().Add(-time.Minute), NextUpdate: time.Now().Add(time.Hour)}
+	return ca.CRLUntil(t, number, time.Now().Add(time.Hour), serials...)
+}
+
+// CRLUntil is CRL with the next update its issuer promises.
+func (ca *CA) CRLUntil(t testing.TB, number int64, nextUpdate time.Time, serials ...*big.Int) string {
+	t.Helper()
+	tmpl := &x509.RevocationList{Number: big.NewInt(number), ThisUpdate: nextUpdate.Add(-2 * time.Hour), NextUpdate: nextUpdate}
 	for _, s := range serials {
 		tmpl.RevokedCertificateEntries = append(tmpl.RevokedCertificateEntries, x509.RevocationListEntry{SerialNumber: s, RevocationTime: time.Now()})
 	}
