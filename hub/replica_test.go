@@ -357,3 +357,33 @@ func TestRestartKeepsWhenAClusterWasLastLive(t *testing.T) {
 		t.Errorf("east with its spoke back: %+v, want live", c)
 	}
 }
+
+// A restarted hub's restored cluster whose spoke resumes is held: the
+// import set can be authoritative again, so that spokes delete the imports
+// of a cluster dropped meanwhile (seen in TestImportsEndToEnd: a resumed
+// east never got north's dropped import removed).
+func TestResumedClusterCountsAsHeld(t *testing.T) {
+	ctx := context.Background()
+	s := startState(t)
+	snap := registry.Snapshot{Revision: 1, Clusters: []registry.SnapshotCluster{{Cluster: "east", Epoch: 5, Version: 10,
+		Shards: []*registry.Shard{apiShard("east", time.Unix(1, 0), "grpc")}}}}
+	if err := s.restore(ctx, snap); err != nil {
+		t.Fatal(err)
+	}
+	held, _ := s.Held(ctx, "east")
+	sess := federation.Session{Cluster: "east", Epoch: 6, Started: time.Now(), Acked: held}
+	got, err := s.Begin(ctx, sess)
+	if err != nil || !sess.Resumes(got) {
+		t.Fatalf("Begin = %+v, %v; want a resume of %+v", got, err, held)
+	}
+	c := s.View().Clusters["east"]
+	if c.Restored || c.LastUpdate.IsZero() {
+		t.Fatalf("after the resume: restored %v, last update %v; want confirmed now", c.Restored, c.LastUpdate)
+	}
+	im := newImporter(nil, nil, time.Hour, slog.New(slog.DiscardHandler))
+	im.catalogRead.Store(true)
+	importerRound(t, im, s.View().Clusters, apiShard("east", time.Unix(1, 0), "grpc"))
+	if set, _ := im.Imports(); !set.Authoritative {
+		t.Fatal("the import set is not authoritative with the only cluster resumed")
+	}
+}

@@ -317,7 +317,10 @@ func (s *state) Begin(ctx context.Context, sess federation.Session) (federation.
 			// speaks for it. Re-stamped with the session's epoch, the data
 			// reaches every peer as newer than anything an older session (at
 			// a home that has not noticed it lost the spoke) may still send.
-			c.Epoch, c.Restored, c.Origin = sess.Epoch, false, s.self
+			// Its data is the spoke's current state as of now: the cluster
+			// counts as held (an import set needs every cluster held to be
+			// authoritative, and a resumed session sends no update).
+			c.Epoch, c.Restored, c.Origin, c.LastUpdate = sess.Epoch, false, s.self, time.Now()
 			s.replicaChanged(sess.Cluster)
 		}
 		s.checkLiveness(time.Now())
