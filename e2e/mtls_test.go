@@ -429,7 +429,8 @@ func TestTokensReloaded(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "east")
 	writeService(t, dir, "echo", endpoint{xdstest.StartBackend(t, "east", "127.0.0.1"), "z1", true})
 	startSpoke(t, h, "east", dir, "r1")
-	await(t, "echo published with the token", func() bool { return h.cluster("east").Connected })
+	// Connected comes before the first state is applied, and with it the session's epoch.
+	await(t, "echo published with the token", func() bool { c := h.cluster("east"); return c.Connected && c.Version > 0 })
 	epoch := h.cluster("east").Epoch
 
 	// Another cluster's token added: east's session is untouched.
