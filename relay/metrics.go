@@ -4,8 +4,9 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/navemesh/nave/internal/xdstype"
 )
 
 // Metric names.
@@ -18,29 +19,16 @@ const (
 	MetricUpstreamReconnects = "nave_relay_upstream_reconnects_total"
 )
 
-// Type labels.
+// Short type labels (package xdstype).
 const (
-	typeLDS   = "lds"
-	typeRDS   = "rds"
-	typeCDS   = "cds"
-	typeEDS   = "eds"
-	typeOther = "other"
+	typeLDS   = xdstype.LDS
+	typeRDS   = xdstype.RDS
+	typeCDS   = xdstype.CDS
+	typeEDS   = xdstype.EDS
+	typeOther = xdstype.Other
 )
 
-func typeLabel(typeURL string) string {
-	switch typeURL {
-	case resource.ListenerType:
-		return typeLDS
-	case resource.RouteType:
-		return typeRDS
-	case resource.ClusterType:
-		return typeCDS
-	case resource.EndpointType:
-		return typeEDS
-	default:
-		return typeOther
-	}
-}
+func typeLabel(typeURL string) string { return xdstype.Label(typeURL) }
 
 type metrics struct {
 	nacks             *prometheus.CounterVec
