@@ -58,10 +58,12 @@ func (l *listener) Accept() (net.Conn, error) {
 		}
 		addr := peerAddr(c.RemoteAddr())
 		if reason := l.admit(addr); reason != "" {
-			c.Close()
+			// Counted before the close, so a peer that sees its
+			// connection refused finds the refusal in the metrics.
 			if l.refused != nil {
 				l.refused(reason)
 			}
+			c.Close()
 			continue
 		}
 		return &conn{Conn: c, l: l, addr: addr}, nil

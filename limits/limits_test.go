@@ -2,6 +2,7 @@ package limits_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"sync"
 	"testing"
@@ -26,6 +27,12 @@ func (c *counts) refused(reason string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.m[reason]++
+}
+
+func (c *counts) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return fmt.Sprint(c.m)
 }
 
 func (c *counts) get(reason string) int {
@@ -72,13 +79,13 @@ func TestListenerBoundsConnections(t *testing.T) {
 	held := []net.Conn{<-accepted, <-accepted}
 	a3 := dial("127.0.0.1") // a third from one peer
 	if !closedByServer(a3) || c.get(limits.ReasonConnectionsPerPeer) != 1 {
-		t.Fatalf("a peer's third connection was not refused (%v)", c.m)
+		t.Fatalf("a peer's third connection was not refused (%v)", c)
 	}
 	dial("127.0.0.2")
 	held = append(held, <-accepted)
 	b2 := dial("127.0.0.2") // a fourth on the port
 	if !closedByServer(b2) || c.get(limits.ReasonConnections) != 1 {
-		t.Fatalf("the port's fourth connection was not refused (%v)", c.m)
+		t.Fatalf("the port's fourth connection was not refused (%v)", c)
 	}
 	held[0].Close() // one of 127.0.0.1's ends: it may connect again
 	dial("127.0.0.1")
@@ -132,7 +139,7 @@ func TestStreamsPerPeer(t *testing.T) {
 		_, err = w.Recv()
 	}
 	if status.Code(err) != codes.ResourceExhausted || c.get(limits.ReasonStreamsPerPeer) != 1 {
-		t.Fatalf("a third stream: %v (%v)", err, c.m)
+		t.Fatalf("a third stream: %v (%v)", err, c)
 	}
 }
 
@@ -197,6 +204,6 @@ func TestFirstMessageWithin(t *testing.T) {
 		}
 	}
 	if c.get(limits.ReasonSilent) != 1 {
-		t.Fatalf("refusals %v", c.m)
+		t.Fatalf("refusals %v", c)
 	}
 }
