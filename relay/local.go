@@ -3,6 +3,7 @@ package relay
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
@@ -113,7 +114,12 @@ type localStream struct {
 type typeExchange struct {
 	sent, sentNonce, acked string
 	nack                   *NACK
+	// rejectingLast says the client's last word on the last response it
+	// was sent is a NACK.
+	rejectingLast bool
 }
+
+func (x *typeExchange) rejecting() bool { return x.rejectingLast }
 
 // localStreams tracks the local streams. The go-control-plane server calls
 // OnStreamRequest and then CreateWatch with the same request, on the
@@ -172,7 +178,7 @@ func (l *localStreams) close(id int64) {
 	if s != nil && s.pending != nil {
 		delete(l.pending, s.pending)
 	}
-	subscribed := s != nil && len(s.subs) > 0
+	subscribed := s != nil && (len(s.subs) > 0 || s.rejecting())
 	l.mu.Unlock()
 	if s == nil {
 		return
@@ -193,7 +199,7 @@ func (l *localStreams) request(id int64, req *discovery.DiscoveryRequest) error 
 		return status.Errorf(codes.ResourceExhausted, "relay: a request may name at most %d resources, this one names %d", l.maxNames, n)
 	}
 	var nack *NACK
-	repeated := false
+	repeated, rejectionChanged := false, false
 	l.mu.Lock()
 	s := l.streams[id]
 	if s == nil {
@@ -211,21 +217,29 @@ func (l *localStreams) request(id int64, req *discovery.DiscoveryRequest) error 
 	// Only the relayed types are recorded: a client may name any type URL.
 	if typeLabel(req.GetTypeUrl()) != typeOther {
 		x := s.exchange(req.GetTypeUrl())
+		wasRejecting := x.rejecting()
 		switch {
 		case req.GetErrorDetail() != nil:
 			nack = &NACK{Nonce: req.GetResponseNonce(), Detail: req.GetErrorDetail().GetMessage(), At: time.Now()}
 			if req.GetResponseNonce() != "" && req.GetResponseNonce() == x.sentNonce {
 				nack.Version = x.sent
 				s.pendingNACK = true
+				x.rejectingLast = true
 			}
 			repeated = x.nack != nil && x.nack.Nonce == nack.Nonce
 			x.nack = nack
 		case req.GetResponseNonce() != "":
 			x.acked = req.GetVersionInfo()
+			x.rejectingLast = false
 		}
+		rejectionChanged = x.rejecting() != wasRejecting || (nack != nil && x.rejecting())
 	}
 	node := s.node
 	l.mu.Unlock()
+	if rejectionChanged {
+		// The relay reports its clients' rejections upstream (upstream.report).
+		l.changed()
+	}
 	if nack != nil {
 		l.metrics.nacks.WithLabelValues(typeLabel(req.GetTypeUrl())).Inc()
 		// Once per stream per nonce at Warn.
@@ -253,11 +267,75 @@ func (l *localStreams) response(id int64, typeURL string, resp *discovery.Discov
 		return
 	}
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	wasRejecting := false
 	if s := l.streams[id]; s != nil {
 		x := s.exchange(typeURL)
-		x.sent, x.sentNonce = resp.GetVersionInfo(), resp.GetNonce()
+		wasRejecting = x.rejecting()
+		x.sent, x.sentNonce, x.rejectingLast = resp.GetVersionInfo(), resp.GetNonce(), false
 	}
+	l.mu.Unlock()
+	if wasRejecting {
+		// No longer rejecting what it holds: the report upstream may clear.
+		l.changed()
+	}
+}
+
+// rejecting says the stream rejects the last response of some type it was sent.
+func (s *localStream) rejecting() bool {
+	for _, x := range s.types {
+		if x.rejecting() {
+			return true
+		}
+	}
+	return false
+}
+
+// rejection summarises, for one type, the local streams that reject the
+// last response they were sent.
+type rejection struct {
+	// streams counts them; first is the one with the lowest stream ID.
+	streams int
+	first   struct{ node, version, detail string }
+}
+
+// maxReportedDetail bounds the client's error detail quoted upstream.
+const maxReportedDetail = 512
+
+// message is the error detail the relay reports upstream ("": none).
+func (r rejection) message() string {
+	if r.streams == 0 {
+		return ""
+	}
+	detail := r.first.detail
+	if len(detail) > maxReportedDetail {
+		detail = detail[:maxReportedDetail] + "..."
+	}
+	return fmt.Sprintf("relay: %d local client stream(s) reject the last response; first: node %q version %q: %s",
+		r.streams, r.first.node, r.first.version, detail)
+}
+
+// rejections returns, per type URL, the local streams rejecting the last
+// response they were sent.
+func (l *localStreams) rejections() map[string]rejection {
+	out := map[string]rejection{}
+	firstID := map[string]int64{}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for id, s := range l.streams {
+		for t, x := range s.types {
+			if !x.rejecting() {
+				continue
+			}
+			r := out[t]
+			r.streams++
+			if r.streams == 1 || id < firstID[t] {
+				firstID[t] = id
+				r.first.node, r.first.version, r.first.detail = s.node, x.nack.Version, x.nack.Detail
+			}
+			out[t] = r
+		}
+	}
+	return out
 }
 
 // subscribe records the subscription of the stream that sent req, and says

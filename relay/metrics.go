@@ -15,6 +15,7 @@ const (
 	MetricUpstreamConnected  = "nave_relay_upstream_connected"
 	MetricUpstreamResponses  = "nave_relay_upstream_responses_total"
 	MetricUpstreamNACKs      = "nave_relay_upstream_nacks_total"
+	MetricReportedNACKs      = "nave_relay_reported_nacks_total"
 	MetricStreams            = "nave_relay_streams"
 	MetricUpstreamReconnects = "nave_relay_upstream_reconnects_total"
 )
@@ -35,6 +36,7 @@ type metrics struct {
 	upstreamConnected prometheus.Gauge
 	upstreamResponses *prometheus.CounterVec
 	upstreamNACKs     *prometheus.CounterVec
+	reportedNACKs     *prometheus.CounterVec
 	streams           prometheus.Gauge
 	reconnects        prometheus.Counter
 }
@@ -49,6 +51,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Responses received from the hub, by type."}, []string{"type"}),
 		upstreamNACKs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricUpstreamNACKs,
 			Help: "Responses from the hub the relay could not decode and rejected, by type."}, []string{"type"}),
+		reportedNACKs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricReportedNACKs,
+			Help: "Local clients' rejections the relay reported to the hub (as a NACK of the hub's last response), by type."}, []string{"type"}),
 		streams: prometheus.NewGauge(prometheus.GaugeOpts{Name: MetricStreams,
 			Help: "Open local xDS streams."}),
 		reconnects: prometheus.NewCounter(prometheus.CounterOpts{Name: MetricUpstreamReconnects,
@@ -58,7 +62,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{m.nacks, m.upstreamConnected, m.upstreamResponses, m.upstreamNACKs, m.streams, m.reconnects} {
+	for _, c := range []prometheus.Collector{m.nacks, m.upstreamConnected, m.upstreamResponses, m.upstreamNACKs, m.reportedNACKs, m.streams, m.reconnects} {
 		errs = append(errs, reg.Register(c))
 	}
 	if err := errors.Join(errs...); err != nil {

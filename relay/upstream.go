@@ -125,6 +125,11 @@ type upstreamType struct {
 	answerable subscription
 	// version is the last version ACKed, nonce the last nonce received.
 	version, nonce string
+	// reported is the local clients' rejection last reported to the hub
+	// ("": none, or an ACK since); ownNACK says the relay's own NACK of the
+	// last response stands (it is not overwritten by a report).
+	reported string
+	ownNACK  bool
 }
 
 // session runs one upstream stream until it fails or ctx ends, and says
@@ -243,6 +248,40 @@ func (u *upstream) sync() error {
 	}
 	r.upstreamMu.Unlock()
 	u.prune(union, time.Now())
+	return u.report(r.local.rejections())
+}
+
+// report tells the hub, per type, when the local clients' rejections
+// change: a local client's NACK is repeated upstream as a NACK of the
+// hub's last response (version_info is still the version the relay holds,
+// so the hub resends nothing), naming the client and its error, and an
+// ACK follows once no local client rejects what it holds. The hub's NACK
+// metrics, logs and client status then tell the truth about the clients
+// behind the relay.
+func (u *upstream) report(rejections map[string]rejection) error {
+	r := u.relay
+	for _, t := range relayedTypes {
+		st := u.types[t]
+		if !st.requested || st.nonce == "" || st.ownNACK {
+			continue
+		}
+		msg := rejections[t].message()
+		if msg == st.reported {
+			continue
+		}
+		var detail *rpcstatus.Status
+		if msg != "" {
+			detail = &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: msg}
+			r.metrics.reportedNACKs.WithLabelValues(typeLabel(t)).Inc()
+			r.log.Info("reporting local clients' rejection upstream", "type", typeLabel(t), "streams", rejections[t].streams)
+		} else {
+			r.log.Info("local clients no longer reject; ACK upstream", "type", typeLabel(t))
+		}
+		if err := u.send(t, st.sent, detail); err != nil {
+			return err
+		}
+		st.reported = msg
+	}
 	return nil
 }
 
@@ -323,8 +362,10 @@ func (u *upstream) handle(resp *discovery.DiscoveryResponse) error {
 		r.metrics.upstreamNACKs.WithLabelValues(label).Inc()
 		r.log.Warn("rejecting an upstream response (NACK)", "type", label, "version", resp.GetVersionInfo(), "nonce", resp.GetNonce(), "err", err)
 		st.answerable = st.sent
+		st.ownNACK = true
 		return u.send(t, st.sent, &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: err.Error()})
 	}
+	st.ownNACK = false
 	u.apply(t, st.sent, st.answerable, decoded, wire)
 	st.version = resp.GetVersionInfo()
 	now := time.Now()
@@ -332,7 +373,13 @@ func (u *upstream) handle(resp *discovery.DiscoveryResponse) error {
 	r.cache.release(now)
 	// The next response answers this ACK or a later request.
 	st.answerable = st.sent
-	return u.send(t, st.sent, nil)
+	if err := u.send(t, st.sent, nil); err != nil {
+		return err
+	}
+	// The ACK cleared the report; local clients that still reject what
+	// they hold are reported again.
+	st.reported = ""
+	return u.report(r.local.rejections())
 }
 
 // apply updates the cache of type t: upserts what changed and, for types

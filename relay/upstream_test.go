@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,9 +12,11 @@ import (
 	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
 // scriptedHub is an ADS server the test drives by hand: it hands over
@@ -148,5 +151,125 @@ func TestRelayACKsAndNACKsUpstream(t *testing.T) {
 	}
 	if n := metricValue(t, reg, MetricUpstreamResponses, typeEDS); n != 2 {
 		t.Errorf("%s{eds} = %v, want 2", MetricUpstreamResponses, n)
+	}
+}
+
+// TestRelayReportsLocalNACKsUpstream: a local client's NACK is repeated
+// upstream as a NACK of the hub's last response that names the client and
+// its error, and an ACK follows once no local client rejects.
+func TestRelayReportsLocalNACKsUpstream(t *testing.T) {
+	const edsName = "outbound|8080||echo.default.svc.clusterset.local"
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	h := &scriptedHub{requests: make(chan *discovery.DiscoveryRequest, 64), responses: make(chan *discovery.DiscoveryResponse)}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	discovery.RegisterAggregatedDiscoveryServiceServer(g, h)
+	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop)
+	_, reg, relayAddr := startRelay(t, lis.Addr().String(), loc("r1", "z1"))
+	next := func(what string) *discovery.DiscoveryRequest {
+		t.Helper()
+		select {
+		case req := <-h.requests:
+			return req
+		case <-ctx.Done():
+			t.Fatalf("no upstream request: %s", what)
+			return nil
+		}
+	}
+	respond := func(version string, factor uint32) {
+		t.Helper()
+		cla, err := anypb.New(&endpoint.ClusterLoadAssignment{ClusterName: edsName,
+			Policy: &endpoint.ClusterLoadAssignment_Policy{OverprovisioningFactor: wrapperspb.UInt32(factor)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case h.responses <- &discovery.DiscoveryResponse{TypeUrl: resource.EndpointType, VersionInfo: version, Nonce: "n-" + version, Resources: []*anypb.Any{cla}}:
+		case <-ctx.Done():
+			t.Fatal("the scripted hub's stream is gone")
+		}
+	}
+
+	conn, err := grpc.NewClient(relayAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	local, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	send := func(req *discovery.DiscoveryRequest) {
+		t.Helper()
+		req.TypeUrl, req.ResourceNames = resource.EndpointType, []string{edsName}
+		if err := local.Send(req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// recvFactor reads local responses, ACKing the others, until the assignment has factor.
+	recvFactor := func(factor uint32) *discovery.DiscoveryResponse {
+		t.Helper()
+		for {
+			resp, err := local.Recv()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(resp.GetResources()) == 1 {
+				var cla endpoint.ClusterLoadAssignment
+				if err := resp.GetResources()[0].UnmarshalTo(&cla); err != nil {
+					t.Fatal(err)
+				}
+				if cla.GetPolicy().GetOverprovisioningFactor().GetValue() == factor {
+					return resp
+				}
+			}
+			send(&discovery.DiscoveryRequest{VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()})
+		}
+	}
+	send(&discovery.DiscoveryRequest{Node: &core.Node{Id: "picky"}})
+	next("the subscription")
+	respond("v1", 140)
+	if req := next("the ACK of v1"); req.GetErrorDetail() != nil {
+		t.Fatalf("ACK of v1: %v", req)
+	}
+	resp := recvFactor(140)
+	send(&discovery.DiscoveryRequest{ResponseNonce: resp.GetNonce(), ErrorDetail: &rpcstatus.Status{Code: 3, Message: "unsupported policy"}})
+
+	req := next("the report")
+	msg := req.GetErrorDetail().GetMessage()
+	if req.GetVersionInfo() != "v1" || req.GetResponseNonce() != "n-v1" || !strings.Contains(msg, `node "picky"`) || !strings.Contains(msg, "unsupported policy") {
+		t.Fatalf("report %v: want a NACK of n-v1 keeping version v1 that names node picky and its error", req)
+	}
+	if n := metricValue(t, reg, MetricReportedNACKs, typeEDS); n != 1 {
+		t.Errorf("%s{eds} = %v, want 1", MetricReportedNACKs, n)
+	}
+	// The client repeats its NACK: nothing new to report.
+	send(&discovery.DiscoveryRequest{ResponseNonce: resp.GetNonce(), ErrorDetail: &rpcstatus.Status{Code: 3, Message: "unsupported policy"}})
+	select {
+	case req := <-h.requests:
+		t.Fatalf("a repeated NACK was reported again: %v", req)
+	case <-time.After(300 * time.Millisecond):
+	}
+
+	// v2 comes and the client accepts it: the last word upstream is an ACK of v2.
+	respond("v2", 150)
+	resp = recvFactor(150)
+	send(&discovery.DiscoveryRequest{VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()})
+	var last *discovery.DiscoveryRequest
+	for done := false; !done; {
+		select {
+		case req := <-h.requests:
+			last = req
+		case <-time.After(500 * time.Millisecond):
+			done = true
+		}
+	}
+	if last == nil || last.GetVersionInfo() != "v2" || last.GetErrorDetail() != nil {
+		t.Fatalf("the last upstream request %v, want an ACK of v2", last)
 	}
 }
