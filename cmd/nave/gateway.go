@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/navemesh/nave/agent"
+	"github.com/navemesh/nave/cmd/internal/cli"
 	"github.com/navemesh/nave/gateways"
 )
 
@@ -26,7 +27,7 @@ func runGateway(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	log, err := lf.logger()
+	log, err := lf.Logger()
 	if err != nil {
 		return err
 	}
@@ -34,7 +35,7 @@ func runGateway(ctx context.Context, args []string) error {
 }
 
 // parseGatewayFlags reads `nave gateway`'s flags into the agent's configuration.
-func parseGatewayFlags(args []string) (agent.Config, logFlags, error) {
+func parseGatewayFlags(args []string) (agent.Config, cli.LogFlags, error) {
 	cfg := agent.DefaultConfig()
 	fs := flag.NewFlagSet("nave gateway", flag.ContinueOnError)
 	fs.Usage = func() {
@@ -46,8 +47,8 @@ Flags:
 `)
 		fs.PrintDefaults()
 	}
-	var lf logFlags
-	lf.register(fs)
+	var lf cli.LogFlags
+	lf.Register(fs)
 	n, h, e := &cfg.Node, &cfg.Hub, &cfg.Envoy
 	fs.StringVar(&n.Role, "role", "", "the gateway's role: "+gateways.RoleEastWest+" (into this network, for other networks) or "+gateways.RoleIngress+" (required)")
 	fs.StringVar(&n.Network, "network", "", "the gateway's network (required for east-west)")

@@ -35,7 +35,7 @@ func TestGatewayFlags(t *testing.T) {
 	}
 	e := cfg.Envoy
 	if cfg.StatusAddr != ":15022" || cfg.AdminPort != 15001 || cfg.WorkDir != "/run/gw" || e.Binary != "/usr/local/bin/envoy" ||
-		e.DrainDuration != 20*time.Second || e.ParentShutdown != 90*time.Second || e.DrainTime != time.Minute || e.BaseID != 3 || e.Concurrency != 2 || lf.level != "debug" {
+		e.DrainDuration != 20*time.Second || e.ParentShutdown != 90*time.Second || e.DrainTime != time.Minute || e.BaseID != 3 || e.Concurrency != 2 || lf.Level != "debug" {
 		t.Errorf("config %+v", cfg)
 	}
 }

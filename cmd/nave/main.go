@@ -6,25 +6,26 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"net/netip"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
-	"time"
 
+	"github.com/navemesh/nave/cmd/internal/cli"
+	"github.com/navemesh/nave/cmd/internal/nodecmd"
+	"github.com/navemesh/nave/cmd/internal/spokecmd"
 	"github.com/navemesh/nave/gateways"
 	"github.com/navemesh/nave/hub"
 	"github.com/navemesh/nave/registry"
-	"github.com/navemesh/nave/spoke"
 )
 
 const usage = `nave: multi-cluster service discovery.
 
 Usage:
   nave hub   [flags]   run a hub replica (federation, xDS and admin servers)
-  nave spoke [flags]   run a spoke that publishes one cluster's services to a hub
+  nave spoke [flags]   run a spoke that publishes one cluster's services to a hub (also the nave-spoke binary)
+  nave node  [flags]   run a node agent: a node-local xDS relay for the node's gRPC clients (also nave-node)
   nave gateway [flags] run Envoy as a Nave gateway (east-west or ingress): bootstrap, supervision,
                        hot restart, SDS, drain ('nave gateway install DIR' copies this binary to DIR)
   nave demo  [flags]   run a hub, three spokes, backends and an xDS client on this machine
@@ -45,7 +46,9 @@ func main() {
 	case "hub":
 		err = runHub(ctx, args)
 	case "spoke":
-		err = runSpoke(ctx, args)
+		err = spokecmd.Run(ctx, args)
+	case "node":
+		err = nodecmd.Run(ctx, args)
 	case "gateway":
 		err = runGateway(ctx, args)
 	case "demo":
@@ -55,7 +58,7 @@ func main() {
 	case "demo-backend":
 		err = runDemoBackend(ctx, args)
 	case "version":
-		fmt.Println(buildVersion())
+		fmt.Println(cli.BuildVersion())
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 	default:
@@ -68,35 +71,11 @@ func main() {
 	}
 }
 
-// logFlags are the logging flags every command has.
-type logFlags struct{ level, format string }
-
-func (l *logFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&l.level, "log-level", "info", "log level: debug, info, warn, error")
-	fs.StringVar(&l.format, "log-format", "text", "log format: text or json")
-}
-
-func (l *logFlags) logger() (*slog.Logger, error) {
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(l.level)); err != nil {
-		return nil, fmt.Errorf("--log-level: %w", err)
-	}
-	opts := &slog.HandlerOptions{Level: level}
-	switch l.format {
-	case "text":
-		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
-	default:
-		return nil, fmt.Errorf("--log-format %q: want text or json", l.format)
-	}
-}
-
 func runHub(ctx context.Context, args []string) error {
 	cfg := hub.DefaultConfig()
 	fs := flag.NewFlagSet("nave hub", flag.ContinueOnError)
-	var lf logFlags
-	lf.register(fs)
+	var lf cli.LogFlags
+	lf.Register(fs)
 	var etcd string
 	fs.StringVar(&cfg.ID, "id", cfg.ID, "name of this hub replica")
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory for the embedded etcd's data")
@@ -149,7 +128,7 @@ func runHub(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	cfg.IngressExposure.Namespaces = splitList(ingressNamespaces)
+	cfg.IngressExposure.Namespaces = cli.SplitList(ingressNamespaces)
 	sel, err := gateways.ParseSelector(ingressSelector)
 	if err != nil {
 		return fmt.Errorf("--ingress-selector: %w", err)
@@ -159,7 +138,7 @@ func runHub(ctx context.Context, args []string) error {
 	}
 	cfg.IngressExposure.Selector = sel
 	cfg.ClustersetCIDRs = nil
-	for _, c := range splitList(cidrs) {
+	for _, c := range cli.SplitList(cidrs) {
 		prefix, err := netip.ParsePrefix(c)
 		if err != nil {
 			return fmt.Errorf("--clusterset-cidr %q: %w", c, err)
@@ -169,12 +148,12 @@ func runHub(ctx context.Context, args []string) error {
 	if etcd != "" {
 		cfg.EtcdEndpoints = strings.Split(etcd, ",")
 	}
-	cfg.Join = splitList(join)
+	cfg.Join = cli.SplitList(join)
 	if cfg.Liveness.DefaultPolicy, err = parsePolicy(policy); err != nil {
 		return fmt.Errorf("--cluster-policy: %w", err)
 	}
 	cfg.Liveness.Policies = map[registry.ClusterID]hub.Policy{}
-	for _, item := range splitList(policies) {
+	for _, item := range cli.SplitList(policies) {
 		id, p, ok := strings.Cut(item, "=")
 		if !ok {
 			return fmt.Errorf("--cluster-policies %q: want cluster=keep|drop", item)
@@ -183,107 +162,11 @@ func runHub(ctx context.Context, args []string) error {
 			return fmt.Errorf("--cluster-policies %s: %w", id, err)
 		}
 	}
-	log, err := lf.logger()
+	log, err := lf.Logger()
 	if err != nil {
 		return err
 	}
 	return hub.Run(ctx, cfg, log)
-}
-
-func runSpoke(ctx context.Context, args []string) error {
-	cfg := spoke.DefaultConfig()
-	fs := flag.NewFlagSet("nave spoke", flag.ContinueOnError)
-	var lf logFlags
-	lf.register(fs)
-	var cluster, network, export string
-	fs.StringVar(&cluster, "cluster-id", "", "this cluster's ID (a DNS label, required)")
-	fs.StringVar(&network, "network", "", "the cluster's network name")
-	fs.Func("network-gateway", "host:port of an east-west gateway of the network, announced to the hub (repeatable; also found from Services labelled "+spoke.NetworkGatewayLabel+")",
-		func(s string) error {
-			g, err := registry.ParseGateway(s)
-			if err == nil {
-				cfg.NetworkGateways = append(cfg.NetworkGateways, g)
-			}
-			return err
-		})
-	fs.StringVar(&cfg.HubAddr, "hub", "127.0.0.1:15010", "the hub's federation address")
-	fs.StringVar(&cfg.TokenFile, "token-file", "", "file holding this cluster's federation token")
-	fs.StringVar(&cfg.HubCAFile, "hub-ca", "", "PEM CA that signed the hub's certificate: connect over TLS")
-	fs.StringVar(&cfg.HubServerName, "hub-server-name", "", "name to expect in the hub's certificate (default: the --hub host)")
-	fs.StringVar(&cfg.CertFile, "cert", "", "PEM client certificate naming this cluster (spiffe://TRUST-DOMAIN/nave/cluster/ID), for a hub that asks for one (with --hub-ca)")
-	fs.StringVar(&cfg.KeyFile, "key", "", "PEM private key of --cert")
-	fs.StringVar(&cfg.Source, "source", "", "where services come from: kube (the Kubernetes API; the default in a pod or with --kubeconfig) or dir:PATH (a directory of manifests)")
-	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig of the cluster (kube source); empty uses the pod's service account")
-	kubeQPS := float64(cfg.KubeQPS)
-	fs.Float64Var(&kubeQPS, "kube-qps", kubeQPS, "requests per second to the Kubernetes API (kube source)")
-	fs.IntVar(&cfg.KubeBurst, "kube-burst", cfg.KubeBurst, "burst of requests to the Kubernetes API (kube source)")
-	var namespaces, exclude string
-	fs.StringVar(&namespaces, "namespaces", "", "comma-separated namespaces whose services may federate; empty: all (kube source)")
-	fs.StringVar(&exclude, "exclude-namespaces", strings.Join(cfg.Namespaces.Exclude, ","), "comma-separated namespaces whose services never federate (kube source)")
-	le := &cfg.LeaderElection
-	fs.BoolVar(&le.Enabled, "leader-elect", le.Enabled, "with several replicas, only the holder of a Lease streams (kube source)")
-	fs.StringVar(&le.Namespace, "lease-namespace", le.Namespace, "namespace of the leader-election Lease")
-	fs.StringVar(&le.Name, "lease-name", le.Name, "name of the leader-election Lease")
-	fs.DurationVar(&le.LeaseDuration, "lease-duration", le.LeaseDuration, "how long a standby waits after the leader's last renewal before taking over")
-	fs.DurationVar(&le.RenewDeadline, "renew-deadline", le.RenewDeadline, "how long the leader tries to renew before it stops streaming (less than --lease-duration)")
-	fs.DurationVar(&le.RetryPeriod, "retry-period", le.RetryPeriod, "how often leader election retries")
-	fs.IntVar(&cfg.GiveUpAfter, "give-up-after", cfg.GiveUpAfter, "a leader that fails this many hub sessions in a row gives up the Lease so a standby on another node tries (0: never)")
-	fs.DurationVar(&le.StandBack, "stand-back", le.StandBack, "how long a leader that gave up the Lease stays out of the election (0: --lease-duration)")
-	fs.StringVar(&cfg.Region, "region", "", "region of endpoints whose node has no topology.kubernetes.io/region label")
-	fs.StringVar(&export, "export", "labeled", "which services federate: labeled (nave.io/export=true) or all")
-	fs.BoolVar(&cfg.Imports, "imports", cfg.Imports, "write the MCS imports the hub sends (ServiceImports, EndpointSlices, derived Services) into the cluster (kube source, leader only)")
-	importsQPS := float64(cfg.ImportsQPS)
-	fs.Float64Var(&importsQPS, "imports-qps", importsQPS, "writes per second of the import writer to the Kubernetes API (a client of its own)")
-	fs.IntVar(&cfg.ImportsBurst, "imports-burst", cfg.ImportsBurst, "burst of the import writer's writes to the Kubernetes API")
-	fs.DurationVar(&cfg.PollInterval, "poll", cfg.PollInterval, "how often a dir source looks for changes")
-	fs.StringVar(&cfg.AdminAddr, "admin-addr", "", "listen address for /healthz, /readyz and /metrics (HTTP); empty serves none")
-	fs.StringVar(&cfg.Federation.SpokeID, "spoke-id", cfg.Federation.SpokeID, "name of this spoke instance")
-	fs.DurationVar(&cfg.Federation.DigestInterval, "digest-interval", cfg.Federation.DigestInterval, "how often to compare digests with the hub")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	cfg.Cluster, cfg.Network = registry.ClusterID(cluster), registry.Network(network)
-	if len(cfg.NetworkGateways) > 0 && cfg.Network == "" {
-		return errors.New("--network-gateway needs --network: a gateway is a way into a network")
-	}
-	cfg.Federation.Build = buildVersion()
-	cfg.KubeQPS, cfg.ImportsQPS = float32(kubeQPS), float32(importsQPS)
-	cfg.Namespaces.Include, cfg.Namespaces.Exclude = splitList(namespaces), splitList(exclude)
-	switch export {
-	case "labeled":
-	case "all":
-		cfg.ExportAll = true
-	default:
-		return fmt.Errorf("--export %q: want labeled or all", export)
-	}
-	if cfg.Source == "" {
-		if os.Getenv("KUBERNETES_SERVICE_HOST") == "" && cfg.Kubeconfig == "" {
-			return errors.New("--source is required outside a pod: kube (with --kubeconfig) or dir:PATH")
-		}
-		cfg.Source = "kube"
-	}
-	if le.Enabled && cfg.Source == "kube" && (le.RetryPeriod <= 0 || le.RenewDeadline+le.RetryPeriod/2 >= le.LeaseDuration) {
-		return errors.New("leader election needs --retry-period > 0 and --renew-deadline + --retry-period/2 < --lease-duration")
-	}
-	if cfg.PollInterval < 10*time.Millisecond {
-		return errors.New("--poll must be at least 10ms")
-	}
-	log, err := lf.logger()
-	if err != nil {
-		return err
-	}
-	return spoke.Run(ctx, cfg, log)
-}
-
-// splitList splits a comma-separated flag value, dropping empty items.
-func splitList(s string) []string {
-	var out []string
-	for _, item := range strings.Split(s, ",") {
-		if item = strings.TrimSpace(item); item != "" {
-			out = append(out, item)
-		}
-	}
-	return out
 }
 
 func parsePolicy(p string) (hub.Policy, error) {

@@ -1,0 +1,196 @@
+// Package nodeagent is the node agent: the spoke pod of a node that is not
+// a candidate for the cluster's Lease. It serves xDS to the gRPC clients and
+// gateways of its node through a node-local relay (package relay), so the
+// hub holds one stream per node instead of one per pod, and it watches
+// nothing in Kubernetes: it reads its own Node once, for its locality.
+//
+// The candidates (a small Deployment running `nave spoke`) stream the
+// cluster to the hub; see deploy/README.md for the two shapes together.
+package nodeagent
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/navemesh/nave/identity"
+	"github.com/navemesh/nave/registry"
+	"github.com/navemesh/nave/relay"
+	"github.com/navemesh/nave/xds"
+)
+
+// Config configures a node agent.
+type Config struct {
+	// HubAddr is the hub's xDS address.
+	HubAddr string
+	// HubCAFile, when set, makes the agent connect over TLS and trust the
+	// hub's certificate for HubServerName (default: the HubAddr host);
+	// CertFile and KeyFile are the agent's client certificate for a hub
+	// whose xDS port asks for one (its identity under the hub's policy).
+	// The files are re-read at each connection.
+	HubCAFile, HubServerName string
+	CertFile, KeyFile        string
+	// XDSAddr is where the node's clients connect (a host port, or the
+	// address behind a Service with internalTrafficPolicy: Local).
+	XDSAddr string
+	// AdminAddr serves /healthz, /readyz, /metrics and /debug/clients ("": none).
+	AdminAddr string
+	// NodeID is the ID the agent gives the hub (default nave-node~NODE).
+	NodeID string
+	// NodeName is the Kubernetes node the agent runs on: the agent reads
+	// that Node's topology labels (through Kube) for what Locality lacks.
+	NodeName string
+	// Locality holds the region and zone given (they win over the Node's
+	// labels); with both given the Node is not read.
+	Locality registry.Locality
+	// Kube is how the agent reaches the Kubernetes API to read its Node.
+	Kube KubeAPI
+	// Cluster and Network are the cluster's ID and network, sent to the hub
+	// as node metadata (CLUSTER_ID, NETWORK): the hub hands the node the
+	// endpoints its network reaches.
+	Cluster registry.ClusterID
+	Network registry.Network
+	// Relay holds the relay's tuning (backoff, retention); its Upstream,
+	// Node and DialOptions are set from the fields above.
+	Relay relay.Config
+}
+
+// DefaultConfig serves xDS on :15011 and the admin API on :9090, and reads
+// the Node from inside the pod.
+func DefaultConfig() Config {
+	return Config{XDSAddr: ":15011", AdminAddr: ":9090", Kube: InCluster(), Relay: relay.DefaultConfig()}
+}
+
+// Run runs the node agent until ctx ends.
+func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	if cfg.HubAddr == "" {
+		return errors.New("node agent: no hub xDS address")
+	}
+	if cfg.Cluster != "" {
+		if err := registry.ValidateClusterID(cfg.Cluster); err != nil {
+			return err
+		}
+	}
+	loc, err := nodeLocality(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	dial, err := hubDialOptions(cfg, log)
+	if err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	rc := cfg.Relay
+	rc.Upstream, rc.DialOptions, rc.Node = cfg.HubAddr, dial, node(cfg, loc)
+	r, err := relay.New(rc, log.With("component", "relay"), reg)
+	if err != nil {
+		return err
+	}
+	return serve(ctx, cfg, r, reg, log.With("node", rc.Node.GetId(), "locality", loc.String()))
+}
+
+// nodeLocality is the configured locality, completed from the Node's labels
+// when a part is missing and the node is named.
+func nodeLocality(ctx context.Context, cfg Config, log *slog.Logger) (registry.Locality, error) {
+	loc := cfg.Locality
+	if loc.Region != "" && loc.Zone != "" {
+		return loc, nil
+	}
+	if cfg.NodeName == "" {
+		log.Warn("no node name: the locality is only what was given", "locality", loc.String())
+		return loc, nil
+	}
+	labels, err := cfg.Kube.Locality(ctx, cfg.NodeName, log)
+	if err != nil {
+		return registry.Locality{}, err
+	}
+	loc.Region, loc.Zone = cmp.Or(loc.Region, labels.Region), cmp.Or(loc.Zone, labels.Zone)
+	return loc, nil
+}
+
+// node is what the relay tells the hub about its node.
+func node(cfg Config, loc registry.Locality) *core.Node {
+	id := cfg.NodeID
+	if id == "" {
+		name := cfg.NodeName
+		if name == "" {
+			name, _ = os.Hostname()
+		}
+		id = "nave-node~" + name
+	}
+	fields := map[string]*structpb.Value{}
+	if cfg.Cluster != "" {
+		fields[xds.MetadataCluster] = structpb.NewStringValue(string(cfg.Cluster))
+	}
+	if cfg.Network != "" {
+		fields[xds.MetadataNetwork] = structpb.NewStringValue(string(cfg.Network))
+	}
+	return &core.Node{Id: id, Cluster: string(cfg.Cluster), Locality: &core.Locality{Region: loc.Region, Zone: loc.Zone},
+		Metadata: &structpb.Struct{Fields: fields}}
+}
+
+// hubDialOptions are the transport credentials towards the hub: TLS with
+// HubCAFile (and a client certificate with CertFile), else plaintext.
+func hubDialOptions(cfg Config, log *slog.Logger) ([]grpc.DialOption, error) {
+	if cfg.CertFile != "" && cfg.HubCAFile == "" {
+		return nil, errors.New("node agent: a client certificate needs the hub's CA (TLS)")
+	}
+	if cfg.HubCAFile == "" {
+		return []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, nil
+	}
+	store, err := identity.Load(identity.Files{Cert: cfg.CertFile, Key: cfg.KeyFile, CA: cfg.HubCAFile}, log)
+	if err != nil {
+		return nil, fmt.Errorf("node agent: credentials: %w", err)
+	}
+	return []grpc.DialOption{grpc.WithTransportCredentials(store.ClientCreds(cfg.HubServerName, nil))}, nil
+}
+
+// serve serves the relay to the node's clients and the admin API, and runs
+// the relay's upstream stream, until ctx ends or one of them fails.
+func serve(ctx context.Context, cfg Config, r *relay.Relay, reg *prometheus.Registry, log *slog.Logger) error {
+	lis, err := net.Listen("tcp", cfg.XDSAddr)
+	if err != nil {
+		return fmt.Errorf("node agent: listen xDS: %w", err)
+	}
+	var adminLis net.Listener
+	if cfg.AdminAddr != "" {
+		if adminLis, err = net.Listen("tcp", cfg.AdminAddr); err != nil {
+			lis.Close()
+			return fmt.Errorf("node agent: listen admin: %w", err)
+		}
+	}
+	srv := grpc.NewServer()
+	r.Register(srv)
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return r.Run(ctx) })
+	g.Go(func() error {
+		log.Info("node agent serving xDS", "addr", lis.Addr().String(), "hub", cfg.HubAddr)
+		if err := srv.Serve(lis); err != nil {
+			return fmt.Errorf("node agent: serve xDS: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-ctx.Done()
+		// The local streams end when Run returns.
+		srv.GracefulStop()
+		return nil
+	})
+	if adminLis != nil {
+		g.Go(func() error { return serveAdmin(ctx, adminLis, r, reg, log) })
+	}
+	return g.Wait()
+}
