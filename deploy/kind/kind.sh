@@ -292,10 +292,11 @@ deploy_echo() {
 deploy_spoke() {
 	local c=$1 restart=false hub_addr manifest
 	log "$c: spoke"
-	kc "$c" apply -f "$deploy/spoke/rbac.yaml"
+	kc "$c" apply -f "$deploy/spoke/rbac.yaml" -f "$deploy/node/rbac.yaml"
 	hub_addr=$(hub_addr_for "$c")
 	manifest=$(kc "$c" -n "$ns" create configmap nave-spoke --from-literal=cluster-id="$c" \
-		--from-literal=hub-addr="$hub_addr" --from-literal=network="net-$c" --dry-run=client -o yaml)
+		--from-literal=hub-addr="$hub_addr" --from-literal=hub-xds-addr="$(hub_xds_addr_for "$c")" \
+		--from-literal=network="net-$c" --dry-run=client -o yaml)
 	if apply_reports_changed "$c" <<<"$manifest"; then
 		restart=true
 	fi
@@ -304,10 +305,13 @@ deploy_spoke() {
 	if apply_reports_changed "$c" <<<"$manifest"; then
 		restart=true
 	fi
-	render "$deploy/spoke/daemonset.yaml" | kc "$c" apply -f -
-	# Settings reach the spoke through its environment and its token file, read at start.
+	render "$deploy/spoke/deployment.yaml" | kc "$c" apply -f -
+	render "$deploy/node/daemonset.yaml" | kc "$c" apply -f -
+	kc "$c" apply -f "$deploy/node/service.yaml"
+	# Settings reach the spoke and the node agents through their environment and the token file, read at start.
 	if $restart; then
-		kc "$c" -n "$ns" rollout restart daemonset/nave-spoke
+		kc "$c" -n "$ns" rollout restart deployment/nave-spoke
+		kc "$c" -n "$ns" rollout restart daemonset/nave-node
 	fi
 }
 
@@ -333,7 +337,8 @@ up() {
 		deploy_echo "$c"
 	done
 	for c in "${clusters[@]}"; do
-		kc "$c" -n "$ns" rollout status daemonset/nave-spoke --timeout="$rollout_timeout"
+		kc "$c" -n "$ns" rollout status deployment/nave-spoke --timeout="$rollout_timeout"
+		kc "$c" -n "$ns" rollout status daemonset/nave-node --timeout="$rollout_timeout"
 		kc "$c" -n "$ns" rollout status deployment/nave-eastwest-gateway --timeout="$rollout_timeout"
 		kc "$c" -n default rollout status deployment/echo --timeout="$rollout_timeout"
 	done
