@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,6 +24,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/navemesh/nave/identity"
@@ -87,7 +89,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	dial, err := hubDialOptions(cfg, log)
+	dial, err := hubDialOptions(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
@@ -142,20 +144,30 @@ func node(cfg Config, loc registry.Locality) *core.Node {
 		Metadata: &structpb.Struct{Fields: fields}}
 }
 
-// hubDialOptions are the transport credentials towards the hub: TLS with
-// HubCAFile (and a client certificate with CertFile), else plaintext.
-func hubDialOptions(cfg Config, log *slog.Logger) ([]grpc.DialOption, error) {
+// credentialsReload is how often the certificate files are looked at.
+const credentialsReload = time.Second
+
+// hubDialOptions are how the agent connects to the hub: TLS with HubCAFile
+// (and a client certificate with CertFile; the files are read again when
+// they change, until ctx ends), else plaintext; and keepalives, so a hub
+// that vanished without closing the connection is noticed in 40 s.
+func hubDialOptions(ctx context.Context, cfg Config, log *slog.Logger) ([]grpc.DialOption, error) {
 	if cfg.CertFile != "" && cfg.HubCAFile == "" {
-		return nil, errors.New("node agent: a client certificate needs the hub's CA (TLS)")
+		return nil, errors.New("node agent: a client certificate (--cert) needs TLS to the hub: set --hub-ca")
 	}
-	if cfg.HubCAFile == "" {
-		return []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, nil
+	transport := insecure.NewCredentials()
+	if cfg.HubCAFile != "" {
+		store, err := identity.Load(identity.Files{Cert: cfg.CertFile, Key: cfg.KeyFile, CA: cfg.HubCAFile}, log)
+		if err != nil {
+			return nil, fmt.Errorf("node agent: hub TLS: %w", err)
+		}
+		transport = store.ClientCreds(cfg.HubServerName, nil)
+		go identity.Watch(ctx, log.With("component", "credentials"), credentialsReload, nil, store.Reload)
 	}
-	store, err := identity.Load(identity.Files{Cert: cfg.CertFile, Key: cfg.KeyFile, CA: cfg.HubCAFile}, log)
-	if err != nil {
-		return nil, fmt.Errorf("node agent: credentials: %w", err)
-	}
-	return []grpc.DialOption{grpc.WithTransportCredentials(store.ClientCreds(cfg.HubServerName, nil))}, nil
+	return []grpc.DialOption{
+		grpc.WithTransportCredentials(transport),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+	}, nil
 }
 
 // serve serves the relay to the node's clients and the admin API, and runs
