@@ -8,6 +8,7 @@
 //	go run ./bench -scale large -out large.json
 //	go run ./bench -scale large -mtls     # the same with mTLS on both of the hub's ports
 //	go run ./bench -storm                 # 100 spokes and 10,000 clients connect at once, then reconnect
+//	go run ./bench -relay                 # 10,000 clients straight to the hub vs behind 200 node-local relays
 //	go run ./bench -h                     # every knob
 package main
 
@@ -118,6 +119,12 @@ type config struct {
 	connsSet       bool
 	// connectTimeout bounds each connection attempt of spokes and clients.
 	connectTimeout time.Duration
+	// relay compares the clients straight to the hub with the same clients
+	// behind node-local relays (see relay.go); each relay's
+	// clients share relayLocalConns connections to it.
+	relay           bool
+	relays          int
+	relayLocalConns int
 }
 
 func parseFlags(args []string) (config, error) {
@@ -134,6 +141,9 @@ func parseFlags(args []string) (config, error) {
 		sc := stormScale
 		fmt.Fprintf(fs.Output(), "  -storm: %d clusters x %d services x %d endpoints, %d gRPC clients x %d services, each on a connection of its own, all at once; then again after a hub restart\n",
 			sc.Clusters, sc.Services, sc.Endpoints, sc.GRPCClients, sc.ServicesPerClient)
+		sc = relayScale
+		fmt.Fprintf(fs.Output(), "  -relay: %d clusters x %d services x %d endpoints, %d gRPC clients x %d services, straight to the hub, then behind -relays node-local relays; %.0f changes/s for %s in each\n",
+			sc.Clusters, sc.Services, sc.Endpoints, sc.GRPCClients, sc.ServicesPerClient, sc.Rate, sc.Duration)
 		fmt.Fprintln(fs.Output())
 		fs.PrintDefaults()
 	}
@@ -154,6 +164,9 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&cfg.conns, "conns", 4, "gRPC connections the ADS clients share, at least (more when -streams-per-conn asks; -storm: one per client)")
 	fs.IntVar(&cfg.streamsPerConn, "streams-per-conn", defaultStreamsPerConn, "client streams one connection carries at most (the hub allows 128)")
 	fs.BoolVar(&cfg.storm, "storm", false, "reconnect storm: every spoke and every client connects at once, to a fresh hub and after a restart (sizes from -storm's scale; the size flags override)")
+	fs.BoolVar(&cfg.relay, "relay", false, "node-local relays: the hub's streams and memory with the gRPC clients straight to it, then (a fresh hub, the same registry) behind -relays relays running in the bench process, and the latency a relay adds (sizes from -relay's scale; the size flags override)")
+	fs.IntVar(&cfg.relays, "relays", defaultRelays, "with -relay, how many relays (nodes) the gRPC clients are spread over")
+	fs.IntVar(&cfg.relayLocalConns, "relay-local-conns", defaultRelayLocalConns, "with -relay, how many connections each relay's clients share (one per client needs a file descriptor at both ends, in the bench process)")
 	fs.BoolVar(&cfg.mtls, "mtls", false, "mTLS on the hub's federation and xDS ports: spokes and clients present certificates of a CA the bench makes")
 	clientIDs := fs.Int("client-identities", 0, "with -mtls, how many SPIFFE IDs the clients' certificates spread over (default 1; -storm: 10, as the hub bounds streams per identity)")
 	fs.BoolVar(&cfg.delta, "delta", false, "ADS clients speak delta (incremental) xDS instead of state of the world")
@@ -188,6 +201,9 @@ func parseFlags(args []string) (config, error) {
 	}
 	if cfg.storm {
 		sc, cfg.clientIdentities = stormScale, 10
+	}
+	if cfg.relay {
+		sc = relayScale
 	}
 	fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
@@ -258,6 +274,9 @@ func validate(cfg config) error {
 		return errors.New("-client-identities must be at least 1")
 	case sc.Clusters > maxLoopbackPeers || clientConns(cfg) > maxLoopbackPeers:
 		return fmt.Errorf("at most %d spokes and %d client connections (each dials from a loopback address of its own)", maxLoopbackPeers, maxLoopbackPeers)
+	}
+	if cfg.relay {
+		return validateRelay(cfg)
 	}
 	return nil
 }
@@ -378,6 +397,21 @@ func run(ctx context.Context, cfg config, stdout io.Writer) (err error) {
 			{"storm", b.storm, false},
 			// 4. The hub restarts on its data dir: every one of them reconnects at once.
 			{"reconnect storm", b.reconnectStorm, true},
+		}...)
+	}
+	if cfg.relay {
+		rr := newRelayRun(b)
+		steps = append(steps[:1], []struct {
+			name    string
+			fn      func(context.Context) error
+			restart bool
+		}{
+			// 2. The echo backend and the hub (with --pprof, for a forced GC before each memory sample); the spokes sync.
+			{"start the hub", rr.start, false},
+			// 3. The clients straight to the hub: its streams and memory; then a churn.
+			{"direct clients", rr.direct, false},
+			// 4. A fresh hub, the same registry: the clients behind the relays; then a churn with a probe pair per relay.
+			{"relayed clients", rr.relayed, false},
 		}...)
 	}
 	for _, s := range steps {

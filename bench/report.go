@@ -47,6 +47,8 @@ type results struct {
 	Refusals *refusalReport `json:"refusals,omitempty"`
 	Storm    *stormResult   `json:"storm,omitempty"`
 	Notes    []string       `json:"notes,omitempty"`
+	// Relay: the relay comparison (-relay, relay.go).
+	Relay *relayResult `json:"relay,omitempty"`
 }
 
 // syncResult is how long the initial sync took, from the publishers' start.
@@ -347,6 +349,10 @@ func printReport(w io.Writer, r *results) {
 		row("hub pipeline", "%.0f spoke deltas, %.0f registry versions, %.0f xDS updates (mean %.2f ms), EDS push latency mean %.2f ms, NACKs %.0f spoke / %.0f xDS",
 			h.SpokeDeltas, h.RegistryVersions, h.Updates, h.UpdateMeanMs, h.EDSPushLatencyMeanMs, h.SpokeNACKs, h.XDSNACKs)
 		row("hub CPU", "%.2f s (%.2f cores, %.2f ms per change); bench process %.2f s", h.CPUSeconds, h.CPUCores, h.CPUMsPerChange, h.LoadCPUSeconds)
+	}
+	if r.Relay != nil {
+		t.Flush()
+		printRelay(w, r.Relay)
 	}
 	if r.Refusals != nil {
 		section("Refusals (connect and churn)")
