@@ -9,6 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -31,7 +35,8 @@ type kubeEndpoint struct {
 // backendPort is where every test backend listens, each on its own host.
 const backendPort = 8080
 
-// startKubeBackend serves a named backend on a new test host.
+// startKubeBackend serves a named backend on a new test host, and returns
+// once it answers there.
 func startKubeBackend(t testing.TB, name string) *kubetest.Host {
 	h := kubetest.NewHost(t)
 	lis, err := h.Listen("tcp", fmt.Sprint(backendPort))
@@ -39,7 +44,31 @@ func startKubeBackend(t testing.TB, name string) *kubetest.Host {
 		t.Fatal(err)
 	}
 	xdstest.ServeBackend(t, name, lis)
+	awaitBackend(t, h, name)
 	return h
+}
+
+// awaitBackend waits until the backend on a new test host answers, as
+// itself, a client of the root namespace. Right after a host is made, a
+// connection to its address may for a moment not reach it: on this
+// workplace something else answered (an HTTP/2 404 from "server: keryx",
+// what an address of no test host gets) for about 100 ms, which a client
+// handed the address at once would see as failed RPCs.
+func awaitBackend(t testing.TB, h *kubetest.Host, name string) {
+	t.Helper()
+	await(t, "backend "+name+" answering at "+h.IP.String(), func() bool {
+		// A new connection each time: one that went astray stays astray.
+		conn, err := grpc.NewClient(fmt.Sprintf("%s:%d", h.IP, backendPort), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		var md metadata.MD
+		_, err = healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Header(&md))
+		return err == nil && slices.Equal(md.Get(xdstest.BackendHeader), []string{name})
+	})
 }
 
 // exportService creates a Service (port backendPort) and its ServiceExport.

@@ -20,10 +20,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/metadata"
 	authnv1 "k8s.io/api/authentication/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -112,12 +108,8 @@ func TestKubeRoles(t *testing.T) {
 	const ns = "shop"
 	createNamespace(t, east, ns)
 	nodeA, nodeB := east.node(t, "us-east", "us-east-1a"), east.node(t, "us-east", "us-east-1b")
-	// Every backend from the start, each answering at its address before an
-	// EndpointSlice names it (see awaitBackend).
+	// Every backend from the start (startKubeBackend waits until each answers).
 	hostA, hostA2, hostB := startKubeBackend(t, "east-1a"), startKubeBackend(t, "east-1a-2"), startKubeBackend(t, "east-1b")
-	for h, name := range map[*kubetest.Host]string{hostA: "east-1a", hostA2: "east-1a-2", hostB: "east-1b"} {
-		awaitBackend(t, h, name)
-	}
 	exportService(t, east, ns, "echo", false)
 	setZonedEndpoints(t, east, ns, "echo", zonedEndpoint{hostA, nodeA, "us-east-1a"}, zonedEndpoint{hostB, nodeB, "us-east-1b"})
 	want := []string{
@@ -274,29 +266,6 @@ func startNodeAgent(t testing.TB, env *kubeEnv, name, node, kubeServer, caFile, 
 		"--kube-server="+kubeServer, "--kube-token-file="+tokenFile, "--kube-ca="+caFile)
 	await(t, name+" serving", func() bool { return httpStatus("http://"+admin+"/readyz") == http.StatusOK })
 	return xdsAddr
-}
-
-// awaitBackend waits until the backend on a new test host answers, as
-// itself, a client of the root namespace. Right after a host is made, a
-// connection to its address may for a moment not reach it: on this
-// workplace something else answered (an HTTP/2 404 from "server: keryx",
-// what an address of no test host gets) for about 100 ms, which a client
-// handed the address at once would see as failed RPCs.
-func awaitBackend(t testing.TB, h *kubetest.Host, name string) {
-	t.Helper()
-	await(t, "backend "+name+" answering at "+h.IP.String(), func() bool {
-		// A new connection each time: one that went astray stays astray.
-		conn, err := grpc.NewClient(fmt.Sprintf("%s:%d", h.IP, backendPort), grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
-		defer cancel()
-		var md metadata.MD
-		_, err = healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Header(&md))
-		return err == nil && slices.Equal(md.Get(xdstest.BackendHeader), []string{name})
-	})
 }
 
 // serviceAccountToken returns a bound token of the ServiceAccount (TokenRequest), as a pod would mount.
