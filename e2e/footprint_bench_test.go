@@ -1,0 +1,627 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/navemesh/nave/hub"
+	"github.com/navemesh/nave/internal/kubetest"
+	"github.com/navemesh/nave/internal/xdstest"
+	"github.com/navemesh/nave/relay"
+	"github.com/navemesh/nave/spoke"
+)
+
+// How a footprint is read: a process is left alone for settleFor (a
+// chance for the Go runtime to finish its GC cycle and scavenge), then its
+// memory is sampled footprintSamples times, sampleEvery apart, and the
+// median of each figure is reported (the log also gives min and max).
+const (
+	settleFor        = 5 * time.Second
+	footprintSamples = 5
+	sampleEvery      = time.Second
+)
+
+// The candidate spoke's load: exported Services, each with one
+// EndpointSlice of endpointsPerService endpoints spread over benchNodes Nodes.
+const (
+	benchServices       = 1000
+	endpointsPerService = 10
+	benchNodes          = 20
+)
+
+// The node agent's load: nodeClients local clients (one grpc-go process
+// each, as far as xDS is concerned: its own bootstrap and node ID), each
+// calling servicesPerClient of nodeServices services. grpc-go opens one ADS
+// stream per channel target, so a client of three services holds three streams.
+const (
+	nodeServices      = 10
+	nodeClients       = 50
+	servicesPerClient = 3
+)
+
+// BenchmarkFootprintSpoke measures the resident memory of a candidate
+// spoke (the nave-spoke binary, built as deploy/Dockerfile builds it) on a
+// real kube-apiserver, streaming to a hub:
+//   - idle: its caches synced and its session with the hub synced, with
+//     benchNodes Nodes and no exported service;
+//   - loaded: once the hub holds benchServices exported Services
+//     (nave.io/export=true) with benchServices*endpointsPerService endpoints
+//     in EndpointSlices, created while the spoke runs, and the spoke has
+//     written the imports the hub sends back (a cluster imports its own
+//     exports: a ServiceImport, a derived Service and an EndpointSlice per
+//     service, which the spoke's informers cache too); the slope
+//     (loaded - idle) / endpoints is reported per endpoint;
+//   - restarted: a new spoke process that starts in the loaded cluster (its
+//     first LIST holds everything), once the hub synced its session and the
+//     imports are written; its peak RSS is the cold start's.
+//
+// The spoke runs with the defaults of its flags (leader election and
+// imports on), as deploy/spoke runs it. $NAVE_BENCH_TAGS adds build tags
+// (see buildImageBinary).
+//
+// Each figure is the median of footprintSamples samples of
+// /proc/PID/smaps_rollup after settleFor: Rss (everything resident,
+// including file-backed pages of the binary's text) and Anonymous (heap,
+// stacks, runtime). The live heap is the one the spoke's last garbage
+// collection kept (GODEBUG=gctrace=1). It measures once, whatever
+// -benchtime says; nothing is asserted. Targets: <= 30 MB idle, <= 1.5 KiB
+// per endpoint.
+func BenchmarkFootprintSpoke(b *testing.B) { measureOnce(b, measureSpokeFootprint) }
+
+// BenchmarkFootprintNode measures the resident memory of a node agent (the
+// nave-node binary, built as deploy/Dockerfile builds it; --zone and
+// --region given, so it reads no Node) relaying a hub's xDS:
+//   - idle: connected to the hub, no local client;
+//   - 50x1: nodeClients real grpc-go xDS clients, each calling one service
+//     (nodeClients ADS streams), every call answered;
+//   - 50x3: each of them calling servicesPerClient services
+//     (nodeClients*servicesPerClient streams), every call answered.
+//
+// Figures are read as BenchmarkFootprintSpoke reads them. Targets: <= 20 MB
+// idle, <= 40 MB serving 50 local clients.
+func BenchmarkFootprintNode(b *testing.B) { measureOnce(b, measureNodeFootprint) }
+
+func measureSpokeFootprint(b *testing.B) []benchFigure {
+	requireSmaps(b)
+	kubetest.APIServerBinary(b) // skip before building anything when there is none
+	built := buildImageBinary(b, "nave-spoke")
+	cluster := kubetest.StartClusters(b, "east")[0]
+	crds, err := filepath.Glob("../deploy/crds/*.yaml")
+	if err != nil || len(crds) == 0 {
+		b.Fatalf("no CRDs in deploy/crds: %v", err)
+	}
+	cluster.Apply(b, append(crds, "../deploy/base/namespace.yaml", "../deploy/spoke/rbac.yaml")...)
+	c := &kubeCluster{name: "east", client: cluster.Client, dynamic: cluster.Dynamic, local: cluster}
+	const ns = "bench"
+	createNamespace(b, c, ns)
+	nodes := createBenchNodes(b, c, benchNodes)
+
+	h := startHub(b)
+	env := &kubeEnv{admin: h.admin} // what awaitResynced and cluster read
+	dir := b.TempDir()
+	tokenFile := filepath.Join(dir, "east.token")
+	writeFile(b, tokenFile, tokens["east"])
+	bin := built()
+	args := append([]string{"--source=kube", "--kubeconfig=" + cluster.SpokeKubeconfig, "--cluster-id=east",
+		"--hub=" + h.FederationAddr.String(), "--token-file=" + tokenFile, "--lease-namespace=nave-system"}, testLease...)
+
+	// 1. Idle: caches synced, the hub's session synced, nothing exported.
+	sp := startTraced(b, "spoke-a", bin, append(slices.Clone(args), "--spoke-id=spoke-a")...)
+	env.awaitResynced(b, "east", 0)
+	idle := settledFootprint(b, sp)
+
+	// 2. Loaded: every service and endpoint at the hub, and the imports written back.
+	endpoints := benchServices * endpointsPerService
+	start := time.Now()
+	createExportedServices(b, c, ns, nodes)
+	written := time.Since(start)
+	awaitFor(b, fmt.Sprintf("the hub holding east's %d services and %d endpoints", benchServices, endpoints), 3*time.Minute, func() bool {
+		s := env.cluster(b, "east")
+		return s.Services == benchServices && s.Endpoints == endpoints
+	})
+	atHub := time.Since(start)
+	awaitImportCount(b, env, "east", benchServices)
+	importsWritten := time.Since(start)
+	loaded := settledFootprint(b, sp)
+
+	// 3. Restarted: a new process whose first LIST holds everything.
+	epoch := env.cluster(b, "east").Epoch
+	sp.stop()
+	sp2 := startTraced(b, "spoke-b", bin, append(slices.Clone(args), "--spoke-id=spoke-b")...)
+	env.awaitResynced(b, "east", epoch)
+	awaitFor(b, "the restarted spoke's state at the hub", time.Minute, func() bool {
+		s := env.cluster(b, "east")
+		return s.Services == benchServices && s.Endpoints == endpoints
+	})
+	awaitImportCount(b, env, "east", benchServices)
+	restarted := settledFootprint(b, sp2)
+
+	perEndpoint := func(f func(resident) int64) float64 {
+		return float64(f(loaded.median)-f(idle.median)) / 1024 / float64(endpoints)
+	}
+	rssPer, anonPer := perEndpoint(resident.rssOf), perEndpoint(resident.anonOf)
+	heapPer := float64(loaded.liveHeap-idle.liveHeap) / 1024 / float64(endpoints)
+	b.Logf("nave-spoke (binary: %s), %d Nodes; Services and EndpointSlices written in %v, all %d endpoints at the hub after %v, "+
+		"their imports written back into east after %v", describeBinary(b, bin), benchNodes, written.Round(time.Millisecond), endpoints,
+		atHub.Round(time.Millisecond), importsWritten.Round(time.Millisecond))
+	b.Logf("%-12s %s", "idle:", idle)
+	b.Logf("%-12s %s", "loaded:", loaded)
+	b.Logf("%-12s %s", "restarted:", restarted)
+	b.Logf("per endpoint (%d services of %d endpoints, one slice each; medians): RSS %.2f KiB, anonymous %.2f KiB, live heap %.2f KiB (target <= 1.5 KiB)",
+		benchServices, endpointsPerService, rssPer, anonPer, heapPer)
+	b.Logf("targets: idle RSS %.1f MiB (<= 30 MB), loaded RSS %.1f MiB (<= 30 MB + 1.5 KiB x %d = %.1f MiB)",
+		inMiB(idle.median.rss), inMiB(loaded.median.rss), endpoints, 30+1.5*float64(endpoints)/1024)
+	return []benchFigure{
+		{inMiB(idle.median.rss), "idle-rss-MiB"},
+		{inMiB(idle.median.anon), "idle-anon-MiB"},
+		{inMiB(loaded.median.rss), "loaded-rss-MiB"},
+		{inMiB(loaded.median.anon), "loaded-anon-MiB"},
+		{inMiB(loaded.peak), "loaded-peak-rss-MiB"},
+		{rssPer, "rss-KiB/endpoint"},
+		{anonPer, "anon-KiB/endpoint"},
+		{heapPer, "heap-KiB/endpoint"},
+		{inMiB(restarted.median.rss), "restarted-rss-MiB"},
+		{inMiB(restarted.median.anon), "restarted-anon-MiB"},
+		{inMiB(restarted.peak), "restarted-peak-rss-MiB"},
+	}
+}
+
+func measureNodeFootprint(b *testing.B) []benchFigure {
+	requireSmaps(b)
+	built := buildImageBinary(b, "nave-node")
+	h := startHub(b)
+	dir := filepath.Join(b.TempDir(), "east")
+	targets := make([]string, nodeServices)
+	for i := range nodeServices {
+		name := fmt.Sprintf("svc-%d", i)
+		var eps []endpoint
+		for j := range 3 {
+			eps = append(eps, endpoint{xdstest.StartBackend(b, fmt.Sprintf("%s-%d", name, j), "127.0.0.1"), "z1", true})
+		}
+		writeService(b, dir, name, eps...)
+		targets[i] = name + ".default.svc.clusterset.local:8080"
+	}
+	startSpoke(b, h, "east", dir, "r1")
+	env := &kubeEnv{admin: h.admin}
+	awaitFor(b, "the hub holding the services", time.Minute, func() bool { return env.cluster(b, "east").Services == nodeServices })
+
+	bin := built()
+	xdsAddr, admin := freeAddr(b), freeAddr(b)
+	agent := startTraced(b, "nave-node", bin, "--hub="+h.XDSAddr.String(), "--xds-addr="+xdsAddr, "--admin-addr="+admin,
+		"--zone=z1", "--region=r1", "--node-name=bench-node")
+	metrics := "http://" + admin + "/metrics"
+	await(b, "the node agent connected to the hub", func() bool { return scrapeGauges(b, metrics)[relay.MetricUpstreamConnected] == 1 })
+
+	// 1. Idle: connected, no local client.
+	idle := settledFootprint(b, agent)
+
+	// 2. Each client calls one service, then servicesPerClient of them.
+	clients := make([][]healthpb.HealthClient, nodeClients)
+	connect := func(k int) footprint {
+		for i := range clients {
+			target := targets[(i+k)%nodeServices]
+			clients[i] = append(clients[i], xdstest.NewClient(b, xdsAddr, fmt.Sprintf("pod-%02d", i), locality("r1", "z1"), target))
+		}
+		callEveryChannel(b, clients)
+		want := float64(nodeClients * (k + 1))
+		await(b, fmt.Sprintf("%v local streams", want), func() bool { return scrapeGauges(b, metrics)[relay.MetricStreams] == want })
+		return settledFootprint(b, agent)
+	}
+	one := connect(0)
+	var three footprint
+	for k := 1; k < servicesPerClient; k++ {
+		three = connect(k)
+	}
+	callEveryChannel(b, clients) // still served after settling
+
+	streams := nodeClients * servicesPerClient
+	perStream := float64(three.median.rss-idle.median.rss) / 1024 / float64(streams)
+	anonPerStream := float64(three.median.anon-idle.median.anon) / 1024 / float64(streams)
+	b.Logf("nave-node (binary: %s), %d grpc-go xDS clients of %d services (%d backends each), every call answered",
+		describeBinary(b, bin), nodeClients, nodeServices, 3)
+	b.Logf("%-12s %s", "idle:", idle)
+	b.Logf("%-12s %s", "50x1:", one)
+	b.Logf("%-12s %s", "50x3:", three)
+	b.Logf("per local stream (idle -> %d streams; medians): RSS %.1f KiB, anonymous %.1f KiB", streams, perStream, anonPerStream)
+	b.Logf("targets: idle RSS %.1f MiB (<= 20 MB), %d clients RSS %.1f MiB with 1 service each, %.1f MiB with %d each (<= 40 MB)",
+		inMiB(idle.median.rss), nodeClients, inMiB(one.median.rss), inMiB(three.median.rss), servicesPerClient)
+	return []benchFigure{
+		{inMiB(idle.median.rss), "idle-rss-MiB"},
+		{inMiB(idle.median.anon), "idle-anon-MiB"},
+		{inMiB(one.median.rss), "50x1-rss-MiB"},
+		{inMiB(one.median.anon), "50x1-anon-MiB"},
+		{inMiB(three.median.rss), "50x3-rss-MiB"},
+		{inMiB(three.median.anon), "50x3-anon-MiB"},
+		{inMiB(three.peak), "50x3-peak-rss-MiB"},
+		{perStream, "rss-KiB/stream"},
+	}
+}
+
+// awaitImportCount waits until the spoke of cluster has written the n
+// imports the hub sends it (a cluster imports its own exports too, as MCS has it).
+func awaitImportCount(b *testing.B, env *kubeEnv, cluster string, n int) {
+	b.Helper()
+	awaitFor(b, fmt.Sprintf("%d imports written in %s", n, cluster), 3*time.Minute, func() bool {
+		var info hub.ImportsInfo
+		if err := fetchJSON(b.Context(), env.admin+"/debug/imports", &info); err != nil {
+			return false
+		}
+		for _, s := range info.Sessions {
+			if string(s.Cluster) == cluster && s.Imports >= n && s.Written() {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// callEveryChannel makes one call through every client's channels, all at once,
+// and fails unless each is answered.
+func callEveryChannel(b *testing.B, clients [][]healthpb.HealthClient) {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(b.Context(), time.Minute)
+	defer cancel()
+	var g errgroup.Group
+	for i, cs := range clients {
+		for k, c := range cs {
+			g.Go(func() error {
+				if _, err := c.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true)); err != nil {
+					return fmt.Errorf("client %d, service %d: %w", i, k, err)
+				}
+				return nil
+			})
+		}
+	}
+	if err := g.Wait(); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// createBenchNodes creates n Nodes spread over three zones of region r1, as a
+// cluster's kubelets would register them, and returns their names.
+func createBenchNodes(b *testing.B, c *kubeCluster, n int) []string {
+	b.Helper()
+	names := make([]string, n)
+	for i := range n {
+		names[i] = fmt.Sprintf("bench-node-%02d", i)
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: names[i], Labels: map[string]string{
+			corev1.LabelTopologyRegion: "r1", corev1.LabelTopologyZone: fmt.Sprintf("z%d", 1+i%3),
+			corev1.LabelHostname: names[i], corev1.LabelOSStable: "linux"}}}
+		if _, err := c.client.CoreV1().Nodes().Create(b.Context(), node, metav1.CreateOptions{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return names
+}
+
+// createExportedServices creates benchServices Services labelled for
+// export, each with one EndpointSlice of endpointsPerService ready
+// endpoints (distinct addresses in 10.100.0.0/16, on nodes), as the
+// EndpointSlice controller would write them.
+func createExportedServices(b *testing.B, c *kubeCluster, ns string, nodes []string) {
+	b.Helper()
+	g, ctx := errgroup.WithContext(b.Context())
+	g.SetLimit(16)
+	for i := range benchServices {
+		g.Go(func() error {
+			name := fmt.Sprintf("svc-%04d", i)
+			svc := &corev1.Service{
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{spoke.ExportLabel: "true", "app": name}},
+				Spec: corev1.ServiceSpec{Selector: map[string]string{"app": name}, Ports: []corev1.ServicePort{{
+					Name: "grpc", Port: backendPort, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(backendPort)}}},
+			}
+			if _, err := c.client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+				return fmt.Errorf("create Service %s: %w", name, err)
+			}
+			es := &discoveryv1.EndpointSlice{
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-x7k2p", Labels: map[string]string{
+					discoveryv1.LabelServiceName: name, discoveryv1.LabelManagedBy: "nave-bench"}},
+				AddressType: discoveryv1.AddressTypeIPv4,
+				Ports:       []discoveryv1.EndpointPort{{Name: ptr("grpc"), Port: ptr(int32(backendPort)), Protocol: ptr(corev1.ProtocolTCP)}},
+			}
+			for j := range endpointsPerService {
+				k := i*endpointsPerService + j
+				node := nodes[k%len(nodes)]
+				es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{
+					Addresses:  []string{fmt.Sprintf("10.%d.%d.%d", 100+k/62500, 1+k/250%250, 1+k%250)},
+					Conditions: discoveryv1.EndpointConditions{Ready: ptr(true), Serving: ptr(true), Terminating: ptr(false)},
+					NodeName:   ptr(node),
+					Zone:       ptr(fmt.Sprintf("z%d", 1+k%len(nodes)%3)),
+					TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: fmt.Sprintf("%s-%d", name, j)},
+				})
+			}
+			if _, err := c.client.DiscoveryV1().EndpointSlices(ns).Create(ctx, es, metav1.CreateOptions{}); err != nil {
+				return fmt.Errorf("create EndpointSlice %s: %w", es.Name, err)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// benchFigure is one metric a benchmark reports.
+type benchFigure struct {
+	value float64
+	unit  string
+}
+
+// measuredFigures holds the figures of each benchmark by name.
+var measuredFigures sync.Map
+
+// measureOnce runs measure when b.N is 1 (every -count round starts so)
+// and reports its figures; when the testing package calls again with a
+// larger b.N (-benchtime=Nx), it reports the same figures without
+// measuring again. The timer runs throughout, so that the default
+// -benchtime (1s) asks for no second call; ns/op is hidden, since the
+// time of a measurement says nothing.
+func measureOnce(b *testing.B, measure func(*testing.B) []benchFigure) {
+	var figs []benchFigure
+	if v, ok := measuredFigures.Load(b.Name()); ok && b.N > 1 {
+		figs = v.([]benchFigure)
+	} else {
+		figs = measure(b)
+		measuredFigures.Store(b.Name(), figs)
+	}
+	for _, f := range figs {
+		b.ReportMetric(f.value, f.unit)
+	}
+	b.ReportMetric(0, "ns/op")
+}
+
+// resident is a process's resident memory at one moment, in bytes.
+type resident struct {
+	rss  int64 // smaps_rollup Rss: every resident page, file-backed ones (the binary's text) included
+	anon int64 // smaps_rollup Anonymous: resident pages backed by no file (heap, stacks, runtime)
+}
+
+func (m resident) rssOf() int64  { return m.rss }
+func (m resident) anonOf() int64 { return m.anon }
+
+// footprint is a process's settled memory.
+type footprint struct {
+	median, min, max resident
+	peak             int64 // VmHWM: the most RSS the process ever had
+	// liveHeap and heapGoal are what the process's last garbage collection
+	// kept and aimed at (gctrace; whole MiB, -1 when no collection ran yet).
+	liveHeap, heapGoal int64
+}
+
+func (f footprint) String() string {
+	heap := "no GC yet"
+	if f.liveHeap >= 0 {
+		heap = fmt.Sprintf("live heap %d MiB (goal %d MiB)", f.liveHeap>>20, f.heapGoal>>20)
+	}
+	return fmt.Sprintf("RSS %.1f MiB [%.1f-%.1f], anonymous %.1f MiB [%.1f-%.1f], file-backed and other %.1f MiB; peak RSS %.1f MiB; %s",
+		inMiB(f.median.rss), inMiB(f.min.rss), inMiB(f.max.rss), inMiB(f.median.anon), inMiB(f.min.anon), inMiB(f.max.anon),
+		inMiB(f.median.rss-f.median.anon), inMiB(f.peak), heap)
+}
+
+// settledFootprint waits settleFor, then samples p's memory footprintSamples times.
+func settledFootprint(b *testing.B, p *proc) footprint {
+	b.Helper()
+	time.Sleep(settleFor)
+	pid := p.cmd.Process.Pid
+	var rss, anon []int64
+	for i := range footprintSamples {
+		if i > 0 {
+			time.Sleep(sampleEvery)
+		}
+		m, err := readResident(pid)
+		if err != nil {
+			b.Fatalf("%s: %v", p.name, err)
+		}
+		rss, anon = append(rss, m.rss), append(anon, m.anon)
+	}
+	slices.Sort(rss)
+	slices.Sort(anon)
+	f := footprint{
+		median: resident{rss[len(rss)/2], anon[len(anon)/2]},
+		min:    resident{rss[0], anon[0]},
+		max:    resident{rss[len(rss)-1], anon[len(anon)-1]},
+	}
+	var err error
+	if f.peak, err = procStatusField(pid, "VmHWM:"); err != nil {
+		b.Fatalf("%s: %v", p.name, err)
+	}
+	f.liveHeap, f.heapGoal = lastGCHeap(b, p.log)
+	return f
+}
+
+// readResident reads Rss and Anonymous from /proc/PID/smaps_rollup.
+func readResident(pid int) (resident, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		return resident{}, err
+	}
+	var m resident
+	var haveRSS, haveAnon bool
+	for line := range strings.SplitSeq(string(data), "\n") {
+		switch f := strings.Fields(line); {
+		case len(f) == 3 && f[0] == "Rss:":
+			m.rss, haveRSS = kBytes(f[1]), true
+		case len(f) == 3 && f[0] == "Anonymous:":
+			m.anon, haveAnon = kBytes(f[1]), true
+		}
+	}
+	if !haveRSS || !haveAnon {
+		return resident{}, fmt.Errorf("no Rss or Anonymous in /proc/%d/smaps_rollup", pid)
+	}
+	return m, nil
+}
+
+// procStatusField reads a "Name: N kB" field of /proc/PID/status, in bytes.
+func procStatusField(pid int, field string) (int64, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.SplitSeq(string(data), "\n") {
+		if f := strings.Fields(line); len(f) == 3 && f[0] == field {
+			return kBytes(f[1]), nil
+		}
+	}
+	return 0, fmt.Errorf("no %s in /proc/%d/status", field, pid)
+}
+
+func kBytes(s string) int64 {
+	n, _ := strconv.ParseInt(s, 10, 64)
+	return n << 10
+}
+
+func inMiB(n int64) float64 { return float64(n) / (1 << 20) }
+
+// requireSmaps skips where /proc/PID/smaps_rollup is not there (not Linux, or before 4.14).
+func requireSmaps(b *testing.B) {
+	b.Helper()
+	if _, err := readResident(os.Getpid()); err != nil {
+		b.Skipf("footprints are read from /proc/PID/smaps_rollup: %v", err)
+	}
+}
+
+// gctraceHeap matches the heap figures of a gctrace line: "4->4->2 MB, 5 MB goal".
+var gctraceHeap = regexp.MustCompile(`(\d+)->(\d+)->(\d+) MB, (\d+) MB goal`)
+
+// lastGCHeap returns the live heap and the goal of the last collection a
+// process logged (gctrace), in bytes; -1 when it logged none.
+func lastGCHeap(b *testing.B, log string) (live, goal int64) {
+	b.Helper()
+	f, err := os.Open(log)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	live, goal = -1, -1
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		if m := gctraceHeap.FindSubmatch(sc.Bytes()); m != nil {
+			l, _ := strconv.ParseInt(string(m[3]), 10, 64)
+			g, _ := strconv.ParseInt(string(m[4]), 10, 64)
+			live, goal = l<<20, g<<20
+		}
+	}
+	return live, goal
+}
+
+// scrapeGauges returns the unlabelled samples of a Prometheus text exposition by name (none when it cannot be read).
+func scrapeGauges(b *testing.B, url string) map[string]float64 {
+	ctx, cancel := context.WithTimeout(b.Context(), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if f := strings.Fields(sc.Text()); len(f) == 2 && !strings.HasPrefix(f[0], "#") {
+			if v, err := strconv.ParseFloat(f[1], 64); err == nil {
+				out[f[0]] = v
+			}
+		}
+	}
+	return out
+}
+
+// benchTagsEnv names build tags for the binaries the footprint benchmarks
+// build (say grpcnotrace), to measure a build other than the image's.
+const benchTagsEnv = "NAVE_BENCH_TAGS"
+
+// buildImageBinary starts building ./cmd/NAME as deploy/Dockerfile builds the
+// image's binaries (CGO off, -trimpath, -ldflags='-s -w'; with the tags of
+// $NAVE_BENCH_TAGS), and returns a function that waits for the build and
+// returns the binary's path.
+func buildImageBinary(b *testing.B, name string) func() string {
+	b.Helper()
+	bin := filepath.Join(b.TempDir(), name)
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-tags="+os.Getenv(benchTagsEnv), "-o", bin, "./cmd/"+name)
+	cmd.Dir = ".."
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		cancel()
+		b.Fatalf("build %s: %v", name, err)
+	}
+	exited := make(chan struct{})
+	var err error // set before exited closes
+	go func() { err = cmd.Wait(); close(exited) }()
+	// Registered after TempDir's, so it runs first: the build is over before its directory goes.
+	b.Cleanup(func() { cancel(); <-exited })
+	return func() string {
+		b.Helper()
+		<-exited
+		if err != nil {
+			b.Fatalf("build %s: %v\n%s", name, err, out.String())
+		}
+		return bin
+	}
+}
+
+// describeBinary is a binary's size and build tags, for the log.
+func describeBinary(b *testing.B, path string) string {
+	fi, err := os.Stat(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	tags := "no tags"
+	if t := os.Getenv(benchTagsEnv); t != "" {
+		tags = "tags " + t
+	}
+	return fmt.Sprintf("%.1f MiB, %s", inMiB(fi.Size()), tags)
+}
+
+// startTraced is startProc for a process whose Go runtime logs each
+// garbage collection (GODEBUG=gctrace=1), which lastGCHeap reads.
+func startTraced(b *testing.B, name, bin string, args ...string) *proc {
+	b.Helper()
+	logPath := filepath.Join(b.TempDir(), name+".log")
+	out, err := os.Create(logPath)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), "GODEBUG=gctrace=1")
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		out.Close()
+		b.Fatalf("start %s: %v", name, err)
+	}
+	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); out.Close(); close(p.done) }()
+	b.Cleanup(func() {
+		p.stop()
+		if b.Failed() {
+			b.Logf("--- %s: warnings, errors and last lines of its log:\n%s", name, logSummary(logPath))
+		}
+	})
+	return p
+}
