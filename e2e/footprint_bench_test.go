@@ -78,8 +78,8 @@ const (
 //     imports are written; its peak RSS is the cold start's.
 //
 // The spoke runs with the defaults of its flags (leader election and
-// imports on), as deploy/spoke runs it. $NAVE_BENCH_TAGS adds build tags
-// (see buildImageBinary).
+// imports on), as deploy/spoke runs it, built as the image builds it (see
+// buildImageBinary).
 //
 // Each figure is the median of footprintSamples samples of
 // /proc/PID/smaps_rollup after settleFor: Rss (everything resident,
@@ -549,19 +549,30 @@ func scrapeGauges(b *testing.B, url string) map[string]float64 {
 	return out
 }
 
-// benchTagsEnv names build tags for the binaries the footprint benchmarks
-// build (say grpcnotrace), to measure a build other than the image's.
+// benchTagsEnv, when set (even empty), replaces the build tags of the
+// binaries the footprint benchmarks build, to measure a build other than
+// the image's.
 const benchTagsEnv = "NAVE_BENCH_TAGS"
 
+// imageTags are the build tags of deploy/Dockerfile and make build:
+// grpcnotrace leaves out grpc's request tracing, whose html/template made
+// the linker keep every exported method of every type (RSS of an idle
+// spoke 45 -> 32 MiB).
+const imageTags = "grpcnotrace"
+
 // buildImageBinary starts building ./cmd/NAME as deploy/Dockerfile builds the
-// image's binaries (CGO off, -trimpath, -ldflags='-s -w'; with the tags of
-// $NAVE_BENCH_TAGS), and returns a function that waits for the build and
+// image's binaries (CGO off, -trimpath, -ldflags='-s -w', imageTags or the
+// tags of $NAVE_BENCH_TAGS), and returns a function that waits for the build and
 // returns the binary's path.
 func buildImageBinary(b *testing.B, name string) func() string {
 	b.Helper()
 	bin := filepath.Join(b.TempDir(), name)
 	ctx, cancel := context.WithCancel(context.Background())
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-tags="+os.Getenv(benchTagsEnv), "-o", bin, "./cmd/"+name)
+	tags, ok := os.LookupEnv(benchTagsEnv)
+	if !ok {
+		tags = imageTags
+	}
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-tags="+tags, "-o", bin, "./cmd/"+name)
 	cmd.Dir = ".."
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	var out bytes.Buffer
