@@ -21,30 +21,32 @@ import (
 // ClientStatus is what the relay knows of one local stream.
 type ClientStatus struct {
 	// StreamID numbers the stream within this relay process.
-	StreamID int64
+	StreamID int64 `json:"streamID"`
 	// NodeID is the ID the client's node gave ("" until its first request).
-	NodeID         string
-	ConnectedSince time.Time
+	NodeID         string    `json:"nodeID"`
+	ConnectedSince time.Time `json:"connectedSince"`
 	// Types holds, by type label (lds, rds, cds, eds), what was sent and acknowledged.
-	Types map[string]TypeStatus
+	Types map[string]TypeStatus `json:"types"`
 }
 
 // TypeStatus is one local stream's exchange for one type.
 type TypeStatus struct {
 	// Sent is the version last sent, Acked the version last acknowledged.
-	Sent, Acked string
+	Sent  string `json:"sent"`
+	Acked string `json:"acked"`
 	// LastNACK is the last rejection (nil: none).
-	LastNACK *NACK
+	LastNACK *NACK `json:"lastNACK,omitempty"`
 }
 
 // NACK is a response a local client rejected.
 type NACK struct {
 	// Version is the version rejected (as far as the relay knows: the one
 	// it sent with Nonce), Nonce the nonce of that response.
-	Version, Nonce string
+	Version string `json:"version"`
+	Nonce   string `json:"nonce"`
 	// Detail is the client's error_detail message.
-	Detail string
-	At     time.Time
+	Detail string    `json:"detail"`
+	At     time.Time `json:"at"`
 }
 
 // subscription is what one stream (or the union of streams) subscribes to for one type.

@@ -130,7 +130,16 @@ type upstreamType struct {
 	// last response stands (it is not overwritten by a report).
 	reported string
 	ownNACK  bool
+	// quietUntil holds reports back after an ACK, until the local clients
+	// have been sent what it acknowledged: until then a client that rejected
+	// the previous version still counts as rejecting, and the hub would
+	// count a NACK of the response that may fix it.
+	quietUntil time.Time
 }
+
+// reportSettle is how long after an ACK the relay waits before it reports
+// local rejections of that type again.
+const reportSettle = 100 * time.Millisecond
 
 // session runs one upstream stream until it fails or ctx ends, and says
 // whether the hub answered on it (which resets the backoff).
@@ -193,6 +202,9 @@ func (r *Relay) session(ctx context.Context, client discovery.AggregatedDiscover
 		case now := <-tick.C:
 			u.prune(r.local.union(), now)
 			r.cache.release(now)
+			if err := u.report(r.local.rejections(), now); err != nil {
+				return served, err
+			}
 		case err := <-recvErr:
 			return served, fmt.Errorf("receive: %w", err)
 		case <-r.changed:
@@ -247,8 +259,9 @@ func (u *upstream) sync() error {
 		}
 	}
 	r.upstreamMu.Unlock()
-	u.prune(union, time.Now())
-	return u.report(r.local.rejections())
+	now := time.Now()
+	u.prune(union, now)
+	return u.report(r.local.rejections(), now)
 }
 
 // report tells the hub, per type, when the local clients' rejections
@@ -258,11 +271,11 @@ func (u *upstream) sync() error {
 // ACK follows once no local client rejects what it holds. The hub's NACK
 // metrics, logs and client status then tell the truth about the clients
 // behind the relay.
-func (u *upstream) report(rejections map[string]rejection) error {
+func (u *upstream) report(rejections map[string]rejection, now time.Time) error {
 	r := u.relay
 	for _, t := range relayedTypes {
 		st := u.types[t]
-		if !st.requested || st.nonce == "" || st.ownNACK {
+		if !st.requested || st.nonce == "" || st.ownNACK || now.Before(st.quietUntil) {
 			continue
 		}
 		msg := rejections[t].message()
@@ -377,9 +390,10 @@ func (u *upstream) handle(resp *discovery.DiscoveryResponse) error {
 		return err
 	}
 	// The ACK cleared the report; local clients that still reject what
-	// they hold are reported again.
-	st.reported = ""
-	return u.report(r.local.rejections())
+	// they hold once they were sent the new state are reported again (by
+	// the next sync or tick after reportSettle).
+	st.reported, st.quietUntil = "", now.Add(reportSettle)
+	return nil
 }
 
 // apply updates the cache of type t: upserts what changed and, for types
