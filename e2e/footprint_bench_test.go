@@ -602,11 +602,11 @@ func describeBinary(b *testing.B, path string) string {
 	if err != nil {
 		b.Fatal(err)
 	}
-	tags := "no tags"
-	if t := os.Getenv(benchTagsEnv); t != "" {
-		tags = "tags " + t
+	tags, ok := os.LookupEnv(benchTagsEnv)
+	if !ok {
+		tags = imageTags
 	}
-	return fmt.Sprintf("%.1f MiB, %s", inMiB(fi.Size()), tags)
+	return fmt.Sprintf("%.1f MiB, tags %q", inMiB(fi.Size()), tags)
 }
 
 // startTraced is startProc for a process whose Go runtime logs each

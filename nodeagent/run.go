@@ -144,6 +144,9 @@ func node(cfg Config, loc registry.Locality) *core.Node {
 		Metadata: &structpb.Struct{Fields: fields}}
 }
 
+// localReadBuffer is the read buffer of a local client's connection.
+const localReadBuffer = 4 << 10
+
 // credentialsReload is how often the certificate files are looked at.
 const credentialsReload = time.Second
 
@@ -184,7 +187,10 @@ func serve(ctx context.Context, cfg Config, r *relay.Relay, reg *prometheus.Regi
 			return fmt.Errorf("node agent: listen admin: %w", err)
 		}
 	}
-	srv := grpc.NewServer()
+	// Small buffers: a node's clients send a request now and then and are
+	// sent a few kilobytes; grpc's defaults (32 KiB each way, per
+	// connection) were most of an agent's memory per client.
+	srv := grpc.NewServer(grpc.SharedWriteBuffer(true), grpc.ReadBufferSize(localReadBuffer))
 	r.Register(srv)
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return r.Run(ctx) })
