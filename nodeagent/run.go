@@ -187,10 +187,10 @@ func serve(ctx context.Context, cfg Config, r *relay.Relay, reg *prometheus.Regi
 			return fmt.Errorf("node agent: listen admin: %w", err)
 		}
 	}
-	// Small buffers: a node's clients send a request now and then and are
-	// sent a few kilobytes; grpc's defaults (32 KiB each way, per
-	// connection) were most of an agent's memory per client.
-	srv := grpc.NewServer(grpc.SharedWriteBuffer(true), grpc.ReadBufferSize(localReadBuffer))
+	// A small read buffer: a node's clients send a request now and then;
+	// grpc's default is 32 KiB per connection (its write buffers are
+	// shared already).
+	srv := grpc.NewServer(grpc.ReadBufferSize(localReadBuffer))
 	r.Register(srv)
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return r.Run(ctx) })
