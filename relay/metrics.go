@@ -46,7 +46,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		nacks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricNACKs,
 			Help: "Responses the relay's local clients rejected, by type."}, []string{"type"}),
 		upstreamConnected: prometheus.NewGauge(prometheus.GaugeOpts{Name: MetricUpstreamConnected,
-			Help: "1 while the relay's stream to the hub is open, else 0."}),
+			Help: "1 while the relay's stream to the hub is open, else 0 (none is opened while no local client subscribes)."}),
 		upstreamResponses: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricUpstreamResponses,
 			Help: "Responses received from the hub, by type."}, []string{"type"}),
 		upstreamNACKs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricUpstreamNACKs,

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -42,7 +43,12 @@ func (r *Relay) Run(ctx context.Context) error {
 		Backoff: backoff.Config{BaseDelay: r.cfg.BackoffMin, Multiplier: 2, Jitter: 0.2, MaxDelay: r.cfg.BackoffMax},
 		// Give a slow connection (a TLS handshake far away) time to complete.
 		MinConnectTimeout: max(r.cfg.BackoffMax, minConnectTimeout),
-	})}, r.cfg.DialOptions...)
+	}),
+		// A response for a large subscription (every assignment of a big
+		// clusterset) passes grpc's default 4 MiB: refused, it would be
+		// asked for again forever while the clients kept stale state.
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxUpstreamMessage)),
+	}, r.cfg.DialOptions...)
 	conn, err := grpc.NewClient(r.cfg.Upstream, opts...)
 	if err != nil {
 		return fmt.Errorf("relay: dial %s: %w", r.cfg.Upstream, err)
@@ -53,6 +59,12 @@ func (r *Relay) Run(ctx context.Context) error {
 	delay := r.cfg.BackoffMin
 	failures := 0
 	for {
+		// No stream while no local client asks for anything: the hub ends a
+		// stream that sends no request (its first-message deadline), and a
+		// node without proxyless clients would be refused over and over.
+		if !r.awaitSubscriptions(ctx) {
+			return nil
+		}
 		served, err := r.session(ctx, client, held)
 		r.metrics.upstreamConnected.Set(0)
 		r.cache.reset()
@@ -88,6 +100,26 @@ func (r *Relay) Run(ctx context.Context) error {
 
 // minConnectTimeout is the least time a connection attempt to the hub is given.
 const minConnectTimeout = 5 * time.Second
+
+// maxUpstreamMessage bounds a response from the hub (which bounds none).
+const maxUpstreamMessage = 1 << 30
+
+// awaitSubscriptions returns true once some local client subscribes to
+// something, false if ctx ends first.
+func (r *Relay) awaitSubscriptions(ctx context.Context) bool {
+	for {
+		for _, sub := range r.local.union() {
+			if !sub.empty() {
+				return true
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-r.changed:
+		}
+	}
+}
 
 // errPanic reports a recovered panic.
 var errPanic = errors.New("relay: panic")
@@ -370,7 +402,7 @@ func (u *upstream) handle(resp *discovery.DiscoveryResponse) error {
 		return nil
 	}
 	st.nonce = resp.GetNonce()
-	decoded, wire, err := decode(t, resp)
+	err := u.receive(t, resp, st.sent, st.answerable)
 	if err != nil {
 		r.metrics.upstreamNACKs.WithLabelValues(label).Inc()
 		r.log.Warn("rejecting an upstream response (NACK)", "type", label, "version", resp.GetVersionInfo(), "nonce", resp.GetNonce(), "err", err)
@@ -379,7 +411,6 @@ func (u *upstream) handle(resp *discovery.DiscoveryResponse) error {
 		return u.send(t, st.sent, &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: err.Error()})
 	}
 	st.ownNACK = false
-	u.apply(t, st.sent, st.answerable, decoded, wire)
 	st.version = resp.GetVersionInfo()
 	now := time.Now()
 	r.cache.synced(t, now, st.answerable.wildcard)
@@ -396,6 +427,16 @@ func (u *upstream) handle(resp *discovery.DiscoveryResponse) error {
 	return nil
 }
 
+// receive decodes resp and applies it to the caches; an error leaves them as they were.
+func (u *upstream) receive(t string, resp *discovery.DiscoveryResponse, sent, answerable subscription) error {
+	decoded, wire, err := decode(t, resp, u.held.wire[t])
+	if err != nil {
+		return err
+	}
+	u.apply(t, sent, answerable, decoded, wire)
+	return nil
+}
+
 // apply updates the cache of type t: upserts what changed and, for types
 // whose responses are full state (LDS, CDS), deletes what is absent.
 // Resources neither in sent, the subscription last asked for, nor held are
@@ -409,11 +450,8 @@ func (u *upstream) apply(t string, sent, answerable subscription, decoded map[st
 	upserts := map[string]types.Resource{}
 	added := []string{}
 	for name, res := range decoded {
-		old, isHeld := held[name]
+		_, isHeld := held[name]
 		if !sent.wants(name) && !isHeld {
-			continue
-		}
-		if isHeld && bytes.Equal(old, wire[name]) {
 			continue
 		}
 		upserts[name] = res
@@ -423,7 +461,7 @@ func (u *upstream) apply(t string, sent, answerable subscription, decoded map[st
 	var deletes []string
 	if cache.ResourceRequiresFullStateInSotw(t) {
 		for name := range held {
-			if _, ok := decoded[name]; !ok && answerable.wants(name) {
+			if _, ok := wire[name]; !ok && answerable.wants(name) {
 				deletes = append(deletes, name)
 				delete(held, name)
 				delete(u.held.unwanted[t], name)
@@ -440,13 +478,31 @@ func (u *upstream) apply(t string, sent, answerable subscription, decoded map[st
 	u.relay.log.Debug("relayed upstream resources", "type", typeLabel(t), "changed", len(upserts), "deleted", len(deletes))
 }
 
-// decode unpacks every resource of resp, which must all be of type t and named.
-func decode(t string, resp *discovery.DiscoveryResponse) (map[string]types.Resource, map[string][]byte, error) {
-	decoded := make(map[string]types.Resource, len(resp.GetResources()))
+// decode reads resp, whose resources must all be of type t and named:
+// wire holds every resource's bytes by name, and decoded the resources
+// whose bytes differ from what held holds (a push to a relay subscribed
+// to many resources changes few of them: decoding the others was most of
+// the relay's work). What held holds decoded before, so it is valid.
+func decode(t string, resp *discovery.DiscoveryResponse, held map[string][]byte) (map[string]types.Resource, map[string][]byte, error) {
+	decoded := map[string]types.Resource{}
 	wire := make(map[string][]byte, len(resp.GetResources()))
 	for i, a := range resp.GetResources() {
 		if a.GetTypeUrl() != t {
 			return nil, nil, fmt.Errorf("resource %d has type %q in a %q response", i, a.GetTypeUrl(), t)
+		}
+		name, err := wireName(a.GetValue())
+		if err != nil {
+			return nil, nil, fmt.Errorf("resource %d: %w", i, err)
+		}
+		if name == "" {
+			return nil, nil, fmt.Errorf("resource %d has no name", i)
+		}
+		if _, dup := wire[name]; dup {
+			return nil, nil, fmt.Errorf("resource %q appears twice", name)
+		}
+		wire[name] = a.GetValue()
+		if old, ok := held[name]; ok && bytes.Equal(old, a.GetValue()) {
+			continue
 		}
 		m := newResource(t)
 		if m == nil {
@@ -455,16 +511,41 @@ func decode(t string, resp *discovery.DiscoveryResponse) (map[string]types.Resou
 		if err := proto.Unmarshal(a.GetValue(), m); err != nil {
 			return nil, nil, fmt.Errorf("resource %d: %w", i, err)
 		}
-		name := cache.GetResourceName(m)
-		if name == "" {
-			return nil, nil, fmt.Errorf("resource %d has no name", i)
+		if got := cache.GetResourceName(m); got != name {
+			return nil, nil, fmt.Errorf("resource %d: named %q, decoded as %q", i, name, got)
 		}
-		if _, dup := decoded[name]; dup {
-			return nil, nil, fmt.Errorf("resource %q appears twice", name)
-		}
-		decoded[name], wire[name] = m, a.GetValue()
+		decoded[name] = m
 	}
 	return decoded, wire, nil
+}
+
+// wireName reads a relayed resource's name from its encoding without
+// decoding the rest: it is field 1 (a string) of each of them (Listener,
+// RouteConfiguration and Cluster's name, ClusterLoadAssignment's
+// cluster_name). The last occurrence wins, as in a full decode.
+func wireName(b []byte) (string, error) {
+	name := ""
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return "", protowire.ParseError(n)
+		}
+		b = b[n:]
+		if num == 1 && typ == protowire.BytesType {
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return "", protowire.ParseError(n)
+			}
+			name, b = string(v), b[n:]
+			continue
+		}
+		n = protowire.ConsumeFieldValue(num, typ, b)
+		if n < 0 {
+			return "", protowire.ParseError(n)
+		}
+		b = b[n:]
+	}
+	return name, nil
 }
 
 func newResource(t string) types.Resource {

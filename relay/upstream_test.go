@@ -2,9 +2,11 @@ package relay
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
@@ -25,9 +28,12 @@ type scriptedHub struct {
 	discovery.UnimplementedAggregatedDiscoveryServiceServer
 	requests  chan *discovery.DiscoveryRequest
 	responses chan *discovery.DiscoveryResponse
+	// streams counts the streams opened.
+	streams atomic.Int32
 }
 
 func (h *scriptedHub) StreamAggregatedResources(stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
+	h.streams.Add(1)
 	errc := make(chan error, 1)
 	go func() {
 		for {
@@ -271,5 +277,101 @@ func TestRelayReportsLocalNACKsUpstream(t *testing.T) {
 	}
 	if last == nil || last.GetVersionInfo() != "v2" || last.GetErrorDetail() != nil {
 		t.Fatalf("the last upstream request %v, want an ACK of v2", last)
+	}
+}
+
+// TestIdleRelayOpensNoStream: a relay no local client asks anything of
+// holds no stream to the hub (a stream that sends nothing is ended by the
+// hub's first-message deadline, over and over); the first subscription
+// opens one at once.
+func TestIdleRelayOpensNoStream(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	h, hubAddr := startScriptedHub(t)
+	_, reg, relayAddr := startRelay(t, hubAddr, loc("r1", "z1"))
+	conn, err := grpc.NewClient(relayAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	// A local stream that subscribes to nothing yet.
+	local, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // what must not happen has had time to
+	if n := h.streams.Load(); n != 0 {
+		t.Fatalf("an idle relay opened %d streams to the hub, want none", n)
+	}
+	if v := metricValue(t, reg, MetricUpstreamConnected, ""); v != 0 {
+		t.Errorf("%s = %v while idle, want 0", MetricUpstreamConnected, v)
+	}
+	if err := local.Send(&discovery.DiscoveryRequest{Node: &core.Node{Id: "raw"}, TypeUrl: resource.ListenerType, ResourceNames: []string{"l"}}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case req := <-h.requests:
+		if req.GetTypeUrl() != resource.ListenerType || !slices.Equal(req.GetResourceNames(), []string{"l"}) {
+			t.Fatalf("first upstream request %v, want the listener l", req)
+		}
+	case <-ctx.Done():
+		t.Fatal("the first subscription opened no stream")
+	}
+	if n := h.streams.Load(); n != 1 {
+		t.Errorf("%d streams opened, want 1", n)
+	}
+}
+
+// TestRelayTakesLargeResponses: a response past grpc's default 4 MiB (a
+// large subscription's assignments) is taken and ACKed, not refused and
+// asked for again forever.
+func TestRelayTakesLargeResponses(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	h, hubAddr := startScriptedHub(t)
+	_, reg, relayAddr := startRelay(t, hubAddr, loc("r1", "z1"))
+	conn, err := grpc.NewClient(relayAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	local, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const name = "outbound|8080||big.default.svc.clusterset.local"
+	if err := local.Send(&discovery.DiscoveryRequest{Node: &core.Node{Id: "raw"}, TypeUrl: resource.EndpointType, ResourceNames: []string{name}}); err != nil {
+		t.Fatal(err)
+	}
+	<-h.requests
+	// 6 MiB of assignment: one endpoint per distinct hostname, as many as it takes.
+	cla := &endpoint.ClusterLoadAssignment{ClusterName: name, Endpoints: []*endpoint.LocalityLbEndpoints{{}}}
+	pad := strings.Repeat("x", 1000)
+	for i := range 6 << 10 { // about 1 KiB each
+		cla.Endpoints[0].LbEndpoints = append(cla.Endpoints[0].LbEndpoints, &endpoint.LbEndpoint{HostIdentifier: &endpoint.LbEndpoint_Endpoint{
+			Endpoint: &endpoint.Endpoint{Hostname: fmt.Sprintf("endpoint-%08d-%s", i, pad)}}})
+	}
+	if n := proto.Size(cla); n < 6<<20 {
+		t.Fatalf("the assignment is %d bytes, want at least 6 MiB", n)
+	}
+	a, err := anypb.New(cla)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case h.responses <- &discovery.DiscoveryResponse{TypeUrl: resource.EndpointType, VersionInfo: "big", Nonce: "n1", Resources: []*anypb.Any{a}}:
+	case <-ctx.Done():
+		t.Fatal("the stream is gone")
+	}
+	select {
+	case req := <-h.requests:
+		if req.GetVersionInfo() != "big" || req.GetErrorDetail() != nil {
+			t.Fatalf("after a 6 MiB response the relay sent %v, want its ACK", req)
+		}
+	case <-ctx.Done():
+		t.Fatal("no ACK of a 6 MiB response")
+	}
+	if n := metricValue(t, reg, MetricUpstreamReconnects, ""); n != 0 {
+		t.Errorf("%s = %v, want 0", MetricUpstreamReconnects, n)
 	}
 }
