@@ -306,10 +306,9 @@ func testRelayServesThroughHubRestart(t *testing.T, bin string) {
 	early := xdstest.StartPoller(pollCtx, t, "client c-early", xdstest.NewClient(t, env.agent.xds, "c-early", locality(relayRegion, relayZone), echoTarget))
 	early.AwaitOnly(ctx, t, e1a.Name)
 
-	// A hub that crashes before it has persisted a cluster comes back
-	// without it and serves its clients (the relay among them) a world
-	// without it until the spoke resyncs: that is the hub's cold start, not
-	// the relay's, so the crash comes once east is in a snapshot.
+	// The crash comes once east is in a snapshot, so the hub comes back
+	// warm: a crash right after a cluster's first session (a cold start that
+	// waits for the cluster) is e2e/catalog_crash_test.go's.
 	await(t, "the hub to persist east", func() bool {
 		var c hub.Coordination
 		getJSON(t, env.hub.admin+"/debug/hub", &c)

@@ -127,10 +127,11 @@ func publishAPI(t *testing.T, h *hub.Hub, cluster registry.ClusterID) (fedv1.Fed
 	return stream, welcome.GetEpoch()
 }
 
-// Only the leader writes the catalog: a replica that hosts a spoke's
-// session while another leads writes no record of it; the leader records
-// it from what replication brought it, and removes it once it has dropped
-// the dead cluster.
+// Only the leader keeps the catalog: a replica that hosts a spoke's
+// session while another leads creates the record of the cluster new to the
+// catalog as the session begins (catalogFirst), and writes nothing more of
+// it; the leader keeps it current from what replication brought it, and
+// removes it once it has dropped the dead cluster.
 func TestOnlyTheLeaderWritesTheCatalog(t *testing.T) {
 	e := startSharedEtcd(t)
 	release := e.holdLeadership(t) // neither replica leads until the test says so
@@ -144,11 +145,16 @@ func TestOnlyTheLeaderWritesTheCatalog(t *testing.T) {
 	awaitCond(t, "a campaigning after b", 10*time.Second, func() bool { return e.candidates(t) == 3 })
 
 	stream, epoch := publishAPI(t, a, "east")
+	created, ok := e.record(t, "east")
+	if !ok || created.Epoch != epoch || created.Network != "n1" || created.LiveAt.IsZero() || !created.FirstSeen.Equal(created.LiveAt) {
+		t.Fatalf("east's record as its first session began: %+v (found %v), want epoch %d, network n1, live at its first sight", created, ok, epoch)
+	}
 	awaitCond(t, "east replicated to b", 10*time.Second, func() bool { return b.View().Clusters["east"].Services == 1 })
-	// Let a leader's tick pass, had either replica thought it led.
-	time.Sleep(200 * time.Millisecond)
-	if r, ok := e.record(t, "east"); ok {
-		t.Fatalf("with no hub replica leading, the catalog holds %+v: the replica hosting the session wrote it", r)
+	// Let a leader's ticks pass, had either replica thought it led: a
+	// leader would refresh LiveAt (liveRefresh: 100ms here) while east is live.
+	time.Sleep(300 * time.Millisecond)
+	if r, _ := e.record(t, "east"); !sameRecord(r, created) {
+		t.Fatalf("with no hub replica leading, east's record changed from %+v to %+v: a replica that does not lead wrote it", created, r)
 	}
 
 	release()
@@ -158,9 +164,8 @@ func TestOnlyTheLeaderWritesTheCatalog(t *testing.T) {
 	}
 	var rec replicas.ClusterRecord
 	awaitCond(t, "the leader recording east", 10*time.Second, func() bool {
-		var ok bool
-		rec, ok = e.record(t, "east")
-		return ok
+		rec, _ = e.record(t, "east")
+		return rec.LiveAt.After(created.LiveAt)
 	})
 	if rec.Network != "n1" || rec.Epoch != epoch || rec.LiveAt.IsZero() || rec.FirstSeen.IsZero() || rec.FirstSeen.After(rec.LiveAt) {
 		t.Errorf("east's record %+v, want network n1, epoch %d, seen live", rec, epoch)
@@ -231,4 +236,10 @@ func TestRestartKeepsTheDropTimer(t *testing.T) {
 		w := h.View().Clusters["west"]
 		return w.Home != "" && !w.Stale && !w.Dropped && w.Services == 1
 	})
+}
+
+// sameRecord compares two records field by field (times by Equal).
+func sameRecord(a, b replicas.ClusterRecord) bool {
+	return a.Cluster == b.Cluster && a.Network == b.Network && a.SpokeID == b.SpokeID && a.Build == b.Build && a.Epoch == b.Epoch &&
+		a.FirstSeen.Equal(b.FirstSeen) && a.LastSeen.Equal(b.LastSeen) && a.LiveAt.Equal(b.LiveAt)
 }

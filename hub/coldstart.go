@@ -16,6 +16,12 @@ import (
 // (from their spokes, or from peers) before it serves xDS. Clients connected
 // elsewhere, or reconnecting, keep their last configuration meanwhile; the
 // admin API's /readyz says what it waits for.
+//
+// That needs every cluster served (and not dropped since) to be in the
+// catalog, even when the hub dies (SIGKILL, OOM) right after the cluster's
+// first session: that session creates the cluster's record before it
+// begins (catalogFirst), not the leader's next sync of the catalog, up to a
+// second later.
 
 // missingClusters are the clusters the catalog named at start that the
 // state does not hold data of.

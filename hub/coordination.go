@@ -15,6 +15,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/replicas"
 )
@@ -454,8 +455,10 @@ func (c *coordinator) keepCatalog(ctx context.Context) {
 }
 
 // catalogKeeper is keepCatalog's state during one term. The leader is the
-// catalog's only writer, so what it read at the start of its term, and
-// wrote since, is what the catalog holds.
+// only writer of the records it holds, so what it read at the start of its
+// term, and wrote since, is what the catalog holds of them. Other records
+// are those sessions created since (catalogFirst), which it reads when its
+// state holds a cluster it has no record of (readCreated).
 type catalogKeeper struct {
 	catalog *replicas.Catalog
 	state   *state
@@ -502,6 +505,11 @@ func (k *catalogKeeper) syncOnce(ctx context.Context) error {
 		}
 	}
 	v := k.state.View()
+	if k.lacksRecords(v) {
+		if err := k.readCreated(ctx); err != nil {
+			return err
+		}
+	}
 	now := time.Now()
 	var writes []replicas.ClusterRecord
 	var errs []error
@@ -533,6 +541,36 @@ func (k *catalogKeeper) syncOnce(ctx context.Context) error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// lacksRecords says whether v holds a cluster to record that the keeper
+// holds no record of: a session may have created one since (catalogFirst).
+func (k *catalogKeeper) lacksRecords(v *View) bool {
+	for id, cl := range v.Clusters {
+		if _, has := k.held[id]; !has && !cl.Dropped && (cl.Epoch != 0 || cl.Version != 0 || cl.Home != "") {
+			return true
+		}
+	}
+	return false
+}
+
+// readCreated reads the records sessions created since the keeper read the
+// catalog: the leader's write then keeps what they say that its state may
+// not know (the spoke's ID and build at a replica that is not its home, when
+// the cluster was first seen).
+func (k *catalogKeeper) readCreated(ctx context.Context) error {
+	listCtx, cancel := context.WithTimeout(ctx, etcdTimeout)
+	records, err := k.catalog.List(listCtx)
+	cancel()
+	if err != nil {
+		return err
+	}
+	for _, r := range records {
+		if _, has := k.held[r.Cluster]; !has {
+			k.held[r.Cluster] = r
+		}
+	}
+	return nil
 }
 
 // forget removes a dropped cluster's record.
@@ -598,6 +636,50 @@ func catalogRecord(cl ClusterStatus, old replicas.ClusterRecord, has bool, refre
 func sameRecord(a, b replicas.ClusterRecord) bool {
 	return a.Cluster == b.Cluster && a.Network == b.Network && a.SpokeID == b.SpokeID && a.Build == b.Build && a.Epoch == b.Epoch &&
 		a.FirstSeen.Equal(b.FirstSeen) && a.LastSeen.Equal(b.LastSeen) && a.LiveAt.Equal(b.LiveAt)
+}
+
+// catalogFirst is the state as spoke sessions see it: a session of a
+// cluster the catalog has no record of creates the record before it begins,
+// so nothing of a cluster is served (to xDS clients, or to peers, which
+// serve it too) before a replica that restarts knows to wait for it (see
+// coldstart.go). The leader keeps the record current from then on
+// (keepCatalog). A session of a cluster the catalog holds costs one etcd
+// read; updates cost none.
+//
+// With etcd unreachable (or not answering within etcdTimeout), the session
+// is refused (Unavailable) and its spoke tries again after its backoff, as it
+// does when no epoch can be drawn: a session needs etcd to begin, never to
+// go on. Sessions that began go on, and a cluster whose record cannot be
+// written is never served.
+type catalogFirst struct {
+	*state
+	catalog *replicas.Catalog
+	log     *slog.Logger
+}
+
+// Begin implements federation.Store.
+func (s catalogFirst) Begin(ctx context.Context, sess federation.Session) (federation.Held, error) {
+	at := sess.Started
+	if at.IsZero() {
+		at = time.Now()
+	}
+	at = at.UTC()
+	recordCtx, cancel := context.WithTimeout(ctx, etcdTimeout)
+	created, err := s.catalog.RecordNew(recordCtx, replicas.ClusterRecord{
+		Cluster: sess.Cluster, Network: sess.Network, SpokeID: sess.SpokeID, Build: sess.Build, Epoch: sess.Epoch,
+		FirstSeen: at, LastSeen: at, LiveAt: at,
+	})
+	cancel()
+	switch {
+	case errors.Is(err, replicas.ErrEpochPassed):
+		// A newer session of the cluster, or its drop, began meanwhile.
+		return federation.Held{}, fmt.Errorf("%w: %v", federation.ErrSuperseded, err)
+	case err != nil:
+		return federation.Held{}, fmt.Errorf("the cluster must be in the catalog before it is served: %w", err)
+	case created:
+		s.log.Info("new cluster recorded in the catalog", "cluster", sess.Cluster, "epoch", sess.Epoch)
+	}
+	return s.state.Begin(ctx, sess)
 }
 
 // tickLiveness re-evaluates cluster liveness every second.

@@ -461,7 +461,9 @@ func (p *parts) buildServers() {
 			p.federationCredentials().Interceptor(),
 		),
 	)
-	hubFed := federation.NewHubServer(cfg.Federation, p.state, catalogEpochs{catalog: p.catalog}, p.metrics.federationHooks(), log)
+	// A cluster new to the catalog is recorded before its first session begins (see catalogFirst).
+	sessions := catalogFirst{state: p.state, catalog: p.catalog, log: log.With("component", "catalog")}
+	hubFed := federation.NewHubServer(cfg.Federation, sessions, catalogEpochs{catalog: p.catalog}, p.metrics.federationHooks(), log)
 	hubFed.ServeImports(p.imports)
 	fedv1.RegisterFederationServer(p.fedServer, hubFed)
 	// Replicas replicate over the federation port, authenticated by the peer token.

@@ -281,32 +281,10 @@ func TestColdStartWaitsForTheCatalogsClusters(t *testing.T) {
 
 	h, _ = startHub(t, dir, noSnapshots)
 	admin := "http://" + h.AdminAddr.String()
-	xdsServed := func() bool {
-		c, err := net.DialTimeout("tcp", h.XDSAddr.String(), time.Second)
-		if err != nil {
-			return false
-		}
-		defer c.Close()
-		// Listening but not yet serving: the gRPC preface goes unanswered.
-		conn, err := grpc.NewClient(h.XDSAddr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			return false
-		}
-		defer conn.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-		defer cancel()
-		conn.Connect()
-		for s := conn.GetState(); s != connectivity.Ready; s = conn.GetState() {
-			if !conn.WaitForStateChange(ctx, s) {
-				return false
-			}
-		}
-		return true
-	}
 	if code, body := get(t, admin+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "waiting for 2 clusters") {
 		t.Errorf("/readyz while no cluster resynced: %d %q", code, body)
 	}
-	if xdsServed() {
+	if xdsServed(h) {
 		t.Fatal("xDS is served before any cluster the catalog knows resynced")
 	}
 	hello(t, h, "east")
@@ -319,12 +297,12 @@ func TestColdStartWaitsForTheCatalogsClusters(t *testing.T) {
 			t.Fatalf("/readyz with east back: %d %q, want waiting for 1", code, body)
 		}
 	}
-	if xdsServed() {
+	if xdsServed(h) {
 		t.Fatal("xDS is served with west still missing")
 	}
 	hello(t, h, "west")
 	deadline := time.Now().Add(10 * time.Second)
-	for !xdsServed() {
+	for !xdsServed(h) {
 		if time.Now().After(deadline) {
 			t.Fatal("xDS is not served after every cluster resynced")
 		}
@@ -339,6 +317,30 @@ func TestColdStartWaitsForTheCatalogsClusters(t *testing.T) {
 			t.Fatalf("/readyz once serving: %d %q", code, body)
 		}
 	}
+}
+
+// xdsServed says whether h serves xDS: it answers a gRPC connection within
+// 300ms (listening but not yet serving, it leaves the preface unanswered).
+func xdsServed(h *hub.Hub) bool {
+	c, err := net.DialTimeout("tcp", h.XDSAddr.String(), time.Second)
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	conn, err := grpc.NewClient(h.XDSAddr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return false
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	conn.Connect()
+	for s := conn.GetState(); s != connectivity.Ready; s = conn.GetState() {
+		if !conn.WaitForStateChange(ctx, s) {
+			return false
+		}
+	}
+	return true
 }
 
 // awaitFirstSave waits for a new replica's first snapshot, of its empty

@@ -141,7 +141,8 @@ type clusterConflicts struct {
 }
 
 // newState returns the state of replica self. It never waits for etcd:
-// only the leader writes the catalog (see coordinator.keepCatalog).
+// the leader keeps the catalog (see coordinator.keepCatalog), and a session
+// records a new cluster before it begins, off the state (see catalogFirst).
 func newState(self string, liveness Liveness, publisher Publisher, limits registry.Limits, onChange func(View), log *slog.Logger) *state {
 	s := &state{
 		self: self, liveness: liveness,
@@ -290,8 +291,9 @@ func (s *state) Apply(ctx context.Context, epoch, version uint64, ch registry.Ch
 	return digest, applyErr
 }
 
-// Begin implements federation.Store. The catalog learns of the session
-// from the leader, which records what the replicas hold (coordinator.keepCatalog).
+// Begin implements federation.Store. The catalog holds the cluster
+// already (catalogFirst); the leader records what the replicas hold of it
+// (coordinator.keepCatalog).
 func (s *state) Begin(ctx context.Context, sess federation.Session) (federation.Held, error) {
 	var held federation.Held
 	var beginErr error
@@ -343,8 +345,10 @@ func growing(held map[registry.ServiceKey]*registry.Shard, upserts []*registry.S
 // End implements federation.Store.
 func (s *state) End(sess federation.Session) {
 	_ = s.do(context.Background(), func() {
-		c := s.cluster(sess.Cluster)
+		// A session whose Begin failed left nothing, and must leave nothing
+		// (an empty cluster would hold the import set non-authoritative).
 		if s.session[sess.Cluster] == sess.Epoch {
+			c := s.cluster(sess.Cluster)
 			// Only the newest local session speaks for the cluster's liveness:
 			// its spoke was live until now.
 			delete(s.session, sess.Cluster)

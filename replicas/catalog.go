@@ -3,6 +3,7 @@ package replicas
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -15,8 +16,10 @@ import (
 )
 
 // Catalog keeps the cluster catalog and the per-cluster epoch counters in etcd.
-// Every replica draws epochs (NextEpoch: fencing); only the leader writes
-// the records (RecordAll, Forget, under its term's LeaderFence).
+// Every replica draws epochs (NextEpoch: fencing) and creates the record of
+// a cluster new to the catalog as its first session begins (RecordNew);
+// only the leader updates and removes records (RecordAll, Forget, under its
+// term's LeaderFence).
 //
 // Keys (under prefix, default "/nave/"):
 //
@@ -104,6 +107,49 @@ func (c *Catalog) Record(ctx context.Context, r ClusterRecord) error {
 		return fmt.Errorf("write catalog entry %s: %w", r.Cluster, err)
 	}
 	return nil
+}
+
+// ErrEpochPassed marks a record RecordNew did not write: the catalog has
+// none of the cluster, and a newer epoch of it was issued meanwhile.
+var ErrEpochPassed = errors.New("replicas: a newer epoch of the cluster was issued")
+
+// RecordNew writes r when the catalog has no record of r.Cluster, so that a
+// cluster is in the catalog before anything of it is served (a replica that
+// starts cold waits for the clusters its catalog names). It never replaces
+// a record (the leader keeps those current, see RecordAll), and writes only
+// while r.Epoch is the cluster's newest epoch: a session that a newer one,
+// or a drop, has superseded cannot bring back a record the leader has
+// forgotten. It reports whether it wrote r; with no record and a newer
+// epoch, it fails with ErrEpochPassed. A cluster the catalog holds costs one
+// read.
+func (c *Catalog) RecordNew(ctx context.Context, r ClusterRecord) (bool, error) {
+	key := c.prefix + "clusters/" + string(r.Cluster)
+	resp, err := c.etcd.Get(ctx, key, clientv3.WithCountOnly())
+	if err != nil {
+		return false, fmt.Errorf("read catalog entry %s: %w", r.Cluster, err)
+	}
+	if resp.Count > 0 {
+		return false, nil
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return false, fmt.Errorf("encode catalog entry %s: %w", r.Cluster, err)
+	}
+	epochKey := c.prefix + "epochs/" + string(r.Cluster)
+	txn, err := c.etcd.Txn(ctx).If(
+		clientv3.Compare(clientv3.CreateRevision(key), "=", 0),
+		clientv3.Compare(clientv3.Value(epochKey), "=", strconv.FormatUint(r.Epoch, 10)),
+	).Then(clientv3.OpPut(key, string(b))).Else(clientv3.OpGet(key, clientv3.WithCountOnly())).Commit()
+	if err != nil {
+		return false, fmt.Errorf("write catalog entry %s: %w", r.Cluster, err)
+	}
+	if txn.Succeeded {
+		return true, nil
+	}
+	if txn.Responses[0].GetResponseRange().GetCount() > 0 {
+		return false, nil // written meanwhile (another session, or the leader)
+	}
+	return false, fmt.Errorf("record cluster %s at epoch %d: %w", r.Cluster, r.Epoch, ErrEpochPassed)
 }
 
 // maxRecordsPerTxn bounds the records one transaction writes: etcd refuses
