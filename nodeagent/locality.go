@@ -62,10 +62,14 @@ func (k KubeAPI) Locality(ctx context.Context, node string, log *slog.Logger) (r
 	if k.Server == "" {
 		return registry.Locality{}, errors.New("node agent: no Kubernetes API server to read the Node from (not in a pod): give --zone and --region")
 	}
+	if u, err := url.Parse(k.Server); err != nil || u.Scheme != "https" {
+		return registry.Locality{}, fmt.Errorf("node agent: the Kubernetes API server %q: want an https:// URL (the token must not travel in clear)", k.Server)
+	}
 	client, err := k.client()
 	if err != nil {
 		return registry.Locality{}, err
 	}
+	defer client.CloseIdleConnections() // read once: no connection kept
 	delay := time.Second
 	for attempt := 1; ; attempt++ {
 		loc, err := k.get(ctx, client, node)

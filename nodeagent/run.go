@@ -80,6 +80,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if cfg.HubAddr == "" {
 		return errors.New("node agent: no hub xDS address")
 	}
+	relayLog := log // the relay names itself (component=relay)
+	log = log.With("component", "node-agent")
 	if cfg.Cluster != "" {
 		if err := registry.ValidateClusterID(cfg.Cluster); err != nil {
 			return err
@@ -97,7 +99,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	rc := cfg.Relay
 	rc.Upstream, rc.DialOptions, rc.Node = cfg.HubAddr, dial, node(cfg, loc)
-	r, err := relay.New(rc, log.With("component", "relay"), reg)
+	r, err := relay.New(rc, relayLog, reg)
 	if err != nil {
 		return err
 	}
@@ -144,6 +146,9 @@ func node(cfg Config, loc registry.Locality) *core.Node {
 		Metadata: &structpb.Struct{Fields: fields}}
 }
 
+// gracefulStop bounds how long the agent waits for local streams to end when it stops.
+const gracefulStop = 3 * time.Second
+
 // localReadBuffer is the read buffer of a local client's connection.
 const localReadBuffer = 4 << 10
 
@@ -157,6 +162,12 @@ const credentialsReload = time.Second
 func hubDialOptions(ctx context.Context, cfg Config, log *slog.Logger) ([]grpc.DialOption, error) {
 	if cfg.CertFile != "" && cfg.HubCAFile == "" {
 		return nil, errors.New("node agent: a client certificate (--cert) needs TLS to the hub: set --hub-ca")
+	}
+	if (cfg.CertFile == "") != (cfg.KeyFile == "") {
+		return nil, errors.New("node agent: --cert and --key go together")
+	}
+	if cfg.HubServerName != "" && cfg.HubCAFile == "" {
+		return nil, errors.New("node agent: --hub-server-name needs TLS to the hub: set --hub-ca")
 	}
 	transport := insecure.NewCredentials()
 	if cfg.HubCAFile != "" {
@@ -203,8 +214,16 @@ func serve(ctx context.Context, cfg Config, r *relay.Relay, reg *prometheus.Regi
 	})
 	g.Go(func() error {
 		<-ctx.Done()
-		// The local streams end when Run returns.
-		srv.GracefulStop()
+		// The local streams end when Run returns; a client that stopped
+		// reading holds its handler in a send, so the wait is bounded.
+		stopped := make(chan struct{})
+		go func() { srv.GracefulStop(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-time.After(gracefulStop):
+			log.Warn("local clients did not let go; closing their connections", "after", gracefulStop)
+			srv.Stop()
+		}
 		return nil
 	})
 	if adminLis != nil {

@@ -7,8 +7,10 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -232,7 +234,12 @@ func (l *localStreams) request(id int64, req *discovery.DiscoveryRequest) error 
 			x.nack = nack
 		case req.GetResponseNonce() != "":
 			x.acked = req.GetVersionInfo()
-			x.rejectingLast = false
+			// An ACK of the last response: its nonce and version. A request
+			// after a NACK (a subscription change) names the nonce with the
+			// version the client still holds: it rejects on.
+			if req.GetResponseNonce() == x.sentNonce && req.GetVersionInfo() == x.sent {
+				x.rejectingLast = false
+			}
 		}
 		rejectionChanged = x.rejecting() != wasRejecting || (nack != nil && x.rejecting())
 	}
@@ -292,50 +299,61 @@ func (s *localStream) rejecting() bool {
 	return false
 }
 
-// rejection summarises, for one type, the local streams that reject the
-// last response they were sent.
+// rejection is a local stream rejecting the last response of a type it
+// was sent.
 type rejection struct {
-	// streams counts them; first is the one with the lowest stream ID.
-	streams int
-	first   struct{ node, version, detail string }
+	key                   rejectionKey
+	node, version, detail string
 }
 
-// maxReportedDetail bounds the client's error detail quoted upstream.
-const maxReportedDetail = 512
+// rejectionKey names one rejection: the stream and the response it
+// rejects. A rejection is reported upstream once.
+type rejectionKey struct {
+	stream int64
+	nonce  string
+}
 
-// message is the error detail the relay reports upstream ("": none).
+// Bounds of what the relay quotes of a local client upstream: a client's
+// node ID and error detail are its own, and the report must stay a small,
+// valid message.
+const (
+	maxReportedNode   = 128
+	maxReportedDetail = 512
+)
+
+// message is the error detail the relay reports upstream for r.
 func (r rejection) message() string {
-	if r.streams == 0 {
-		return ""
+	return fmt.Sprintf("relay: a local client rejects the last response: node %q version %q: %s",
+		truncate(r.node, maxReportedNode), r.version, truncate(r.detail, maxReportedDetail))
+}
+
+// truncate cuts s to at most n bytes on a character boundary (a proto
+// string must be valid UTF-8: a cut inside a character fails the send).
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return strings.ToValidUTF8(s, "")
 	}
-	detail := r.first.detail
-	if len(detail) > maxReportedDetail {
-		detail = detail[:maxReportedDetail] + "..."
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
 	}
-	return fmt.Sprintf("relay: %d local client stream(s) reject the last response; first: node %q version %q: %s",
-		r.streams, r.first.node, r.first.version, detail)
+	return strings.ToValidUTF8(s[:n], "") + "..."
 }
 
 // rejections returns, per type URL, the local streams rejecting the last
-// response they were sent.
-func (l *localStreams) rejections() map[string]rejection {
-	out := map[string]rejection{}
-	firstID := map[string]int64{}
+// response they were sent, by stream ID.
+func (l *localStreams) rejections() map[string][]rejection {
+	out := map[string][]rejection{}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for id, s := range l.streams {
 		for t, x := range s.types {
-			if !x.rejecting() {
-				continue
+			if x.rejecting() {
+				out[t] = append(out[t], rejection{key: rejectionKey{id, x.nack.Nonce}, node: s.node, version: x.nack.Version, detail: x.nack.Detail})
 			}
-			r := out[t]
-			r.streams++
-			if r.streams == 1 || id < firstID[t] {
-				firstID[t] = id
-				r.first.node, r.first.version, r.first.detail = s.node, x.nack.Version, x.nack.Detail
-			}
-			out[t] = r
 		}
+	}
+	for _, rs := range out {
+		slices.SortFunc(rs, func(a, b rejection) int { return cmp.Compare(a.key.stream, b.key.stream) })
 	}
 	return out
 }

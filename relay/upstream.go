@@ -62,10 +62,13 @@ func (r *Relay) Run(ctx context.Context) error {
 		// No stream while no local client asks for anything: the hub ends a
 		// stream that sends no request (its first-message deadline), and a
 		// node without proxyless clients would be refused over and over.
-		if !r.awaitSubscriptions(ctx) {
+		if !r.awaitSubscriptions(ctx, held) {
 			return nil
 		}
 		served, err := r.session(ctx, client, held)
+		if errors.Is(err, errIdle) {
+			continue
+		}
 		r.metrics.upstreamConnected.Set(0)
 		r.cache.reset()
 		r.upstreamMu.Lock()
@@ -104,21 +107,44 @@ const minConnectTimeout = 5 * time.Second
 // maxUpstreamMessage bounds a response from the hub (which bounds none).
 const maxUpstreamMessage = 1 << 30
 
+// errIdle ends a session that had nothing to ask for.
+var errIdle = errors.New("relay: no local subscription")
+
+// idle says whether no local client subscribes to anything.
+func idle(union map[string]subscription) bool {
+	for _, sub := range union {
+		if !sub.empty() {
+			return false
+		}
+	}
+	return true
+}
+
 // awaitSubscriptions returns true once some local client subscribes to
-// something, false if ctx ends first.
-func (r *Relay) awaitSubscriptions(ctx context.Context) bool {
+// something, false if ctx ends first. Meanwhile what no client wants
+// leaves the caches after RetainUnwanted, as during a session.
+func (r *Relay) awaitSubscriptions(ctx context.Context, held *heldState) bool {
+	tick := time.NewTicker(r.tickInterval())
+	defer tick.Stop()
 	for {
-		for _, sub := range r.local.union() {
-			if !sub.empty() {
-				return true
-			}
+		union := r.local.union()
+		if !idle(union) {
+			return true
 		}
 		select {
 		case <-ctx.Done():
 			return false
 		case <-r.changed:
+		case now := <-tick.C:
+			r.prune(held, union, now)
 		}
 	}
+}
+
+// tickInterval is how often retention and holds are looked at: often
+// enough for both to end near their time, at most once a second.
+func (r *Relay) tickInterval() time.Duration {
+	return min(max(min(r.cfg.RetainUnwanted, r.cfg.HoldUnknown)/4, 10*time.Millisecond), time.Second)
 }
 
 // errPanic reports a recovered panic.
@@ -157,21 +183,15 @@ type upstreamType struct {
 	answerable subscription
 	// version is the last version ACKed, nonce the last nonce received.
 	version, nonce string
-	// reported is the local clients' rejection last reported to the hub
-	// ("": none, or an ACK since); ownNACK says the relay's own NACK of the
-	// last response stands (it is not overwritten by a report).
-	reported string
+	// reported holds the local rejections reported to the hub (each is
+	// reported once, and forgotten when it ends); rejected says the relay's
+	// last word to the hub is such a report, which an ACK ends once no
+	// local client rejects. ownNACK says the relay's own NACK of the last
+	// response stands (it is not overwritten by a report).
+	reported map[rejectionKey]struct{}
+	rejected bool
 	ownNACK  bool
-	// quietUntil holds reports back after an ACK, until the local clients
-	// have been sent what it acknowledged: until then a client that rejected
-	// the previous version still counts as rejecting, and the hub would
-	// count a NACK of the response that may fix it.
-	quietUntil time.Time
 }
-
-// reportSettle is how long after an ACK the relay waits before it reports
-// local rejections of that type again.
-const reportSettle = 100 * time.Millisecond
 
 // session runs one upstream stream until it fails or ctx ends, and says
 // whether the hub answered on it (which resets the backoff).
@@ -222,10 +242,15 @@ func (r *Relay) session(ctx context.Context, client discovery.AggregatedDiscover
 	if err := u.sync(); err != nil {
 		return false, err
 	}
+	if u.first {
+		// The last local subscription ended before the stream opened: a
+		// stream that sends nothing is ended by the hub.
+		return false, errIdle
+	}
 	r.metrics.upstreamConnected.Set(1)
 	r.log.Info("upstream stream open", "upstream", r.cfg.Upstream, "node", r.cfg.Node.GetId())
 	// The ticker ends retention and holds that no event ends.
-	tick := time.NewTicker(min(max(min(r.cfg.RetainUnwanted, r.cfg.HoldUnknown)/4, 10*time.Millisecond), time.Second))
+	tick := time.NewTicker(r.tickInterval())
 	defer tick.Stop()
 	for {
 		select {
@@ -234,9 +259,6 @@ func (r *Relay) session(ctx context.Context, client discovery.AggregatedDiscover
 		case now := <-tick.C:
 			u.prune(r.local.union(), now)
 			r.cache.release(now)
-			if err := u.report(r.local.rejections(), now); err != nil {
-				return served, err
-			}
 		case err := <-recvErr:
 			return served, fmt.Errorf("receive: %w", err)
 		case <-r.changed:
@@ -291,52 +313,66 @@ func (u *upstream) sync() error {
 		}
 	}
 	r.upstreamMu.Unlock()
-	now := time.Now()
-	u.prune(union, now)
-	return u.report(r.local.rejections(), now)
+	u.prune(union, time.Now())
+	return u.report(r.local.rejections())
 }
 
-// report tells the hub, per type, when the local clients' rejections
-// change: a local client's NACK is repeated upstream as a NACK of the
-// hub's last response (version_info is still the version the relay holds,
-// so the hub resends nothing), naming the client and its error, and an
-// ACK follows once no local client rejects what it holds. The hub's NACK
-// metrics, logs and client status then tell the truth about the clients
-// behind the relay.
-func (u *upstream) report(rejections map[string]rejection, now time.Time) error {
+// report tells the hub of its local clients' rejections: a local client's
+// NACK of a response is repeated upstream, once, as a NACK of the hub's
+// last response (version_info is still the version the relay holds, so
+// the hub resends nothing), naming the client and its error; an ACK
+// follows once no local client rejects what it was last sent. The hub's
+// NACK metrics and logs then count the clients behind the relay as if
+// they were its own.
+func (u *upstream) report(rejections map[string][]rejection) error {
 	r := u.relay
 	for _, t := range relayedTypes {
 		st := u.types[t]
-		if !st.requested || st.nonce == "" || st.ownNACK || now.Before(st.quietUntil) {
+		if !st.requested || st.nonce == "" || st.ownNACK {
 			continue
 		}
-		msg := rejections[t].message()
-		if msg == st.reported {
-			continue
+		current := rejections[t]
+		var fresh *rejection
+		for i := range current {
+			if _, ok := st.reported[current[i].key]; !ok && fresh == nil {
+				fresh = &current[i]
+			}
+		}
+		// Forget the rejections that ended.
+		st.reported = make(map[rejectionKey]struct{}, len(current))
+		for _, rj := range current {
+			st.reported[rj.key] = struct{}{}
 		}
 		var detail *rpcstatus.Status
-		if msg != "" {
-			detail = &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: msg}
+		switch {
+		case fresh != nil:
+			detail = &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: fresh.message()}
 			r.metrics.reportedNACKs.WithLabelValues(typeLabel(t)).Inc()
-			r.log.Info("reporting local clients' rejection upstream", "type", typeLabel(t), "streams", rejections[t].streams)
-		} else {
+			r.log.Info("reporting a local client's rejection upstream", "type", typeLabel(t), "node", fresh.node, "rejecting", len(current))
+		case len(current) == 0 && st.rejected:
 			r.log.Info("local clients no longer reject; ACK upstream", "type", typeLabel(t))
+		default:
+			continue
 		}
 		if err := u.send(t, st.sent, detail); err != nil {
 			return err
 		}
-		st.reported = msg
+		st.rejected = fresh != nil
 	}
 	return nil
 }
 
 // prune drops from the caches what no local client has wanted for RetainUnwanted.
 func (u *upstream) prune(union map[string]subscription, now time.Time) {
-	r := u.relay
+	u.relay.prune(u.held, union, now)
+}
+
+// prune drops from the caches, and held, what no local client has wanted for RetainUnwanted.
+func (r *Relay) prune(held *heldState, union map[string]subscription, now time.Time) {
 	for _, t := range relayedTypes {
-		want, unwanted := union[t], u.held.unwanted[t]
+		want, unwanted := union[t], held.unwanted[t]
 		var drop []string
-		for name := range u.held.wire[t] {
+		for name := range held.wire[t] {
 			if want.wants(name) {
 				delete(unwanted, name)
 				continue
@@ -352,7 +388,7 @@ func (u *upstream) prune(union map[string]subscription, now time.Time) {
 			continue
 		}
 		for _, name := range drop {
-			delete(u.held.wire[t], name)
+			delete(held.wire[t], name)
 			delete(unwanted, name)
 		}
 		if err := r.caches[t].UpdateResources(nil, drop); err != nil {
@@ -420,10 +456,9 @@ func (u *upstream) handle(resp *discovery.DiscoveryResponse) error {
 	if err := u.send(t, st.sent, nil); err != nil {
 		return err
 	}
-	// The ACK cleared the report; local clients that still reject what
-	// they hold once they were sent the new state are reported again (by
-	// the next sync or tick after reportSettle).
-	st.reported, st.quietUntil = "", now.Add(reportSettle)
+	// The ACK ends the report (the rejections reported are not reported
+	// again: each is a local client's answer to one response).
+	st.rejected = false
 	return nil
 }
 

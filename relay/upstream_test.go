@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
@@ -374,4 +375,177 @@ func TestRelayTakesLargeResponses(t *testing.T) {
 	if n := metricValue(t, reg, MetricUpstreamReconnects, ""); n != 0 {
 		t.Errorf("%s = %v, want 0", MetricUpstreamReconnects, n)
 	}
+}
+
+// A client's detail and node ID are quoted upstream cut to a bound, as
+// valid UTF-8: a cut inside a character failed the send, and ended the
+// relay's stream to the hub at every report.
+func TestReportQuotesBoundedValidUTF8(t *testing.T) {
+	r := rejection{node: strings.Repeat("n", 1000), version: "v1", detail: strings.Repeat("a", maxReportedDetail-1) + "é" + strings.Repeat("b", 100)}
+	msg := r.message()
+	if !utf8.ValidString(msg) {
+		t.Fatalf("the report is not valid UTF-8: %q", msg)
+	}
+	if len(msg) > maxReportedNode+maxReportedDetail+200 {
+		t.Errorf("the report is %d bytes, want it bounded", len(msg))
+	}
+	if got := truncate("a\xffb", 10); got != "ab" {
+		t.Errorf("truncate of invalid UTF-8 = %q, want %q", got, "ab")
+	}
+}
+
+// Only an ACK of the last response (its nonce and version) ends a
+// client's rejection: grpc-go changes a subscription after a NACK with the
+// version it still holds.
+func TestOnlyAnACKEndsARejection(t *testing.T) {
+	m, err := newMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newLocalStreams(m, testLogger(), 100, func() {})
+	l.open(1)
+	l.response(1, resource.EndpointType, &discovery.DiscoveryResponse{VersionInfo: "v2", Nonce: "n2"})
+	rejecting := func() int { return len(l.rejections()[resource.EndpointType]) }
+	req := func(r *discovery.DiscoveryRequest) {
+		t.Helper()
+		r.TypeUrl = resource.EndpointType
+		if err := l.request(1, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	req(&discovery.DiscoveryRequest{VersionInfo: "v1", ResponseNonce: "n2", ErrorDetail: &rpcstatus.Status{Message: "no"}})
+	if n := rejecting(); n != 1 {
+		t.Fatalf("after a NACK of n2: %d rejecting, want 1", n)
+	}
+	req(&discovery.DiscoveryRequest{VersionInfo: "v1", ResponseNonce: "n2", ResourceNames: []string{"a", "b"}})
+	if n := rejecting(); n != 1 {
+		t.Fatalf("after a subscription change naming n2 with the old version: %d rejecting, want still 1", n)
+	}
+	req(&discovery.DiscoveryRequest{VersionInfo: "v2", ResponseNonce: "n2"})
+	if n := rejecting(); n != 0 {
+		t.Fatalf("after an ACK of v2: %d rejecting, want 0", n)
+	}
+}
+
+// TestRejectionReportedOnce: a client that goes on rejecting what it holds
+// is reported once, however many unrelated responses the hub sends (each
+// ACKed upstream); an ACK follows when it leaves.
+func TestRejectionReportedOnce(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	h, hubAddr := startScriptedHub(t)
+	_, reg, relayAddr := startRelay(t, hubAddr, loc("r1", "z1"))
+	const name = "outbound|8080||echo.default.svc.clusterset.local"
+	conn, err := grpc.NewClient(relayAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	localCtx, closeLocal := context.WithCancel(ctx)
+	local, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(localCtx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := local.Send(&discovery.DiscoveryRequest{Node: &core.Node{Id: "picky"}, TypeUrl: resource.EndpointType, ResourceNames: []string{name}}); err != nil {
+		t.Fatal(err)
+	}
+	h.next(ctx, t, "the subscription")
+	cla, err := anypb.New(&endpoint.ClusterLoadAssignment{ClusterName: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	respond := func(version string) {
+		t.Helper()
+		select {
+		case h.responses <- &discovery.DiscoveryResponse{TypeUrl: resource.EndpointType, VersionInfo: version, Nonce: "n-" + version, Resources: []*anypb.Any{cla}}:
+		case <-ctx.Done():
+			t.Fatal("the stream is gone")
+		}
+	}
+	respond("v1")
+	h.next(ctx, t, "the ACK of v1")
+	// The relay may answer before its cache holds the assignment: ACK until it comes.
+	var resp *discovery.DiscoveryResponse
+	for {
+		if resp, err = local.Recv(); err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.GetResources()) == 1 {
+			break
+		}
+		if err := local.Send(&discovery.DiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNames: []string{name},
+			VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := local.Send(&discovery.DiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNames: []string{name}, ResponseNonce: resp.GetNonce(),
+		ErrorDetail: &rpcstatus.Status{Message: "no"}}); err != nil {
+		t.Fatal(err)
+	}
+	if req := h.next(ctx, t, "the report"); req.GetErrorDetail() == nil {
+		t.Fatalf("want the report, got %v", req)
+	}
+	// The same assignment again and again: the client is sent nothing new and rejects on.
+	for _, v := range []string{"v2", "v3", "v4"} {
+		respond(v)
+		if req := h.next(ctx, t, "the ACK of "+v); req.GetErrorDetail() != nil || req.GetVersionInfo() != v {
+			t.Fatalf("after %s the relay sent %v, want its ACK", v, req)
+		}
+	}
+	select {
+	case req := <-h.requests:
+		t.Fatalf("a standing rejection was reported again: %v", req)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if n := metricValue(t, reg, MetricReportedNACKs, typeEDS); n != 1 {
+		t.Errorf("%s{eds} = %v, want 1", MetricReportedNACKs, n)
+	}
+	closeLocal()
+}
+
+// TestIdleRelayPrunes: with no local client and no stream to the hub, what
+// no client wants still leaves the caches after RetainUnwanted (a new
+// client would be served it at once, however old).
+func TestIdleRelayPrunes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	h := &scriptedHub{requests: make(chan *discovery.DiscoveryRequest, 64), responses: make(chan *discovery.DiscoveryResponse)}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	discovery.RegisterAggregatedDiscoveryServiceServer(g, h)
+	go func() { _ = g.Serve(lis) }()
+	defer g.Stop()
+	relay, _, relayAddr := startRelay(t, lis.Addr().String(), loc("r1", "z1"))
+	const name = "outbound|8080||echo.default.svc.clusterset.local"
+	conn, err := grpc.NewClient(relayAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	localCtx, closeLocal := context.WithCancel(ctx)
+	local, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(localCtx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := local.Send(&discovery.DiscoveryRequest{Node: &core.Node{Id: "raw"}, TypeUrl: resource.EndpointType, ResourceNames: []string{name}}); err != nil {
+		t.Fatal(err)
+	}
+	h.next(ctx, t, "the subscription")
+	cla, err := anypb.New(&endpoint.ClusterLoadAssignment{ClusterName: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.responses <- &discovery.DiscoveryResponse{TypeUrl: resource.EndpointType, VersionInfo: "v1", Nonce: "n1", Resources: []*anypb.Any{cla}}
+	h.next(ctx, t, "the ACK")
+	held := func() int { return len(relay.caches[resource.EndpointType].GetResources()) }
+	if n := held(); n != 1 {
+		t.Fatalf("the relay holds %d assignments, want 1", n)
+	}
+	// The hub goes, then the client: the relay is idle.
+	g.Stop()
+	closeLocal()
+	waitFor(ctx, t, "the unwanted assignment to leave the idle relay's cache", func() bool { return held() == 0 })
 }

@@ -21,7 +21,7 @@ import (
 )
 
 // LeaderElection configures the coordination.k8s.io Lease through which one
-// of several spoke replicas of a cluster (a DaemonSet) is the one that
+// of several spoke replicas of a cluster (the candidates' Deployment) is the one that
 // streams to the hub; the others keep their caches warm and take over when
 // the leader's lease runs out (or at once, when it stops cleanly and
 // releases the lease).

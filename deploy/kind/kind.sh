@@ -306,6 +306,8 @@ deploy_spoke() {
 		restart=true
 	fi
 	render "$deploy/spoke/deployment.yaml" | kc "$c" apply -f -
+	# A lab made before the candidates' Deployment ran the spoke as a DaemonSet.
+	kc "$c" -n "$ns" delete daemonset nave-spoke --ignore-not-found
 	render "$deploy/node/daemonset.yaml" | kc "$c" apply -f -
 	kc "$c" apply -f "$deploy/node/service.yaml"
 	# Settings reach the spoke and the node agents through their environment and the token file, read at start.
