@@ -303,24 +303,18 @@ type importRun struct {
 	reported   *federation.ImportState
 }
 
-func stripManagedFields(obj any) (any, error) {
-	if o, ok := obj.(metav1.Object); ok {
-		o.SetManagedFields(nil)
-	}
-	return obj, nil
-}
-
 func (r *importRun) run(ctx context.Context) error {
 	defer r.queue.ShutDown()
 	selector := labels.Set{ManagedByLabel: ManagedByValue}.AsSelector().String()
 	tweak := func(o *metav1.ListOptions) { o.LabelSelector = selector }
 	factory := informers.NewSharedInformerFactoryWithOptions(r.w.client, 0,
-		informers.WithTweakListOptions(tweak), informers.WithTransform(stripManagedFields))
+		informers.WithTweakListOptions(tweak), informers.WithTransform(leanImported))
 	dynFactory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(r.w.dyn, 0, metav1.NamespaceAll, tweak)
 	esInf := factory.Discovery().V1().EndpointSlices().Informer()
 	svcInf := factory.Core().V1().Services().Informer()
 	siInf := dynFactory.ForResource(r.api.imports).Informer()
-	if err := siInf.SetTransform(stripManagedFields); err != nil {
+	// Its cache holds *mcsv1beta1.ServiceImport (see leanServiceImport).
+	if err := siInf.SetTransform(leanImported); err != nil {
 		return fmt.Errorf("strip ServiceImports: %w", err)
 	}
 	byImport := cache.Indexers{byImportIndex: func(obj any) ([]string, error) {
@@ -607,15 +601,15 @@ func (r *importRun) sync(ctx context.Context, key registry.ServiceKey, st *feder
 
 // The cached objects of an import, with the writer's own recent writes in place.
 
-func (r *importRun) serviceImport(key registry.ServiceKey) *unstructured.Unstructured {
+func (r *importRun) serviceImport(key registry.ServiceKey) *mcsv1beta1.ServiceImport {
 	cached := map[string]metav1.Object{}
 	if o, ok, _ := r.serviceImports.GetByKey(key.Namespace + "/" + key.Name); ok {
-		if u, ok := o.(*unstructured.Unstructured); ok {
-			cached[key.Name] = u
+		if si, ok := o.(*mcsv1beta1.ServiceImport); ok {
+			cached[key.Name] = si
 		}
 	}
-	u, _ := r.written.resolve(kindServiceImport, key, cached)[key.Name].(*unstructured.Unstructured)
-	return u
+	si, _ := r.written.resolve(kindServiceImport, key, cached)[key.Name].(*mcsv1beta1.ServiceImport)
+	return si
 }
 
 func resolved[T metav1.Object](r *importRun, kind objKind, idx cache.Indexer, key registry.ServiceKey) []T {
@@ -655,7 +649,7 @@ func (r *importRun) serviceImportClient(namespace string) dynamic.ResourceInterf
 // createServiceImport creates an import's ServiceImport. proceed is false
 // when the import cannot be written now, and need not be retried: its
 // namespace does not exist, or a ServiceImport of that name is not Nave's.
-func (r *importRun) createServiceImport(ctx context.Context, imp *imports.Import, svcs []*corev1.Service) (si *unstructured.Unstructured, proceed bool, err error) {
+func (r *importRun) createServiceImport(ctx context.Context, imp *imports.Import, svcs []*corev1.Service) (si *mcsv1beta1.ServiceImport, proceed bool, err error) {
 	key := imp.Service
 	// The IPs the derived Service will have: those it has, or the hub's.
 	ips := ipStrings(imp.IPs)
@@ -676,8 +670,9 @@ func (r *importRun) createServiceImport(ctx context.Context, imp *imports.Import
 	switch {
 	case err == nil:
 		r.log.Info("created ServiceImport", "service", key)
-		r.written.put(kindServiceImport, key, created)
-		return created, true, nil
+		si := leanServiceImport(created)
+		r.written.put(kindServiceImport, key, si)
+		return si, true, nil
 	case apierrors.IsNotFound(err):
 		r.log.Info("namespace does not exist; import not written", "service", key, "err", err)
 		return nil, false, nil
@@ -691,8 +686,9 @@ func (r *importRun) createServiceImport(ctx context.Context, imp *imports.Import
 				"service", key, "label", ManagedByLabel+"="+ManagedByValue)
 			return nil, false, nil
 		}
-		r.written.put(kindServiceImport, key, got)
-		return got, true, nil
+		si := leanServiceImport(got)
+		r.written.put(kindServiceImport, key, si)
+		return si, true, nil
 	case !retryable(err):
 		r.log.Error("the API server refused the ServiceImport; not retrying until the import changes", "service", key, "err", err)
 		return nil, false, nil
@@ -702,13 +698,9 @@ func (r *importRun) createServiceImport(ctx context.Context, imp *imports.Import
 
 // patchServiceImport writes what differs of the ServiceImport's labels,
 // annotations and spec, and returns the ServiceImport as it is now.
-func (r *importRun) patchServiceImport(ctx context.Context, si *unstructured.Unstructured, imp *imports.Import, ips []string, res *syncResult) *unstructured.Unstructured {
+func (r *importRun) patchServiceImport(ctx context.Context, si *mcsv1beta1.ServiceImport, imp *imports.Import, ips []string, res *syncResult) *mcsv1beta1.ServiceImport {
 	key := imp.Service
-	cur, err := serviceImportOwnedFrom(si)
-	if err != nil {
-		cur = map[string]any{} // unreadable: write it all
-	}
-	patch := mergePatch(cur, serviceImportOwned(desiredServiceImport(imp, ips)))
+	patch := mergePatch(serviceImportOwned(si), serviceImportOwned(desiredServiceImport(imp, ips)))
 	if patch == nil {
 		return si
 	}
@@ -730,12 +722,13 @@ func (r *importRun) patchServiceImport(ctx context.Context, si *unstructured.Uns
 		return si
 	}
 	r.log.Debug("patched ServiceImport", "service", key)
-	r.written.put(kindServiceImport, key, out)
-	return out
+	si = leanServiceImport(out)
+	r.written.put(kindServiceImport, key, si)
+	return si
 }
 
 // ensureStatus writes the ServiceImport's clusters and conditions when they differ.
-func (r *importRun) ensureStatus(ctx context.Context, si *unstructured.Unstructured, imp *imports.Import, derived string, res *syncResult) {
+func (r *importRun) ensureStatus(ctx context.Context, si *mcsv1beta1.ServiceImport, imp *imports.Import, derived string, res *syncResult) {
 	key := imp.Service
 	ready := exportCondition{Type: ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonImportReady,
 		Message: "the imported EndpointSlices are written"}
@@ -754,7 +747,8 @@ func (r *importRun) ensureStatus(ctx context.Context, si *unstructured.Unstructu
 	if res.ipCond != nil {
 		want = append(want, *res.ipCond)
 	}
-	current, _, _ := unstructured.NestedSlice(si.Object, "status", "conditions")
+	status := toMap(&si.Status) // as the API server's JSON has it
+	current, _, _ := unstructured.NestedSlice(status, "conditions")
 	kept := slices.DeleteFunc(slices.Clone(current), func(c any) bool {
 		m, _ := c.(map[string]any)
 		return res.ipCond == nil && m != nil && m["type"] == ConditionClusterSetIP
@@ -765,7 +759,7 @@ func (r *importRun) ensureStatus(ctx context.Context, si *unstructured.Unstructu
 	for _, src := range imp.Sources { // sorted by cluster ID
 		clusters = append(clusters, map[string]any{"cluster": string(src.Cluster)})
 	}
-	curClusters, _, _ := unstructured.NestedSlice(si.Object, "status", "clusters")
+	curClusters, _, _ := unstructured.NestedSlice(status, "clusters")
 	if !changed && (reflect.DeepEqual(curClusters, clusters) || len(curClusters) == 0 && len(clusters) == 0) {
 		return
 	}
@@ -793,7 +787,7 @@ func (r *importRun) ensureStatus(ctx context.Context, si *unstructured.Unstructu
 		res.failed(r.log, key, "ServiceImport status", err)
 		return
 	}
-	r.written.put(kindServiceImport, key, out)
+	r.written.put(kindServiceImport, key, leanServiceImport(out))
 }
 
 // ensureService keeps a ClusterSetIP import's derived Service, and returns
@@ -1114,7 +1108,7 @@ func (r *importRun) deleteObject(ctx context.Context, kind objKind, key registry
 // remove deletes everything of an import the state may delete: slices and
 // derived Service first, the ServiceImport last (until then a failure
 // leaves the import visible, and retried).
-func (r *importRun) remove(ctx context.Context, key registry.ServiceKey, si *unstructured.Unstructured, esList []*discoveryv1.EndpointSlice, svcs []*corev1.Service) error {
+func (r *importRun) remove(ctx context.Context, key registry.ServiceKey, si *mcsv1beta1.ServiceImport, esList []*discoveryv1.EndpointSlice, svcs []*corev1.Service) error {
 	var res syncResult
 	for _, es := range esList {
 		r.deleteObject(ctx, kindEndpointSlice, key, es, &res)

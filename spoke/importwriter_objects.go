@@ -348,6 +348,52 @@ func importedSlice(es *discoveryv1.EndpointSlice) (s imports.Slice, ok bool) {
 	return s, true
 }
 
+// createdAnnotations are the annotations of a derived Service the writer
+// reads (set when it is created).
+var createdAnnotations = []string{requestedIPsAnnotation, refusedAnnotation, refusedCIDRsAnnotation}
+
+// leanImported is the transform of the writer's informers: it keeps of each
+// object what the writer reads or compares, so that a cluster's imports
+// (a cluster imports its own exports too) cost it little memory. An
+// EndpointSlice or Service keeps everything but what the owned parts (see
+// sliceOwned, serviceOwned) and the writer's decisions (needsRecreate,
+// serviceIPs, importedSlice) leave out: labels and annotations of others,
+// managedFields, a Service's status. A ServiceImport, which the writer owns
+// whole but its status, is kept typed (see leanServiceImport). It changes
+// EndpointSlices and Services in place, as informer transforms may, and is
+// idempotent.
+func leanImported(obj any) (any, error) {
+	switch o := obj.(type) {
+	case *discoveryv1.EndpointSlice:
+		o.ManagedFields, o.Annotations = nil, nil
+		o.Labels = keepLabels(o.Labels, sliceLabelKeys...)
+	case *corev1.Service:
+		o.ManagedFields = nil
+		o.Labels = keepLabels(o.Labels, serviceLabelKeys...)
+		o.Annotations = keepLabels(o.Annotations, createdAnnotations...)
+		o.Status = corev1.ServiceStatus{}
+	case *unstructured.Unstructured:
+		return leanServiceImport(o), nil
+	}
+	return obj, nil
+}
+
+// leanServiceImport is a ServiceImport (of either version: they have the
+// same fields) as the writer keeps it: typed, which takes about a third of
+// the memory of its unstructured form, without managedFields. One that
+// does not read as a ServiceImport keeps only its metadata, so that the
+// writer writes the rest anew.
+func leanServiceImport(u *unstructured.Unstructured) *mcsv1beta1.ServiceImport {
+	si := &mcsv1beta1.ServiceImport{}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, si); err != nil {
+		si = &mcsv1beta1.ServiceImport{ObjectMeta: metav1.ObjectMeta{Namespace: u.GetNamespace(), Name: u.GetName(),
+			UID: u.GetUID(), ResourceVersion: u.GetResourceVersion(), Generation: u.GetGeneration(),
+			Labels: u.GetLabels(), Annotations: u.GetAnnotations()}}
+	}
+	si.ManagedFields = nil
+	return si
+}
+
 // The owned parts of objects: what the writer compares and patches. Each is
 // a JSON object made by the same conversion from a typed object, whether it
 // comes from the cache or is desired, so that equal means equal.
@@ -377,16 +423,6 @@ func pick(m any, keys ...string) map[string]any {
 func serviceImportOwned(si *mcsv1beta1.ServiceImport) map[string]any {
 	m := toMap(si)
 	return map[string]any{"metadata": pick(m["metadata"], "labels", "annotations"), "spec": m["spec"]}
-}
-
-// serviceImportOwnedFrom reads the owned part of a cached ServiceImport
-// (either version: they have the same fields).
-func serviceImportOwnedFrom(u *unstructured.Unstructured) (map[string]any, error) {
-	var si mcsv1beta1.ServiceImport
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &si); err != nil {
-		return nil, err
-	}
-	return serviceImportOwned(&si), nil
 }
 
 func sliceOwned(es *discoveryv1.EndpointSlice) map[string]any {

@@ -2,6 +2,7 @@ package spoke
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -18,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 
@@ -51,6 +53,7 @@ func TestImportWriter(t *testing.T) {
 	t.Run("Removal", f.testRemoval)
 	t.Run("Authority", f.testAuthority)
 	t.Run("UserObjects", f.testUserObjects)
+	t.Run("Drift", f.testDrift)
 }
 
 type iwFixture struct{ c *kubetest.Cluster }
@@ -939,6 +942,113 @@ func (f *iwFixture) testUserObjects(t *testing.T) {
 		if owned(&es) {
 			t.Errorf("slice %s is still there", name)
 		}
+	}
+}
+
+// testDrift: what someone else changes of the writer's objects is put back
+// (the writer's caches keep all it compares), and what it does not own is
+// left alone, without writes.
+func (f *iwFixture) testDrift(t *testing.T) {
+	ns := f.namespace(t, "iw-drift")
+	ctx := context.Background()
+	key := registry.ServiceKey{Namespace: ns, Name: "web"}
+	props := registry.Properties{Labels: map[string]string{"example.com/team": "shop"}}
+	imp := iwImport(t, key, nil, iwShardSpec{cluster: "east", ports: iwHTTP, eps: iwEndpoints(14, 3), props: props})
+	derived := imports.DerivedServiceName(key)
+	h := f.start(t, 1)
+	h.set(t, true, nil, nil, imp)
+	si, _ := f.serviceImport(t, key)
+	wantSpec := si.Spec
+	svc, _ := f.derivedService(t, key)
+	wantPorts := svc.Spec.Ports
+	var slice string
+	for name := range f.checkSlices(t, imp, si, derived) {
+		slice = name
+	}
+
+	patch := func(what string, do func() error) {
+		t.Helper()
+		if err := do(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	merge := func(v any) []byte {
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	sis := f.c.Dynamic.Resource(iwServiceImports).Namespace(ns)
+	patch("ServiceImport", func() error {
+		_, err := sis.Patch(ctx, key.Name, types.MergePatchType, merge(map[string]any{
+			"metadata": map[string]any{"labels": map[string]any{"example.com/team": nil}},
+			"spec":     map[string]any{"ports": []any{map[string]any{"port": 81, "protocol": "TCP"}}},
+		}), metav1.PatchOptions{})
+		return err
+	})
+	patch("ServiceImport status", func() error {
+		_, err := sis.Patch(ctx, key.Name, types.MergePatchType, merge(map[string]any{"status": map[string]any{"conditions": nil}}),
+			metav1.PatchOptions{}, "status")
+		return err
+	})
+	patch("derived Service", func() error {
+		_, err := f.c.Client.CoreV1().Services(ns).Patch(ctx, derived, types.MergePatchType, merge(map[string]any{
+			"spec": map[string]any{"ports": []any{map[string]any{"name": "http", "port": 8081, "protocol": "TCP"}}},
+		}), metav1.PatchOptions{})
+		return err
+	})
+	patch("EndpointSlice", func() error {
+		_, err := f.c.Client.DiscoveryV1().EndpointSlices(ns).Patch(ctx, slice, types.JSONPatchType, []byte(
+			`[{"op": "replace", "path": "/endpoints/0/conditions/ready", "value": false},
+			  {"op": "replace", "path": "/metadata/labels/endpointslice.kubernetes.io~1managed-by", "value": "someone"}]`),
+			metav1.PatchOptions{})
+		return err
+	})
+	deadline := time.Now().Add(iwAwait)
+	for {
+		si, _ = f.serviceImport(t, key)
+		svc, _ = f.derivedService(t, key)
+		es, err := f.c.Client.DiscoveryV1().EndpointSlices(ns).Get(ctx, slice, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		restored := reflect.DeepEqual(si.Spec, wantSpec) && si.Labels["example.com/team"] == "shop" &&
+			condition(si, ConditionReady) != nil && reflect.DeepEqual(svc.Spec.Ports, wantPorts) &&
+			deref(es.Endpoints[0].Conditions.Ready) && es.Labels[discoveryv1.LabelManagedBy] == ImportedSliceManager
+		if restored {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not put back: ServiceImport %+v %v %+v; Service ports %+v; slice %v %+v",
+				si.Spec, si.Labels, si.Status.Conditions, svc.Spec.Ports, es.Labels, es.Endpoints[0].Conditions)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	f.checkSlices(t, imp, si, derived)
+
+	// What the writer does not own: left as it is, and no write.
+	before := h.w.Stats()
+	patch("EndpointSlice label", func() error {
+		_, err := f.c.Client.DiscoveryV1().EndpointSlices(ns).Patch(ctx, slice, types.MergePatchType, merge(map[string]any{
+			"metadata": map[string]any{"labels": map[string]any{"example.com/mine": "x"}, "annotations": map[string]any{"example.com/mine": "x"}},
+		}), metav1.PatchOptions{})
+		return err
+	})
+	patch("derived Service annotation", func() error {
+		_, err := f.c.Client.CoreV1().Services(ns).Patch(ctx, derived, types.MergePatchType, merge(map[string]any{
+			"metadata": map[string]any{"labels": map[string]any{"example.com/mine": "x"}, "annotations": map[string]any{"example.com/mine": "x"}},
+		}), metav1.PatchOptions{})
+		return err
+	})
+	rvs := f.versions(t, ns)
+	time.Sleep(time.Second) // the writer has seen both changes
+	h.set(t, true, nil, nil, iwImport(t, key, nil, iwShardSpec{cluster: "east", ports: iwHTTP, eps: iwEndpoints(14, 3), props: props}))
+	if d := iwDelta(before, h.w.Stats()); d.Total() != 0 || d.Failed != 0 {
+		t.Errorf("others' labels and annotations made the writer write %+v", d)
+	}
+	if after := f.versions(t, ns); !reflect.DeepEqual(after, rvs) {
+		t.Errorf("resourceVersions changed:\n%v\n%v", rvs, after)
 	}
 }
 

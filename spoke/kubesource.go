@@ -75,8 +75,9 @@ func (f NamespaceFilter) allows(ns string) bool {
 // queue; one goroutine rebuilds each queued service from the caches and
 // publishes the state once the queue is drained. Nothing is published before
 // every cache has synced, so the first state is complete. The informers keep
-// only the fields Nave reads (see strip), so a large cluster does not cost
-// the spoke its memory.
+// only the fields Nave reads (see strip), and the API server leaves out the
+// Services and EndpointSlices the import writer made (notImportedSelector),
+// so a large cluster does not cost the spoke its memory.
 //
 // While it leads (see WriteStatus), the source also writes the Valid and
 // Conflict conditions of every ServiceExport.
@@ -172,8 +173,15 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 	defer k.queue.ShutDown()
 	defer k.statusQueue.ShutDown()
 	factory := informers.NewSharedInformerFactoryWithOptions(k.client, 0, informers.WithTransform(strip))
-	svcInf := factory.Core().V1().Services()
-	esInf := factory.Discovery().V1().EndpointSlices()
+	// The Services and EndpointSlices the import writer made never federate
+	// (they are other clusters' services, see imported): the API server
+	// leaves them out, so that a cluster, which imports its own exports too,
+	// does not cache every exported service twice. The import writer's own
+	// informers cache them.
+	local := informers.NewSharedInformerFactoryWithOptions(k.client, 0, informers.WithTransform(strip),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = notImportedSelector }))
+	svcInf := local.Core().V1().Services()
+	esInf := local.Discovery().V1().EndpointSlices()
 	nodeInf := factory.Core().V1().Nodes()
 	nsInf := factory.Core().V1().Namespaces()
 	k.services, k.nodes, k.namespaces = svcInf.Lister(), nodeInf.Lister(), nsInf.Lister()
@@ -261,7 +269,8 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	factory.Start(ctx.Done())
-	defer func() { cancel(); factory.Shutdown() }() // Shutdown waits for the informers, which stop with ctx
+	local.Start(ctx.Done())
+	defer func() { cancel(); factory.Shutdown(); local.Shutdown() }() // Shutdown waits for the informers, which stop with ctx
 
 	// ServiceExports, when their CRD is installed: now, or later.
 	var exportsDone sync.WaitGroup
@@ -290,12 +299,14 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 	}
 
 	k.log.Info("waiting for caches to sync")
-	for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			if ctx.Err() != nil {
-				return ctx.Err()
+	for _, f := range []informers.SharedInformerFactory{factory, local} {
+		for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
+			if !ok {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				return fmt.Errorf("cache of %v did not sync", typ)
 			}
-			return fmt.Errorf("cache of %v did not sync", typ)
 		}
 	}
 	// Everything that exists now is in the caches: build it all before publishing once.
@@ -697,3 +708,7 @@ func keepLabels(labels map[string]string, keep ...string) map[string]string {
 }
 
 var labelsEverything = labels.Everything()
+
+// notImportedSelector selects the objects the import writer did not make:
+// those without ManagedByLabel=ManagedByValue.
+const notImportedSelector = ManagedByLabel + "!=" + ManagedByValue

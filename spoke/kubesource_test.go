@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -164,6 +165,13 @@ func kubeSlice(ns, service, name string, family discoveryv1.AddressType, port in
 	}
 }
 
+func withLabels(es *discoveryv1.EndpointSlice, labels map[string]string) *discoveryv1.EndpointSlice {
+	for k, v := range labels {
+		es.Labels[k] = v
+	}
+	return es
+}
+
 func kubeEndpoint(addr string, ready bool, zone, node string) discoveryv1.Endpoint {
 	e := discoveryv1.Endpoint{Addresses: []string{addr}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}}
 	if zone != "" {
@@ -256,6 +264,12 @@ func TestKubeSource(t *testing.T) {
 		kubeService("other", "web", exportLabel, corev1.ServicePort{Name: "http", Port: 80}),
 		kubeSlice("other", "web", "web-1", discoveryv1.AddressTypeIPv4, 80, kubeEndpoint("10.5.0.1", true, "", "")),
 		kubeService("apps", "big", exportLabel, corev1.ServicePort{Name: "http", Port: 80}),
+		// What the import writer makes: a derived Service (labelled for
+		// export, as a user might), and another cluster's endpoints of web.
+		kubeService("apps", "derived-web", map[string]string{ExportLabel: "true", ManagedByLabel: ManagedByValue},
+			corev1.ServicePort{Name: "http", Port: 80}),
+		withLabels(kubeSlice("apps", "web", "web-west-ipv4", discoveryv1.AddressTypeIPv4, 8080, kubeEndpoint("10.9.0.1", true, "", "n1")),
+			map[string]string{ManagedByLabel: ManagedByValue}),
 	)
 	// Hundreds of endpoints, a hundred per slice as the EndpointSlice controller does.
 	for s := range 3 {
@@ -387,6 +401,54 @@ func TestKubeSource(t *testing.T) {
 			t.Fatal(err)
 		}
 		await(t, latest, "hidden exported", func(st State) bool { return st[hidden] != nil && len(st[hidden].Endpoints) == 1 })
+	})
+	t.Run("the import writer's objects never reach the caches", func(t *testing.T) {
+		// The API server leaves them out (imported is only a defence): a
+		// cluster that imports its own exports does not cache them twice.
+		//
+		// cached returns the names in the source's caches of Services and
+		// EndpointSlices, and whether any of them is the writer's.
+		cached := func() (svcs, slices map[string]bool, anyImported bool) {
+			svcs, slices = map[string]bool{}, map[string]bool{}
+			list, _ := kube.services.List(labelsEverything)
+			for _, s := range list {
+				svcs[s.Name] = true
+				anyImported = anyImported || imported(s)
+			}
+			for _, o := range kube.slicesIdx.List() {
+				es := o.(*discoveryv1.EndpointSlice)
+				slices[es.Name] = true
+				anyImported = anyImported || imported(es)
+			}
+			return svcs, slices, anyImported
+		}
+		svcs, slices, anyImported := cached()
+		if anyImported || svcs["derived-web"] || slices["web-west-ipv4"] || !svcs["web"] || !slices["web-v4a"] {
+			t.Errorf("cached Services %v, EndpointSlices %v (any of the writer's: %v)", svcs, slices, anyImported)
+		}
+		// A label that comes or goes moves an object in or out.
+		relabel := func(kind, name, patch string) {
+			t.Helper()
+			var err error
+			if kind == "Service" {
+				_, err = kc.CoreV1().Services(apps).Patch(t.Context(), name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+			} else {
+				_, err = kc.DiscoveryV1().EndpointSlices(apps).Patch(t.Context(), name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		derived := registry.ServiceKey{Namespace: apps, Name: "derived-web"}
+		relabel("Service", "derived-web", `{"metadata":{"labels":{"`+ManagedByLabel+`":null}}}`)
+		relabel("EndpointSlice", "big-0", `{"metadata":{"labels":{"`+ManagedByLabel+`":"`+ManagedByValue+`"}}}`)
+		await(t, latest, "derived-web exported once it is not the writer's, and big without big-0", func(st State) bool {
+			return st[derived] != nil && st[big] != nil && len(st[big].Endpoints) == 100
+		})
+		svcs, slices, anyImported = cached()
+		if anyImported || !svcs["derived-web"] || slices["big-0"] || !slices["big-1"] {
+			t.Errorf("after relabelling, cached Services %v, EndpointSlices %v (any of the writer's: %v)", svcs, slices, anyImported)
+		}
 	})
 	t.Run("deleting the ServiceExport unexports the service", func(t *testing.T) {
 		if err := f.cluster.Dynamic.Resource(ServiceExportResource).Namespace(apps).Delete(t.Context(), "db", metav1.DeleteOptions{}); err != nil {

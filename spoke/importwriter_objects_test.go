@@ -1,0 +1,188 @@
+package spoke
+
+import (
+	"reflect"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
+	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
+
+	"github.com/navemesh/nave/imports"
+	"github.com/navemesh/nave/registry"
+)
+
+// The writer's informers keep only part of each object (leanImported):
+// whatever it reads and compares must come out of the cache as it went in,
+// or the writer would rewrite objects forever, or miss a change by someone
+// else.
+func TestLeanImportedKeepsWhatTheWriterReads(t *testing.T) {
+	key := registry.ServiceKey{Namespace: "shop", Name: "web"}
+	imp := iwImport(t, key, []string{"10.200.0.10"},
+		iwShardSpec{cluster: "east", ports: iwHTTP, eps: iwEndpoints(1, 3), props: registry.Properties{
+			SessionAffinity: registry.SessionAffinityClientIP, SessionAffinityTimeout: 300,
+			IPFamilies: []registry.IPFamily{registry.IPv4, registry.IPv6},
+			Labels:     map[string]string{"example.com/team": "shop"}, Annotations: map[string]string{"example.com/owner": "alice"}}})
+	owner := metav1.OwnerReference{APIVersion: "multicluster.x-k8s.io/v1beta1", Kind: "ServiceImport", Name: "web",
+		UID: "si-uid", Controller: refTo(true)}
+	// What the API server adds, and what others may add, to every object.
+	server := func(m *metav1.ObjectMeta) {
+		m.UID, m.ResourceVersion, m.Generation = types.UID("uid-"+m.Name), "4711", 3
+		m.CreationTimestamp = metav1.NewTime(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+		m.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: ImportFieldManager, Operation: metav1.ManagedFieldsOperationUpdate,
+			FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:metadata":{}}`)}}}
+		if m.Labels == nil {
+			m.Labels = map[string]string{}
+		}
+		m.Labels["example.com/someone-else"] = "x"
+		if m.Annotations == nil {
+			m.Annotations = map[string]string{}
+		}
+		m.Annotations["example.com/someone-else"] = "x"
+	}
+
+	t.Run("EndpointSlice", func(t *testing.T) {
+		s := imports.Slices(imp, nil)[0]
+		orig := desiredSlice(key, &s, owner, imports.DerivedServiceName(key))
+		server(&orig.ObjectMeta)
+		got, err := leanImported(orig.DeepCopy())
+		if err != nil {
+			t.Fatal(err)
+		}
+		es := got.(*discoveryv1.EndpointSlice)
+		if !reflect.DeepEqual(sliceOwned(es), sliceOwned(orig)) {
+			t.Errorf("owned part\n%v\nwant\n%v", sliceOwned(es), sliceOwned(orig))
+		}
+		back, ok := importedSlice(es)
+		want, _ := importedSlice(orig)
+		if !ok || !reflect.DeepEqual(back, want) {
+			t.Errorf("read back as %+v, want %+v", back, want)
+		}
+		k, _ := objectKey(kindEndpointSlice, es)
+		if !owned(es) || k != key || es.UID != orig.UID || es.ResourceVersion != orig.ResourceVersion || es.Name != orig.Name {
+			t.Errorf("metadata %+v", es.ObjectMeta)
+		}
+		if es.ManagedFields != nil || es.Annotations != nil || es.Labels["example.com/someone-else"] != "" {
+			t.Errorf("kept what the writer never reads: %+v", es.ObjectMeta)
+		}
+		again, _ := leanImported(es.DeepCopy())
+		if !reflect.DeepEqual(again, es) {
+			t.Error("not idempotent")
+		}
+	})
+
+	t.Run("Service", func(t *testing.T) {
+		orig := desiredService(imp, owner)
+		server(&orig.ObjectMeta)
+		orig.Annotations[requestedIPsAnnotation] = "10.200.0.10"
+		orig.Annotations[refusedAnnotation] = "not in any range"
+		orig.Annotations[refusedCIDRsAnnotation] = ""
+		// A cluster that is not dual-stack gives the first family of PreferDualStack.
+		orig.Spec.ClusterIP, orig.Spec.ClusterIPs, orig.Spec.IPFamilies = "10.96.0.7", []string{"10.96.0.7"}, []corev1.IPFamily{corev1.IPv4Protocol}
+		orig.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "192.0.2.1"}}
+		got, err := leanImported(orig.DeepCopy())
+		if err != nil {
+			t.Fatal(err)
+		}
+		svc := got.(*corev1.Service)
+		if !reflect.DeepEqual(serviceOwned(svc), serviceOwned(orig)) {
+			t.Errorf("owned part\n%v\nwant\n%v", serviceOwned(svc), serviceOwned(orig))
+		}
+		if !reflect.DeepEqual(serviceIPs(svc), serviceIPs(orig)) || !reflect.DeepEqual(svc.Spec, orig.Spec) {
+			t.Errorf("spec %+v, want %+v", svc.Spec, orig.Spec)
+		}
+		r := &importRun{}
+		desired := desiredService(imp, owner)
+		for _, requested := range []string{"10.200.0.10", "10.200.0.20", ""} {
+			if a, b := r.needsRecreate(svc, desired, requested), r.needsRecreate(orig, desired, requested); a != b {
+				t.Errorf("needsRecreate(%q) = %q, want %q", requested, a, b)
+			}
+		}
+		for _, k := range createdAnnotations {
+			if !hasAnnotation(svc, k) || svc.Annotations[k] != orig.Annotations[k] {
+				t.Errorf("annotation %s: %q, want %q", k, svc.Annotations[k], orig.Annotations[k])
+			}
+		}
+		if svc.ManagedFields != nil || len(svc.Annotations) != len(createdAnnotations) || len(svc.Labels) != len(serviceLabelKeys) {
+			t.Errorf("kept what the writer never reads: %+v", svc.ObjectMeta)
+		}
+		again, _ := leanImported(svc.DeepCopy())
+		if !reflect.DeepEqual(again, svc) {
+			t.Error("not idempotent")
+		}
+	})
+
+	t.Run("ServiceImport", func(t *testing.T) {
+		for _, version := range []string{mcsv1beta1.GroupVersion.String(), mcsv1alpha1.GroupVersion.String()} {
+			si := desiredServiceImport(imp, []string{"10.200.0.10"})
+			server(&si.ObjectMeta)
+			si.Status = mcsv1beta1.ServiceImportStatus{
+				Clusters: []mcsv1beta1.ClusterStatus{{Cluster: "east"}, {Cluster: "west"}},
+				Conditions: []metav1.Condition{
+					{Type: ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonImportReady, Message: "written",
+						ObservedGeneration: 3, LastTransitionTime: metav1.NewTime(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))},
+					{Type: "SomeoneElses", Status: metav1.ConditionFalse, Reason: "Because", Message: "theirs",
+						LastTransitionTime: metav1.NewTime(time.Date(2026, 1, 2, 3, 4, 6, 0, time.UTC))},
+				},
+			}
+			// As the dynamic client decodes it: JSON's types, integers as int64.
+			u := &unstructured.Unstructured{}
+			if err := u.UnmarshalJSON(mustJSONBytes(t, toMap(si), version)); err != nil {
+				t.Fatal(err)
+			}
+			got, err := leanImported(u.DeepCopy())
+			if err != nil {
+				t.Fatal(err)
+			}
+			lean, ok := got.(*mcsv1beta1.ServiceImport)
+			if !ok {
+				t.Fatalf("%s: cached as %T", version, got)
+			}
+			want := map[string]any{"metadata": pick(u.Object["metadata"], "labels", "annotations"), "spec": u.Object["spec"]}
+			if !reflect.DeepEqual(serviceImportOwned(lean), want) {
+				t.Errorf("%s: owned part\n%v\nwant\n%v", version, serviceImportOwned(lean), want)
+			}
+			if status := toMap(&lean.Status); !reflect.DeepEqual(status, u.Object["status"]) {
+				t.Errorf("%s: status\n%v\nwant\n%v", version, status, u.Object["status"])
+			}
+			if lean.UID != si.UID || lean.ResourceVersion != si.ResourceVersion || lean.Generation != si.Generation ||
+				lean.Name != si.Name || lean.Namespace != si.Namespace || lean.ManagedFields != nil || !owned(lean) {
+				t.Errorf("%s: metadata %+v", version, lean.ObjectMeta)
+			}
+			if again, _ := leanImported(lean); again != lean {
+				t.Errorf("%s: not idempotent", version)
+			}
+		}
+
+		// One that does not read as a ServiceImport keeps its metadata: the writer writes the rest anew.
+		u := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": mcsv1beta1.GroupVersion.String(), "kind": "ServiceImport",
+			"metadata": map[string]any{"name": "web", "namespace": "shop", "uid": "u1", "resourceVersion": "9", "generation": int64(2),
+				"labels": map[string]any{ManagedByLabel: ManagedByValue}},
+			"spec": map[string]any{"ports": "not a list"},
+		}}
+		got, _ := leanImported(u)
+		lean := got.(*mcsv1beta1.ServiceImport)
+		if lean.Name != "web" || lean.UID != "u1" || lean.ResourceVersion != "9" || lean.Generation != 2 || !owned(lean) ||
+			len(lean.Spec.Ports) != 0 {
+			t.Errorf("unreadable ServiceImport cached as %+v", lean)
+		}
+	})
+}
+
+func mustJSONBytes(t *testing.T, m map[string]any, apiVersion string) []byte {
+	t.Helper()
+	u := &unstructured.Unstructured{Object: m}
+	u.SetAPIVersion(apiVersion)
+	u.SetKind(mcsv1beta1.ServiceImportKindName)
+	b, err := u.MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
