@@ -276,7 +276,7 @@ func (s *localSpokes) restart(_ testing.TB, cluster string) {
 	}
 }
 
-// kindSpokes controls the spoke DaemonSet's pods of the kind clusters.
+// kindSpokes controls the spoke candidates' pods of the kind clusters.
 type kindSpokes struct{ env *kubeEnv }
 
 func (k kindSpokes) killLeader(t testing.TB, cluster string) string {

@@ -50,10 +50,10 @@ func startKubeBackend(t testing.TB, name string) *kubetest.Host {
 
 // awaitBackend waits until the backend on a new test host answers, as
 // itself, a client of the root namespace. Right after a host is made, a
-// connection to its address may for a moment not reach it: on this
-// workplace something else answered (an HTTP/2 404 from "server: keryx",
-// what an address of no test host gets) for about 100 ms, which a client
-// handed the address at once would see as failed RPCs.
+// connection to its address may for a moment not reach it: on some
+// machines something else answers there (whatever answers an address of no
+// test host: seen as an HTTP/2 404) for about 100 ms, which a client handed
+// the address at once would see as failed RPCs.
 func awaitBackend(t testing.TB, h *kubetest.Host, name string) {
 	t.Helper()
 	await(t, "backend "+name+" answering at "+h.IP.String(), func() bool {

@@ -458,10 +458,10 @@ func testRelayReportsLocalNACKUpstream(t *testing.T, bin string) {
 		return c.Types["eds"].Acked == second.GetVersionInfo()
 	})
 
-	// Once the client accepts, the relay reports no more rejections: the
-	// response that fixed the client was not NACKed to the hub (the relay
-	// waits, after its ACK, until its clients were sent what it acked), and
-	// the hub's later responses, each accepted, bring none either.
+	// Once the client accepts, the relay reports no more rejections: a
+	// rejection is reported once, and only once it has stood a moment (the
+	// relay may be handing the client the state that fixes it), and the
+	// hub's later responses, each accepted, bring none either.
 	for _, eps := range [][]endpoint{
 		{{e1a, "us-east-1a", true}},
 		{{e1a, "us-east-1a", true}, {e1b, "us-east-1b", true}},

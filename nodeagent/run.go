@@ -1,8 +1,9 @@
-// Package nodeagent is the node agent: the spoke pod of a node that is not
-// a candidate for the cluster's Lease. It serves xDS to the gRPC clients and
-// gateways of its node through a node-local relay (package relay), so the
-// hub holds one stream per node instead of one per pod, and it watches
-// nothing in Kubernetes: it reads its own Node once, for its locality.
+// Package nodeagent is the node agent, the Nave pod on every node (the
+// candidates, a few spoke pods, stream the cluster to the hub). It serves
+// xDS to the proxyless gRPC clients of its node through a node-local relay
+// (package relay), so the hub holds one stream per node instead of one per
+// pod, and it watches nothing in Kubernetes: it reads its own Node once,
+// for its locality. Gateways connect to the hub itself.
 //
 // The candidates (a small Deployment running `nave spoke`) stream the
 // cluster to the hub; see deploy/README.md for the two shapes together.
@@ -28,9 +29,9 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/navemesh/nave/identity"
+	"github.com/navemesh/nave/internal/xdstype"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/relay"
-	"github.com/navemesh/nave/xds"
 )
 
 // Config configures a node agent.
@@ -137,10 +138,10 @@ func node(cfg Config, loc registry.Locality) *core.Node {
 	}
 	fields := map[string]*structpb.Value{}
 	if cfg.Cluster != "" {
-		fields[xds.MetadataCluster] = structpb.NewStringValue(string(cfg.Cluster))
+		fields[xdstype.MetadataCluster] = structpb.NewStringValue(string(cfg.Cluster))
 	}
 	if cfg.Network != "" {
-		fields[xds.MetadataNetwork] = structpb.NewStringValue(string(cfg.Network))
+		fields[xdstype.MetadataNetwork] = structpb.NewStringValue(string(cfg.Network))
 	}
 	return &core.Node{Id: id, Cluster: string(cfg.Cluster), Locality: &core.Locality{Region: loc.Region, Zone: loc.Zone},
 		Metadata: &structpb.Struct{Fields: fields}}

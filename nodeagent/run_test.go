@@ -10,9 +10,15 @@ import (
 	"testing"
 	"time"
 
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
 	"github.com/navemesh/nave/internal/nettest"
+	"github.com/navemesh/nave/internal/xdstype"
 	"github.com/navemesh/nave/registry"
-	"github.com/navemesh/nave/xds"
 )
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -24,7 +30,7 @@ func TestNodeCarriesLocalityClusterAndNetwork(t *testing.T) {
 	n := node(cfg, registry.Locality{Region: "r1", Zone: "z1"})
 	fields := n.GetMetadata().GetFields()
 	if n.GetId() != "nave-node~worker-1" || n.GetLocality().GetRegion() != "r1" || n.GetLocality().GetZone() != "z1" ||
-		fields[xds.MetadataCluster].GetStringValue() != "east" || fields[xds.MetadataNetwork].GetStringValue() != "net-east" {
+		fields[xdstype.MetadataCluster].GetStringValue() != "east" || fields[xdstype.MetadataNetwork].GetStringValue() != "net-east" {
 		t.Fatalf("node %v: want ID nave-node~worker-1, locality r1/z1, CLUSTER_ID east, NETWORK net-east", n)
 	}
 	cfg.NodeID = "custom"
@@ -94,6 +100,36 @@ func TestReadyWithoutTheHub(t *testing.T) {
 	}
 	if len(clients.Clients) != 0 {
 		t.Errorf("/debug/clients lists %d clients, want none", len(clients.Clients))
+	}
+	// A local client asks for a listener: the relay tries the hub, which is not there.
+	conn, err := grpc.NewClient(xdsAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	stream, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&discovery.DiscoveryRequest{Node: &core.Node{Id: "local"}, TypeUrl: resource.ListenerType, ResourceNames: []string{"l"}}); err != nil {
+		t.Fatal(err)
+	}
+	for len(clients.Clients) != 1 || clients.Clients[0].NodeID != "local" {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("/debug/clients never showed the local client: %+v", clients)
+		case <-time.After(20 * time.Millisecond):
+		}
+		resp, err := http.Get("http://" + admin + "/debug/clients")
+		if err != nil {
+			t.Fatal(err)
+		}
+		clients = Clients{}
+		err = json.NewDecoder(resp.Body).Decode(&clients)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
 	resp, err := http.Get("http://" + admin + "/readyz")
 	if err != nil {

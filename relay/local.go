@@ -135,7 +135,8 @@ type localStreams struct {
 	// maxNames bounds the resource names of a local request and of the union
 	// per type (Config.MaxResourceNames).
 	maxNames int
-	// changed is called (without mu held) after a subscription changed; it must not block.
+	// changed is called (without mu held) after a subscription or a
+	// rejection changed; it must not block.
 	changed func()
 
 	// mu guards streams and pending.
@@ -304,6 +305,7 @@ func (s *localStream) rejecting() bool {
 type rejection struct {
 	key                   rejectionKey
 	node, version, detail string
+	at                    time.Time // when the client rejected it
 }
 
 // rejectionKey names one rejection: the stream and the response it
@@ -348,7 +350,7 @@ func (l *localStreams) rejections() map[string][]rejection {
 	for id, s := range l.streams {
 		for t, x := range s.types {
 			if x.rejecting() {
-				out[t] = append(out[t], rejection{key: rejectionKey{id, x.nack.Nonce}, node: s.node, version: x.nack.Version, detail: x.nack.Detail})
+				out[t] = append(out[t], rejection{key: rejectionKey{id, x.nack.Nonce}, node: s.node, version: x.nack.Version, detail: x.nack.Detail, at: x.nack.At})
 			}
 		}
 	}

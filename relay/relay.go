@@ -40,6 +40,11 @@
 // where that is acceptable (a listener reachable only by the node's
 // trusted workloads).
 //
+// Local clients' ACKs and NACKs are tracked per stream (Clients), and a
+// NACK is reported upstream once, as a NACK of the hub's last response that
+// names the client (see upstream.report), so the hub's NACK metrics and logs
+// count the clients behind the relay.
+//
 // Not yet: delta xDS for local clients (delta streams are refused), and
 // per-client views (every client gets the relay's node's resources).
 package relay
@@ -138,8 +143,8 @@ type Relay struct {
 	// cache is what the local server watches.
 	cache *localCache
 
-	// changed tells the upstream goroutine that a local subscription changed
-	// (capacity 1: signals coalesce).
+	// changed tells the upstream goroutine that a local subscription, or a
+	// local client's rejection, changed (capacity 1: signals coalesce).
 	changed chan struct{}
 
 	// upstreamMu guards upstreamSubs, what the upstream stream last asked

@@ -237,7 +237,7 @@ func (r *Relay) session(ctx context.Context, client discovery.AggregatedDiscover
 
 	u := &upstream{relay: r, stream: stream, held: held, types: map[string]*upstreamType{}, first: true}
 	for _, t := range relayedTypes {
-		u.types[t] = &upstreamType{}
+		u.types[t] = &upstreamType{reported: map[rejectionKey]struct{}{}}
 	}
 	if err := u.sync(); err != nil {
 		return false, err
@@ -259,6 +259,10 @@ func (r *Relay) session(ctx context.Context, client discovery.AggregatedDiscover
 		case now := <-tick.C:
 			u.prune(r.local.union(), now)
 			r.cache.release(now)
+			// Rejections wait reportSettle: the tick reports them.
+			if err := u.report(r.local.rejections(), now); err != nil {
+				return served, err
+			}
 		case err := <-recvErr:
 			return served, fmt.Errorf("receive: %w", err)
 		case <-r.changed:
@@ -313,8 +317,9 @@ func (u *upstream) sync() error {
 		}
 	}
 	r.upstreamMu.Unlock()
-	u.prune(union, time.Now())
-	return u.report(r.local.rejections())
+	now := time.Now()
+	u.prune(union, now)
+	return u.report(r.local.rejections(), now)
 }
 
 // report tells the hub of its local clients' rejections: a local client's
@@ -322,9 +327,14 @@ func (u *upstream) sync() error {
 // last response (version_info is still the version the relay holds, so
 // the hub resends nothing), naming the client and its error; an ACK
 // follows once no local client rejects what it was last sent. The hub's
-// NACK metrics and logs then count the clients behind the relay as if
-// they were its own.
-func (u *upstream) report(rejections map[string][]rejection) error {
+// NACK metrics and logs then count the clients behind the relay.
+//
+// A rejection is reported once it is reportSettle old and still stands: a
+// client may NACK the previous state just as the relay hands it the next
+// one, which may fix it (reported at once, it would be counted against the
+// hub's response that fixes it). Rejections that come together go up as
+// one NACK (naming the first) and count one each in the relay's metric.
+func (u *upstream) report(rejections map[string][]rejection, now time.Time) error {
 	r := u.relay
 	for _, t := range relayedTypes {
 		st := u.types[t]
@@ -332,23 +342,30 @@ func (u *upstream) report(rejections map[string][]rejection) error {
 			continue
 		}
 		current := rejections[t]
-		var fresh *rejection
-		for i := range current {
-			if _, ok := st.reported[current[i].key]; !ok && fresh == nil {
-				fresh = &current[i]
+		var fresh []rejection
+		standing := make(map[rejectionKey]struct{}, len(current))
+		for _, rj := range current {
+			standing[rj.key] = struct{}{}
+			if _, ok := st.reported[rj.key]; !ok && now.Sub(rj.at) >= reportSettle {
+				fresh = append(fresh, rj)
 			}
 		}
-		// Forget the rejections that ended.
-		st.reported = make(map[rejectionKey]struct{}, len(current))
-		for _, rj := range current {
-			st.reported[rj.key] = struct{}{}
+		// Forget the rejections that ended; keep those reported.
+		for key := range st.reported {
+			if _, ok := standing[key]; !ok {
+				delete(st.reported, key)
+			}
 		}
 		var detail *rpcstatus.Status
 		switch {
-		case fresh != nil:
-			detail = &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: fresh.message()}
-			r.metrics.reportedNACKs.WithLabelValues(typeLabel(t)).Inc()
-			r.log.Info("reporting a local client's rejection upstream", "type", typeLabel(t), "node", fresh.node, "rejecting", len(current))
+		case len(fresh) > 0:
+			msg := fresh[0].message()
+			if len(fresh) > 1 {
+				msg += fmt.Sprintf(" (and %d more local clients)", len(fresh)-1)
+			}
+			detail = &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: msg}
+			r.metrics.reportedNACKs.WithLabelValues(typeLabel(t)).Add(float64(len(fresh)))
+			r.log.Info("reporting local clients' rejections upstream", "type", typeLabel(t), "node", fresh[0].node, "new", len(fresh), "rejecting", len(current))
 		case len(current) == 0 && st.rejected:
 			r.log.Info("local clients no longer reject; ACK upstream", "type", typeLabel(t))
 		default:
@@ -357,10 +374,17 @@ func (u *upstream) report(rejections map[string][]rejection) error {
 		if err := u.send(t, st.sent, detail); err != nil {
 			return err
 		}
-		st.rejected = fresh != nil
+		for _, rj := range fresh {
+			st.reported[rj.key] = struct{}{}
+		}
+		st.rejected = len(fresh) > 0
 	}
 	return nil
 }
+
+// reportSettle is how long a local rejection must stand before it is
+// reported (see report).
+const reportSettle = 100 * time.Millisecond
 
 // prune drops from the caches what no local client has wanted for RetainUnwanted.
 func (u *upstream) prune(union map[string]subscription, now time.Time) {

@@ -8,6 +8,7 @@ import (
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 
+	"github.com/navemesh/nave/internal/xdstype"
 	"github.com/navemesh/nave/registry"
 )
 
@@ -31,8 +32,8 @@ import (
 // Node metadata keys a client uses to say where it is (Istio's names, so its
 // proxies and bootstraps work unchanged).
 const (
-	MetadataNetwork = "NETWORK"
-	MetadataCluster = "CLUSTER_ID"
+	MetadataNetwork = xdstype.MetadataNetwork
+	MetadataCluster = xdstype.MetadataCluster
 )
 
 // Client is whom an assignment is computed for: a locality group (region and

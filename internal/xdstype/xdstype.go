@@ -1,5 +1,6 @@
 // Package xdstype names xDS resource types the short way Nave's metrics
-// and logs label them.
+// and logs label them, and holds the node metadata keys Nave reads (shared
+// by the hub and the node agent, which links nothing of the hub).
 package xdstype
 
 import "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -28,3 +29,10 @@ func Label(typeURL string) string {
 		return Other
 	}
 }
+
+// Node metadata keys: the network a node is on (NETWORK), else the cluster
+// it runs in (CLUSTER_ID), whose network the hub knows.
+const (
+	MetadataNetwork = "NETWORK"
+	MetadataCluster = "CLUSTER_ID"
+)
