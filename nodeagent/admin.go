@@ -3,16 +3,15 @@ package nodeagent
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/navemesh/nave/internal/adminhttp"
 	"github.com/navemesh/nave/relay"
 )
 
@@ -40,15 +39,8 @@ func serveAdmin(ctx context.Context, lis net.Listener, r *relay.Relay, reg *prom
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(Clients{Clients: r.Clients(), Upstream: r.Subscriptions()})
 	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		<-ctx.Done()
-		shutdown, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(shutdown)
-	}()
 	log.Info("node agent admin serving", "addr", lis.Addr().String())
-	if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	if err := adminhttp.Serve(ctx, lis, mux); err != nil {
 		return fmt.Errorf("node agent: admin server: %w", err)
 	}
 	return nil

@@ -90,6 +90,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	loc, err := nodeLocality(ctx, cfg, log)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while reading the Node: a clean stop
+		}
 		return err
 	}
 	dial, err := hubDialOptions(ctx, cfg, log)

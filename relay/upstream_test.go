@@ -549,3 +549,75 @@ func TestIdleRelayPrunes(t *testing.T) {
 	closeLocal()
 	waitFor(ctx, t, "the unwanted assignment to leave the idle relay's cache", func() bool { return held() == 0 })
 }
+
+// TestACKWhenTheRejectingClientLeaves: when a report is the relay's last
+// word to the hub and the rejecting client goes (another still asks for the
+// same), the relay ACKs: no client rejects what it holds any more.
+func TestACKWhenTheRejectingClientLeaves(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	h, hubAddr := startScriptedHub(t)
+	_, _, relayAddr := startRelay(t, hubAddr, loc("r1", "z1"))
+	const name = "outbound|8080||echo.default.svc.clusterset.local"
+	conn, err := grpc.NewClient(relayAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	// open subscribes a local stream and returns it once it holds the assignment, unanswered.
+	open := func(streamCtx context.Context, node string) (discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient, *discovery.DiscoveryResponse) {
+		t.Helper()
+		s, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(streamCtx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Send(&discovery.DiscoveryRequest{Node: &core.Node{Id: node}, TypeUrl: resource.EndpointType, ResourceNames: []string{name}}); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			resp, err := s.Recv()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(resp.GetResources()) == 1 {
+				return s, resp
+			}
+			if err := s.Send(&discovery.DiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNames: []string{name},
+				VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// The hub answers the first client's subscription.
+	first := make(chan struct{})
+	go func() {
+		defer close(first)
+		h.next(ctx, t, "the subscription")
+		cla, err := anypb.New(&endpoint.ClusterLoadAssignment{ClusterName: name})
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		h.responses <- &discovery.DiscoveryResponse{TypeUrl: resource.EndpointType, VersionInfo: "v1", Nonce: "n1", Resources: []*anypb.Any{cla}}
+		h.next(ctx, t, "the ACK of v1")
+	}()
+	stays, resp := open(ctx, "stays")
+	<-first
+	if err := stays.Send(&discovery.DiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNames: []string{name},
+		VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()}); err != nil {
+		t.Fatal(err)
+	}
+	leaveCtx, leave := context.WithCancel(ctx)
+	picky, resp := open(leaveCtx, "picky")
+	if err := picky.Send(&discovery.DiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNames: []string{name}, ResponseNonce: resp.GetNonce(),
+		ErrorDetail: &rpcstatus.Status{Message: "no"}}); err != nil {
+		t.Fatal(err)
+	}
+	if req := h.next(ctx, t, "the report"); !strings.Contains(req.GetErrorDetail().GetMessage(), `"picky"`) {
+		t.Fatalf("want the report naming picky, got %v", req)
+	}
+	leave()
+	if req := h.next(ctx, t, "the ACK once picky left"); req.GetErrorDetail() != nil || req.GetVersionInfo() != "v1" || req.GetResponseNonce() != "n1" {
+		t.Fatalf("after the rejecting client left the relay sent %v, want an ACK of v1", req)
+	}
+}

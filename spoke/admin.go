@@ -2,7 +2,6 @@ package spoke
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -15,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/navemesh/nave/federation"
+	"github.com/navemesh/nave/internal/adminhttp"
 )
 
 // Metric names of the spoke.
@@ -113,15 +113,8 @@ func (m *monitor) serve(ctx context.Context, lis net.Listener, log *slog.Logger)
 		fmt.Fprintln(w, "ok")
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		<-ctx.Done()
-		shutdown, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(shutdown)
-	}()
 	log.Info("spoke admin serving", "addr", lis.Addr().String())
-	if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	if err := adminhttp.Serve(ctx, lis, mux); err != nil {
 		return fmt.Errorf("admin server: %w", err)
 	}
 	return nil

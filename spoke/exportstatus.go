@@ -170,7 +170,8 @@ func (k *KubeSource) conditions(key registry.ServiceKey) []exportCondition {
 	svc, err := k.services.Services(key.Namespace).Get(key.Name)
 	switch {
 	case err != nil:
-		invalid(ReasonNoService, "no Service %s in this namespace", key.Name)
+		// The source's caches leave out the Services Nave made for imports.
+		invalid(ReasonNoService, "no Service %s in this namespace (Services Nave makes for imports do not federate)", key.Name)
 	case svc.Spec.Type == corev1.ServiceTypeExternalName:
 		invalid(ReasonInvalidServiceType, "ExternalName services do not federate")
 	case problem != "":

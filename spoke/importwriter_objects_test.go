@@ -35,7 +35,7 @@ func TestLeanImportedKeepsWhatTheWriterReads(t *testing.T) {
 		m.UID, m.ResourceVersion, m.Generation = types.UID("uid-"+m.Name), "4711", 3
 		m.CreationTimestamp = metav1.NewTime(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 		m.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: ImportFieldManager, Operation: metav1.ManagedFieldsOperationUpdate,
-			FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:metadata":{}}`)}}}
+			FieldsV1: metav1.NewFieldsV1(`{"f:metadata":{}}`)}}
 		if m.Labels == nil {
 			m.Labels = map[string]string{}
 		}

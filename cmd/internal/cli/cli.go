@@ -3,13 +3,17 @@
 package cli
 
 import (
+	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"os"
+	"os/signal"
 	"runtime"
 	"runtime/debug"
 	"strings"
+	"syscall"
 )
 
 // LogFlags are the logging flags every command has.
@@ -56,4 +60,21 @@ func BuildVersion() string {
 		v = info.Main.Version
 	}
 	return "nave/" + v + " " + runtime.Version()
+}
+
+// Main is the main function of a binary of one command (nave-spoke,
+// nave-node): `NAME version` prints the build; otherwise run gets the
+// arguments, and a context that SIGINT or SIGTERM ends.
+func Main(name string, run func(ctx context.Context, args []string) error) {
+	if len(os.Args) > 1 && os.Args[1] == "version" {
+		fmt.Println(BuildVersion())
+		return
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:])
+	stop()
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		os.Exit(1)
+	}
 }
