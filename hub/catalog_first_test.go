@@ -76,7 +76,8 @@ func TestTheLeaderKeepsWhatANewClustersSessionRecorded(t *testing.T) {
 		t.Fatalf("east's record as its session began: %+v (found %v), want epoch %d, spoke s1, build b1", created, ok, epoch)
 	}
 	var rec replicas.ClusterRecord
-	awaitCond(t, "the leader keeping east's record", 10*time.Second, func() bool {
+	// 30 s: the leader learns of east by replication from a, slow on a loaded machine.
+	awaitCond(t, "the leader keeping east's record", 30*time.Second, func() bool {
 		rec, _ = e.record(t, "east")
 		return rec.LiveAt.After(created.LiveAt)
 	})
