@@ -11,8 +11,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/connectivity"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"sigs.k8s.io/yaml"
 
@@ -99,7 +97,7 @@ func TestCatalogSurvivesAHubCrashAfterAFirstSession(t *testing.T) {
 			break
 		}
 	}
-	if xdsAnswers(h.xds) {
+	if xdstest.Answers(h.xds) {
 		t.Errorf("the restarted hub serves xDS before east resynced")
 	}
 
@@ -128,23 +126,4 @@ func readyz(t testing.TB, admin string) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
-}
-
-// xdsAnswers says whether an xDS server answers at addr within 300ms: a
-// hub that listens but does not serve xDS yet leaves gRPC's preface unanswered.
-func xdsAnswers(addr string) bool {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return false
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	conn.Connect()
-	for s := conn.GetState(); s != connectivity.Ready; s = conn.GetState() {
-		if !conn.WaitForStateChange(ctx, s) {
-			return false
-		}
-	}
-	return true
 }

@@ -6,18 +6,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/connectivity"
-	"google.golang.org/grpc/credentials/insecure"
-
 	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/hub"
+	"github.com/navemesh/nave/internal/xdstest"
 )
 
 func startHub(t *testing.T, dataDir string, tune ...func(*hub.Config)) (*hub.Hub, func()) {
@@ -321,27 +317,7 @@ func TestColdStartWaitsForTheCatalogsClusters(t *testing.T) {
 
 // xdsServed says whether h serves xDS: it answers a gRPC connection within
 // 300ms (listening but not yet serving, it leaves the preface unanswered).
-func xdsServed(h *hub.Hub) bool {
-	c, err := net.DialTimeout("tcp", h.XDSAddr.String(), time.Second)
-	if err != nil {
-		return false
-	}
-	defer c.Close()
-	conn, err := grpc.NewClient(h.XDSAddr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return false
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	conn.Connect()
-	for s := conn.GetState(); s != connectivity.Ready; s = conn.GetState() {
-		if !conn.WaitForStateChange(ctx, s) {
-			return false
-		}
-	}
-	return true
-}
+func xdsServed(h *hub.Hub) bool { return xdstest.Answers(h.XDSAddr.String()) }
 
 // awaitFirstSave waits for a new replica's first snapshot, of its empty
 // registry: it is saved when the replica first leads, so clusters that say

@@ -6,11 +6,13 @@ package xdstest
 import (
 	"context"
 	"fmt"
+	"google.golang.org/grpc/connectivity"
 	"net"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -210,3 +212,23 @@ func (p *Poller) Failures() (int, []error) {
 
 // Name is the name the poller was started with.
 func (p *Poller) Name() string { return p.name }
+
+// Answers says whether a gRPC server (an xDS server) answers at addr within
+// 300ms: a hub that listens but does not serve xDS yet leaves gRPC's
+// preface unanswered.
+func Answers(addr string) bool {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return false
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	conn.Connect()
+	for s := conn.GetState(); s != connectivity.Ready; s = conn.GetState() {
+		if !conn.WaitForStateChange(ctx, s) {
+			return false
+		}
+	}
+	return true
+}
