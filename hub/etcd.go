@@ -3,11 +3,14 @@ package hub
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/url"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"time"
 
 	"go.etcd.io/etcd/client/pkg/v3/transport"
@@ -18,6 +21,26 @@ import (
 // startEmbeddedEtcd runs a single-node etcd whose data lives in dir, listening
 // on loopback ports of its own, and returns its client endpoint.
 func startEmbeddedEtcd(ctx context.Context, dir string, log *slog.Logger) (*embed.Etcd, string, error) {
+	// A port found free may be taken before etcd binds it (by any process's
+	// outgoing connection: they come from the same range): try new ones.
+	for attempt := 1; ; attempt++ {
+		e, endpoint, err := startEmbeddedEtcdOnce(ctx, dir, log)
+		if err == nil || attempt == portAttempts || !addrInUse(err) {
+			return e, endpoint, err
+		}
+		log.Warn("embedded etcd's port was taken before it bound it; trying others", "err", err, "attempt", attempt)
+	}
+}
+
+// portAttempts bounds the tries at free ports for the embedded etcd.
+const portAttempts = 5
+
+// addrInUse says whether err is a listener's "address already in use".
+func addrInUse(err error) bool {
+	return errors.Is(err, syscall.EADDRINUSE) || strings.Contains(err.Error(), "address already in use")
+}
+
+func startEmbeddedEtcdOnce(ctx context.Context, dir string, log *slog.Logger) (*embed.Etcd, string, error) {
 	clientURL, err := freeLoopbackURL()
 	if err != nil {
 		return nil, "", err
@@ -65,7 +88,7 @@ func startEmbeddedEtcd(ctx context.Context, dir string, log *slog.Logger) (*embe
 }
 
 // freeLoopbackURL finds a free loopback port. Another process could take it
-// before etcd binds it; StartEtcd then fails with a clear error.
+// before etcd binds it (startEmbeddedEtcd then tries again).
 func freeLoopbackURL() (*url.URL, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
