@@ -25,6 +25,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/yaml"
 
 	"github.com/navemesh/nave/hub"
 	"github.com/navemesh/nave/internal/kubetest"
@@ -43,13 +44,21 @@ const (
 	sampleEvery      = time.Second
 )
 
-// The candidate spoke's load: exported Services, each with one
-// EndpointSlice of endpointsPerService endpoints spread over benchNodes Nodes.
-const (
-	benchServices       = 1000
-	endpointsPerService = 10
-	benchNodes          = 20
-)
+// spokeLoad is a candidate spoke's load: services exported Services, each
+// with one EndpointSlice of perService endpoints spread over benchNodes
+// Nodes.
+type spokeLoad struct{ services, perService int }
+
+func (l spokeLoad) endpoints() int { return l.services * l.perService }
+
+// The loads BenchmarkFootprintSpoke measures: both hold 10,000 endpoints.
+// Small slices show what each object costs (a Service, its slice, and the
+// ServiceImport, derived Service and slice written back); full ones (the
+// EndpointSlice controller puts up to 100 endpoints in a slice) show what
+// each endpoint costs.
+var spokeLoads = []spokeLoad{{services: 1000, perService: 10}, {services: 100, perService: 100}}
+
+const benchNodes = 20
 
 // The node agent's load: nodeClients local clients (one grpc-go process
 // each, as far as xDS is concerned: its own bootstrap and node ID), each
@@ -66,8 +75,8 @@ const (
 // real kube-apiserver, streaming to a hub:
 //   - idle: its caches synced and its session with the hub synced, with
 //     benchNodes Nodes and no exported service;
-//   - loaded: once the hub holds benchServices exported Services
-//     (nave.io/export=true) with benchServices*endpointsPerService endpoints
+//   - loaded: once the hub holds a spokeLoad of exported Services
+//     (nave.io/export=true) and their endpoints
 //     in EndpointSlices, created while the spoke runs, and the spoke has
 //     written the imports the hub sends back (a cluster imports its own
 //     exports: a ServiceImport, a derived Service and an EndpointSlice per
@@ -79,7 +88,8 @@ const (
 //
 // The spoke runs with the defaults of its flags (leader election and
 // imports on), as deploy/spoke runs it, built as the image builds it (see
-// buildImageBinary).
+// buildImageBinary), with the Go runtime's settings of
+// deploy/spoke/deployment.yaml (GOGC; see deployedRuntimeEnv).
 //
 // Each figure is the median of footprintSamples samples of
 // /proc/PID/smaps_rollup after settleFor: Rss (everything resident,
@@ -88,7 +98,13 @@ const (
 // collection kept (GODEBUG=gctrace=1). It measures once, whatever
 // -benchtime says; nothing is asserted. Targets: <= 30 MB idle, <= 1.5 KiB
 // per endpoint.
-func BenchmarkFootprintSpoke(b *testing.B) { measureOnce(b, measureSpokeFootprint) }
+func BenchmarkFootprintSpoke(b *testing.B) {
+	for _, load := range spokeLoads {
+		b.Run(fmt.Sprintf("%dx%d", load.services, load.perService), func(b *testing.B) {
+			measureOnce(b, func(b *testing.B) []benchFigure { return measureSpokeFootprint(b, load) })
+		})
+	}
+}
 
 // BenchmarkFootprintNode measures the resident memory of a node agent (the
 // nave-node binary, built as deploy/Dockerfile builds it; --zone and
@@ -103,7 +119,7 @@ func BenchmarkFootprintSpoke(b *testing.B) { measureOnce(b, measureSpokeFootprin
 // idle, <= 40 MB serving 50 local clients.
 func BenchmarkFootprintNode(b *testing.B) { measureOnce(b, measureNodeFootprint) }
 
-func measureSpokeFootprint(b *testing.B) []benchFigure {
+func measureSpokeFootprint(b *testing.B, load spokeLoad) []benchFigure {
 	requireSmaps(b)
 	kubetest.APIServerBinary(b) // skip before building anything when there is none
 	built := buildImageBinary(b, "nave-spoke")
@@ -124,38 +140,39 @@ func measureSpokeFootprint(b *testing.B) []benchFigure {
 	tokenFile := filepath.Join(dir, "east.token")
 	writeFile(b, tokenFile, tokens["east"])
 	bin := built()
+	runtimeEnv := deployedRuntimeEnv(b, "../deploy/spoke/deployment.yaml")
 	args := append([]string{"--source=kube", "--kubeconfig=" + cluster.SpokeKubeconfig, "--cluster-id=east",
 		"--hub=" + h.FederationAddr.String(), "--token-file=" + tokenFile, "--lease-namespace=nave-system"}, testLease...)
 
 	// 1. Idle: caches synced, the hub's session synced, nothing exported.
-	sp := startTraced(b, "spoke-a", bin, append(slices.Clone(args), "--spoke-id=spoke-a")...)
+	sp := startTraced(b, "spoke-a", bin, runtimeEnv, append(slices.Clone(args), "--spoke-id=spoke-a")...)
 	env.awaitResynced(b, "east", 0)
 	idle := settledFootprint(b, sp)
 
 	// 2. Loaded: every service and endpoint at the hub, and the imports written back.
-	endpoints := benchServices * endpointsPerService
+	endpoints := load.endpoints()
 	start := time.Now()
-	createExportedServices(b, c, ns, nodes)
+	createExportedServices(b, c, ns, nodes, load)
 	written := time.Since(start)
-	awaitFor(b, fmt.Sprintf("the hub holding east's %d services and %d endpoints", benchServices, endpoints), 3*time.Minute, func() bool {
+	awaitFor(b, fmt.Sprintf("the hub holding east's %d services and %d endpoints", load.services, endpoints), 3*time.Minute, func() bool {
 		s := env.cluster(b, "east")
-		return s.Services == benchServices && s.Endpoints == endpoints
+		return s.Services == load.services && s.Endpoints == endpoints
 	})
 	atHub := time.Since(start)
-	awaitImportCount(b, env, "east", benchServices)
+	awaitImportCount(b, env, "east", load.services)
 	importsWritten := time.Since(start)
 	loaded := settledFootprint(b, sp)
 
 	// 3. Restarted: a new process whose first LIST holds everything.
 	epoch := env.cluster(b, "east").Epoch
 	sp.stop()
-	sp2 := startTraced(b, "spoke-b", bin, append(slices.Clone(args), "--spoke-id=spoke-b")...)
+	sp2 := startTraced(b, "spoke-b", bin, runtimeEnv, append(slices.Clone(args), "--spoke-id=spoke-b")...)
 	env.awaitResynced(b, "east", epoch)
 	awaitFor(b, "the restarted spoke's state at the hub", time.Minute, func() bool {
 		s := env.cluster(b, "east")
-		return s.Services == benchServices && s.Endpoints == endpoints
+		return s.Services == load.services && s.Endpoints == endpoints
 	})
-	awaitImportCount(b, env, "east", benchServices)
+	awaitImportCount(b, env, "east", load.services)
 	restarted := settledFootprint(b, sp2)
 
 	perEndpoint := func(f func(resident) int64) float64 {
@@ -170,7 +187,7 @@ func measureSpokeFootprint(b *testing.B) []benchFigure {
 	b.Logf("%-12s %s", "loaded:", loaded)
 	b.Logf("%-12s %s", "restarted:", restarted)
 	b.Logf("per endpoint (%d services of %d endpoints, one slice each; medians): RSS %.2f KiB, anonymous %.2f KiB, live heap %.2f KiB (target <= 1.5 KiB)",
-		benchServices, endpointsPerService, rssPer, anonPer, heapPer)
+		load.services, load.perService, rssPer, anonPer, heapPer)
 	b.Logf("targets: idle RSS %.1f MiB (<= 30 MB), loaded RSS %.1f MiB (<= 30 MB + 1.5 KiB x %d = %.1f MiB)",
 		inMiB(idle.median.rss), inMiB(loaded.median.rss), endpoints, 30+1.5*float64(endpoints)/1024)
 	return []benchFigure{
@@ -209,7 +226,7 @@ func measureNodeFootprint(b *testing.B) []benchFigure {
 
 	bin := built()
 	xdsAddr, admin := freeAddr(b), freeAddr(b)
-	agent := startTraced(b, "nave-node", bin, "--hub="+h.XDSAddr.String(), "--xds-addr="+xdsAddr, "--admin-addr="+admin,
+	agent := startTraced(b, "nave-node", bin, deployedRuntimeEnv(b, "../deploy/node/daemonset.yaml"), "--hub="+h.XDSAddr.String(), "--xds-addr="+xdsAddr, "--admin-addr="+admin,
 		"--zone=z1", "--region=r1", "--node-name=bench-node")
 	metrics := "http://" + admin + "/metrics"
 	await(b, "the node agent connected to the hub", func() bool { return scrapeGauges(b, metrics)[relay.MetricUpstreamConnected] == 1 })
@@ -316,15 +333,15 @@ func createBenchNodes(b *testing.B, c *kubeCluster, n int) []string {
 	return names
 }
 
-// createExportedServices creates benchServices Services labelled for
-// export, each with one EndpointSlice of endpointsPerService ready
+// createExportedServices creates load.services Services labelled for
+// export, each with one EndpointSlice of load.perService ready
 // endpoints (distinct addresses in 10.100.0.0/16, on nodes), as the
 // EndpointSlice controller would write them.
-func createExportedServices(b *testing.B, c *kubeCluster, ns string, nodes []string) {
+func createExportedServices(b *testing.B, c *kubeCluster, ns string, nodes []string, load spokeLoad) {
 	b.Helper()
 	g, ctx := errgroup.WithContext(b.Context())
 	g.SetLimit(16)
-	for i := range benchServices {
+	for i := range load.services {
 		g.Go(func() error {
 			name := fmt.Sprintf("svc-%04d", i)
 			svc := &corev1.Service{
@@ -341,8 +358,8 @@ func createExportedServices(b *testing.B, c *kubeCluster, ns string, nodes []str
 				AddressType: discoveryv1.AddressTypeIPv4,
 				Ports:       []discoveryv1.EndpointPort{{Name: ptr("grpc"), Port: ptr(int32(backendPort)), Protocol: ptr(corev1.ProtocolTCP)}},
 			}
-			for j := range endpointsPerService {
-				k := i*endpointsPerService + j
+			for j := range load.perService {
+				k := i*load.perService + j
 				node := nodes[k%len(nodes)]
 				es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{
 					Addresses:  []string{fmt.Sprintf("10.%d.%d.%d", 100+k/62500, 1+k/250%250, 1+k%250)},
@@ -611,7 +628,7 @@ func describeBinary(b *testing.B, path string) string {
 
 // startTraced is startProc for a process whose Go runtime logs each
 // garbage collection (GODEBUG=gctrace=1), which lastGCHeap reads.
-func startTraced(b *testing.B, name, bin string, args ...string) *proc {
+func startTraced(b *testing.B, name, bin string, env []string, args ...string) *proc {
 	b.Helper()
 	logPath := filepath.Join(b.TempDir(), name+".log")
 	out, err := os.Create(logPath)
@@ -619,7 +636,7 @@ func startTraced(b *testing.B, name, bin string, args ...string) *proc {
 		b.Fatal(err)
 	}
 	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), "GODEBUG=gctrace=1")
+	cmd.Env = append(append(os.Environ(), env...), "GODEBUG=gctrace=1")
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -635,4 +652,35 @@ func startTraced(b *testing.B, name, bin string, args ...string) *proc {
 		}
 	})
 	return p
+}
+
+// deployedRuntimeEnv returns the Go runtime's settings (GOGC, GOMEMLIMIT,
+// GOMAXPROCS) that a manifest's workload gives its first container, so that
+// a benchmark runs a binary as it is deployed.
+func deployedRuntimeEnv(b *testing.B, manifest string) []string {
+	b.Helper()
+	raw, err := os.ReadFile(manifest)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var w struct {
+		Spec struct {
+			Template corev1.PodTemplateSpec `json:"template"`
+		} `json:"spec"`
+	}
+	if err := yaml.Unmarshal(raw, &w); err != nil {
+		b.Fatalf("%s: %v", manifest, err)
+	}
+	cs := w.Spec.Template.Spec.Containers
+	if len(cs) == 0 {
+		b.Fatalf("%s: no container", manifest)
+	}
+	var env []string
+	for _, e := range cs[0].Env {
+		switch e.Name {
+		case "GOGC", "GOMEMLIMIT", "GOMAXPROCS":
+			env = append(env, e.Name+"="+e.Value)
+		}
+	}
+	return env
 }

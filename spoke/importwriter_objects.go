@@ -367,6 +367,7 @@ func leanImported(obj any) (any, error) {
 	case *discoveryv1.EndpointSlice:
 		o.ManagedFields, o.Annotations = nil, nil
 		o.Labels = keepLabels(o.Labels, sliceLabelKeys...)
+		compactEndpoints(o)
 	case *corev1.Service:
 		o.ManagedFields = nil
 		o.Labels = keepLabels(o.Labels, serviceLabelKeys...)

@@ -680,6 +680,7 @@ func strip(obj any) (any, error) {
 			e := &o.Endpoints[i]
 			e.TargetRef, e.DeprecatedTopology, e.Hints = nil, nil, nil
 		}
+		compactEndpoints(o)
 	case *corev1.Namespace:
 		o.ObjectMeta = metav1.ObjectMeta{Name: o.Name, ResourceVersion: o.ResourceVersion}
 		o.Spec, o.Status = corev1.NamespaceSpec{}, corev1.NamespaceStatus{}

@@ -1,0 +1,106 @@
+package spoke
+
+import (
+	"fmt"
+	"reflect"
+	"testing"
+
+	discoveryv1 "k8s.io/api/discovery/v1"
+)
+
+// A slice as the decoder leaves it: every pointer and list allocated apart,
+// the endpoint array with room to spare; endpoints with and without each
+// optional field.
+func decodedSlice(n int) *discoveryv1.EndpointSlice {
+	eps := make([]discoveryv1.Endpoint, 0, 2*n)
+	for i := range n {
+		e := discoveryv1.Endpoint{
+			Addresses:  []string{fmt.Sprintf("10.0.%d.%d", i/250, i%250)},
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr(i%3 != 0), Serving: ptr(true), Terminating: ptr(i%5 == 0)},
+			Zone:       ptr(fmt.Sprintf("z%d", i%3)),
+			NodeName:   ptr(fmt.Sprintf("node-%d", i%7)),
+		}
+		switch i % 4 {
+		case 1:
+			e.Addresses = append(e.Addresses, fmt.Sprintf("fd00::%x", i))
+			e.Hostname = ptr(fmt.Sprintf("h%d", i))
+		case 2:
+			e.Conditions = discoveryv1.EndpointConditions{}
+			e.Zone, e.NodeName = nil, nil
+		case 3:
+			e.Addresses = []string{} // as odd as it is, kept as it came
+		}
+		eps = append(eps, e)
+	}
+	eps = append(eps, discoveryv1.Endpoint{}) // no addresses at all
+	return &discoveryv1.EndpointSlice{AddressType: discoveryv1.AddressTypeIPv4, Endpoints: eps}
+}
+
+func TestCompactEndpointsKeepsMeaningAndSharesStorage(t *testing.T) {
+	es := decodedSlice(100)
+	want := es.DeepCopy()
+	compactEndpoints(es)
+	if !reflect.DeepEqual(es, want) {
+		t.Fatalf("compacting changed the slice:\n got %+v\nwant %+v", es.Endpoints, want.Endpoints)
+	}
+	if cap(es.Endpoints) != len(es.Endpoints) {
+		t.Errorf("endpoint array: len %d, cap %d; want them equal", len(es.Endpoints), cap(es.Endpoints))
+	}
+	zones, nodes := map[*string]bool{}, map[*string]bool{}
+	for i, e := range es.Endpoints {
+		if e.Zone != nil {
+			zones[e.Zone] = true
+		}
+		if e.NodeName != nil {
+			nodes[e.NodeName] = true
+		}
+		for _, b := range []*bool{e.Conditions.Ready, e.Conditions.Serving, e.Conditions.Terminating} {
+			if b != nil && b != &sharedTrue && b != &sharedFalse {
+				t.Fatalf("endpoint %d: a condition points at its own bool", i)
+			}
+		}
+		if cap(e.Addresses) != len(e.Addresses) {
+			t.Errorf("endpoint %d: addresses len %d, cap %d (appending to one would overwrite the next)", i, len(e.Addresses), cap(e.Addresses))
+		}
+	}
+	if len(zones) != 3 || len(nodes) != 7 {
+		t.Errorf("distinct zone pointers %d (want 3), node name pointers %d (want 7)", len(zones), len(nodes))
+	}
+	again := es.DeepCopy()
+	compactEndpoints(es)
+	if !reflect.DeepEqual(es, again) {
+		t.Error("compacting twice changed the slice")
+	}
+	empty := &discoveryv1.EndpointSlice{Endpoints: []discoveryv1.Endpoint{}}
+	compactEndpoints(empty)
+	if empty.Endpoints == nil {
+		t.Error("an empty endpoint list became nil")
+	}
+}
+
+// Both caches of EndpointSlices compact them: the source's (strip) and the
+// import writer's (leanImported).
+func TestCachedSlicesAreCompacted(t *testing.T) {
+	for name, transform := range map[string]func(any) (any, error){"strip": strip, "leanImported": leanImported} {
+		es := decodedSlice(10)
+		out, err := transform(es)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := out.(*discoveryv1.EndpointSlice)
+		if cap(got.Endpoints) != len(got.Endpoints) || got.Endpoints[0].Conditions.Serving != &sharedTrue {
+			t.Errorf("%s: the cached slice is not compacted", name)
+		}
+	}
+}
+
+func BenchmarkCompactEndpoints(b *testing.B) {
+	src := decodedSlice(100)
+	b.ReportAllocs()
+	for b.Loop() {
+		b.StopTimer()
+		es := src.DeepCopy()
+		b.StartTimer()
+		compactEndpoints(es)
+	}
+}
