@@ -16,6 +16,7 @@ import (
 	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/imports"
 	"github.com/navemesh/nave/registry"
+	"github.com/navemesh/nave/syncstatus"
 	"github.com/navemesh/nave/xds"
 )
 
@@ -116,6 +117,7 @@ type admin struct {
 	coord   *coordinator
 	imports *importer
 	fed     *federation.HubServer
+	xds     *xds.Server
 	metrics prometheus.Gatherer
 	ready   func() error
 	log     *slog.Logger
@@ -157,6 +159,9 @@ func (a *admin) handler() http.Handler {
 		set, _ := a.imports.Imports()
 		a.json(w, Imports(set, a.imports.Skipped(), a.fed.ImportStatuses()))
 	})
+	mux.HandleFunc("GET /debug/clients", func(w http.ResponseWriter, r *http.Request) {
+		a.json(w, ClientsInfo{Replica: a.coord.id, Clients: a.xds.Clients(r.URL.Query().Get("node"))})
+	})
 	mux.HandleFunc("GET /debug/endpoints", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
 		client := xds.Client{Network: registry.Network(q.Get("network")), Locality: registry.Locality{Region: q.Get("region"), Zone: q.Get("zone")}}
@@ -183,6 +188,15 @@ func (a *admin) json(w http.ResponseWriter, v any) {
 	if err := enc.Encode(v); err != nil {
 		a.log.Warn("write admin response", "err", err)
 	}
+}
+
+// ClientsInfo is what /debug/clients serves: the xDS clients of one replica
+// and their sync status. With ?node=ID, only that node's streams, each with
+// its subscribed names and what it holds that differs from what the
+// replica would send it now.
+type ClientsInfo struct {
+	Replica string              `json:"replica"`
+	Clients []syncstatus.Client `json:"clients"`
 }
 
 // Services describes every merged service.

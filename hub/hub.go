@@ -273,6 +273,7 @@ func startConfig(cfg Config) Config {
 	// xDS versions unique to this process: a client that reconnects after a
 	// restart, or to another replica, never takes new content for what it acked.
 	cfg.XDS.VersionPrefix = cfg.ID + "-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
+	cfg.XDS.Replica = cfg.ID
 	return cfg
 }
 
@@ -499,7 +500,7 @@ func (p *parts) buildServers() {
 	// Ready once started: every listener is up, the state runs and holds the
 	// persisted registry (so a full restart never serves an empty one). An
 	// unreachable etcd degrades the hub but leaves it ready: it serves and replicates.
-	adm := &admin{pprof: cfg.Pprof, state: p.state, coord: p.coord, imports: p.imports, fed: hubFed,
+	adm := &admin{pprof: cfg.Pprof, state: p.state, coord: p.coord, imports: p.imports, fed: hubFed, xds: p.xdsServer,
 		metrics: p.metricsReg, log: log.With("component", "admin"), ready: p.xdsReady, token: p.adminToken}
 	p.adminServer = &http.Server{Handler: adm.handler(), ReadHeaderTimeout: 10 * time.Second}
 }

@@ -22,8 +22,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/navemesh/nave/internal/xdstype"
 )
 
 // Run keeps one ADS stream to the hub until ctx ends, reconnecting with
@@ -549,7 +550,7 @@ func decode(t string, resp *discovery.DiscoveryResponse, held map[string][]byte)
 		if a.GetTypeUrl() != t {
 			return nil, nil, fmt.Errorf("resource %d has type %q in a %q response", i, a.GetTypeUrl(), t)
 		}
-		name, err := wireName(a.GetValue())
+		name, err := xdstype.WireName(a.GetValue())
 		if err != nil {
 			return nil, nil, fmt.Errorf("resource %d: %w", i, err)
 		}
@@ -576,35 +577,6 @@ func decode(t string, resp *discovery.DiscoveryResponse, held map[string][]byte)
 		decoded[name] = m
 	}
 	return decoded, wire, nil
-}
-
-// wireName reads a relayed resource's name from its encoding without
-// decoding the rest: it is field 1 (a string) of each of them (Listener,
-// RouteConfiguration and Cluster's name, ClusterLoadAssignment's
-// cluster_name). The last occurrence wins, as in a full decode.
-func wireName(b []byte) (string, error) {
-	name := ""
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return "", protowire.ParseError(n)
-		}
-		b = b[n:]
-		if num == 1 && typ == protowire.BytesType {
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return "", protowire.ParseError(n)
-			}
-			name, b = string(v), b[n:]
-			continue
-		}
-		n = protowire.ConsumeFieldValue(num, typ, b)
-		if n < 0 {
-			return "", protowire.ParseError(n)
-		}
-		b = b[n:]
-	}
-	return name, nil
 }
 
 func newResource(t string) types.Resource {

@@ -156,7 +156,7 @@ func validated[T interface {
 	out := make([]stagedNamed, len(resources))
 	for i, r := range resources {
 		out[i] = stagedNamed{name: r.GetName(), res: r, sum: contentSum(r)}
-		if old, ok := c.published[out[i].name]; ok && old == out[i].sum {
+		if old, ok := c.published[out[i].name]; ok && old.sum == out[i].sum {
 			continue
 		}
 		if err := ValidateDeep(r); err != nil {

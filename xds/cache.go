@@ -26,10 +26,11 @@ type resourceCache struct {
 	label   string
 	prefix  string
 	linear  *cache.LinearCache
-	// published holds a content hash of each resource the LinearCache holds, to
-	// skip no-op updates: with sotw, re-setting an equal resource would still
-	// bump its version and resend it.
-	published map[string]uint64
+	// published holds, for each resource the LinearCache holds, a content
+	// hash, to skip no-op updates (with sotw, re-setting an equal resource
+	// would still bump its version and resend it), and the version that
+	// last changed it, to tell what a client holds (see holdings).
+	published map[string]publishedResource
 	// version mirrors the LinearCache's version counter (we are its only writer).
 	version uint64
 	// staged changes, flushed together in one UpdateResources call.
@@ -40,6 +41,11 @@ type resourceCache struct {
 	wildcards wildcards
 }
 
+type publishedResource struct {
+	sum     uint64
+	version uint64 // 0: held from the start
+}
+
 type stagedResource struct {
 	res types.Resource
 	sum uint64
@@ -47,15 +53,16 @@ type stagedResource struct {
 
 // newResourceCache returns a cache holding initial, whose content hashes are sums.
 func newResourceCache(typeURL, prefix string, logger *slog.Logger, initial map[string]types.Resource, sums map[string]uint64) *resourceCache {
-	if sums == nil {
-		sums = map[string]uint64{}
+	published := make(map[string]publishedResource, len(sums))
+	for name, sum := range sums {
+		published[name] = publishedResource{sum: sum}
 	}
 	return &resourceCache{
 		typeURL:   typeURL,
 		label:     typeLabel(typeURL),
 		prefix:    prefix,
 		linear:    cache.NewLinearCache(typeURL, cache.WithVersionPrefix(prefix), cache.WithInitialResources(initial), cache.WithLogger(cacheLogger(logger))),
-		published: sums,
+		published: published,
 		upserts:   map[string]stagedResource{},
 		deletes:   map[string]bool{},
 	}
@@ -65,7 +72,7 @@ func newResourceCache(typeURL, prefix string, logger *slog.Logger, initial map[s
 // that is what is published.
 func (c *resourceCache) stage(name string, res types.Resource, sum uint64) {
 	delete(c.deletes, name)
-	if old, ok := c.published[name]; ok && old == sum {
+	if old, ok := c.published[name]; ok && old.sum == sum {
 		delete(c.upserts, name)
 		return
 	}
@@ -93,17 +100,17 @@ func (c *resourceCache) flush() (version string, changed int, err error) {
 	}
 	upserts := make(map[string]types.Resource, len(c.upserts))
 	var added []string // names the cache did not hold
+	c.version++
 	for name, staged := range c.upserts {
 		if _, held := c.published[name]; !held {
 			added = append(added, name)
 		}
-		c.published[name] = staged.sum
+		c.published[name] = publishedResource{sum: staged.sum, version: c.version}
 		upserts[name] = staged.res
 	}
 	changed = len(upserts) + len(deletes)
 	clear(c.upserts)
 	c.deletes = map[string]bool{}
-	c.version++
 	if err := c.linear.UpdateResources(upserts, deletes); err != nil {
 		return "", changed, fmt.Errorf("update %s cache: %w", c.label, err)
 	}

@@ -26,10 +26,13 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/navemesh/nave/registry"
+	"github.com/navemesh/nave/syncstatus"
 )
 
 // Config configures the xDS server.
 type Config struct {
+	// Replica names this server in the sync status of its clients (see Clients).
+	Replica string
 	// VersionPrefix starts every version the server sends. Give each hub replica
 	// its own, so a client that reconnects to another replica never mistakes
 	// that replica's counters for the ones it acknowledged.
@@ -107,8 +110,9 @@ type Server struct {
 	pushMu sync.Mutex
 	// pushes holds, per cache version prefix, the latest version and when the Update that made it started.
 	pushes map[string]pushStamp
-	// requests holds when each stream last asked for each type.
-	requests map[streamKey]map[string]time.Time
+	// status tracks every stream: what it asks for, was sent and acknowledged.
+	status   *syncstatus.Tracker
+	dispatch *dispatchCache
 
 	restrict restrictions
 	throttle *throttle
@@ -144,7 +148,7 @@ func NewServer(cfg Config, log *slog.Logger, reg prometheus.Registerer) *Server 
 		ports:     map[registry.ServiceKey][]registry.ServicePort{},
 		endpoints: map[string]*portEndpoints{},
 		pushes:    map[string]pushStamp{},
-		requests:  map[streamKey]map[string]time.Time{},
+		status:    syncstatus.New(cfg.Replica),
 		restrict:  restrictions{byStream: map[streamKey]*streamRestriction{}, byNode: map[*core.Node]*streamRestriction{}},
 		throttle:  newThrottle(cfg.RequestsPerSecond, cfg.RequestBurst),
 	}
@@ -154,9 +158,9 @@ func NewServer(cfg Config, log *slog.Logger, reg prometheus.Registerer) *Server 
 	s.groups.Store(&map[Client]*resourceCache{})
 	s.topo.Store(newTopology(registry.Networks{}))
 	s.views.Store(&map[string]*view{})
-	dispatch := &dispatchCache{lds: s.lds, rds: s.rds, cds: s.cds, eds: s.edsCache, view: s.viewFor, restriction: s.restrictionOf, log: log}
+	s.dispatch = &dispatchCache{lds: s.lds, rds: s.rds, cds: s.cds, eds: s.edsCache, view: s.viewFor, restriction: s.restrictionOf, log: log}
 	// The streams end when the gRPC server stops; nothing else needs to end them.
-	s.xds = serverv3.NewServer(context.Background(), dispatch, s.callbacks(), sotw.WithLogger(cacheLogger(log)))
+	s.xds = serverv3.NewServer(context.Background(), s.dispatch, s.callbacks(), sotw.WithLogger(cacheLogger(log)))
 	return s
 }
 
@@ -430,6 +434,7 @@ func (s *Server) callbacks() serverv3.CallbackFuncs {
 	return serverv3.CallbackFuncs{
 		StreamOpenFunc: func(ctx context.Context, id int64, _ string) error {
 			s.metrics.connected.Inc()
+			s.status.Open(syncstatus.Stream{ID: id})
 			return s.openStream(ctx, streamKey{false, id})
 		},
 		StreamClosedFunc: func(id int64, _ *core.Node) {
@@ -439,6 +444,7 @@ func (s *Server) callbacks() serverv3.CallbackFuncs {
 		},
 		DeltaStreamOpenFunc: func(ctx context.Context, id int64, _ string) error {
 			s.metrics.connected.Inc()
+			s.status.Open(syncstatus.Stream{Delta: true, ID: id})
 			return s.openStream(ctx, streamKey{true, id})
 		},
 		DeltaStreamClosedFunc: func(id int64, _ *core.Node) {
@@ -456,6 +462,7 @@ func (s *Server) callbacks() serverv3.CallbackFuncs {
 			if s.cfg.Restrict != nil {
 				s.restrictRequest(streamKey{false, id}, &req.Node, req.GetTypeUrl(), req.GetResourceNames())
 			}
+			s.status.Request(id, req)
 			s.onRequest(false, id, req.GetTypeUrl(), req.GetNode(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, req.GetResponseNonce())
 			return nil
 		},
@@ -469,28 +476,23 @@ func (s *Server) callbacks() serverv3.CallbackFuncs {
 			if s.cfg.Restrict != nil {
 				s.restrictRequest(streamKey{true, id}, &req.Node, req.GetTypeUrl(), req.GetResourceNamesSubscribe())
 			}
+			s.status.DeltaRequest(id, req)
 			s.onRequest(true, id, req.GetTypeUrl(), req.GetNode(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, req.GetResponseNonce())
 			return nil
 		},
 		StreamResponseFunc: func(_ context.Context, id int64, req *discovery.DiscoveryRequest, resp *discovery.DiscoveryResponse) {
-			s.onResponse(false, id, req.GetTypeUrl(), resp.GetVersionInfo())
+			asked := s.status.Response(id, req.GetTypeUrl(), resp)
+			s.onResponse(req.GetTypeUrl(), resp.GetVersionInfo(), asked)
 		},
 		StreamDeltaResponseFunc: func(id int64, req *discovery.DeltaDiscoveryRequest, resp *discovery.DeltaDiscoveryResponse) {
-			s.onResponse(true, id, req.GetTypeUrl(), resp.GetSystemVersionInfo())
+			asked := s.status.DeltaResponse(id, req.GetTypeUrl(), resp)
+			s.onResponse(req.GetTypeUrl(), resp.GetSystemVersionInfo(), asked)
 		},
 	}
 }
 
 func (s *Server) onRequest(delta bool, id int64, typeURL string, node *core.Node, nackDetail string, nack bool, nonce string) {
 	now := time.Now()
-	s.pushMu.Lock()
-	asked := s.requests[streamKey{delta, id}]
-	if asked == nil {
-		asked = map[string]time.Time{}
-		s.requests[streamKey{delta, id}] = asked
-	}
-	asked[typeURL] = now
-	s.pushMu.Unlock()
 	if nack {
 		s.metrics.nacks.WithLabelValues(typeLabel(typeURL)).Inc()
 		if !s.throttle.logNACK(streamKey{delta, id}, now) {
@@ -501,13 +503,14 @@ func (s *Server) onRequest(delta bool, id int64, typeURL string, node *core.Node
 	}
 }
 
-func (s *Server) onResponse(delta bool, id int64, typeURL, version string) {
+// onResponse counts a response and, when it is a push, its latency; asked
+// is when its stream last asked for the type.
+func (s *Server) onResponse(typeURL, version string, asked time.Time) {
 	label := typeLabel(typeURL)
 	s.metrics.responses.WithLabelValues(label).Inc()
 	prefix := strings.TrimRight(version, "0123456789")
 	s.pushMu.Lock()
 	stamp, ok := s.pushes[prefix]
-	asked := s.requests[streamKey{delta, id}][typeURL]
 	s.pushMu.Unlock()
 	// A push is a response to a change made after the client last asked; a reply
 	// to a fresh request measures the client, not the push, and is not counted.
@@ -518,9 +521,7 @@ func (s *Server) onResponse(delta bool, id int64, typeURL, version string) {
 
 func (s *Server) forgetStream(delta bool, id int64) {
 	s.throttle.forget(streamKey{delta, id})
-	s.pushMu.Lock()
-	defer s.pushMu.Unlock()
-	delete(s.requests, streamKey{delta, id})
+	s.status.Close(syncstatus.Stream{Delta: delta, ID: id})
 }
 
 // Reasons a request is refused.

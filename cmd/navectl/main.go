@@ -27,6 +27,7 @@ Usage:
   navectl [--hub URL] [-o table|json] endpoints NAMESPACE/NAME [--region R] [--zone Z] [--network N]
   navectl [--hub URL] [-o table|json] networks
   navectl [--hub URL] [-o table|json] imports [CLUSTER]
+  navectl [--hub URL] [-o table|json] proxies [NODE]     (alias: clients)
 
 endpoints shows what an xDS client in that locality (and on that network)
 receives, priority by priority: another network's endpoints are reached
@@ -35,6 +36,12 @@ networks shows each network, its clusters and the gateways announced for it.
 imports shows, for each cluster whose spoke takes imports (at any replica),
 how many imports it should hold and whether its spoke has written them; with
 CLUSTER, every import that cluster should hold and where it stands.
+proxies shows every xDS client of every replica and whether it holds what
+it was sent: SYNCED (it acknowledged every response), STALE (a response is
+not acknowledged yet; with its age) or NACKED (it rejected the last one);
+with NODE, that node's streams in full: what each subscribes to, the
+versions sent and acknowledged, its last NACK and why, and each resource
+it holds otherwise than the replica would send it now.
 `
 
 func main() {
@@ -80,14 +87,17 @@ func run(args []string, out io.Writer) error {
 	case "networks":
 		return c.networks()
 	case "imports":
-		if len(rest) > 2 {
-			return errors.New("imports takes at most one cluster")
-		}
-		var cluster string
-		if len(rest) == 2 {
-			cluster = rest[1]
+		cluster, err := optionalArg(rest, "one cluster")
+		if err != nil {
+			return err
 		}
 		return c.imports(cluster)
+	case "proxies", "clients":
+		node, err := optionalArg(rest, "one node ID")
+		if err != nil {
+			return err
+		}
+		return c.proxies(node)
 	case "endpoints":
 		efs := flag.NewFlagSet("navectl endpoints", flag.ContinueOnError)
 		region := efs.String("region", "", "the client's region")
@@ -113,7 +123,7 @@ func run(args []string, out io.Writer) error {
 		}
 		return c.endpoints(service, *region, *zone, *network)
 	default:
-		return fmt.Errorf("unknown command %q (clusters, services, endpoints, networks, imports)", rest[0])
+		return fmt.Errorf("unknown command %q (clusters, services, endpoints, networks, imports, proxies)", rest[0])
 	}
 }
 
@@ -301,6 +311,18 @@ func (c client) networks() error {
 		fmt.Fprintln(w, "(no cluster names a network: every client reaches every endpoint directly)")
 	}
 	return w.Flush()
+}
+
+// optionalArg returns a command's one optional argument ("" if none).
+func optionalArg(rest []string, what string) (string, error) {
+	switch len(rest) {
+	case 1:
+		return "", nil
+	case 2:
+		return rest[1], nil
+	default:
+		return "", fmt.Errorf("%s takes at most %s", rest[0], what)
+	}
 }
 
 func dash(s string) string {

@@ -3,7 +3,10 @@
 // by the hub and the node agent, which links nothing of the hub).
 package xdstype
 
-import "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+import (
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/encoding/protowire"
+)
 
 // Labels of the types Nave serves, and of any other.
 const (
@@ -36,3 +39,32 @@ const (
 	MetadataNetwork = "NETWORK"
 	MetadataCluster = "CLUSTER_ID"
 )
+
+// WireName reads a resource's name from its encoding without decoding the
+// rest: it is field 1 (a string) of each type Nave serves (Listener,
+// RouteConfiguration and Cluster's name, ClusterLoadAssignment's
+// cluster_name). The last occurrence wins, as in a full decode.
+func WireName(b []byte) (string, error) {
+	name := ""
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return "", protowire.ParseError(n)
+		}
+		b = b[n:]
+		if num == 1 && typ == protowire.BytesType {
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return "", protowire.ParseError(n)
+			}
+			name, b = string(v), b[n:]
+			continue
+		}
+		n = protowire.ConsumeFieldValue(num, typ, b)
+		if n < 0 {
+			return "", protowire.ParseError(n)
+		}
+		b = b[n:]
+	}
+	return name, nil
+}

@@ -1,0 +1,203 @@
+package main
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/navemesh/nave/hub"
+	"github.com/navemesh/nave/syncstatus"
+)
+
+// typeLabels are the xDS types in the order navectl shows them.
+var typeLabels = []string{"lds", "rds", "cds", "eds"}
+
+// proxies prints every xDS client of every replica (a client's stream
+// lives at one), merged into one table; with a node ID, that node's
+// streams in full.
+func (c client) proxies(node string) error {
+	clients, err := c.allClients(node)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		enc := json.NewEncoder(c.out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(clients)
+	}
+	if node != "" {
+		if len(clients) == 0 {
+			return fmt.Errorf("no replica has a client of node %q", node)
+		}
+		for i, cl := range clients {
+			if i > 0 {
+				fmt.Fprintln(c.out)
+			}
+			if err := c.proxy(cl); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	counts := map[string]int{}
+	w := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "NODE\tREPLICA\tSTREAM\tLOCALITY\tCONNECTED\tSTATE\tLDS\tRDS\tCDS\tEDS")
+	for _, cl := range clients {
+		counts[cl.State]++
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s", cl.NodeID, cl.Replica, streamName(cl.Stream), locality(cl.Locality),
+			ago(cl.ConnectedSince), clientState(cl))
+		for _, label := range typeLabels {
+			fmt.Fprintf(w, "\t%s", typeState(cl.Types[label]))
+		}
+		fmt.Fprintln(w)
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(c.out, "\n%d clients: %d synced, %d stale, %d nacked\n", len(clients), counts[syncstatus.Synced], counts[syncstatus.Stale], counts[syncstatus.Nacked])
+	return nil
+}
+
+// allClients asks the replica navectl was pointed at, then every other
+// member it lists in /debug/hub, for their clients (of node, if given).
+// A replica that does not answer is reported on stderr and left out.
+func (c client) allClients(node string) ([]syncstatus.Client, error) {
+	raw := c
+	raw.json = false
+	path := "/debug/clients"
+	if node != "" {
+		path += "?node=" + url.QueryEscape(node)
+	}
+	var own hub.ClientsInfo
+	if err := raw.get(path, &own); err != nil {
+		return nil, err
+	}
+	clients := own.Clients
+	var coord hub.Coordination
+	if err := raw.get("/debug/hub", &coord); err != nil {
+		fmt.Fprintf(os.Stderr, "navectl: the other replicas are unknown: %v\n", err)
+	}
+	for _, m := range coord.Members {
+		if m.Self || m.Admin == "" || m.Name == own.Replica {
+			continue
+		}
+		peer := raw
+		peer.base = "http://" + m.Admin
+		var info hub.ClientsInfo
+		if err := peer.get(path, &info); err != nil {
+			fmt.Fprintf(os.Stderr, "navectl: replica %s: %v\n", m.Name, err)
+			continue
+		}
+		clients = append(clients, info.Clients...)
+	}
+	slices.SortFunc(clients, func(a, b syncstatus.Client) int {
+		return cmp.Or(strings.Compare(a.NodeID, b.NodeID), strings.Compare(a.Replica, b.Replica), cmp.Compare(a.Stream.ID, b.Stream.ID))
+	})
+	return clients, nil
+}
+
+// proxy prints one stream in full.
+func (c client) proxy(cl syncstatus.Client) error {
+	fmt.Fprintf(c.out, "node %s (cluster %q) at replica %s, %s stream, locality %s, connected %s\n", cl.NodeID, cl.Cluster,
+		cl.Replica, streamName(cl.Stream), locality(cl.Locality), ago(cl.ConnectedSince))
+	fmt.Fprintf(c.out, "state: %s\n", clientState(cl))
+	for _, label := range typeLabels {
+		t, ok := cl.Types[label]
+		if !ok {
+			continue
+		}
+		fmt.Fprintf(c.out, "\n%s: %s\n", strings.ToUpper(label), typeState(t))
+		subscribed := fmt.Sprintf("%d names", t.Subscribed)
+		if t.Wildcard {
+			subscribed = "every resource (wildcard)"
+		}
+		fmt.Fprintf(c.out, "  subscribes to: %s\n", subscribed)
+		for _, name := range t.Names {
+			fmt.Fprintf(c.out, "    %s\n", name)
+		}
+		fmt.Fprintf(c.out, "  sent:  %s %s\n", orNone(t.Sent), at(t.SentAt))
+		fmt.Fprintf(c.out, "  acked: %s %s\n", orNone(t.Acked), at(t.AckedAt))
+		if n := t.LastNACK; n != nil {
+			current := "since accepted a later response"
+			if t.Rejecting {
+				current = "still rejecting"
+			}
+			fmt.Fprintf(c.out, "  last NACK %s (%s): version %s, %d resources (%s): %s\n", ago(n.At), current, n.Version,
+				n.Count, strings.Join(n.Resources, ", "), n.Detail)
+		}
+		if len(t.Differences) == 0 {
+			fmt.Fprintln(c.out, "  holds what this replica would send it now")
+			continue
+		}
+		fmt.Fprintf(c.out, "  differs from what this replica would send it now:\n")
+		w := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "    RESOURCE\tHELD (ACKED)\tCURRENT\tWHY")
+		for _, d := range t.Differences {
+			fmt.Fprintf(w, "    %s\t%s\t%s\t%s\n", d.Resource, orNone(d.Held), orNone(d.Current), d.Reason)
+		}
+		if err := w.Flush(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func clientState(cl syncstatus.Client) string {
+	if cl.State == syncstatus.Stale && cl.StaleSince != nil {
+		return fmt.Sprintf("%s (%s)", cl.State, time.Since(*cl.StaleSince).Round(time.Millisecond))
+	}
+	return cl.State
+}
+
+// typeState is one type's state: "-" (not asked for), NACKED, STALE with
+// the age of the response not answered, or SYNCED.
+func typeState(t syncstatus.Type) string {
+	switch {
+	case t.Sent == "" && !t.Pending && t.LastNACK == nil:
+		if t.Subscribed == 0 && !t.Wildcard {
+			return "-"
+		}
+		return "ASKED"
+	case t.Rejecting:
+		return syncstatus.Nacked
+	case t.Pending:
+		return fmt.Sprintf("%s (%s)", syncstatus.Stale, time.Since(t.SentAt).Round(time.Millisecond))
+	default:
+		return syncstatus.Synced
+	}
+}
+
+func streamName(s syncstatus.Stream) string {
+	if s.Delta {
+		return fmt.Sprintf("delta-%d", s.ID)
+	}
+	return fmt.Sprintf("sotw-%d", s.ID)
+}
+
+func locality(l syncstatus.Locality) string {
+	parts := []string{l.Region, l.Zone, l.SubZone}
+	for len(parts) > 0 && parts[len(parts)-1] == "" {
+		parts = parts[:len(parts)-1]
+	}
+	return dash(strings.Join(parts, "/"))
+}
+
+func at(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return "(" + ago(t) + ")"
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(none)"
+	}
+	return s
+}

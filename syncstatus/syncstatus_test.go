@@ -1,0 +1,172 @@
+package syncstatus
+
+import (
+	"runtime"
+	"slices"
+	"testing"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/protobuf/types/known/anypb"
+)
+
+const eds = resource.EndpointType
+
+func newTracker() (*Tracker, *time.Time) {
+	t := New("r1")
+	now := time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
+	t.now = func() time.Time { return now }
+	return t, &now
+}
+
+func only(t *testing.T, tr *Tracker, node string) Client {
+	t.Helper()
+	cs := tr.Clients(node)
+	if len(cs) != 1 {
+		t.Fatalf("%d streams of %q, want 1", len(cs), node)
+	}
+	return cs[0]
+}
+
+// A named resource as it goes on the wire: field 1 is its name.
+func named(name string) *anypb.Any {
+	return &anypb.Any{TypeUrl: eds, Value: append([]byte{0x0a, byte(len(name))}, name...)}
+}
+
+func TestStateOfTheWorldExchange(t *testing.T) {
+	tr, now := newTracker()
+	tr.Open(Stream{ID: 1})
+	node := &core.Node{Id: "n1", Locality: &core.Locality{Region: "r", Zone: "z"}}
+	names := []string{"a", "b"}
+	tr.Request(1, &discovery.DiscoveryRequest{Node: node, TypeUrl: eds, ResourceNames: names})
+	if c := only(t, tr, "n1"); c.State != Synced || c.Types["eds"].Subscribed != 2 || c.Types["eds"].Pending {
+		t.Fatalf("before any response: %+v", c)
+	}
+
+	*now = now.Add(time.Second)
+	sentAt := *now
+	asked := tr.Response(1, eds, &discovery.DiscoveryResponse{VersionInfo: "v1", Nonce: "1", Resources: []*anypb.Any{named("a"), named("b")}})
+	if !asked.Equal(sentAt.Add(-time.Second)) {
+		t.Errorf("Response says the stream asked at %v, want %v", asked, sentAt.Add(-time.Second))
+	}
+	c := only(t, tr, "n1")
+	if c.State != Stale || c.StaleSince == nil || !c.StaleSince.Equal(sentAt) || !c.Types["eds"].Pending {
+		t.Fatalf("sent, not answered: %+v", c)
+	}
+
+	// A NACK of the response: NACKED, with the names it carried.
+	tr.Request(1, &discovery.DiscoveryRequest{TypeUrl: eds, ResourceNames: names, ResponseNonce: "1",
+		ErrorDetail: &rpcstatus.Status{Message: "no"}})
+	c = only(t, tr, "n1")
+	n := c.Types["eds"].LastNACK
+	if c.State != Nacked || n == nil || n.Version != "v1" || n.Detail != "no" || !slices.Equal(n.Resources, []string{"a", "b"}) || n.Count != 2 {
+		t.Fatalf("after a NACK: %+v (NACK %+v)", c, n)
+	}
+
+	// The same version sent again: still rejected.
+	tr.Response(1, eds, &discovery.DiscoveryResponse{VersionInfo: "v1", Nonce: "2"})
+	if c := only(t, tr, "n1"); c.State != Nacked || !c.Types["eds"].Pending {
+		t.Fatalf("the rejected version resent: %+v", c)
+	}
+
+	// A late answer to an older nonce changes nothing.
+	tr.Response(1, eds, &discovery.DiscoveryResponse{VersionInfo: "v2", Nonce: "3"})
+	tr.Request(1, &discovery.DiscoveryRequest{TypeUrl: eds, ResourceNames: names, VersionInfo: "v1", ResponseNonce: "2"})
+	if c := only(t, tr, "n1"); c.State != Stale || c.Types["eds"].Acked != "" {
+		t.Fatalf("a late ACK of nonce 2 counted: %+v", c)
+	}
+	// The ACK of the last response: SYNCED; the NACK stays as history.
+	tr.Request(1, &discovery.DiscoveryRequest{TypeUrl: eds, ResourceNames: names, VersionInfo: "v2", ResponseNonce: "3"})
+	c = only(t, tr, "n1")
+	if ty := c.Types["eds"]; c.State != Synced || ty.Acked != "v2" || ty.Rejecting || ty.LastNACK == nil {
+		t.Fatalf("after the ACK of v2: %+v, eds %+v", c, ty)
+	}
+	// The subscription is the request's own slice, not a copy.
+	tr.mu.Lock()
+	same := &tr.streams[Stream{ID: 1}].types[eds].names[0] == &names[0]
+	tr.mu.Unlock()
+	if !same {
+		t.Error("the tracker copied the subscription")
+	}
+
+	tr.Close(Stream{ID: 1})
+	if cs := tr.Clients(""); len(cs) != 0 {
+		t.Errorf("a closed stream is still reported: %+v", cs)
+	}
+	// Requests of a stream the tracker does not know (closed) are ignored.
+	tr.Request(1, &discovery.DiscoveryRequest{Node: node, TypeUrl: eds})
+	if cs := tr.Clients(""); len(cs) != 0 {
+		t.Errorf("a request of a closed stream brought it back: %+v", cs)
+	}
+}
+
+func TestDeltaExchange(t *testing.T) {
+	tr, _ := newTracker()
+	s := Stream{Delta: true, ID: 7}
+	tr.Open(s)
+	tr.Open(Stream{ID: 7}) // a sotw stream numbered alike is another stream
+	node := &core.Node{Id: "d"}
+	tr.DeltaRequest(7, &discovery.DeltaDiscoveryRequest{Node: node, TypeUrl: eds, ResourceNamesSubscribe: []string{"a", "b"},
+		InitialResourceVersions: map[string]string{"c": "v0"}})
+	tr.DeltaRequest(7, &discovery.DeltaDiscoveryRequest{TypeUrl: eds, ResourceNamesUnsubscribe: []string{"b"}})
+	tr.DeltaResponse(7, eds, &discovery.DeltaDiscoveryResponse{SystemVersionInfo: "v3", Nonce: "5",
+		Resources: []*discovery.Resource{{Name: "a"}}, RemovedResources: []string{"b"}})
+	tr.DeltaRequest(7, &discovery.DeltaDiscoveryRequest{TypeUrl: eds, ResponseNonce: "5"})
+	c := only(t, tr, "d")
+	ty := c.Types["eds"]
+	if c.Stream != s || c.State != Synced || ty.Acked != "v3" || ty.Wildcard || !slices.Equal(ty.Names, []string{"a", "c"}) {
+		t.Fatalf("delta stream: %+v, eds %+v; want synced at v3 subscribed to a and c", c, ty)
+	}
+	if all := tr.Clients(""); len(all) != 2 {
+		t.Errorf("%d streams, want 2 (sotw 7 and delta 7)", len(all))
+	}
+}
+
+// BenchmarkPush is the tracker's cost of one push to a subscribed client:
+// the response and the client's ACK (the server's callbacks call both).
+func BenchmarkPush(b *testing.B) {
+	tr := New("r1")
+	tr.Open(Stream{ID: 1})
+	names := []string{"outbound|8080||echo.demo.svc.clusterset.local"}
+	tr.Request(1, &discovery.DiscoveryRequest{Node: &core.Node{Id: "n"}, TypeUrl: eds, ResourceNames: names})
+	resp := &discovery.DiscoveryResponse{VersionInfo: "v", Nonce: "1", Resources: []*anypb.Any{named(names[0])}}
+	ack := &discovery.DiscoveryRequest{TypeUrl: eds, ResourceNames: names, VersionInfo: "v", ResponseNonce: "1"}
+	b.ReportAllocs()
+	for b.Loop() {
+		tr.Response(1, eds, resp)
+		tr.Request(1, ack)
+	}
+}
+
+// BenchmarkMemoryPerClient reports what the tracker holds per client: a
+// grpc-go client of one service (four types, a name each, one push of each
+// acknowledged), the requests' own name lists left out (the server holds
+// them anyway).
+func BenchmarkMemoryPerClient(b *testing.B) {
+	const clients = 10_000
+	types := []string{resource.ListenerType, resource.RouteType, resource.ClusterType, eds}
+	names := []string{"echo.demo.svc.clusterset.local:8080"}
+	var before, after runtime.MemStats
+	for b.Loop() {
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		tr := New("r1")
+		for i := range clients {
+			id := int64(i)
+			tr.Open(Stream{ID: id})
+			node := &core.Node{Id: "n"}
+			for _, ty := range types {
+				tr.Request(id, &discovery.DiscoveryRequest{Node: node, TypeUrl: ty, ResourceNames: names})
+				tr.Response(id, ty, &discovery.DiscoveryResponse{VersionInfo: "v1", Nonce: "1", Resources: []*anypb.Any{named(names[0])}})
+				tr.Request(id, &discovery.DiscoveryRequest{TypeUrl: ty, ResourceNames: names, VersionInfo: "v1", ResponseNonce: "1"})
+			}
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/clients, "B/client")
+		runtime.KeepAlive(tr)
+	}
+}
