@@ -4,7 +4,7 @@ GO ?= go
 PROTOC ?= protoc
 BIN := bin
 
-.PHONY: all build test bench fuzz demo generate generate-check lint protoc haproxy kube-apiserver coredns cert-manager-crds kind-up kind-e2e kind-down clean
+.PHONY: all build test bench fuzz demo generate generate-check lint protoc haproxy kube-apiserver coredns cert-manager-crds helm-render servicemonitor-crd kind-up kind-e2e kind-down clean
 
 # The end-to-end tests run real Kubernetes API servers, built once per machine
 # from k8s.io/kubernetes (tools/kube-apiserver pins the version) and cached by version.
@@ -22,6 +22,15 @@ export NAVE_COREDNS := $(COREDNS)
 CERT_MANAGER_VERSION := $(shell awk '$$1 == "github.com/cert-manager/cert-manager" || $$2 == "github.com/cert-manager/cert-manager" {print $$NF}' tools/cert-manager/go.mod | head -1)
 CERT_MANAGER_CRDS := $(NAVE_CACHE)/cert-manager-$(CERT_MANAGER_VERSION)
 export NAVE_CERT_MANAGER_CRDS := $(CERT_MANAGER_CRDS)
+# The chart test renders deploy/helm/nave with Helm's own library (tools/helm pins
+# the version) and applies the Prometheus Operator's ServiceMonitor CRD (the
+# release tools/prometheus-operator pins) before the chart's ServiceMonitors.
+HELM_VERSION := $(shell awk '$$1 == "helm.sh/helm/v3" || $$2 == "helm.sh/helm/v3" {print $$NF}' tools/helm/go.mod | head -1)
+HELM_RENDER := $(NAVE_CACHE)/helm-render-$(HELM_VERSION)
+export NAVE_HELM_RENDER := $(HELM_RENDER)
+PROMETHEUS_OPERATOR_VERSION := $(shell awk '$$1 == "github.com/prometheus-operator/prometheus-operator" || $$2 == "github.com/prometheus-operator/prometheus-operator" {print $$NF}' tools/prometheus-operator/go.mod | head -1)
+SERVICEMONITOR_CRD := $(NAVE_CACHE)/prometheus-operator-$(PROMETHEUS_OPERATOR_VERSION)
+export NAVE_SERVICEMONITOR_CRD := $(SERVICEMONITOR_CRD)
 
 all: build
 
@@ -30,7 +39,7 @@ build:
 	$(GO) build -tags grpcnotrace -o $(BIN)/ ./cmd/...
 
 ## test: everything CI runs: generated code current, vet, gofmt, and every test with -race.
-test: generate-check lint kube-apiserver coredns haproxy cert-manager-crds
+test: generate-check lint kube-apiserver coredns haproxy cert-manager-crds helm-render servicemonitor-crd
 	NAVE_E2E_REQUIRE=1 $(GO) test -race -count=1 -timeout 30m ./...
 
 ## bench: benchmarks print numbers; nothing is asserted. The scale benchmark drives a real hub
@@ -98,6 +107,20 @@ $(CERT_MANAGER_CRDS):
 	@mkdir -p $@.tmp
 	dir=$$(cd tools/cert-manager && $(GO) mod download -json github.com/cert-manager/cert-manager@$(CERT_MANAGER_VERSION) | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$$/\1/p') && \
 		cp "$$dir"/deploy/crds/cert-manager.io_*.yaml $@.tmp/ && chmod u+w $@.tmp/* && mv $@.tmp $@
+
+## helm-render: build the chart test's renderer, `helm template` from Helm's own library (about 2 minutes,
+## once per machine and version).
+helm-render: $(HELM_RENDER)
+$(HELM_RENDER):
+	@mkdir -p $(dir $@)
+	cd tools/helm && $(GO) build -trimpath -o $@.tmp . && mv $@.tmp $@
+
+## servicemonitor-crd: copy the Prometheus Operator's ServiceMonitor CRD out of its Go module (once per machine and version).
+servicemonitor-crd: $(SERVICEMONITOR_CRD)
+$(SERVICEMONITOR_CRD):
+	@mkdir -p $@.tmp
+	dir=$$(cd tools/prometheus-operator && $(GO) mod download -json github.com/prometheus-operator/prometheus-operator@$(PROMETHEUS_OPERATOR_VERSION) | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$$/\1/p') && \
+		cp "$$dir"/example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml $@.tmp/ && chmod u+w $@.tmp/* && mv $@.tmp $@
 
 ## kind-up, kind-e2e, kind-down: three kind clusters with the hub and spokes deployed, and the e2e suite
 ## run against them (needs Docker, kind and kubectl; see deploy/README.md).
