@@ -9,10 +9,12 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"slices"
+	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/navemesh/nave/convergence"
 	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/imports"
 	"github.com/navemesh/nave/registry"
@@ -118,6 +120,7 @@ type admin struct {
 	imports *importer
 	fed     *federation.HubServer
 	xds     *xds.Server
+	tracer  *convergence.Tracer
 	metrics prometheus.Gatherer
 	ready   func() error
 	log     *slog.Logger
@@ -162,6 +165,28 @@ func (a *admin) handler() http.Handler {
 	mux.HandleFunc("GET /debug/clients", func(w http.ResponseWriter, r *http.Request) {
 		a.json(w, ClientsInfo{Replica: a.coord.id, Clients: a.xds.Clients(r.URL.Query().Get("node"))})
 	})
+	mux.HandleFunc("GET /debug/trace", func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		var key registry.ServiceKey
+		if svc := q.Get("service"); svc != "" {
+			k, err := registry.ParseServiceKey(svc)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			key = k
+		}
+		limit := 20
+		if l := q.Get("limit"); l != "" {
+			n, err := strconv.Atoi(l)
+			if err != nil || n < 1 {
+				http.Error(w, fmt.Sprintf("limit %q: want a positive number", l), http.StatusBadRequest)
+				return
+			}
+			limit = n
+		}
+		a.json(w, TraceInfo{Replica: a.coord.id, Traces: a.tracer.Traces(key, limit)})
+	})
 	mux.HandleFunc("GET /debug/endpoints", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
 		client := xds.Client{Network: registry.Network(q.Get("network")), Locality: registry.Locality{Region: q.Get("region"), Zone: q.Get("zone")}}
@@ -197,6 +222,14 @@ func (a *admin) json(w http.ResponseWriter, v any) {
 type ClientsInfo struct {
 	Replica string              `json:"replica"`
 	Clients []syncstatus.Client `json:"clients"`
+}
+
+// TraceInfo is what /debug/trace serves: one replica's last traced changes
+// (?service=NS/NAME: of one service; ?limit=N: at most N, default 20),
+// newest first.
+type TraceInfo struct {
+	Replica string              `json:"replica"`
+	Traces  []convergence.Trace `json:"traces"`
 }
 
 // Services describes every merged service.

@@ -31,6 +31,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
+	"github.com/navemesh/nave/convergence"
 	"github.com/navemesh/nave/federation"
 	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/gateways"
@@ -312,6 +313,7 @@ type parts struct {
 
 	// The state, what it feeds, and what coordinates it with peers.
 	xdsServer *xds.Server
+	tracer    *convergence.Tracer
 	gossipNow atomic.Pointer[replicas.Membership] // nil until gossip runs
 	// xdsServing: xDS is served; coldWaiting: how many clusters a cold start still waits for.
 	xdsServing  atomic.Bool
@@ -411,6 +413,10 @@ func (p *parts) buildState() {
 	if p.policy != nil {
 		xc.Restrict = p.restrictXDS
 	}
+	tc := convergence.DefaultConfig()
+	tc.Replica = cfg.ID
+	p.tracer = convergence.New(tc, p.metricsReg)
+	xc.Tracer = p.tracer
 	p.xdsServer = xds.NewServer(xc, p.log, p.metricsReg)
 	// Gossip hears about every change of the state (summaries: who is home, at which stamp).
 	// Imports follow every change too, off the state goroutine.
@@ -429,6 +435,7 @@ func (p *parts) buildState() {
 	// xDS translation runs off the state goroutine, coalescing what arrives meanwhile.
 	p.push = newPusher(p.xdsServer, p.log)
 	p.state = newState(cfg.ID, cfg.Liveness, publishers{p.push, p.imports}, cfg.Federation.Limits, onChange, p.log)
+	p.state.tracer = p.tracer
 	p.coord = &coordinator{
 		id: cfg.ID, state: p.state, etcd: p.etcd, catalog: p.catalog, snapshots: p.snapshots,
 		leaderCfg: leaderConfig(cfg),
@@ -500,7 +507,7 @@ func (p *parts) buildServers() {
 	// Ready once started: every listener is up, the state runs and holds the
 	// persisted registry (so a full restart never serves an empty one). An
 	// unreachable etcd degrades the hub but leaves it ready: it serves and replicates.
-	adm := &admin{pprof: cfg.Pprof, state: p.state, coord: p.coord, imports: p.imports, fed: hubFed, xds: p.xdsServer,
+	adm := &admin{pprof: cfg.Pprof, state: p.state, coord: p.coord, imports: p.imports, fed: hubFed, xds: p.xdsServer, tracer: p.tracer,
 		metrics: p.metricsReg, log: log.With("component", "admin"), ready: p.xdsReady, token: p.adminToken}
 	p.adminServer = &http.Server{Handler: adm.handler(), ReadHeaderTimeout: 10 * time.Second}
 }

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/navemesh/nave/convergence"
 	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/replicas"
@@ -100,10 +101,13 @@ type state struct {
 	liveness  Liveness
 	log       *slog.Logger
 	publisher Publisher
-	limits    registry.Limits
-	onChange  func(View)
-	ops       chan func()
-	done      chan struct{} // closed when run returns
+	// tracer, if not nil, traces every change a spoke or a replica sends
+	// from its application here to the clients (set before the state runs).
+	tracer   *convergence.Tracer
+	limits   registry.Limits
+	onChange func(View)
+	ops      chan func()
+	done     chan struct{} // closed when run returns
 	// started is when this replica started: every cluster's grace before it
 	// turns stale starts over then (a restart is no sign of a dead spoke),
 	// while its drop timer goes on from its LiveAt.
@@ -283,12 +287,25 @@ func (s *state) Apply(ctx context.Context, epoch, version uint64, ch registry.Ch
 		if !diff.Empty() {
 			s.log.Debug("registry changed", "cluster", ch.Cluster, "version", diff.Version, "services", len(diff.Services))
 		}
+		s.trace(ch.Cluster, diff)
 		s.publish(diff)
 	})
 	if err != nil {
 		return digest, err
 	}
 	return digest, applyErr
+}
+
+// trace starts tracing the changes of diff, which came from cluster.
+func (s *state) trace(cluster registry.ClusterID, diff registry.Diff) {
+	if s.tracer == nil || diff.Empty() {
+		return
+	}
+	keys := make([]registry.ServiceKey, len(diff.Services))
+	for i, sd := range diff.Services {
+		keys[i] = sd.Key
+	}
+	s.tracer.Received(cluster, keys)
 }
 
 // Begin implements federation.Store. The catalog holds the cluster

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+	"unicode/utf8"
+	"unique"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -26,8 +28,12 @@ const (
 	Synced = "SYNCED"
 )
 
-// maxRejectedNames bounds the resource names a NACK keeps of the response it rejected.
-const maxRejectedNames = 8
+// maxRejectedNames bounds the resource names a NACK keeps of the response
+// it rejected, and maxDetail the bytes of its error detail.
+const (
+	maxRejectedNames = 8
+	maxDetail        = 1024
+)
 
 // Stream names a stream within one server: state-of-the-world and delta
 // streams are numbered apart.
@@ -76,11 +82,20 @@ type Type struct {
 	AckedAt time.Time `json:"ackedAt,omitzero"`
 	// Pending: the last response sent is not answered yet.
 	Pending bool `json:"pending,omitempty"`
-	// Rejecting: it rejected the version last sent (LastNACK says why).
+	// Rejecting: it rejected the version last sent, or lacks resources it
+	// rejected before (Unresolved; LastNACK says why).
 	Rejecting bool `json:"rejecting,omitempty"`
 	// LastNACK is the last rejection, kept after the stream accepts a later
 	// response (nil: none).
 	LastNACK *NACK `json:"lastNACK,omitempty"`
+	// Unresolved are resources it rejected that no response it accepted
+	// since carried: it lacks them (AllUnresolved: more than the names a
+	// NACK keeps; any it subscribes to may be missing).
+	Unresolved    []string `json:"unresolved,omitempty"`
+	AllUnresolved bool     `json:"allUnresolved,omitempty"`
+	// Resumed: a delta stream that reconnected holding versions of what it
+	// subscribes to; until it is sent anything, it holds those.
+	Resumed bool `json:"resumed,omitempty"`
 	// Differences are, when asked for one client (Server.Client), what it
 	// holds that differs from what the server would send it now.
 	Differences []Difference `json:"differences,omitempty"`
@@ -118,12 +133,15 @@ type Tracker struct {
 	replica string
 	now     func() time.Time
 
-	// mu guards streams.
-	mu      sync.Mutex
-	streams map[Stream]*stream
+	// streamsMu guards streams.
+	streamsMu sync.Mutex
+	streams   map[Stream]*stream
 }
 
 type stream struct {
+	// typeURL is the type of a stream of one type's service (LDS, RDS,
+	// CDS or EDS), whose requests may name none ("": an ADS stream).
+	typeURL string
 	// node is the node the stream's requests carry (go-control-plane keeps
 	// it for the stream; it is not copied).
 	node  *core.Node
@@ -139,6 +157,16 @@ type exchange struct {
 	names    []string
 	delta    map[string]struct{}
 	wildcard bool
+	// named: a request named resources (after that an empty list asks
+	// for none, not for every one: a legacy wildcard is only a first ask).
+	named bool
+	// resumed: a delta stream that reconnected holding versions of what
+	// it subscribes to (initial_resource_versions).
+	resumed bool
+	// unresolved are resources the stream rejected that no response it
+	// accepted since carried (all of them, if allUnresolved).
+	unresolved    []string
+	allUnresolved bool
 	// asked is when the stream last asked for the type (any request).
 	asked time.Time
 	// The last response sent: its version, nonce, when, and the names it
@@ -159,18 +187,19 @@ func New(replica string) *Tracker {
 	return &Tracker{replica: replica, now: time.Now, streams: map[Stream]*stream{}}
 }
 
-// Open records a new stream.
-func (t *Tracker) Open(s Stream) {
+// Open records a new stream; typeURL is the type of a stream of one
+// type's service ("" for ADS), for requests that name no type.
+func (t *Tracker) Open(s Stream, typeURL string) {
 	now := t.now()
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.streams[s] = &stream{since: now, types: map[string]*exchange{}}
+	t.streamsMu.Lock()
+	defer t.streamsMu.Unlock()
+	t.streams[s] = &stream{typeURL: typeURL, since: now, types: map[string]*exchange{}}
 }
 
 // Close forgets a stream.
 func (t *Tracker) Close(s Stream) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.streamsMu.Lock()
+	defer t.streamsMu.Unlock()
 	delete(t.streams, s)
 }
 
@@ -183,6 +212,9 @@ func (t *Tracker) exchangeLocked(s Stream, node *core.Node, typeURL string) *exc
 	if node != nil {
 		st.node = node
 	}
+	if typeURL == "" {
+		typeURL = st.typeURL
+	}
 	x := st.types[typeURL]
 	if x == nil {
 		x = &exchange{}
@@ -191,52 +223,74 @@ func (t *Tracker) exchangeLocked(s Stream, node *core.Node, typeURL string) *exc
 	return x
 }
 
+// Answer is what a request said of the last response of its type: Nonce
+// is that response's ("": the request answered nothing, or a late one),
+// ACK whether it accepted it.
+type Answer struct {
+	Nonce string
+	ACK   bool
+}
+
 // answer applies the ACK or NACK a request carries for the response of
 // nonce; a request answering an older response is a late one and changes
 // nothing (go-control-plane ignores it too).
-func (x *exchange) answer(nonce, version string, rejected *discovery.DiscoveryRequest, detail string, now time.Time) {
+func (x *exchange) answer(nonce, version string, rejected bool, detail string, now time.Time) Answer {
 	if nonce == "" || nonce != x.sentNonce || x.answered {
-		return
+		return Answer{}
 	}
 	x.answered = true
-	if rejected != nil {
+	if rejected {
 		x.rejecting = true
-		x.nack = &NACK{Version: x.sent, Nonce: nonce, Resources: x.sentNames, Count: x.sentCount, Detail: detail, At: now}
-		return
+		x.nack = &NACK{Version: x.sent, Nonce: nonce, Resources: x.sentNames, Count: x.sentCount, Detail: truncate(detail, maxDetail), At: now}
+		for _, n := range x.sentNames {
+			if !slices.Contains(x.unresolved, n) {
+				x.unresolved = append(x.unresolved, n)
+			}
+		}
+		x.allUnresolved = x.allUnresolved || x.sentCount > len(x.sentNames)
+		return Answer{Nonce: nonce}
 	}
 	x.rejecting = false
 	x.acked, x.ackedAt = version, now
+	// What this response carried is held now. (go-control-plane does not
+	// resend a rejected resource until it changes: until then, the stream
+	// lacks it though it accepts everything else.)
+	x.unresolved = slices.DeleteFunc(x.unresolved, func(n string) bool { return slices.Contains(x.sentNames, n) })
+	if x.sentCount > len(x.sentNames) {
+		x.unresolved, x.allUnresolved = nil, false // more than the names kept: assume it carried them
+	}
+	if len(x.unresolved) == 0 && !x.allUnresolved {
+		x.unresolved = nil
+	}
+	return Answer{Nonce: nonce, ACK: true}
 }
 
 // Request records a state-of-the-world request: its subscription, and the
-// ACK or NACK it carries.
-func (t *Tracker) Request(id int64, req *discovery.DiscoveryRequest) {
+// ACK or NACK it carries, which it returns.
+func (t *Tracker) Request(id int64, req *discovery.DiscoveryRequest) Answer {
 	now := t.now()
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.streamsMu.Lock()
+	defer t.streamsMu.Unlock()
 	x := t.exchangeLocked(Stream{ID: id}, req.GetNode(), req.GetTypeUrl())
 	if x == nil {
-		return
+		return Answer{}
 	}
 	x.asked = now
 	x.names = req.GetResourceNames()
-	x.wildcard = len(x.names) == 0 || slices.Contains(x.names, "*")
-	var rejected *discovery.DiscoveryRequest
-	if req.GetErrorDetail() != nil {
-		rejected = req
-	}
-	x.answer(req.GetResponseNonce(), req.GetVersionInfo(), rejected, req.GetErrorDetail().GetMessage(), now)
+	x.wildcard = !x.named && len(x.names) == 0 || slices.Contains(x.names, "*")
+	x.named = x.named || len(x.names) > 0
+	return x.answer(req.GetResponseNonce(), req.GetVersionInfo(), req.GetErrorDetail() != nil, req.GetErrorDetail().GetMessage(), now)
 }
 
 // DeltaRequest records a delta request: the names it subscribes and
-// unsubscribes, and the ACK or NACK it carries.
-func (t *Tracker) DeltaRequest(id int64, req *discovery.DeltaDiscoveryRequest) {
+// unsubscribes, and the ACK or NACK it carries, which it returns.
+func (t *Tracker) DeltaRequest(id int64, req *discovery.DeltaDiscoveryRequest) Answer {
 	now := t.now()
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.streamsMu.Lock()
+	defer t.streamsMu.Unlock()
 	x := t.exchangeLocked(Stream{Delta: true, ID: id}, req.GetNode(), req.GetTypeUrl())
 	if x == nil {
-		return
+		return Answer{}
 	}
 	x.asked = now
 	if x.delta == nil {
@@ -245,6 +299,7 @@ func (t *Tracker) DeltaRequest(id int64, req *discovery.DeltaDiscoveryRequest) {
 		for name := range req.GetInitialResourceVersions() {
 			x.delta[name] = struct{}{}
 		}
+		x.resumed = len(req.GetInitialResourceVersions()) > 0
 	}
 	for _, name := range req.GetResourceNamesSubscribe() {
 		if name == "*" {
@@ -260,39 +315,38 @@ func (t *Tracker) DeltaRequest(id int64, req *discovery.DeltaDiscoveryRequest) {
 		}
 		delete(x.delta, name)
 	}
-	var rejected *discovery.DiscoveryRequest
-	if req.GetErrorDetail() != nil {
-		rejected = &discovery.DiscoveryRequest{}
-	}
 	// A delta ACK names no version: it accepts the one sent with the nonce.
-	x.answer(req.GetResponseNonce(), x.sent, rejected, req.GetErrorDetail().GetMessage(), now)
+	return x.answer(req.GetResponseNonce(), x.sent, req.GetErrorDetail() != nil, req.GetErrorDetail().GetMessage(), now)
 }
 
 // Response records a state-of-the-world response about to be sent, and
-// returns when the stream last asked for its type (zero: never).
-func (t *Tracker) Response(id int64, typeURL string, resp *discovery.DiscoveryResponse) (asked time.Time) {
+// returns when the stream last asked for its type (zero: never) and
+// whether the stream has acknowledged nothing of the type yet (this
+// answers its first fetch, not a change).
+func (t *Tracker) Response(id int64, typeURL string, resp *discovery.DiscoveryResponse) (asked time.Time, first bool) {
 	names, count := sentNames(resp)
 	return t.sent(Stream{ID: id}, typeURL, resp.GetVersionInfo(), resp.GetNonce(), names, count)
 }
 
 // DeltaResponse is Response for a delta stream.
-func (t *Tracker) DeltaResponse(id int64, typeURL string, resp *discovery.DeltaDiscoveryResponse) (asked time.Time) {
+func (t *Tracker) DeltaResponse(id int64, typeURL string, resp *discovery.DeltaDiscoveryResponse) (asked time.Time, first bool) {
 	res := resp.GetResources()
 	names := make([]string, 0, min(len(res), maxRejectedNames))
 	for _, r := range res[:min(len(res), maxRejectedNames)] {
-		names = append(names, r.GetName())
+		names = append(names, unique.Make(r.GetName()).Value())
 	}
 	return t.sent(Stream{Delta: true, ID: id}, typeURL, resp.GetSystemVersionInfo(), resp.GetNonce(), names, len(res)+len(resp.GetRemovedResources()))
 }
 
-func (t *Tracker) sent(s Stream, typeURL, version, nonce string, names []string, count int) time.Time {
+func (t *Tracker) sent(s Stream, typeURL, version, nonce string, names []string, count int) (time.Time, bool) {
 	now := t.now()
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.streamsMu.Lock()
+	defer t.streamsMu.Unlock()
 	x := t.exchangeLocked(s, nil, typeURL)
 	if x == nil {
-		return time.Time{}
+		return time.Time{}, false
 	}
+	first := x.acked == ""
 	x.sent, x.sentNonce, x.sentAt, x.sentNames, x.sentCount = version, nonce, now, names, count
 	x.answered = false
 	// A rejection stands while the server resends what was rejected (it
@@ -300,7 +354,7 @@ func (t *Tracker) sent(s Stream, typeURL, version, nonce string, names []string,
 	if x.nack == nil || x.nack.Version != version {
 		x.rejecting = false
 	}
-	return x.asked
+	return x.asked, first
 }
 
 // sentNames reads the names of (up to maxRejectedNames of) a response's
@@ -311,7 +365,7 @@ func sentNames(resp *discovery.DiscoveryResponse) ([]string, int) {
 	names := make([]string, 0, min(len(res), maxRejectedNames))
 	for _, a := range res[:min(len(res), maxRejectedNames)] {
 		if name, err := xdstype.WireName(a.GetValue()); err == nil {
-			names = append(names, name)
+			names = append(names, unique.Make(name).Value()) // one copy of a name for every stream that was sent it
 		}
 	}
 	return names, len(res)
@@ -321,8 +375,8 @@ func sentNames(resp *discovery.DiscoveryResponse) ([]string, int) {
 // nodeID, when not empty, keeps only that node's streams, with their
 // subscribed names.
 func (t *Tracker) Clients(nodeID string) []Client {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.streamsMu.Lock()
+	defer t.streamsMu.Unlock()
 	out := make([]Client, 0, len(t.streams))
 	for s, st := range t.streams {
 		if nodeID != "" && st.node.GetId() != nodeID {
@@ -339,8 +393,8 @@ func (t *Tracker) Clients(nodeID string) []Client {
 // Node returns the node of a stream (nil: unknown or no request yet), for
 // what a server compares a client's holdings against.
 func (t *Tracker) Node(s Stream) *core.Node {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.streamsMu.Lock()
+	defer t.streamsMu.Unlock()
 	if st := t.streams[s]; st != nil {
 		return st.node
 	}
@@ -365,7 +419,8 @@ func (t *Tracker) clientLocked(s Stream, st *stream, names bool) Client {
 		ConnectedSince: st.since, State: Synced, Types: make(map[string]Type, len(st.types))}
 	for typeURL, x := range st.types {
 		ty := Type{Wildcard: x.wildcard, Sent: x.sent, SentAt: x.sentAt, Acked: x.acked, AckedAt: x.ackedAt,
-			Pending: x.sentNonce != "" && !x.answered, Rejecting: x.rejecting, LastNACK: x.nack}
+			Pending: x.sentNonce != "" && !x.answered, Rejecting: x.rejecting || len(x.unresolved) > 0 || x.allUnresolved, LastNACK: x.nack,
+			Unresolved: slices.Clone(x.unresolved), AllUnresolved: x.allUnresolved, Resumed: x.resumed}
 		if x.delta != nil {
 			ty.Subscribed = len(x.delta)
 			if names {
@@ -396,4 +451,15 @@ func (t *Tracker) clientLocked(s Stream, st *stream, names bool) Client {
 		c.State = Stale
 	}
 	return c
+}
+
+// truncate cuts s to at most n bytes, on a rune boundary.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
 }

@@ -3,6 +3,7 @@ package syncstatus
 import (
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -38,7 +39,7 @@ func named(name string) *anypb.Any {
 
 func TestStateOfTheWorldExchange(t *testing.T) {
 	tr, now := newTracker()
-	tr.Open(Stream{ID: 1})
+	tr.Open(Stream{ID: 1}, "")
 	node := &core.Node{Id: "n1", Locality: &core.Locality{Region: "r", Zone: "z"}}
 	names := []string{"a", "b"}
 	tr.Request(1, &discovery.DiscoveryRequest{Node: node, TypeUrl: eds, ResourceNames: names})
@@ -48,9 +49,9 @@ func TestStateOfTheWorldExchange(t *testing.T) {
 
 	*now = now.Add(time.Second)
 	sentAt := *now
-	asked := tr.Response(1, eds, &discovery.DiscoveryResponse{VersionInfo: "v1", Nonce: "1", Resources: []*anypb.Any{named("a"), named("b")}})
-	if !asked.Equal(sentAt.Add(-time.Second)) {
-		t.Errorf("Response says the stream asked at %v, want %v", asked, sentAt.Add(-time.Second))
+	asked, first := tr.Response(1, eds, &discovery.DiscoveryResponse{VersionInfo: "v1", Nonce: "1", Resources: []*anypb.Any{named("a"), named("b")}})
+	if !asked.Equal(sentAt.Add(-time.Second)) || !first {
+		t.Errorf("Response says the stream asked at %v (first fetch: %v), want %v (true)", asked, first, sentAt.Add(-time.Second))
 	}
 	c := only(t, tr, "n1")
 	if c.State != Stale || c.StaleSince == nil || !c.StaleSince.Equal(sentAt) || !c.Types["eds"].Pending {
@@ -73,10 +74,12 @@ func TestStateOfTheWorldExchange(t *testing.T) {
 	}
 
 	// A late answer to an older nonce changes nothing.
-	tr.Response(1, eds, &discovery.DiscoveryResponse{VersionInfo: "v2", Nonce: "3"})
+	if _, first := tr.Response(1, eds, &discovery.DiscoveryResponse{VersionInfo: "v2", Nonce: "3", Resources: []*anypb.Any{named("a"), named("b")}}); !first {
+		t.Error("the stream acknowledged nothing yet (it rejected v1), so v2 still answers its first fetch")
+	}
 	tr.Request(1, &discovery.DiscoveryRequest{TypeUrl: eds, ResourceNames: names, VersionInfo: "v1", ResponseNonce: "2"})
-	if c := only(t, tr, "n1"); c.State != Stale || c.Types["eds"].Acked != "" {
-		t.Fatalf("a late ACK of nonce 2 counted: %+v", c)
+	if c := only(t, tr, "n1"); c.State != Nacked || c.Types["eds"].Acked != "" || !c.Types["eds"].Pending {
+		t.Fatalf("a late ACK of nonce 2 counted (the stream still lacks what it rejected, v2 pending): %+v", c)
 	}
 	// The ACK of the last response: SYNCED; the NACK stays as history.
 	tr.Request(1, &discovery.DiscoveryRequest{TypeUrl: eds, ResourceNames: names, VersionInfo: "v2", ResponseNonce: "3"})
@@ -84,10 +87,13 @@ func TestStateOfTheWorldExchange(t *testing.T) {
 	if ty := c.Types["eds"]; c.State != Synced || ty.Acked != "v2" || ty.Rejecting || ty.LastNACK == nil {
 		t.Fatalf("after the ACK of v2: %+v, eds %+v", c, ty)
 	}
+	if _, first := tr.Response(1, eds, &discovery.DiscoveryResponse{VersionInfo: "v3", Nonce: "4"}); first {
+		t.Error("v3 follows an acknowledged v2: it is a push, not a first fetch")
+	}
 	// The subscription is the request's own slice, not a copy.
-	tr.mu.Lock()
+	tr.streamsMu.Lock()
 	same := &tr.streams[Stream{ID: 1}].types[eds].names[0] == &names[0]
-	tr.mu.Unlock()
+	tr.streamsMu.Unlock()
 	if !same {
 		t.Error("the tracker copied the subscription")
 	}
@@ -106,8 +112,8 @@ func TestStateOfTheWorldExchange(t *testing.T) {
 func TestDeltaExchange(t *testing.T) {
 	tr, _ := newTracker()
 	s := Stream{Delta: true, ID: 7}
-	tr.Open(s)
-	tr.Open(Stream{ID: 7}) // a sotw stream numbered alike is another stream
+	tr.Open(s, "")
+	tr.Open(Stream{ID: 7}, "") // a sotw stream numbered alike is another stream
 	node := &core.Node{Id: "d"}
 	tr.DeltaRequest(7, &discovery.DeltaDiscoveryRequest{Node: node, TypeUrl: eds, ResourceNamesSubscribe: []string{"a", "b"},
 		InitialResourceVersions: map[string]string{"c": "v0"}})
@@ -129,7 +135,7 @@ func TestDeltaExchange(t *testing.T) {
 // the response and the client's ACK (the server's callbacks call both).
 func BenchmarkPush(b *testing.B) {
 	tr := New("r1")
-	tr.Open(Stream{ID: 1})
+	tr.Open(Stream{ID: 1}, "")
 	names := []string{"outbound|8080||echo.demo.svc.clusterset.local"}
 	tr.Request(1, &discovery.DiscoveryRequest{Node: &core.Node{Id: "n"}, TypeUrl: eds, ResourceNames: names})
 	resp := &discovery.DiscoveryResponse{VersionInfo: "v", Nonce: "1", Resources: []*anypb.Any{named(names[0])}}
@@ -156,7 +162,7 @@ func BenchmarkMemoryPerClient(b *testing.B) {
 		tr := New("r1")
 		for i := range clients {
 			id := int64(i)
-			tr.Open(Stream{ID: id})
+			tr.Open(Stream{ID: id}, "")
 			node := &core.Node{Id: "n"}
 			for _, ty := range types {
 				tr.Request(id, &discovery.DiscoveryRequest{Node: node, TypeUrl: ty, ResourceNames: names})
@@ -168,5 +174,53 @@ func BenchmarkMemoryPerClient(b *testing.B) {
 		runtime.ReadMemStats(&after)
 		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/clients, "B/client")
 		runtime.KeepAlive(tr)
+	}
+}
+
+// Cases a review found: an empty list after named ones asks for nothing
+// (grpc-go unsubscribes so), not for everything; a rejected resource stays
+// missing while later responses carry other ones; a stream of one type's
+// service may name no type; a delta stream that resumes holds its versions.
+func TestSubscriptionEdges(t *testing.T) {
+	tr, _ := newTracker()
+	tr.Open(Stream{ID: 1}, "")
+	node := &core.Node{Id: "n"}
+	tr.Request(1, &discovery.DiscoveryRequest{Node: node, TypeUrl: eds, ResourceNames: []string{"a"}})
+	tr.Request(1, &discovery.DiscoveryRequest{TypeUrl: eds})
+	if ty := only(t, tr, "n").Types["eds"]; ty.Wildcard || ty.Subscribed != 0 {
+		t.Errorf("after unsubscribing its last name: %+v; want no names, not a wildcard", ty)
+	}
+
+	tr.Open(Stream{ID: 2}, "")
+	tr.Request(2, &discovery.DiscoveryRequest{Node: &core.Node{Id: "m"}, TypeUrl: eds, ResourceNames: []string{"a", "b"}})
+	tr.Response(2, eds, &discovery.DiscoveryResponse{VersionInfo: "v1", Nonce: "1", Resources: []*anypb.Any{named("a"), named("b")}})
+	tr.Request(2, &discovery.DiscoveryRequest{TypeUrl: eds, ResourceNames: []string{"a", "b"}, ResponseNonce: "1", ErrorDetail: &rpcstatus.Status{Message: strings.Repeat("x", 5000)}})
+	tr.Response(2, eds, &discovery.DiscoveryResponse{VersionInfo: "v2", Nonce: "2", Resources: []*anypb.Any{named("b")}})
+	tr.Request(2, &discovery.DiscoveryRequest{TypeUrl: eds, ResourceNames: []string{"a", "b"}, VersionInfo: "v2", ResponseNonce: "2"})
+	c := only(t, tr, "m")
+	ty := c.Types["eds"]
+	if c.State != Nacked || !slices.Equal(ty.Unresolved, []string{"a"}) || len(ty.LastNACK.Detail) > maxDetail+len("…") {
+		t.Errorf("a rejected, b accepted later: %s, eds %+v; want NACKED with a unresolved and the detail bounded", c.State, ty)
+	}
+	tr.Response(2, eds, &discovery.DiscoveryResponse{VersionInfo: "v3", Nonce: "3", Resources: []*anypb.Any{named("a")}})
+	tr.Request(2, &discovery.DiscoveryRequest{TypeUrl: eds, ResourceNames: []string{"a", "b"}, VersionInfo: "v3", ResponseNonce: "3"})
+	if c := only(t, tr, "m"); c.State != Synced || len(c.Types["eds"].Unresolved) != 0 {
+		t.Errorf("a accepted at v3: %+v", c)
+	}
+
+	cds := resource.ClusterType
+	tr.Open(Stream{Delta: true, ID: 3}, cds) // the CDS service's delta stream; its requests name no type
+	tr.DeltaRequest(3, &discovery.DeltaDiscoveryRequest{Node: &core.Node{Id: "d"}, ResourceNamesSubscribe: []string{"c"}})
+	tr.DeltaResponse(3, cds, &discovery.DeltaDiscoveryResponse{SystemVersionInfo: "v1", Nonce: "1", Resources: []*discovery.Resource{{Name: "c"}}})
+	tr.DeltaRequest(3, &discovery.DeltaDiscoveryRequest{ResponseNonce: "1"})
+	if c := only(t, tr, "d"); c.State != Synced || c.Types["cds"].Acked != "v1" || len(c.Types) != 1 {
+		t.Errorf("a CDS stream naming no type: %+v", c)
+	}
+
+	tr.Open(Stream{Delta: true, ID: 4}, "")
+	tr.DeltaRequest(4, &discovery.DeltaDiscoveryRequest{Node: &core.Node{Id: "r"}, TypeUrl: eds, ResourceNamesSubscribe: []string{"a"},
+		InitialResourceVersions: map[string]string{"a": "h1"}})
+	if ty := only(t, tr, "r").Types["eds"]; !ty.Resumed || ty.Sent != "" {
+		t.Errorf("a resumed delta stream: %+v", ty)
 	}
 }

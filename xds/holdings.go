@@ -7,9 +7,11 @@ import (
 	"strings"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
 	"github.com/navemesh/nave/internal/xdstype"
+	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/syncstatus"
 )
 
@@ -65,19 +67,25 @@ func (s *Server) differences(node *core.Node, typeURL string, t syncstatus.Type)
 	if c == nil {
 		return nil
 	}
+	if t.Resumed && t.Sent == "" {
+		return nil // a delta stream that came back holding what it had, sent nothing newer since
+	}
 	allow := s.restrictionOf(node)
+	allowed := func(name string) bool {
+		ns, ok := NamespaceOf(name)
+		return allow == nil || ok && allow(ns)
+	}
+	names := slices.Clone(t.Names)
 	s.stateMu.Lock()
 	defer s.stateMu.Unlock()
-	names := t.Names
 	if t.Wildcard {
 		for name := range c.published {
-			if ns, ok := NamespaceOf(name); allow == nil || ok && allow(ns) {
-				names = append(names, name)
-			}
+			names = append(names, name)
 		}
 	}
 	slices.Sort(names)
 	names = slices.Compact(names)
+	names = slices.DeleteFunc(names, func(n string) bool { return !allowed(n) }) // never sent to this stream
 	acked, ours := uint64(0), strings.HasPrefix(t.Acked, c.prefix)
 	if ours {
 		n, err := strconv.ParseUint(strings.TrimPrefix(t.Acked, c.prefix), 10, 64)
@@ -96,6 +104,8 @@ func (s *Server) differences(node *core.Node, typeURL string, t syncstatus.Type)
 		switch {
 		case !held:
 			d.Reason = "this replica serves no such resource"
+		case t.AllUnresolved || slices.Contains(t.Unresolved, name):
+			d.Reason = "the client rejected it, and has accepted no response carrying it since (it is resent once it changes)"
 		case t.Acked == "":
 			d.Reason = "the client acknowledged nothing of this type yet"
 		case !ours:
@@ -112,4 +122,63 @@ func (s *Server) differences(node *core.Node, typeURL string, t syncstatus.Type)
 		out = append(out, d)
 	}
 	return out
+}
+
+// stagedOf says what a client must be sent to hold what this Update staged
+// for a service: its assignments if any locality group's changed, else its
+// clusters, else its routes, else its listeners ("": nothing staged but
+// deletions, which no response carries). Call it with stateMu held,
+// before the caches flush.
+func (s *Server) stagedOf(k registry.ServiceKey, groups map[Client]*resourceCache) (typeURL string, names []string) {
+	ports := s.ports[k]
+	staged := func(c *resourceCache, name string) bool { _, ok := c.upserts[name]; return ok }
+	var eds, cds, rds, lds []string
+	for _, p := range ports {
+		cluster, listener := ClusterName(k, p.Port), ListenerName(k, p.Port)
+		for _, g := range groups {
+			if staged(g, cluster) {
+				eds = append(eds, cluster)
+				break
+			}
+		}
+		if staged(s.cds, cluster) {
+			cds = append(cds, cluster)
+		}
+		if staged(s.rds, listener) {
+			rds = append(rds, listener)
+		}
+		if staged(s.lds, listener) {
+			lds = append(lds, listener)
+		}
+	}
+	switch {
+	case len(eds) > 0:
+		return resource.EndpointType, eds
+	case len(cds) > 0:
+		return resource.ClusterType, cds
+	case len(rds) > 0:
+		return resource.RouteType, rds
+	case len(lds) > 0:
+		return resource.ListenerType, lds
+	}
+	return "", nil
+}
+
+// responseNames reads the names of a response's resources from their encoding.
+func responseNames(resp *discovery.DiscoveryResponse) []string {
+	names := make([]string, 0, len(resp.GetResources()))
+	for _, a := range resp.GetResources() {
+		if name, err := xdstype.WireName(a.GetValue()); err == nil {
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
+func deltaResponseNames(resp *discovery.DeltaDiscoveryResponse) []string {
+	names := make([]string, 0, len(resp.GetResources()))
+	for _, r := range resp.GetResources() {
+		names = append(names, r.GetName())
+	}
+	return names
 }

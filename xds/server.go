@@ -53,11 +53,34 @@ type Config struct {
 	// client beyond them waits, and its pushes coalesce meanwhile.
 	RequestsPerSecond float64
 	RequestBurst      int
+	// Tracer, if not nil, is told what becomes of traced changes (see Tracer).
+	Tracer Tracer
 	// Restrict, when set, says for each new stream (from its context: the
 	// client's TLS identity) what it may receive and who it is, for logs;
 	// a nil Restriction allows everything, an error refuses the stream.
 	// Every request of a restricted stream is cut down to what it allows.
 	Restrict func(ctx context.Context) (allow Restriction, who string, err error)
+}
+
+// Tracer traces changes to the clients that hold them (package
+// convergence implements it). Its methods must not block.
+type Tracer interface {
+	// Tracing says whether a change of a service awaits translation.
+	Tracing(registry.ServiceKey) bool
+	// Translated says what a client must be sent to hold the service's
+	// awaited changes: a response of typeURL carrying one of resources
+	// ("" and none: nothing a client is sent changed).
+	Translated(key registry.ServiceKey, typeURL string, resources []string)
+	// Collecting says whether Pushed has anything to do.
+	Collecting() bool
+	// Pushed: a response with nonce carrying names is about to be sent to
+	// a stream that holds an earlier state of its type (a stream's first
+	// response of a type answers its fetch: it is not a push).
+	Pushed(s syncstatus.Stream, node, typeURL, nonce string, names []string)
+	// Answered: a stream accepted (ok) or rejected a response.
+	Answered(s syncstatus.Stream, typeURL, nonce string, ok bool)
+	// Closed: a stream ended.
+	Closed(s syncstatus.Stream)
 }
 
 // DefaultConfig is a single replica's configuration: version prefix "nave-"
@@ -200,7 +223,11 @@ func (s *Server) Update(r *registry.Registry, d registry.Diff) {
 		return
 	}
 	groups := *s.groups.Load()
+	var traced []registry.ServiceKey
 	for _, c := range changes {
+		if s.cfg.Tracer != nil && s.cfg.Tracer.Tracing(c.Key) {
+			traced = append(traced, c.Key)
+		}
 		shapes = shapes || c.ShapeChanged
 		svc := r.Service(c.Key)
 		ports := ServicePorts(svc)
@@ -227,6 +254,12 @@ func (s *Server) Update(r *registry.Registry, d registry.Diff) {
 		} else {
 			s.ports[c.Key] = ports
 		}
+	}
+	// Traced changes are told what carries them before the caches publish
+	// them, so that no push of them goes unseen.
+	for _, k := range traced {
+		typeURL, names := s.stagedOf(k, groups)
+		s.cfg.Tracer.Translated(k, typeURL, names)
 	}
 	// Endpoints and clusters before routes and listeners: a client that learns of
 	// a new listener finds what it points to already there.
@@ -432,9 +465,9 @@ func (s *Server) edsCache(node *core.Node) *resourceCache {
 
 func (s *Server) callbacks() serverv3.CallbackFuncs {
 	return serverv3.CallbackFuncs{
-		StreamOpenFunc: func(ctx context.Context, id int64, _ string) error {
+		StreamOpenFunc: func(ctx context.Context, id int64, typeURL string) error {
 			s.metrics.connected.Inc()
-			s.status.Open(syncstatus.Stream{ID: id})
+			s.status.Open(syncstatus.Stream{ID: id}, typeURL)
 			return s.openStream(ctx, streamKey{false, id})
 		},
 		StreamClosedFunc: func(id int64, _ *core.Node) {
@@ -442,9 +475,9 @@ func (s *Server) callbacks() serverv3.CallbackFuncs {
 			s.forgetStream(false, id)
 			s.closeStream(streamKey{false, id})
 		},
-		DeltaStreamOpenFunc: func(ctx context.Context, id int64, _ string) error {
+		DeltaStreamOpenFunc: func(ctx context.Context, id int64, typeURL string) error {
 			s.metrics.connected.Inc()
-			s.status.Open(syncstatus.Stream{Delta: true, ID: id})
+			s.status.Open(syncstatus.Stream{Delta: true, ID: id}, typeURL)
 			return s.openStream(ctx, streamKey{true, id})
 		},
 		DeltaStreamClosedFunc: func(id int64, _ *core.Node) {
@@ -462,7 +495,9 @@ func (s *Server) callbacks() serverv3.CallbackFuncs {
 			if s.cfg.Restrict != nil {
 				s.restrictRequest(streamKey{false, id}, &req.Node, req.GetTypeUrl(), req.GetResourceNames())
 			}
-			s.status.Request(id, req)
+			if a := s.status.Request(id, req); a.Nonce != "" && s.cfg.Tracer != nil {
+				s.cfg.Tracer.Answered(syncstatus.Stream{ID: id}, req.GetTypeUrl(), a.Nonce, a.ACK)
+			}
 			s.onRequest(false, id, req.GetTypeUrl(), req.GetNode(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, req.GetResponseNonce())
 			return nil
 		},
@@ -476,16 +511,25 @@ func (s *Server) callbacks() serverv3.CallbackFuncs {
 			if s.cfg.Restrict != nil {
 				s.restrictRequest(streamKey{true, id}, &req.Node, req.GetTypeUrl(), req.GetResourceNamesSubscribe())
 			}
-			s.status.DeltaRequest(id, req)
+			if a := s.status.DeltaRequest(id, req); a.Nonce != "" && s.cfg.Tracer != nil {
+				s.cfg.Tracer.Answered(syncstatus.Stream{Delta: true, ID: id}, req.GetTypeUrl(), a.Nonce, a.ACK)
+			}
 			s.onRequest(true, id, req.GetTypeUrl(), req.GetNode(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, req.GetResponseNonce())
 			return nil
 		},
 		StreamResponseFunc: func(_ context.Context, id int64, req *discovery.DiscoveryRequest, resp *discovery.DiscoveryResponse) {
-			asked := s.status.Response(id, req.GetTypeUrl(), resp)
+			asked, first := s.status.Response(id, req.GetTypeUrl(), resp)
+			if t := s.cfg.Tracer; t != nil && !first && t.Collecting() {
+				t.Pushed(syncstatus.Stream{ID: id}, req.GetNode().GetId(), req.GetTypeUrl(), resp.GetNonce(), responseNames(resp))
+			}
 			s.onResponse(req.GetTypeUrl(), resp.GetVersionInfo(), asked)
 		},
 		StreamDeltaResponseFunc: func(id int64, req *discovery.DeltaDiscoveryRequest, resp *discovery.DeltaDiscoveryResponse) {
-			asked := s.status.DeltaResponse(id, req.GetTypeUrl(), resp)
+			asked, first := s.status.DeltaResponse(id, req.GetTypeUrl(), resp)
+			if t := s.cfg.Tracer; t != nil && !first && t.Collecting() {
+				stream := syncstatus.Stream{Delta: true, ID: id}
+				t.Pushed(stream, s.status.Node(stream).GetId(), req.GetTypeUrl(), resp.GetNonce(), deltaResponseNames(resp))
+			}
 			s.onResponse(req.GetTypeUrl(), resp.GetSystemVersionInfo(), asked)
 		},
 	}
@@ -522,6 +566,9 @@ func (s *Server) onResponse(typeURL, version string, asked time.Time) {
 func (s *Server) forgetStream(delta bool, id int64) {
 	s.throttle.forget(streamKey{delta, id})
 	s.status.Close(syncstatus.Stream{Delta: delta, ID: id})
+	if s.cfg.Tracer != nil {
+		s.cfg.Tracer.Closed(syncstatus.Stream{Delta: delta, ID: id})
+	}
 }
 
 // Reasons a request is refused.

@@ -28,6 +28,7 @@ Usage:
   navectl [--hub URL] [-o table|json] networks
   navectl [--hub URL] [-o table|json] imports [CLUSTER]
   navectl [--hub URL] [-o table|json] proxies [NODE]     (alias: clients)
+  navectl [--hub URL] [-o table|json] trace NAMESPACE/NAME [--limit N]
 
 endpoints shows what an xDS client in that locality (and on that network)
 receives, priority by priority: another network's endpoints are reached
@@ -42,6 +43,11 @@ not acknowledged yet; with its age) or NACKED (it rejected the last one);
 with NODE, that node's streams in full: what each subscribes to, the
 versions sent and acknowledged, its last NACK and why, and each resource
 it holds otherwise than the replica would send it now.
+trace shows the last changes of a service as each replica saw them through:
+when it applied the change, when its xDS resources were published, how many
+clients it was pushed to and how many acknowledged it, and the slowest
+clients (applied -> pushed, pushed -> acknowledged), all on that replica's
+clock.
 `
 
 func main() {
@@ -98,32 +104,29 @@ func run(args []string, out io.Writer) error {
 			return err
 		}
 		return c.proxies(node)
+	case "trace":
+		tfs := flag.NewFlagSet("navectl trace", flag.ContinueOnError)
+		limit := tfs.Int("limit", 10, "how many changes each replica shows")
+		service, err := oneArgWithFlags(tfs, rest[1:], "trace", "a service: navectl trace NAMESPACE/NAME")
+		if err != nil {
+			return err
+		}
+		if *limit < 1 {
+			return fmt.Errorf("--limit %d: want at least 1", *limit)
+		}
+		return c.trace(service, *limit)
 	case "endpoints":
 		efs := flag.NewFlagSet("navectl endpoints", flag.ContinueOnError)
 		region := efs.String("region", "", "the client's region")
 		zone := efs.String("zone", "", "the client's zone")
 		network := efs.String("network", "", "the client's network")
-		// Accept flags before or after the service name.
-		var service string
-		args := rest[1:]
-		for len(args) > 0 {
-			if err := efs.Parse(args); err != nil {
-				return err
-			}
-			if efs.NArg() == 0 {
-				break
-			}
-			if service != "" {
-				return fmt.Errorf("endpoints takes one service, got %q and %q", service, efs.Arg(0))
-			}
-			service, args = efs.Arg(0), efs.Args()[1:]
-		}
-		if service == "" {
-			return errors.New("endpoints needs a service: navectl endpoints NAMESPACE/NAME")
+		service, err := oneArgWithFlags(efs, rest[1:], "endpoints", "a service: navectl endpoints NAMESPACE/NAME")
+		if err != nil {
+			return err
 		}
 		return c.endpoints(service, *region, *zone, *network)
 	default:
-		return fmt.Errorf("unknown command %q (clusters, services, endpoints, networks, imports, proxies)", rest[0])
+		return fmt.Errorf("unknown command %q (clusters, services, endpoints, networks, imports, proxies, trace)", rest[0])
 	}
 }
 
@@ -311,6 +314,28 @@ func (c client) networks() error {
 		fmt.Fprintln(w, "(no cluster names a network: every client reaches every endpoint directly)")
 	}
 	return w.Flush()
+}
+
+// oneArgWithFlags parses a command's flags, given before or after its one
+// argument, and returns the argument; what says what it is.
+func oneArgWithFlags(fs *flag.FlagSet, args []string, command, what string) (string, error) {
+	var arg string
+	for len(args) > 0 {
+		if err := fs.Parse(args); err != nil {
+			return "", err
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		if arg != "" {
+			return "", fmt.Errorf("%s takes one argument, got %q and %q", command, arg, fs.Arg(0))
+		}
+		arg, args = fs.Arg(0), fs.Args()[1:]
+	}
+	if arg == "" {
+		return "", fmt.Errorf("%s needs %s", command, what)
+	}
+	return arg, nil
 }
 
 // optionalArg returns a command's one optional argument ("" if none).

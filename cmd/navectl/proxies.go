@@ -64,42 +64,61 @@ func (c client) proxies(node string) error {
 	return nil
 }
 
-// allClients asks the replica navectl was pointed at, then every other
-// member it lists in /debug/hub, for their clients (of node, if given).
-// A replica that does not answer is reported on stderr and left out.
+// allClients asks every replica (see otherReplicas) for its clients (of
+// node, if given).
 func (c client) allClients(node string) ([]syncstatus.Client, error) {
-	raw := c
-	raw.json = false
 	path := "/debug/clients"
 	if node != "" {
 		path += "?node=" + url.QueryEscape(node)
 	}
-	var own hub.ClientsInfo
-	if err := raw.get(path, &own); err != nil {
+	var clients []syncstatus.Client
+	err := c.everyReplica(path, func() any { return &hub.ClientsInfo{} }, func(v any) string { return v.(*hub.ClientsInfo).Replica },
+		func(v any) { clients = append(clients, v.(*hub.ClientsInfo).Clients...) })
+	if err != nil {
 		return nil, err
-	}
-	clients := own.Clients
-	var coord hub.Coordination
-	if err := raw.get("/debug/hub", &coord); err != nil {
-		fmt.Fprintf(os.Stderr, "navectl: the other replicas are unknown: %v\n", err)
-	}
-	for _, m := range coord.Members {
-		if m.Self || m.Admin == "" || m.Name == own.Replica {
-			continue
-		}
-		peer := raw
-		peer.base = "http://" + m.Admin
-		var info hub.ClientsInfo
-		if err := peer.get(path, &info); err != nil {
-			fmt.Fprintf(os.Stderr, "navectl: replica %s: %v\n", m.Name, err)
-			continue
-		}
-		clients = append(clients, info.Clients...)
 	}
 	slices.SortFunc(clients, func(a, b syncstatus.Client) int {
 		return cmp.Or(strings.Compare(a.NodeID, b.NodeID), strings.Compare(a.Replica, b.Replica), cmp.Compare(a.Stream.ID, b.Stream.ID))
 	})
 	return clients, nil
+}
+
+// everyReplica asks the replica navectl was pointed at for path, then
+// every member it lists in /debug/hub. Each answer is decoded into a fresh
+// value of next; replica names the replica that answered, and add takes
+// the answer of each replica once (behind a load balancer, /debug/hub may
+// come from another replica than the first answer). The first replica
+// must answer; another that does not is reported on stderr and left out.
+func (c client) everyReplica(path string, next func() any, replica func(any) string, add func(any)) error {
+	raw := c
+	raw.json = false
+	own := next()
+	if err := raw.get(path, own); err != nil {
+		return err
+	}
+	seen := map[string]bool{replica(own): true}
+	add(own)
+	var coord hub.Coordination
+	if err := raw.get("/debug/hub", &coord); err != nil {
+		fmt.Fprintf(os.Stderr, "navectl: the other replicas are unknown: %v\n", err)
+	}
+	for _, m := range coord.Members {
+		if m.Admin == "" || seen[m.Name] {
+			continue
+		}
+		peer := raw
+		peer.base = "http://" + m.Admin
+		v := next()
+		if err := peer.get(path, v); err != nil {
+			fmt.Fprintf(os.Stderr, "navectl: replica %s: %v\n", m.Name, err)
+			continue
+		}
+		if name := replica(v); !seen[name] {
+			seen[name] = true
+			add(v)
+		}
+	}
+	return nil
 }
 
 // proxy prints one stream in full.

@@ -189,7 +189,7 @@ func TestProxiesMergesReplicas(t *testing.T) {
 	one := navectl(t, "--hub", url, "clients", "raw-nacker")
 	t.Logf("navectl clients raw-nacker:\n%s", one)
 	for _, want := range []string{"node raw-nacker", "at replica a", "state: NACKED", "still rejecting", "priority 1 has no endpoints", cla,
-		"the client acknowledged nothing of this type yet"} {
+		"the client rejected it, and has accepted no response carrying it since"} {
 		if !strings.Contains(one, want) {
 			t.Errorf("proxies raw-nacker lacks %q:\n%s", want, one)
 		}
@@ -198,7 +198,18 @@ func TestProxiesMergesReplicas(t *testing.T) {
 		strings.Contains(out, "differs from") {
 		t.Errorf("the synced client should hold what its replica would send:\n%s", out)
 	}
+	// Every replica traced east's services arriving (at a from the spoke, at b and c by replication).
+	trace := navectl(t, "--hub", url, "trace", "demo/echo", "--limit", "1")
+	t.Logf("navectl trace demo/echo:\n%s", trace)
+	for _, want := range []string{"changes of demo/echo", "REPLICA", "\na ", "\nb ", "\nc ", "east"} {
+		if !strings.Contains(trace, want) {
+			t.Errorf("trace lacks %q:\n%s", want, trace)
+		}
+	}
 	var out strings.Builder
+	if err := run([]string{"--hub", url, "trace", "no-slash"}, &out); err == nil || !strings.Contains(err.Error(), "NAMESPACE/NAME") {
+		t.Errorf("trace of a malformed service: %v", err)
+	}
 	if err := run([]string{"--hub", url, "proxies", "nobody"}, &out); err == nil || !strings.Contains(err.Error(), `no replica has a client of node "nobody"`) {
 		t.Errorf("proxies of an unknown node: %v", err)
 	}

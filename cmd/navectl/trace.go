@@ -1,0 +1,72 @@
+package main
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/navemesh/nave/convergence"
+	"github.com/navemesh/nave/hub"
+	"github.com/navemesh/nave/registry"
+)
+
+// trace prints the last changes of a service as every replica traced
+// them, newest first: each stage, and the slowest clients.
+func (c client) trace(service string, limit int) error {
+	if _, err := registry.ParseServiceKey(service); err != nil {
+		return fmt.Errorf("trace needs a service NAMESPACE/NAME: %w", err)
+	}
+	path := fmt.Sprintf("/debug/trace?service=%s&limit=%d", url.QueryEscape(service), limit)
+	var traces []convergence.Trace
+	err := c.everyReplica(path, func() any { return &hub.TraceInfo{} }, func(v any) string { return v.(*hub.TraceInfo).Replica },
+		func(v any) { traces = append(traces, v.(*hub.TraceInfo).Traces...) })
+	if err != nil {
+		return err
+	}
+	slices.SortFunc(traces, func(a, b convergence.Trace) int {
+		return cmp.Or(b.Received.Compare(a.Received), strings.Compare(a.Replica, b.Replica))
+	})
+	if c.json {
+		enc := json.NewEncoder(c.out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(traces)
+	}
+	if len(traces) == 0 {
+		fmt.Fprintf(c.out, "no replica traced a change of %s (replicas keep their last %d changes)\n", service, convergence.DefaultConfig().MaxTraces)
+		return nil
+	}
+	fmt.Fprintf(c.out, "changes of %s, newest first; each stage on the replica's own clock (ms)\n\n", service)
+	w := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "REPLICA\tCHANGE\tFROM\tAPPLIED\tTRANSLATED\tCARRIED BY\tPUSHES\tACKED\tNACKED\tLAST ACK\tSLOWEST CLIENTS (apply->push + push->ack = total)")
+	for _, t := range traces {
+		translated, carried, last := "-", "-", "-"
+		if t.Translated != nil {
+			translated = "+" + msSince(t.Received, *t.Translated)
+		}
+		switch {
+		case t.NoChange:
+			carried = "(no client-visible change)"
+		case t.Type != "":
+			carried = fmt.Sprintf("%s %s", t.Type, strings.Join(t.Resources, ","))
+		}
+		if t.LastAck != nil {
+			last = "+" + msSince(t.Received, *t.LastAck)
+		}
+		var slow []string
+		for _, s := range t.Slowest {
+			slow = append(slow, fmt.Sprintf("%s %.1f+%.1f=%.1f", s.NodeID, s.ApplyToPush, s.PushToAck, s.HubToAck))
+		}
+		fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", t.Replica, t.ID, t.Cluster, ago(t.Received), translated, carried,
+			t.Pushed, t.Acked, t.Nacked, last, dash(strings.Join(slow, "; ")))
+	}
+	return w.Flush()
+}
+
+func msSince(from, to time.Time) string {
+	return fmt.Sprintf("%.1f", float64(to.Sub(from).Microseconds())/1000)
+}

@@ -1,0 +1,387 @@
+// Package convergence traces each change of a service from the moment a
+// hub replica receives it to the moment each xDS client acknowledges it,
+// every stage on the replica's own clock.
+//
+// A change is traced when the replica applies it (Received). When the xDS
+// server has translated it (Translated), it names the resources a client
+// must be sent to hold it: the service's endpoints (EDS) when they
+// changed, else its clusters, routes or listeners. A response that carries
+// one of them, sent after the translation, is the change's push to that
+// client (Pushed); the client's ACK of that response is its convergence
+// (Answered). Each ACK observes the stages' histograms:
+//   - hub_apply_to_push: received -> pushed;
+//   - push_to_ack: pushed -> acknowledged;
+//   - hub_to_ack: received -> acknowledged.
+//
+// Memory is bounded: at most Config.MaxTraces changes are kept (the oldest
+// go first), each with its Config.SlowestClients slowest clients, and a
+// change stops collecting pushes after Config.Window.
+package convergence
+
+import (
+	"cmp"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/navemesh/nave/internal/xdstype"
+	"github.com/navemesh/nave/registry"
+	"github.com/navemesh/nave/syncstatus"
+)
+
+// MetricConvergence is the histogram of each stage's duration, by stage
+// and origin cluster.
+const MetricConvergence = "nave_convergence_seconds"
+
+// Stages of a change, as MetricConvergence labels them.
+const (
+	StageApplyToPush = "hub_apply_to_push"
+	StagePushToAck   = "push_to_ack"
+	StageHubToAck    = "hub_to_ack"
+)
+
+// Config bounds what a Tracer keeps.
+type Config struct {
+	// Replica names the replica in the traces it shows.
+	Replica string
+	// MaxTraces is how many changes are kept (the newest).
+	MaxTraces int
+	// SlowestClients is how many clients each change keeps (the slowest).
+	SlowestClients int
+	// Window is how long after its translation a change collects pushes.
+	Window time.Duration
+}
+
+// DefaultConfig keeps 1,024 changes, the 5 slowest clients of each, and
+// collects pushes for a minute.
+func DefaultConfig() Config {
+	return Config{MaxTraces: 1024, SlowestClients: 5, Window: time.Minute}
+}
+
+// Trace is one change as a replica saw it through.
+type Trace struct {
+	ID      uint64              `json:"id"`
+	Replica string              `json:"replica"`
+	Cluster registry.ClusterID  `json:"cluster"`
+	Service registry.ServiceKey `json:"service"`
+	// Received is when the replica applied the change (its clock), and
+	// Translated when its xDS resources were published ("": not yet).
+	Received   time.Time  `json:"received"`
+	Translated *time.Time `json:"translated,omitempty"`
+	// Type is the xDS type a client must be sent to hold the change (lds,
+	// rds, cds or eds), Resources the resources of that type it changed.
+	// NoChange: the change altered nothing any client is sent.
+	Type      string   `json:"type,omitempty"`
+	Resources []string `json:"resources,omitempty"`
+	NoChange  bool     `json:"noChange,omitempty"`
+	// Pushed counts the responses that carried it, Acked the clients that
+	// acknowledged one, Nacked those that rejected one.
+	Pushed int `json:"pushed"`
+	Acked  int `json:"acked"`
+	Nacked int `json:"nacked"`
+	// Slowest are the clients that took longest to acknowledge it.
+	Slowest []ClientTime `json:"slowest,omitempty"`
+	// LastAck is when the last client acknowledged it.
+	LastAck *time.Time `json:"lastAck,omitempty"`
+}
+
+// ClientTime is how long one client took to hold a change.
+type ClientTime struct {
+	NodeID string            `json:"nodeID"`
+	Stream syncstatus.Stream `json:"stream"`
+	// ApplyToPush, PushToAck and HubToAck are the stages, in milliseconds.
+	ApplyToPush float64 `json:"applyToPushMs"`
+	PushToAck   float64 `json:"pushToAckMs"`
+	HubToAck    float64 `json:"hubToAckMs"`
+}
+
+// Tracer traces changes; its methods are safe for concurrent use and never
+// block beyond a short lock.
+type Tracer struct {
+	cfg     Config
+	now     func() time.Time
+	seconds *prometheus.HistogramVec
+
+	// open counts the changes collecting pushes: Pushed returns at once
+	// when there are none, without taking the lock.
+	open atomic.Int64
+
+	// mu guards the fields below.
+	mu     sync.Mutex
+	nextID uint64
+	// traces are the kept changes, oldest first.
+	traces []*trace
+	// untranslated holds, by service, changes the xDS server has not translated yet.
+	untranslated map[registry.ServiceKey][]*trace
+	// byResource holds, by type URL and resource name, the changes collecting pushes of it.
+	byResource map[string]map[string][]*trace
+	// inFlight holds, by stream and type URL, the traced changes its last response carried.
+	inFlight map[syncstatus.Stream]map[string]flight
+}
+
+type trace struct {
+	Trace
+	typeURL string
+	until   time.Time // collects pushes until then
+}
+
+type flight struct {
+	nonce  string
+	node   string
+	at     time.Time
+	traces []*trace
+}
+
+// New returns a tracer whose histograms are registered on reg (nil: not registered).
+func New(cfg Config, reg prometheus.Registerer) *Tracer {
+	def := DefaultConfig()
+	cfg.MaxTraces = cmp.Or(max(cfg.MaxTraces, 0), def.MaxTraces)
+	cfg.SlowestClients = cmp.Or(max(cfg.SlowestClients, 0), def.SlowestClients)
+	cfg.Window = cmp.Or(max(cfg.Window, 0), def.Window)
+	t := &Tracer{cfg: cfg, now: time.Now,
+		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    MetricConvergence,
+			Help:    "How long each stage of a change took, measured on this replica's clock: hub_apply_to_push (applied -> pushed to a client), push_to_ack (pushed -> the client's ACK), hub_to_ack (applied -> ACK); by origin cluster.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"stage", "cluster"}),
+		untranslated: map[registry.ServiceKey][]*trace{},
+		byResource:   map[string]map[string][]*trace{},
+		inFlight:     map[syncstatus.Stream]map[string]flight{},
+	}
+	if reg != nil {
+		reg.MustRegister(t.seconds)
+	}
+	return t
+}
+
+// Received records that the replica applied a change of cluster's
+// services at its clock's now.
+func (t *Tracer) Received(cluster registry.ClusterID, services []registry.ServiceKey) {
+	now := t.now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, key := range services {
+		t.nextID++
+		tr := &trace{Trace: Trace{ID: t.nextID, Replica: t.cfg.Replica, Cluster: cluster, Service: key, Received: now}}
+		t.traces = append(t.traces, tr)
+		t.untranslated[key] = append(t.untranslated[key], tr)
+	}
+	t.evictLocked()
+}
+
+// evictLocked drops the oldest changes beyond MaxTraces.
+func (t *Tracer) evictLocked() {
+	for len(t.traces) > t.cfg.MaxTraces {
+		old := t.traces[0]
+		t.traces[0] = nil
+		t.traces = t.traces[1:]
+		t.forgetLocked(old)
+	}
+}
+
+// forgetLocked stops a change from collecting pushes.
+func (t *Tracer) forgetLocked(tr *trace) {
+	if list := t.untranslated[tr.Service]; len(list) > 0 {
+		if list = slices.DeleteFunc(list, func(x *trace) bool { return x == tr }); len(list) == 0 {
+			delete(t.untranslated, tr.Service)
+		} else {
+			t.untranslated[tr.Service] = list
+		}
+	}
+	if tr.typeURL == "" || tr.until.IsZero() {
+		return
+	}
+	tr.until = time.Time{}
+	t.open.Add(-1)
+	byName := t.byResource[tr.typeURL]
+	for _, name := range tr.Resources {
+		list := slices.DeleteFunc(byName[name], func(x *trace) bool { return x == tr })
+		if len(list) == 0 {
+			delete(byName, name)
+		} else {
+			byName[name] = list
+		}
+	}
+	if len(byName) == 0 {
+		delete(t.byResource, tr.typeURL)
+	}
+}
+
+// Tracing says whether a change of key awaits translation.
+func (t *Tracer) Tracing(key registry.ServiceKey) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.untranslated[key]) > 0
+}
+
+// Translated records that the xDS server published the changes of key
+// awaiting translation: a client holds them once it acknowledges a
+// response of typeURL carrying one of resources. An empty typeURL says
+// they changed nothing a client is sent.
+func (t *Tracer) Translated(key registry.ServiceKey, typeURL string, resources []string) {
+	now := t.now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	list := t.untranslated[key]
+	delete(t.untranslated, key)
+	t.expireLocked(now)
+	for _, tr := range list {
+		at := now
+		tr.Translated = &at
+		if typeURL == "" || len(resources) == 0 {
+			tr.NoChange = true
+			continue
+		}
+		tr.typeURL, tr.Type, tr.Resources, tr.until = typeURL, xdstype.Label(typeURL), resources, now.Add(t.cfg.Window)
+		t.supersedeLocked(typeURL, resources)
+		t.open.Add(1)
+		byName := t.byResource[typeURL]
+		if byName == nil {
+			byName = map[string][]*trace{}
+			t.byResource[typeURL] = byName
+		}
+		for _, name := range resources {
+			byName[name] = append(byName[name], tr)
+		}
+	}
+}
+
+// supersedeLocked stops the changes collecting pushes of resources: a
+// push from now on carries a newer change of them (so that no client is
+// counted twice for a change without a set of clients per change).
+func (t *Tracer) supersedeLocked(typeURL string, resources []string) {
+	var old []*trace
+	for _, name := range resources {
+		for _, tr := range t.byResource[typeURL][name] {
+			if !slices.Contains(old, tr) {
+				old = append(old, tr)
+			}
+		}
+	}
+	for _, tr := range old {
+		t.forgetLocked(tr)
+	}
+}
+
+// expireLocked stops changes past their window from collecting pushes.
+func (t *Tracer) expireLocked(now time.Time) {
+	for _, tr := range t.traces {
+		if !tr.until.IsZero() && now.After(tr.until) {
+			t.forgetLocked(tr)
+		}
+	}
+}
+
+// Collecting says whether any change collects pushes (Pushed has work).
+func (t *Tracer) Collecting() bool { return t.open.Load() > 0 }
+
+// Pushed records a response of typeURL with nonce, carrying resources
+// named names, about to be sent to a stream of node.
+func (t *Tracer) Pushed(s syncstatus.Stream, node, typeURL, nonce string, names []string) {
+	if !t.Collecting() {
+		return
+	}
+	now := t.now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	byName := t.byResource[typeURL]
+	var carried []*trace
+	for _, name := range names {
+		for _, tr := range byName[name] {
+			if now.Before(tr.until) && !slices.Contains(carried, tr) {
+				carried = append(carried, tr)
+			}
+		}
+	}
+	for _, tr := range carried {
+		tr.Pushed++
+	}
+	flights := t.inFlight[s]
+	prev, unanswered := flights[typeURL]
+	if len(carried) == 0 && !unanswered {
+		return
+	}
+	if flights == nil {
+		flights = map[string]flight{}
+		t.inFlight[s] = flights
+	}
+	// Changes of an unanswered earlier response are carried on: the client
+	// holds them once it acknowledges this one.
+	if unanswered {
+		for _, tr := range prev.traces {
+			if !slices.Contains(carried, tr) {
+				carried = append(carried, tr)
+			}
+		}
+		now = prev.at // the first push that carried them
+	}
+	flights[typeURL] = flight{nonce: nonce, node: node, at: now, traces: carried}
+}
+
+// Answered records a stream's ACK (ok) or NACK of the response of typeURL with nonce.
+func (t *Tracer) Answered(s syncstatus.Stream, typeURL, nonce string, ok bool) {
+	now := t.now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	f, found := t.inFlight[s][typeURL]
+	if !found || f.nonce != nonce {
+		return
+	}
+	delete(t.inFlight[s], typeURL)
+	for _, tr := range f.traces {
+		if !ok {
+			tr.Nacked++
+			continue
+		}
+		tr.Acked++
+		at := now
+		tr.LastAck = &at
+		ct := ClientTime{NodeID: f.node, Stream: s, ApplyToPush: ms(f.at.Sub(tr.Received)), PushToAck: ms(now.Sub(f.at)), HubToAck: ms(now.Sub(tr.Received))}
+		cluster := string(tr.Cluster)
+		t.seconds.WithLabelValues(StageApplyToPush, cluster).Observe(f.at.Sub(tr.Received).Seconds())
+		t.seconds.WithLabelValues(StagePushToAck, cluster).Observe(now.Sub(f.at).Seconds())
+		t.seconds.WithLabelValues(StageHubToAck, cluster).Observe(now.Sub(tr.Received).Seconds())
+		tr.keepSlowest(ct, t.cfg.SlowestClients)
+	}
+}
+
+func (tr *trace) keepSlowest(ct ClientTime, n int) {
+	i, _ := slices.BinarySearchFunc(tr.Slowest, ct.HubToAck, func(c ClientTime, v float64) int { return cmp.Compare(v, c.HubToAck) })
+	if i >= n {
+		return
+	}
+	tr.Slowest = slices.Insert(tr.Slowest, i, ct)
+	if len(tr.Slowest) > n {
+		tr.Slowest = tr.Slowest[:n]
+	}
+}
+
+// Closed forgets a stream.
+func (t *Tracer) Closed(s syncstatus.Stream) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.inFlight, s)
+}
+
+// Traces returns the kept changes of service (all, if it is the zero key),
+// newest first, at most limit (0: all).
+func (t *Tracer) Traces(service registry.ServiceKey, limit int) []Trace {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []Trace
+	for i := len(t.traces) - 1; i >= 0 && (limit == 0 || len(out) < limit); i-- {
+		tr := t.traces[i]
+		if service != (registry.ServiceKey{}) && tr.Service != service {
+			continue
+		}
+		c := tr.Trace
+		c.Slowest = slices.Clone(c.Slowest)
+		out = append(out, c)
+	}
+	return out
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
