@@ -11,7 +11,19 @@
 // (Answered). Each ACK observes the stages' histograms:
 //   - hub_apply_to_push: received -> pushed;
 //   - push_to_ack: pushed -> acknowledged;
-//   - hub_to_ack: received -> acknowledged.
+//   - hub_to_ack: received -> acknowledged;
+//   - end_to_end: source + spoke + spoke_to_hub + hub_to_ack, for a change
+//     whose spoke said where it began.
+//
+// A spoke says, with each update, where the changes it carries began
+// (Origins, before the update is applied): how long its source took to
+// show it the change (source: only a directory source knows when a file
+// changed), how long it took to send it (spoke), and its estimate of the
+// one-way delay to the hub (spoke_to_hub: half its round trip less the
+// hub's time, see fedv1.Update.link_nanos). Those are observed as they
+// arrive. Every stage is a duration measured on one clock, so clock skew
+// between machines cannot make a figure negative or absurd. A replica's
+// copy of a change carries no origin (replication does not forward it).
 //
 // Memory is bounded: at most Config.MaxTraces changes are kept (the oldest
 // go first), each with its Config.SlowestClients slowest clients, and a
@@ -27,6 +39,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/internal/xdstype"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/syncstatus"
@@ -38,9 +51,13 @@ const MetricConvergence = "nave_convergence_seconds"
 
 // Stages of a change, as MetricConvergence labels them.
 const (
+	StageSource      = "source"
+	StageSpoke       = "spoke"
+	StageSpokeToHub  = "spoke_to_hub"
 	StageApplyToPush = "hub_apply_to_push"
 	StagePushToAck   = "push_to_ack"
 	StageHubToAck    = "hub_to_ack"
+	StageEndToEnd    = "end_to_end"
 )
 
 // Config bounds what a Tracer keeps.
@@ -67,6 +84,9 @@ type Trace struct {
 	Replica string              `json:"replica"`
 	Cluster registry.ClusterID  `json:"cluster"`
 	Service registry.ServiceKey `json:"service"`
+	// Origin is where the change began, as its spoke said (nil: it did not
+	// say: a resync, or a replica's copy).
+	Origin *Origin `json:"origin,omitempty"`
 	// Received is when the replica applied the change (its clock), and
 	// Translated when its xDS resources were published ("": not yet).
 	Received   time.Time  `json:"received"`
@@ -88,14 +108,30 @@ type Trace struct {
 	LastAck *time.Time `json:"lastAck,omitempty"`
 }
 
+// Origin is where a change began, in milliseconds each measured on one
+// clock (0: unknown).
+type Origin struct {
+	ResourceVersion string  `json:"resourceVersion,omitempty"`
+	Source          float64 `json:"sourceMs"`
+	Spoke           float64 `json:"spokeMs"`
+	SpokeToHub      float64 `json:"spokeToHubMs"`
+}
+
+// total is the origin's part of a change's end-to-end time.
+func (o *Origin) total() time.Duration {
+	return time.Duration((o.Source + o.Spoke + o.SpokeToHub) * float64(time.Millisecond))
+}
+
 // ClientTime is how long one client took to hold a change.
 type ClientTime struct {
 	NodeID string            `json:"nodeID"`
 	Stream syncstatus.Stream `json:"stream"`
-	// ApplyToPush, PushToAck and HubToAck are the stages, in milliseconds.
+	// ApplyToPush, PushToAck and HubToAck are the stages, in milliseconds;
+	// EndToEnd adds the change's origin (0: no origin).
 	ApplyToPush float64 `json:"applyToPushMs"`
 	PushToAck   float64 `json:"pushToAckMs"`
 	HubToAck    float64 `json:"hubToAckMs"`
+	EndToEnd    float64 `json:"endToEndMs,omitempty"`
 }
 
 // Tracer traces changes; its methods are safe for concurrent use and never
@@ -120,6 +156,13 @@ type Tracer struct {
 	byResource map[string]map[string][]*trace
 	// inFlight holds, by stream and type URL, the traced changes its last response carried.
 	inFlight map[syncstatus.Stream]map[string]flight
+	// origins holds, by cluster and service, the origin of a change not applied yet.
+	origins map[registry.ClusterID]map[registry.ServiceKey]pendingOrigin
+}
+
+type pendingOrigin struct {
+	Origin
+	at time.Time
 }
 
 type trace struct {
@@ -144,17 +187,54 @@ func New(cfg Config, reg prometheus.Registerer) *Tracer {
 	t := &Tracer{cfg: cfg, now: time.Now,
 		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    MetricConvergence,
-			Help:    "How long each stage of a change took, measured on this replica's clock: hub_apply_to_push (applied -> pushed to a client), push_to_ack (pushed -> the client's ACK), hub_to_ack (applied -> ACK); by origin cluster.",
+			Help:    "How long each stage of a change took, each on one clock: source (the source's change -> the spoke saw it), spoke (saw -> sent), spoke_to_hub (one-way estimate), hub_apply_to_push (applied -> pushed to a client), push_to_ack (pushed -> the client's ACK), hub_to_ack (applied -> ACK), end_to_end (their sum); by origin cluster.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}, []string{"stage", "cluster"}),
 		untranslated: map[registry.ServiceKey][]*trace{},
 		byResource:   map[string]map[string][]*trace{},
 		inFlight:     map[syncstatus.Stream]map[string]flight{},
+		origins:      map[registry.ClusterID]map[registry.ServiceKey]pendingOrigin{},
 	}
 	if reg != nil {
 		reg.MustRegister(t.seconds)
 	}
 	return t
+}
+
+// Origins records where the changes of an update from cluster's spoke
+// began, before the update is applied (link: the spoke's estimate of its
+// delay to the hub, 0 unknown), and observes those stages. The origin of a
+// service whose update changes nothing is dropped after the window.
+func (t *Tracer) Origins(cluster registry.ClusterID, link time.Duration, origins []federation.ReceivedOrigin) {
+	now := t.now()
+	c := string(cluster)
+	if link > 0 {
+		t.seconds.WithLabelValues(StageSpokeToHub, c).Observe(link.Seconds())
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	byService := t.origins[cluster]
+	if byService == nil {
+		byService = map[registry.ServiceKey]pendingOrigin{}
+		t.origins[cluster] = byService
+	}
+	for k, o := range byService {
+		if now.Sub(o.at) > t.cfg.Window {
+			delete(byService, k)
+		}
+	}
+	for _, o := range origins {
+		if o.Source > 0 {
+			t.seconds.WithLabelValues(StageSource, c).Observe(o.Source.Seconds())
+		}
+		if o.Spoke > 0 {
+			t.seconds.WithLabelValues(StageSpoke, c).Observe(o.Spoke.Seconds())
+		}
+		if len(byService) >= t.cfg.MaxTraces {
+			continue
+		}
+		byService[o.Service] = pendingOrigin{at: now, Origin: Origin{ResourceVersion: o.ResourceVersion, Source: ms(o.Source), Spoke: ms(o.Spoke), SpokeToHub: ms(link)}}
+	}
 }
 
 // Received records that the replica applied a change of cluster's
@@ -166,6 +246,10 @@ func (t *Tracer) Received(cluster registry.ClusterID, services []registry.Servic
 	for _, key := range services {
 		t.nextID++
 		tr := &trace{Trace: Trace{ID: t.nextID, Replica: t.cfg.Replica, Cluster: cluster, Service: key, Received: now}}
+		if o, ok := t.origins[cluster][key]; ok {
+			delete(t.origins[cluster], key)
+			tr.Origin = &o.Origin
+		}
 		t.traces = append(t.traces, tr)
 		t.untranslated[key] = append(t.untranslated[key], tr)
 	}
@@ -344,6 +428,11 @@ func (t *Tracer) Answered(s syncstatus.Stream, typeURL, nonce string, ok bool) {
 		t.seconds.WithLabelValues(StageApplyToPush, cluster).Observe(f.at.Sub(tr.Received).Seconds())
 		t.seconds.WithLabelValues(StagePushToAck, cluster).Observe(now.Sub(f.at).Seconds())
 		t.seconds.WithLabelValues(StageHubToAck, cluster).Observe(now.Sub(tr.Received).Seconds())
+		if tr.Origin != nil {
+			e2e := tr.Origin.total() + now.Sub(tr.Received)
+			ct.EndToEnd = ms(e2e)
+			t.seconds.WithLabelValues(StageEndToEnd, cluster).Observe(e2e.Seconds())
+		}
 		tr.keepSlowest(ct, t.cfg.SlowestClients)
 	}
 }

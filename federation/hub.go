@@ -187,6 +187,10 @@ type HubConfig struct {
 	// so the spoke coalesces its changes meanwhile and nothing queues.
 	UpdatesPerSecond float64
 	UpdateBurst      int
+	// Origins, if not nil, is told, before each update is applied, where
+	// the changes it carries began (see fedv1.ChangeOrigin) and the spoke's
+	// estimate of its one-way delay to the hub (0: none). It must not block.
+	Origins func(cluster registry.ClusterID, link time.Duration, origins []ReceivedOrigin)
 }
 
 // DefaultHubConfig returns limits that fit large clusters and bound memory.
@@ -498,6 +502,10 @@ func reject(service *registry.ServiceKey, format string, args ...any) rejection 
 }
 
 func (s *hubSession) update(ctx context.Context, u *fedv1.Update) error {
+	received := time.Now()
+	if s.h.cfg.Origins != nil && (len(u.GetOrigins()) > 0 || u.GetLinkNanos() > 0) {
+		s.h.cfg.Origins(s.cluster, BoundedLink(u.GetLinkNanos()), receivedOrigins(u.GetOrigins()))
+	}
 	digest, applied, err := s.apply(ctx, u)
 	var rj rejection
 	if s.h.metrics.Update != nil && (applied || err != nil) {
@@ -519,7 +527,7 @@ func (s *hubSession) update(ctx context.Context, u *fedv1.Update) error {
 	case err != nil:
 		return err
 	}
-	ack := &fedv1.Ack{Nonce: u.GetNonce(), Version: u.GetVersion()}
+	ack := &fedv1.Ack{Nonce: u.GetNonce(), Version: u.GetVersion(), HubNanos: int64(time.Since(received))}
 	if applied {
 		ack.Digest = digest.String()
 	}

@@ -52,6 +52,10 @@ type SpokeConfig struct {
 	// and the publisher sends nothing before SetNamespaces has named the
 	// cluster's namespaces. It is called from Run's goroutine and must not block.
 	OnImports func(ImportState)
+	// Origins, if not nil, holds when the spoke saw each service change;
+	// each update sends those of the services it changes (see
+	// fedv1.ChangeOrigin), so that the hub can trace a change from its source.
+	Origins *Origins
 }
 
 // Reports says, for each desired service with something to report, what the
@@ -111,6 +115,8 @@ type Publisher struct {
 	status func(SessionStatus)
 
 	// Owned by Run's goroutine.
+	// link is the last estimate of the one-way delay to the hub (see estimateLink).
+	link        time.Duration
 	desired     State
 	acked       State // what the hub holds; valid when ackedKnown
 	ackedHashes map[registry.ServiceKey]registry.Hash
@@ -259,6 +265,8 @@ type pending struct {
 	upserts []*registry.Shard
 	removes []registry.ServiceKey
 	retain  []registry.ServiceKey
+	origins []*fedv1.ChangeOrigin
+	sentAt  time.Time
 }
 
 func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
@@ -405,10 +413,13 @@ func (s *spokeSession) sendNext() error {
 	} else {
 		batch = s.p.delta()
 	}
-	for _, u := range batch {
-		if err := s.stream.Send(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Update{Update: encodeUpdate(u)}}); err != nil {
+	for i := range batch {
+		u := encodeUpdate(batch[i])
+		u.LinkNanos = int64(s.p.link)
+		if err := s.stream.Send(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Update{Update: u}}); err != nil {
 			return fmt.Errorf("send update: %w", err)
 		}
+		batch[i].sentAt = time.Now()
 	}
 	s.inflight = batch
 	return nil
@@ -438,6 +449,7 @@ func (s *spokeSession) handle(m *fedv1.HubMessage) error {
 		if err != nil {
 			return err
 		}
+		s.p.estimateLink(u, time.Duration(k.Ack.GetHubNanos()))
 		return s.acked(u, k.Ack.GetDigest())
 	case *fedv1.HubMessage_Nack:
 		u, err := s.answered(k.Nack.GetNonce())
@@ -738,6 +750,11 @@ func (p *Publisher) delta() []pending {
 		if i == 0 {
 			u.removes = removes
 		}
+		keys := slices.Clone(u.removes)
+		for _, s := range chunk {
+			keys = append(keys, s.Service)
+		}
+		u.origins = p.cfg.Origins.take(keys)
 		out = append(out, u)
 	}
 	return out
@@ -777,5 +794,19 @@ func encodeUpdate(u pending) *fedv1.Update {
 	for _, k := range u.retain {
 		out.Retain = append(out.Retain, KeyToProto(k))
 	}
+	out.Origins = u.origins
 	return out
+}
+
+// estimateLink takes the round trip of an acknowledged update (on this
+// clock) less the hub's time on it (on the hub's) as twice the one-way
+// delay to the hub: each a duration on one clock, never a timestamp
+// compared across machines. Only the session's goroutine calls it.
+func (p *Publisher) estimateLink(u pending, hub time.Duration) {
+	if u.sentAt.IsZero() || hub < 0 {
+		return
+	}
+	if rtt := time.Since(u.sentAt); hub <= rtt {
+		p.link = (rtt - hub) / 2
+	}
 }

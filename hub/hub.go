@@ -471,7 +471,9 @@ func (p *parts) buildServers() {
 	)
 	// A cluster new to the catalog is recorded before its first session begins (see catalogFirst).
 	sessions := catalogFirst{state: p.state, catalog: p.catalog, log: log.With("component", "catalog")}
-	hubFed := federation.NewHubServer(cfg.Federation, sessions, catalogEpochs{catalog: p.catalog}, p.metrics.federationHooks(), log)
+	fc := cfg.Federation
+	fc.Origins = p.tracer.Origins // where each change began: the trace's first stages
+	hubFed := federation.NewHubServer(fc, sessions, catalogEpochs{catalog: p.catalog}, p.metrics.federationHooks(), log)
 	hubFed.ServeImports(p.imports)
 	fedv1.RegisterFederationServer(p.fedServer, hubFed)
 	// Replicas replicate over the federation port, authenticated by the peer token.

@@ -50,6 +50,9 @@ type DirSource struct {
 	// published. After the grace, the state is published without those
 	// files. Zero or less publishes at once. Set it before Run.
 	StartupGrace time.Duration
+	// Origins, if not nil, is told when each service's manifests changed
+	// (set before Run).
+	Origins *federation.Origins
 
 	dir  string
 	opts BuildOptions
@@ -140,6 +143,7 @@ type dirWatch struct {
 	dirty     bool      // rebuild even if no file changed (after a panic)
 	begun     time.Time // when Run started, for StartupGrace
 	heldBack  bool      // the first publish was held back (and that logged)
+	changedAt time.Time // the newest modification time of a file read (for Origins)
 }
 
 // polledStat is a file's stat and since when it has not changed.
@@ -197,10 +201,32 @@ func (w *dirWatch) pollOnce(ctx context.Context, publish func(State)) {
 	if ctx.Err() != nil {
 		return
 	}
+	if w.started {
+		w.sawChanges(state)
+	}
 	w.started = true
 	w.published = state
 	w.src.log.Info("manifests changed", "services", len(state))
 	publish(state)
+}
+
+// sawChanges tells the source's Origins of the services state changes
+// from what was published: they changed when the newest file read did.
+func (w *dirWatch) sawChanges(state State) {
+	o := w.src.Origins
+	if o == nil {
+		return
+	}
+	for k, sh := range state {
+		if old, ok := w.published[k]; !ok || old == nil || sh == nil || !old.Equal(sh) {
+			o.Saw(k, "", w.changedAt)
+		}
+	}
+	for k := range w.published {
+		if _, ok := state[k]; !ok {
+			o.Saw(k, "", w.changedAt)
+		}
+	}
 }
 
 // scan stats every manifest, re-reads those that changed and reports whether any file's objects changed.
@@ -268,6 +294,9 @@ func (w *dirWatch) scan() (bool, error) {
 			w.files[name] = f
 		}
 		f.stat, f.readAt = st, time.Now()
+		if st.modTime.After(w.changedAt) {
+			w.changedAt = st.modTime // the newest change read: where this state's changes began
+		}
 		sum := sha256.Sum256(data)
 		if sum == f.sum {
 			if statChanged {

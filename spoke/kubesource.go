@@ -85,6 +85,9 @@ type KubeSource struct {
 	// ExportsRecheck is how often to look for the ServiceExport CRD while it
 	// is not installed (DefaultExportsRecheck unless changed before Run).
 	ExportsRecheck time.Duration
+	// Origins, if not nil, is told when the informers delivered each
+	// Service and EndpointSlice change, and its resourceVersion (set before Run).
+	Origins *federation.Origins
 
 	client  kubernetes.Interface
 	dynamic dynamic.Interface
@@ -214,7 +217,9 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 
 	enqueueService := func(obj any) {
 		if svc, ok := tombstone(obj).(*corev1.Service); ok {
-			k.enqueue(registry.ServiceKey{Namespace: svc.Namespace, Name: svc.Name})
+			key := registry.ServiceKey{Namespace: svc.Namespace, Name: svc.Name}
+			k.Origins.Saw(key, svc.ResourceVersion, time.Time{})
+			k.enqueue(key)
 		}
 		if isGatewayService(obj) {
 			k.gatewaysChanged()
@@ -223,6 +228,7 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 	enqueueSlice := func(obj any) {
 		if es, ok := tombstone(obj).(*discoveryv1.EndpointSlice); ok {
 			if key, ok := sliceService(es); ok {
+				k.Origins.Saw(key, es.ResourceVersion, time.Time{})
 				k.queue.Add(key)
 			}
 		}

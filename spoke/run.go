@@ -140,6 +140,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	fc := cfg.Federation
 	fc.Cluster, fc.Network = cfg.Cluster, cfg.Network
+	// Where each change began, from the source to the update that carries it (the hub traces it).
+	fc.Origins = federation.NewOrigins()
+	switch s := src.(type) {
+	case *KubeSource:
+		s.Origins = fc.Origins
+	case *DirSource:
+		s.Origins = fc.Origins
+	}
 	kube, _ := src.(*KubeSource)
 	if kube != nil {
 		fc.OnReport = kube.SetReports

@@ -40,10 +40,16 @@ func (c client) trace(service string, limit int) error {
 		fmt.Fprintf(c.out, "no replica traced a change of %s (replicas keep their last %d changes)\n", service, convergence.DefaultConfig().MaxTraces)
 		return nil
 	}
-	fmt.Fprintf(c.out, "changes of %s, newest first; each stage on the replica's own clock (ms)\n\n", service)
+	fmt.Fprintf(c.out, "changes of %s, newest first, in ms. SOURCE (the source's change -> the spoke saw it), SPOKE (-> sent) and LINK\n"+
+		"(one way to the hub) are the spoke's clock; the rest is the replica's, from applying the change. \"-\": not known\n"+
+		"(a Kubernetes object has no precise change time; a replica's copy has no origin).\n\n", service)
 	w := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "REPLICA\tCHANGE\tFROM\tAPPLIED\tTRANSLATED\tCARRIED BY\tPUSHES\tACKED\tNACKED\tLAST ACK\tSLOWEST CLIENTS (apply->push + push->ack = total)")
+	fmt.Fprintln(w, "REPLICA\tCHANGE\tFROM\tSOURCE\tSPOKE\tLINK\tAPPLIED\tTRANSLATED\tCARRIED BY\tPUSHES\tACKED\tNACKED\tLAST ACK\tSLOWEST CLIENTS (apply->push + push->ack = at the hub; end to end)")
 	for _, t := range traces {
+		source, spokeMs, link := "-", "-", "-"
+		if o := t.Origin; o != nil {
+			source, spokeMs, link = msOrDash(o.Source), msOrDash(o.Spoke), msOrDash(o.SpokeToHub)
+		}
 		translated, carried, last := "-", "-", "-"
 		if t.Translated != nil {
 			translated = "+" + msSince(t.Received, *t.Translated)
@@ -59,12 +65,23 @@ func (c client) trace(service string, limit int) error {
 		}
 		var slow []string
 		for _, s := range t.Slowest {
-			slow = append(slow, fmt.Sprintf("%s %.1f+%.1f=%.1f", s.NodeID, s.ApplyToPush, s.PushToAck, s.HubToAck))
+			e := fmt.Sprintf("%s %.1f+%.1f=%.1f", s.NodeID, s.ApplyToPush, s.PushToAck, s.HubToAck)
+			if s.EndToEnd > 0 {
+				e += fmt.Sprintf("; %.1f", s.EndToEnd)
+			}
+			slow = append(slow, e)
 		}
-		fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", t.Replica, t.ID, t.Cluster, ago(t.Received), translated, carried,
-			t.Pushed, t.Acked, t.Nacked, last, dash(strings.Join(slow, "; ")))
+		fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", t.Replica, t.ID, t.Cluster, source, spokeMs, link,
+			ago(t.Received), translated, carried, t.Pushed, t.Acked, t.Nacked, last, dash(strings.Join(slow, " | ")))
 	}
 	return w.Flush()
+}
+
+func msOrDash(ms float64) string {
+	if ms <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f", ms)
 }
 
 func msSince(from, to time.Time) string {

@@ -1701,7 +1701,16 @@ type Update struct {
 	// retain names services the spoke has but cannot send in their current form
 	// (refused, too large, invalid): a full state keeps whatever the hub holds
 	// for them instead of removing them.
-	Retain        []*ServiceKey `protobuf:"bytes,7,rep,name=retain,proto3" json:"retain,omitempty"`
+	Retain []*ServiceKey `protobuf:"bytes,7,rep,name=retain,proto3" json:"retain,omitempty"`
+	// origins say, for the services this update changes that the spoke saw
+	// change (not for a resync's), when and from what the change began. They
+	// are diagnostics: the hub traces the changes with them and applies the
+	// update whatever they say.
+	Origins []*ChangeOrigin `protobuf:"bytes,8,rep,name=origins,proto3" json:"origins,omitempty"`
+	// link_nanos is the spoke's estimate of the one-way delay to the hub: half
+	// of the round trip of its last acknowledged update (on its clock) less the
+	// hub's time on it (Ack.hub_nanos, on the hub's clock). 0: no estimate yet.
+	LinkNanos     int64 `protobuf:"varint,9,opt,name=link_nanos,json=linkNanos,proto3" json:"link_nanos,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1785,6 +1794,96 @@ func (x *Update) GetRetain() []*ServiceKey {
 	return nil
 }
 
+func (x *Update) GetOrigins() []*ChangeOrigin {
+	if x != nil {
+		return x.Origins
+	}
+	return nil
+}
+
+func (x *Update) GetLinkNanos() int64 {
+	if x != nil {
+		return x.LinkNanos
+	}
+	return 0
+}
+
+// ChangeOrigin is where the change of one service began, in durations each
+// measured on one clock (the spoke's): never a timestamp compared across
+// machines.
+type ChangeOrigin struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Service *ServiceKey            `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	// resource_version is the resourceVersion of the Kubernetes object whose
+	// change the spoke saw (empty from a directory source).
+	ResourceVersion string `protobuf:"bytes,2,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
+	// source_nanos: from the source's change to the spoke seeing it (0:
+	// unknown; Kubernetes objects carry no precise change time).
+	SourceNanos int64 `protobuf:"varint,3,opt,name=source_nanos,json=sourceNanos,proto3" json:"source_nanos,omitempty"`
+	// spoke_nanos: from the spoke seeing the change to sending this update.
+	SpokeNanos    int64 `protobuf:"varint,4,opt,name=spoke_nanos,json=spokeNanos,proto3" json:"spoke_nanos,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChangeOrigin) Reset() {
+	*x = ChangeOrigin{}
+	mi := &file_federation_v1_federation_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChangeOrigin) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChangeOrigin) ProtoMessage() {}
+
+func (x *ChangeOrigin) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChangeOrigin.ProtoReflect.Descriptor instead.
+func (*ChangeOrigin) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ChangeOrigin) GetService() *ServiceKey {
+	if x != nil {
+		return x.Service
+	}
+	return nil
+}
+
+func (x *ChangeOrigin) GetResourceVersion() string {
+	if x != nil {
+		return x.ResourceVersion
+	}
+	return ""
+}
+
+func (x *ChangeOrigin) GetSourceNanos() int64 {
+	if x != nil {
+		return x.SourceNanos
+	}
+	return 0
+}
+
+func (x *ChangeOrigin) GetSpokeNanos() int64 {
+	if x != nil {
+		return x.SpokeNanos
+	}
+	return 0
+}
+
 // Ack confirms that an update is applied (for a full state: received, and
 // applied once its last chunk is acked).
 type Ack struct {
@@ -1792,14 +1891,17 @@ type Ack struct {
 	Nonce   string                 `protobuf:"bytes,1,opt,name=nonce,proto3" json:"nonce,omitempty"`
 	Version uint64                 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
 	// digest of everything the hub now holds for the cluster (hex).
-	Digest        string `protobuf:"bytes,3,opt,name=digest,proto3" json:"digest,omitempty"`
+	Digest string `protobuf:"bytes,3,opt,name=digest,proto3" json:"digest,omitempty"`
+	// hub_nanos: from the hub receiving the update to sending this ack, on the
+	// hub's clock (see Update.link_nanos).
+	HubNanos      int64 `protobuf:"varint,4,opt,name=hub_nanos,json=hubNanos,proto3" json:"hub_nanos,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_federation_v1_federation_proto_msgTypes[21]
+	mi := &file_federation_v1_federation_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1811,7 +1913,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[21]
+	mi := &file_federation_v1_federation_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1824,7 +1926,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{21}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Ack) GetNonce() string {
@@ -1848,6 +1950,13 @@ func (x *Ack) GetDigest() string {
 	return ""
 }
 
+func (x *Ack) GetHubNanos() int64 {
+	if x != nil {
+		return x.HubNanos
+	}
+	return 0
+}
+
 // Nack rejects an update; nothing of it was applied.
 type Nack struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1860,7 +1969,7 @@ type Nack struct {
 
 func (x *Nack) Reset() {
 	*x = Nack{}
-	mi := &file_federation_v1_federation_proto_msgTypes[22]
+	mi := &file_federation_v1_federation_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1872,7 +1981,7 @@ func (x *Nack) String() string {
 func (*Nack) ProtoMessage() {}
 
 func (x *Nack) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[22]
+	mi := &file_federation_v1_federation_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1885,7 +1994,7 @@ func (x *Nack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Nack.ProtoReflect.Descriptor instead.
 func (*Nack) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{22}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Nack) GetNonce() string {
@@ -1920,7 +2029,7 @@ type Rejection struct {
 
 func (x *Rejection) Reset() {
 	*x = Rejection{}
-	mi := &file_federation_v1_federation_proto_msgTypes[23]
+	mi := &file_federation_v1_federation_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1932,7 +2041,7 @@ func (x *Rejection) String() string {
 func (*Rejection) ProtoMessage() {}
 
 func (x *Rejection) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[23]
+	mi := &file_federation_v1_federation_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1945,7 +2054,7 @@ func (x *Rejection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rejection.ProtoReflect.Descriptor instead.
 func (*Rejection) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{23}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Rejection) GetService() *ServiceKey {
@@ -1975,7 +2084,7 @@ type Digest struct {
 
 func (x *Digest) Reset() {
 	*x = Digest{}
-	mi := &file_federation_v1_federation_proto_msgTypes[24]
+	mi := &file_federation_v1_federation_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1987,7 +2096,7 @@ func (x *Digest) String() string {
 func (*Digest) ProtoMessage() {}
 
 func (x *Digest) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[24]
+	mi := &file_federation_v1_federation_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2000,7 +2109,7 @@ func (x *Digest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Digest.ProtoReflect.Descriptor instead.
 func (*Digest) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{24}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Digest) GetVersion() uint64 {
@@ -2034,7 +2143,7 @@ type ResyncRequest struct {
 
 func (x *ResyncRequest) Reset() {
 	*x = ResyncRequest{}
-	mi := &file_federation_v1_federation_proto_msgTypes[25]
+	mi := &file_federation_v1_federation_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2046,7 +2155,7 @@ func (x *ResyncRequest) String() string {
 func (*ResyncRequest) ProtoMessage() {}
 
 func (x *ResyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[25]
+	mi := &file_federation_v1_federation_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2059,7 +2168,7 @@ func (x *ResyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResyncRequest.ProtoReflect.Descriptor instead.
 func (*ResyncRequest) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{25}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ResyncRequest) GetReason() string {
@@ -2089,7 +2198,7 @@ type ServiceConflicts struct {
 
 func (x *ServiceConflicts) Reset() {
 	*x = ServiceConflicts{}
-	mi := &file_federation_v1_federation_proto_msgTypes[26]
+	mi := &file_federation_v1_federation_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2101,7 +2210,7 @@ func (x *ServiceConflicts) String() string {
 func (*ServiceConflicts) ProtoMessage() {}
 
 func (x *ServiceConflicts) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[26]
+	mi := &file_federation_v1_federation_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2114,7 +2223,7 @@ func (x *ServiceConflicts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceConflicts.ProtoReflect.Descriptor instead.
 func (*ServiceConflicts) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{26}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ServiceConflicts) GetServices() []*ServiceConflict {
@@ -2140,7 +2249,7 @@ type ServiceConflict struct {
 
 func (x *ServiceConflict) Reset() {
 	*x = ServiceConflict{}
-	mi := &file_federation_v1_federation_proto_msgTypes[27]
+	mi := &file_federation_v1_federation_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2152,7 +2261,7 @@ func (x *ServiceConflict) String() string {
 func (*ServiceConflict) ProtoMessage() {}
 
 func (x *ServiceConflict) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[27]
+	mi := &file_federation_v1_federation_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2165,7 +2274,7 @@ func (x *ServiceConflict) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceConflict.ProtoReflect.Descriptor instead.
 func (*ServiceConflict) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{27}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ServiceConflict) GetService() *ServiceKey {
@@ -2199,7 +2308,7 @@ type ServiceKey struct {
 
 func (x *ServiceKey) Reset() {
 	*x = ServiceKey{}
-	mi := &file_federation_v1_federation_proto_msgTypes[28]
+	mi := &file_federation_v1_federation_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2211,7 +2320,7 @@ func (x *ServiceKey) String() string {
 func (*ServiceKey) ProtoMessage() {}
 
 func (x *ServiceKey) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[28]
+	mi := &file_federation_v1_federation_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2224,7 +2333,7 @@ func (x *ServiceKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceKey.ProtoReflect.Descriptor instead.
 func (*ServiceKey) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{28}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ServiceKey) GetNamespace() string {
@@ -2260,7 +2369,7 @@ type Shard struct {
 
 func (x *Shard) Reset() {
 	*x = Shard{}
-	mi := &file_federation_v1_federation_proto_msgTypes[29]
+	mi := &file_federation_v1_federation_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2272,7 +2381,7 @@ func (x *Shard) String() string {
 func (*Shard) ProtoMessage() {}
 
 func (x *Shard) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[29]
+	mi := &file_federation_v1_federation_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2285,7 +2394,7 @@ func (x *Shard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shard.ProtoReflect.Descriptor instead.
 func (*Shard) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{29}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Shard) GetService() *ServiceKey {
@@ -2350,7 +2459,7 @@ type ServiceProperties struct {
 
 func (x *ServiceProperties) Reset() {
 	*x = ServiceProperties{}
-	mi := &file_federation_v1_federation_proto_msgTypes[30]
+	mi := &file_federation_v1_federation_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2362,7 +2471,7 @@ func (x *ServiceProperties) String() string {
 func (*ServiceProperties) ProtoMessage() {}
 
 func (x *ServiceProperties) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[30]
+	mi := &file_federation_v1_federation_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2375,7 +2484,7 @@ func (x *ServiceProperties) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceProperties.ProtoReflect.Descriptor instead.
 func (*ServiceProperties) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{30}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ServiceProperties) GetSessionAffinity() string {
@@ -2439,7 +2548,7 @@ type ServicePort struct {
 
 func (x *ServicePort) Reset() {
 	*x = ServicePort{}
-	mi := &file_federation_v1_federation_proto_msgTypes[31]
+	mi := &file_federation_v1_federation_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2451,7 +2560,7 @@ func (x *ServicePort) String() string {
 func (*ServicePort) ProtoMessage() {}
 
 func (x *ServicePort) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[31]
+	mi := &file_federation_v1_federation_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2464,7 +2573,7 @@ func (x *ServicePort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServicePort.ProtoReflect.Descriptor instead.
 func (*ServicePort) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{31}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ServicePort) GetName() string {
@@ -2511,7 +2620,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_federation_v1_federation_proto_msgTypes[32]
+	mi := &file_federation_v1_federation_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2523,7 +2632,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[32]
+	mi := &file_federation_v1_federation_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2536,7 +2645,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{32}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Endpoint) GetAddresses() []string {
@@ -2605,7 +2714,7 @@ type EndpointPort struct {
 
 func (x *EndpointPort) Reset() {
 	*x = EndpointPort{}
-	mi := &file_federation_v1_federation_proto_msgTypes[33]
+	mi := &file_federation_v1_federation_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2617,7 +2726,7 @@ func (x *EndpointPort) String() string {
 func (*EndpointPort) ProtoMessage() {}
 
 func (x *EndpointPort) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[33]
+	mi := &file_federation_v1_federation_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2630,7 +2739,7 @@ func (x *EndpointPort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointPort.ProtoReflect.Descriptor instead.
 func (*EndpointPort) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{33}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *EndpointPort) GetName() string {
@@ -2658,7 +2767,7 @@ type Locality struct {
 
 func (x *Locality) Reset() {
 	*x = Locality{}
-	mi := &file_federation_v1_federation_proto_msgTypes[34]
+	mi := &file_federation_v1_federation_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2670,7 +2779,7 @@ func (x *Locality) String() string {
 func (*Locality) ProtoMessage() {}
 
 func (x *Locality) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[34]
+	mi := &file_federation_v1_federation_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2683,7 +2792,7 @@ func (x *Locality) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Locality.ProtoReflect.Descriptor instead.
 func (*Locality) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{34}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Locality) GetRegion() string {
@@ -2724,7 +2833,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_federation_v1_federation_proto_msgTypes[35]
+	mi := &file_federation_v1_federation_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2736,7 +2845,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[35]
+	mi := &file_federation_v1_federation_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2749,7 +2858,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{35}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *Snapshot) GetRevision() uint64 {
@@ -2787,7 +2896,7 @@ type SnapshotCluster struct {
 
 func (x *SnapshotCluster) Reset() {
 	*x = SnapshotCluster{}
-	mi := &file_federation_v1_federation_proto_msgTypes[36]
+	mi := &file_federation_v1_federation_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2799,7 +2908,7 @@ func (x *SnapshotCluster) String() string {
 func (*SnapshotCluster) ProtoMessage() {}
 
 func (x *SnapshotCluster) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[36]
+	mi := &file_federation_v1_federation_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2812,7 +2921,7 @@ func (x *SnapshotCluster) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotCluster.ProtoReflect.Descriptor instead.
 func (*SnapshotCluster) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{36}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *SnapshotCluster) GetCluster() string {
@@ -2983,7 +3092,7 @@ const file_federation_v1_federation_proto_rawDesc = "" +
 	"\x06resume\x18\x02 \x01(\bR\x06resume\x12\x15\n" +
 	"\x06hub_id\x18\x03 \x01(\tR\x05hubId\x12*\n" +
 	"\x11max_message_bytes\x18\x04 \x01(\rR\x0fmaxMessageBytes\x12\"\n" +
-	"\fcapabilities\x18\x05 \x03(\tR\fcapabilities\"\x9d\x02\n" +
+	"\fcapabilities\x18\x05 \x03(\tR\fcapabilities\"\xf8\x02\n" +
 	"\x06Update\x12\x14\n" +
 	"\x05nonce\x18\x01 \x01(\tR\x05nonce\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x1d\n" +
@@ -2993,11 +3102,21 @@ const file_federation_v1_federation_proto_rawDesc = "" +
 	"last_chunk\x18\x04 \x01(\bR\tlastChunk\x123\n" +
 	"\aupserts\x18\x05 \x03(\v2\x19.nave.federation.v1.ShardR\aupserts\x128\n" +
 	"\aremoves\x18\x06 \x03(\v2\x1e.nave.federation.v1.ServiceKeyR\aremoves\x126\n" +
-	"\x06retain\x18\a \x03(\v2\x1e.nave.federation.v1.ServiceKeyR\x06retain\"M\n" +
+	"\x06retain\x18\a \x03(\v2\x1e.nave.federation.v1.ServiceKeyR\x06retain\x12:\n" +
+	"\aorigins\x18\b \x03(\v2 .nave.federation.v1.ChangeOriginR\aorigins\x12\x1d\n" +
+	"\n" +
+	"link_nanos\x18\t \x01(\x03R\tlinkNanos\"\xb7\x01\n" +
+	"\fChangeOrigin\x128\n" +
+	"\aservice\x18\x01 \x01(\v2\x1e.nave.federation.v1.ServiceKeyR\aservice\x12)\n" +
+	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\x12!\n" +
+	"\fsource_nanos\x18\x03 \x01(\x03R\vsourceNanos\x12\x1f\n" +
+	"\vspoke_nanos\x18\x04 \x01(\x03R\n" +
+	"spokeNanos\"j\n" +
 	"\x03Ack\x12\x14\n" +
 	"\x05nonce\x18\x01 \x01(\tR\x05nonce\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x16\n" +
-	"\x06digest\x18\x03 \x01(\tR\x06digest\"u\n" +
+	"\x06digest\x18\x03 \x01(\tR\x06digest\x12\x1b\n" +
+	"\thub_nanos\x18\x04 \x01(\x03R\bhubNanos\"u\n" +
 	"\x04Nack\x12\x14\n" +
 	"\x05nonce\x18\x01 \x01(\tR\x05nonce\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x12=\n" +
@@ -3096,7 +3215,7 @@ func file_federation_v1_federation_proto_rawDescGZIP() []byte {
 	return file_federation_v1_federation_proto_rawDescData
 }
 
-var file_federation_v1_federation_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_federation_v1_federation_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_federation_v1_federation_proto_goTypes = []any{
 	(*ReplicaRequest)(nil),    // 0: nave.federation.v1.ReplicaRequest
 	(*ReplicaMessage)(nil),    // 1: nave.federation.v1.ReplicaMessage
@@ -3119,24 +3238,25 @@ var file_federation_v1_federation_proto_goTypes = []any{
 	(*ImportsWritten)(nil),    // 18: nave.federation.v1.ImportsWritten
 	(*Welcome)(nil),           // 19: nave.federation.v1.Welcome
 	(*Update)(nil),            // 20: nave.federation.v1.Update
-	(*Ack)(nil),               // 21: nave.federation.v1.Ack
-	(*Nack)(nil),              // 22: nave.federation.v1.Nack
-	(*Rejection)(nil),         // 23: nave.federation.v1.Rejection
-	(*Digest)(nil),            // 24: nave.federation.v1.Digest
-	(*ResyncRequest)(nil),     // 25: nave.federation.v1.ResyncRequest
-	(*ServiceConflicts)(nil),  // 26: nave.federation.v1.ServiceConflicts
-	(*ServiceConflict)(nil),   // 27: nave.federation.v1.ServiceConflict
-	(*ServiceKey)(nil),        // 28: nave.federation.v1.ServiceKey
-	(*Shard)(nil),             // 29: nave.federation.v1.Shard
-	(*ServiceProperties)(nil), // 30: nave.federation.v1.ServiceProperties
-	(*ServicePort)(nil),       // 31: nave.federation.v1.ServicePort
-	(*Endpoint)(nil),          // 32: nave.federation.v1.Endpoint
-	(*EndpointPort)(nil),      // 33: nave.federation.v1.EndpointPort
-	(*Locality)(nil),          // 34: nave.federation.v1.Locality
-	(*Snapshot)(nil),          // 35: nave.federation.v1.Snapshot
-	(*SnapshotCluster)(nil),   // 36: nave.federation.v1.SnapshotCluster
-	nil,                       // 37: nave.federation.v1.ServiceProperties.LabelsEntry
-	nil,                       // 38: nave.federation.v1.ServiceProperties.AnnotationsEntry
+	(*ChangeOrigin)(nil),      // 21: nave.federation.v1.ChangeOrigin
+	(*Ack)(nil),               // 22: nave.federation.v1.Ack
+	(*Nack)(nil),              // 23: nave.federation.v1.Nack
+	(*Rejection)(nil),         // 24: nave.federation.v1.Rejection
+	(*Digest)(nil),            // 25: nave.federation.v1.Digest
+	(*ResyncRequest)(nil),     // 26: nave.federation.v1.ResyncRequest
+	(*ServiceConflicts)(nil),  // 27: nave.federation.v1.ServiceConflicts
+	(*ServiceConflict)(nil),   // 28: nave.federation.v1.ServiceConflict
+	(*ServiceKey)(nil),        // 29: nave.federation.v1.ServiceKey
+	(*Shard)(nil),             // 30: nave.federation.v1.Shard
+	(*ServiceProperties)(nil), // 31: nave.federation.v1.ServiceProperties
+	(*ServicePort)(nil),       // 32: nave.federation.v1.ServicePort
+	(*Endpoint)(nil),          // 33: nave.federation.v1.Endpoint
+	(*EndpointPort)(nil),      // 34: nave.federation.v1.EndpointPort
+	(*Locality)(nil),          // 35: nave.federation.v1.Locality
+	(*Snapshot)(nil),          // 36: nave.federation.v1.Snapshot
+	(*SnapshotCluster)(nil),   // 37: nave.federation.v1.SnapshotCluster
+	nil,                       // 38: nave.federation.v1.ServiceProperties.LabelsEntry
+	nil,                       // 39: nave.federation.v1.ServiceProperties.AnnotationsEntry
 }
 var file_federation_v1_federation_proto_depIdxs = []int32{
 	2,  // 0: nave.federation.v1.ReplicaRequest.hello:type_name -> nave.federation.v1.ReplicaHello
@@ -3147,64 +3267,66 @@ var file_federation_v1_federation_proto_depIdxs = []int32{
 	7,  // 5: nave.federation.v1.ReplicaHello.held:type_name -> nave.federation.v1.ClusterDigest
 	4,  // 6: nave.federation.v1.ReplicaUpdate.stamp:type_name -> nave.federation.v1.Stamp
 	4,  // 7: nave.federation.v1.ReplicaUpdate.base:type_name -> nave.federation.v1.Stamp
-	29, // 8: nave.federation.v1.ReplicaUpdate.upserts:type_name -> nave.federation.v1.Shard
-	28, // 9: nave.federation.v1.ReplicaUpdate.removes:type_name -> nave.federation.v1.ServiceKey
+	30, // 8: nave.federation.v1.ReplicaUpdate.upserts:type_name -> nave.federation.v1.Shard
+	29, // 9: nave.federation.v1.ReplicaUpdate.removes:type_name -> nave.federation.v1.ServiceKey
 	13, // 10: nave.federation.v1.ReplicaUpdate.gateways:type_name -> nave.federation.v1.NetworkGateway
 	7,  // 11: nave.federation.v1.ReplicaDigests.clusters:type_name -> nave.federation.v1.ClusterDigest
 	4,  // 12: nave.federation.v1.ClusterDigest.stamp:type_name -> nave.federation.v1.Stamp
 	11, // 13: nave.federation.v1.SpokeMessage.hello:type_name -> nave.federation.v1.Hello
 	20, // 14: nave.federation.v1.SpokeMessage.update:type_name -> nave.federation.v1.Update
-	24, // 15: nave.federation.v1.SpokeMessage.digest:type_name -> nave.federation.v1.Digest
+	25, // 15: nave.federation.v1.SpokeMessage.digest:type_name -> nave.federation.v1.Digest
 	14, // 16: nave.federation.v1.SpokeMessage.namespaces:type_name -> nave.federation.v1.Namespaces
-	21, // 17: nave.federation.v1.SpokeMessage.import_ack:type_name -> nave.federation.v1.Ack
-	22, // 18: nave.federation.v1.SpokeMessage.import_nack:type_name -> nave.federation.v1.Nack
+	22, // 17: nave.federation.v1.SpokeMessage.import_ack:type_name -> nave.federation.v1.Ack
+	23, // 18: nave.federation.v1.SpokeMessage.import_nack:type_name -> nave.federation.v1.Nack
 	18, // 19: nave.federation.v1.SpokeMessage.imports_written:type_name -> nave.federation.v1.ImportsWritten
 	12, // 20: nave.federation.v1.SpokeMessage.gateways:type_name -> nave.federation.v1.NetworkGateways
 	19, // 21: nave.federation.v1.HubMessage.welcome:type_name -> nave.federation.v1.Welcome
-	21, // 22: nave.federation.v1.HubMessage.ack:type_name -> nave.federation.v1.Ack
-	22, // 23: nave.federation.v1.HubMessage.nack:type_name -> nave.federation.v1.Nack
-	25, // 24: nave.federation.v1.HubMessage.resync:type_name -> nave.federation.v1.ResyncRequest
-	26, // 25: nave.federation.v1.HubMessage.conflicts:type_name -> nave.federation.v1.ServiceConflicts
+	22, // 22: nave.federation.v1.HubMessage.ack:type_name -> nave.federation.v1.Ack
+	23, // 23: nave.federation.v1.HubMessage.nack:type_name -> nave.federation.v1.Nack
+	26, // 24: nave.federation.v1.HubMessage.resync:type_name -> nave.federation.v1.ResyncRequest
+	27, // 25: nave.federation.v1.HubMessage.conflicts:type_name -> nave.federation.v1.ServiceConflicts
 	15, // 26: nave.federation.v1.HubMessage.imports:type_name -> nave.federation.v1.ImportUpdate
 	12, // 27: nave.federation.v1.Hello.gateways:type_name -> nave.federation.v1.NetworkGateways
 	13, // 28: nave.federation.v1.NetworkGateways.gateways:type_name -> nave.federation.v1.NetworkGateway
 	16, // 29: nave.federation.v1.ImportUpdate.upserts:type_name -> nave.federation.v1.Import
-	28, // 30: nave.federation.v1.ImportUpdate.removes:type_name -> nave.federation.v1.ServiceKey
-	28, // 31: nave.federation.v1.ImportUpdate.retain:type_name -> nave.federation.v1.ServiceKey
-	28, // 32: nave.federation.v1.Import.service:type_name -> nave.federation.v1.ServiceKey
-	31, // 33: nave.federation.v1.Import.ports:type_name -> nave.federation.v1.ServicePort
-	30, // 34: nave.federation.v1.Import.properties:type_name -> nave.federation.v1.ServiceProperties
+	29, // 30: nave.federation.v1.ImportUpdate.removes:type_name -> nave.federation.v1.ServiceKey
+	29, // 31: nave.federation.v1.ImportUpdate.retain:type_name -> nave.federation.v1.ServiceKey
+	29, // 32: nave.federation.v1.Import.service:type_name -> nave.federation.v1.ServiceKey
+	32, // 33: nave.federation.v1.Import.ports:type_name -> nave.federation.v1.ServicePort
+	31, // 34: nave.federation.v1.Import.properties:type_name -> nave.federation.v1.ServiceProperties
 	17, // 35: nave.federation.v1.Import.sources:type_name -> nave.federation.v1.ImportSource
-	31, // 36: nave.federation.v1.ImportSource.ports:type_name -> nave.federation.v1.ServicePort
-	32, // 37: nave.federation.v1.ImportSource.endpoints:type_name -> nave.federation.v1.Endpoint
-	29, // 38: nave.federation.v1.Update.upserts:type_name -> nave.federation.v1.Shard
-	28, // 39: nave.federation.v1.Update.removes:type_name -> nave.federation.v1.ServiceKey
-	28, // 40: nave.federation.v1.Update.retain:type_name -> nave.federation.v1.ServiceKey
-	23, // 41: nave.federation.v1.Nack.rejections:type_name -> nave.federation.v1.Rejection
-	28, // 42: nave.federation.v1.Rejection.service:type_name -> nave.federation.v1.ServiceKey
-	27, // 43: nave.federation.v1.ServiceConflicts.services:type_name -> nave.federation.v1.ServiceConflict
-	28, // 44: nave.federation.v1.ServiceConflict.service:type_name -> nave.federation.v1.ServiceKey
-	28, // 45: nave.federation.v1.Shard.service:type_name -> nave.federation.v1.ServiceKey
-	31, // 46: nave.federation.v1.Shard.ports:type_name -> nave.federation.v1.ServicePort
-	32, // 47: nave.federation.v1.Shard.endpoints:type_name -> nave.federation.v1.Endpoint
-	30, // 48: nave.federation.v1.Shard.properties:type_name -> nave.federation.v1.ServiceProperties
-	37, // 49: nave.federation.v1.ServiceProperties.labels:type_name -> nave.federation.v1.ServiceProperties.LabelsEntry
-	38, // 50: nave.federation.v1.ServiceProperties.annotations:type_name -> nave.federation.v1.ServiceProperties.AnnotationsEntry
-	33, // 51: nave.federation.v1.Endpoint.ports:type_name -> nave.federation.v1.EndpointPort
-	34, // 52: nave.federation.v1.Endpoint.locality:type_name -> nave.federation.v1.Locality
-	36, // 53: nave.federation.v1.Snapshot.clusters:type_name -> nave.federation.v1.SnapshotCluster
-	4,  // 54: nave.federation.v1.SnapshotCluster.stamp:type_name -> nave.federation.v1.Stamp
-	29, // 55: nave.federation.v1.SnapshotCluster.shards:type_name -> nave.federation.v1.Shard
-	13, // 56: nave.federation.v1.SnapshotCluster.gateways:type_name -> nave.federation.v1.NetworkGateway
-	9,  // 57: nave.federation.v1.Federation.Publish:input_type -> nave.federation.v1.SpokeMessage
-	0,  // 58: nave.federation.v1.Replication.Subscribe:input_type -> nave.federation.v1.ReplicaRequest
-	10, // 59: nave.federation.v1.Federation.Publish:output_type -> nave.federation.v1.HubMessage
-	1,  // 60: nave.federation.v1.Replication.Subscribe:output_type -> nave.federation.v1.ReplicaMessage
-	59, // [59:61] is the sub-list for method output_type
-	57, // [57:59] is the sub-list for method input_type
-	57, // [57:57] is the sub-list for extension type_name
-	57, // [57:57] is the sub-list for extension extendee
-	0,  // [0:57] is the sub-list for field type_name
+	32, // 36: nave.federation.v1.ImportSource.ports:type_name -> nave.federation.v1.ServicePort
+	33, // 37: nave.federation.v1.ImportSource.endpoints:type_name -> nave.federation.v1.Endpoint
+	30, // 38: nave.federation.v1.Update.upserts:type_name -> nave.federation.v1.Shard
+	29, // 39: nave.federation.v1.Update.removes:type_name -> nave.federation.v1.ServiceKey
+	29, // 40: nave.federation.v1.Update.retain:type_name -> nave.federation.v1.ServiceKey
+	21, // 41: nave.federation.v1.Update.origins:type_name -> nave.federation.v1.ChangeOrigin
+	29, // 42: nave.federation.v1.ChangeOrigin.service:type_name -> nave.federation.v1.ServiceKey
+	24, // 43: nave.federation.v1.Nack.rejections:type_name -> nave.federation.v1.Rejection
+	29, // 44: nave.federation.v1.Rejection.service:type_name -> nave.federation.v1.ServiceKey
+	28, // 45: nave.federation.v1.ServiceConflicts.services:type_name -> nave.federation.v1.ServiceConflict
+	29, // 46: nave.federation.v1.ServiceConflict.service:type_name -> nave.federation.v1.ServiceKey
+	29, // 47: nave.federation.v1.Shard.service:type_name -> nave.federation.v1.ServiceKey
+	32, // 48: nave.federation.v1.Shard.ports:type_name -> nave.federation.v1.ServicePort
+	33, // 49: nave.federation.v1.Shard.endpoints:type_name -> nave.federation.v1.Endpoint
+	31, // 50: nave.federation.v1.Shard.properties:type_name -> nave.federation.v1.ServiceProperties
+	38, // 51: nave.federation.v1.ServiceProperties.labels:type_name -> nave.federation.v1.ServiceProperties.LabelsEntry
+	39, // 52: nave.federation.v1.ServiceProperties.annotations:type_name -> nave.federation.v1.ServiceProperties.AnnotationsEntry
+	34, // 53: nave.federation.v1.Endpoint.ports:type_name -> nave.federation.v1.EndpointPort
+	35, // 54: nave.federation.v1.Endpoint.locality:type_name -> nave.federation.v1.Locality
+	37, // 55: nave.federation.v1.Snapshot.clusters:type_name -> nave.federation.v1.SnapshotCluster
+	4,  // 56: nave.federation.v1.SnapshotCluster.stamp:type_name -> nave.federation.v1.Stamp
+	30, // 57: nave.federation.v1.SnapshotCluster.shards:type_name -> nave.federation.v1.Shard
+	13, // 58: nave.federation.v1.SnapshotCluster.gateways:type_name -> nave.federation.v1.NetworkGateway
+	9,  // 59: nave.federation.v1.Federation.Publish:input_type -> nave.federation.v1.SpokeMessage
+	0,  // 60: nave.federation.v1.Replication.Subscribe:input_type -> nave.federation.v1.ReplicaRequest
+	10, // 61: nave.federation.v1.Federation.Publish:output_type -> nave.federation.v1.HubMessage
+	1,  // 62: nave.federation.v1.Replication.Subscribe:output_type -> nave.federation.v1.ReplicaMessage
+	61, // [61:63] is the sub-list for method output_type
+	59, // [59:61] is the sub-list for method input_type
+	59, // [59:59] is the sub-list for extension type_name
+	59, // [59:59] is the sub-list for extension extendee
+	0,  // [0:59] is the sub-list for field type_name
 }
 
 func init() { file_federation_v1_federation_proto_init() }
@@ -3245,7 +3367,7 @@ func file_federation_v1_federation_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_federation_v1_federation_proto_rawDesc), len(file_federation_v1_federation_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   39,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

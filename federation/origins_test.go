@@ -1,0 +1,66 @@
+package federation
+
+import (
+	"testing"
+	"time"
+
+	fedv1 "github.com/navemesh/nave/federation/v1"
+	"github.com/navemesh/nave/registry"
+)
+
+func TestOriginsTakeWhatTheSpokeSaw(t *testing.T) {
+	var none *Origins
+	none.Saw(registry.ServiceKey{Namespace: "a", Name: "b"}, "1", time.Time{}) // a nil record records nothing
+	if got := none.take([]registry.ServiceKey{{Namespace: "a", Name: "b"}}); got != nil {
+		t.Fatalf("a nil record gave %v", got)
+	}
+	o := NewOrigins()
+	now := time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
+	o.now = func() time.Time { return now }
+	api, web, old := registry.ServiceKey{Namespace: "d", Name: "api"}, registry.ServiceKey{Namespace: "d", Name: "web"}, registry.ServiceKey{Namespace: "d", Name: "old"}
+	o.Saw(old, "7", time.Time{})
+	now = now.Add(time.Minute)
+	o.Saw(api, "42", now.Add(-150*time.Millisecond)) // a file changed 150 ms before the spoke saw it
+	o.Saw(web, "43", time.Time{})
+	now = now.Add(2 * time.Millisecond)
+	got := o.take([]registry.ServiceKey{api, old, {Namespace: "d", Name: "never"}})
+	if len(got) != 1 || got[0].GetService().GetName() != "api" || got[0].GetResourceVersion() != "42" ||
+		time.Duration(got[0].GetSourceNanos()) != 150*time.Millisecond || time.Duration(got[0].GetSpokeNanos()) != 2*time.Millisecond {
+		t.Fatalf("took %v; want api's origin only (old's is too old to be this update's)", got)
+	}
+	if again := o.take([]registry.ServiceKey{api}); again != nil {
+		t.Errorf("an origin was taken twice: %v", again)
+	}
+	if w := o.take([]registry.ServiceKey{web}); len(w) != 1 || w[0].GetSourceNanos() != 0 {
+		t.Errorf("web (no change time): %v; want its origin with the source unknown", w)
+	}
+}
+
+func TestReceivedOriginsAreChecked(t *testing.T) {
+	key := func(ns, name string) *fedv1.ServiceKey { return &fedv1.ServiceKey{Namespace: ns, Name: name} }
+	got := receivedOrigins([]*fedv1.ChangeOrigin{
+		{Service: key("d", "api"), SourceNanos: int64(time.Millisecond), SpokeNanos: -5, ResourceVersion: string(make([]byte, 100))},
+		{Service: key("d", "api"), SpokeNanos: int64(time.Millisecond)}, // a second origin of api: left out
+		{Service: key("", "bad")},
+		{Service: key("d", "web"), SpokeNanos: int64(time.Hour)}, // absurd: unknown
+	})
+	if len(got) != 2 || got[0].Source != time.Millisecond || got[0].Spoke != 0 || len(got[0].ResourceVersion) != 64 ||
+		got[1].Service.Name != "web" || got[1].Spoke != 0 {
+		t.Fatalf("received %+v", got)
+	}
+	if BoundedLink(-1) != 0 || BoundedLink(int64(time.Hour)) != 0 || BoundedLink(int64(time.Millisecond)) != time.Millisecond {
+		t.Error("link bounds")
+	}
+}
+
+func TestLinkEstimate(t *testing.T) {
+	p := &Publisher{}
+	p.estimateLink(pending{sentAt: time.Now().Add(-10 * time.Millisecond)}, 4*time.Millisecond)
+	if p.link < 3*time.Millisecond || p.link > 5*time.Millisecond {
+		t.Errorf("10 ms round trip, 4 ms at the hub: link %v, want about 3 ms", p.link)
+	}
+	p.estimateLink(pending{sentAt: time.Now()}, time.Hour) // the hub's time exceeds the round trip: no estimate
+	if p.link < 3*time.Millisecond {
+		t.Errorf("an impossible answer changed the estimate to %v", p.link)
+	}
+}
