@@ -901,6 +901,7 @@ func (b *bench) churnResults(cr churnResult, start, end time.Duration, pendingAt
 	if n := delta(beforeM, afterM, "nave_xds_push_latency_seconds_count", `type="eds"`); n > 0 {
 		hub.EDSPushLatencyMeanMs = 1000 * delta(beforeM, afterM, "nave_xds_push_latency_seconds_sum", `type="eds"`) / n
 	}
+	hub.Convergence = convergenceOf(beforeM, afterM)
 	st.Hub = hub
 	return st
 }

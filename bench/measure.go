@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"slices"
@@ -273,4 +274,67 @@ func selfCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// convergenceStages are the stages of nave_convergence_seconds, in order.
+var convergenceStages = []string{"source", "spoke", "spoke_to_hub", "hub_apply_to_push", "push_to_ack", "hub_to_ack", "end_to_end"}
+
+// convergenceOf summarizes what the hub's convergence histogram observed
+// between before and after, per stage over every cluster.
+func convergenceOf(before, after promText) map[string]stageSummary {
+	out := map[string]stageSummary{}
+	for _, stage := range convergenceStages {
+		match := `stage="` + stage + `"`
+		n := delta(before, after, "nave_convergence_seconds_count", match)
+		if n <= 0 {
+			continue
+		}
+		buckets := map[float64]float64{} // upper bound -> cumulative count
+		for series := range after {
+			name, labels := splitSeries(series)
+			if name != "nave_convergence_seconds_bucket" || !slices.Contains(strings.Split(labels, ","), match) {
+				continue
+			}
+			for _, l := range strings.Split(labels, ",") {
+				if v, ok := strings.CutPrefix(l, `le="`); ok {
+					le, err := strconv.ParseFloat(strings.TrimSuffix(v, `"`), 64)
+					if err == nil {
+						buckets[le] += after[series] - before[series]
+					}
+				}
+			}
+		}
+		out[stage] = stageSummary{Count: n, MeanMs: 1000 * delta(before, after, "nave_convergence_seconds_sum", match) / n,
+			P50Ms: 1000 * bucketQuantile(buckets, 0.5), P99Ms: 1000 * bucketQuantile(buckets, 0.99)}
+	}
+	return out
+}
+
+// bucketQuantile is the q-quantile of a cumulative histogram, interpolated
+// linearly within its bucket as Prometheus's histogram_quantile does.
+func bucketQuantile(buckets map[float64]float64, q float64) float64 {
+	bounds := slices.Sorted(maps.Keys(buckets))
+	if len(bounds) == 0 {
+		return math.NaN()
+	}
+	total := buckets[bounds[len(bounds)-1]]
+	if total <= 0 {
+		return math.NaN()
+	}
+	rank := q * total
+	lower, below := 0.0, 0.0
+	for _, ub := range bounds {
+		c := buckets[ub]
+		if c >= rank {
+			if math.IsInf(ub, 1) {
+				return lower
+			}
+			if c == below {
+				return ub
+			}
+			return lower + (ub-lower)*(rank-below)/(c-below)
+		}
+		lower, below = ub, c
+	}
+	return lower
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"math"
 	"testing"
 	"time"
 )
@@ -102,5 +103,18 @@ func TestParseFlags(t *testing.T) {
 		if _, err := parseFlags(bad); err == nil {
 			t.Errorf("%q: no error", bad)
 		}
+	}
+}
+
+func TestBucketQuantile(t *testing.T) {
+	b := map[float64]float64{0.001: 0, 0.01: 50, 0.1: 100, math.Inf(1): 100}
+	if got := bucketQuantile(b, 0.5); math.Abs(got-0.01) > 1e-9 {
+		t.Errorf("p50 %v, want 0.01 (the 50th of 100 is the last of the second bucket)", got)
+	}
+	if got := bucketQuantile(b, 0.75); math.Abs(got-0.055) > 1e-9 {
+		t.Errorf("p75 %v, want 0.055 (halfway through the third bucket)", got)
+	}
+	if got := bucketQuantile(map[float64]float64{}, 0.5); !math.IsNaN(got) {
+		t.Errorf("no buckets: %v, want NaN", got)
 	}
 }

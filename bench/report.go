@@ -135,6 +135,17 @@ type hubChurn struct {
 	RSSBeforeBytes       float64            `json:"rssBeforeBytes"`
 	RSSAfterBytes        float64            `json:"rssAfterBytes"`
 	HeapInuseAfterBytes  float64            `json:"heapInuseAfterBytes"`
+	// Convergence is the hub's own trace of the churn's changes, by stage
+	// (nave_convergence_seconds; quantiles interpolated within its buckets).
+	Convergence map[string]stageSummary `json:"convergence,omitempty"`
+}
+
+// stageSummary is one stage of the hub's convergence histogram.
+type stageSummary struct {
+	Count  float64 `json:"count"`
+	MeanMs float64 `json:"meanMs"`
+	P50Ms  float64 `json:"p50Ms"`
+	P99Ms  float64 `json:"p99Ms"`
 }
 
 // restartResult is one hub restart, measured from the new process's start.
@@ -349,6 +360,15 @@ func printReport(w io.Writer, r *results) {
 		row("hub pipeline", "%.0f spoke deltas, %.0f registry versions, %.0f xDS updates (mean %.2f ms), EDS push latency mean %.2f ms, NACKs %.0f spoke / %.0f xDS",
 			h.SpokeDeltas, h.RegistryVersions, h.Updates, h.UpdateMeanMs, h.EDSPushLatencyMeanMs, h.SpokeNACKs, h.XDSNACKs)
 		row("hub CPU", "%.2f s (%.2f cores, %.2f ms per change); bench process %.2f s", h.CPUSeconds, h.CPUCores, h.CPUMsPerChange, h.LoadCPUSeconds)
+		var stages []string
+		for _, st := range convergenceStages {
+			if v, ok := h.Convergence[st]; ok {
+				stages = append(stages, fmt.Sprintf("%s %.1f/%.1f (%.0f)", st, v.P50Ms, v.P99Ms, v.Count))
+			}
+		}
+		if len(stages) > 0 {
+			row("hub's trace, ms p50/p99 (n)", "%s", strings.Join(stages, ", "))
+		}
 	}
 	if r.Relay != nil {
 		t.Flush()

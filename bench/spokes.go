@@ -75,6 +75,8 @@ type simCluster struct {
 	state  federation.State
 	// out holds the newest state not yet taken by the publisher (capacity 1).
 	out chan federation.State
+	// origins tells the publisher when each change was made (the hub's trace).
+	origins *federation.Origins
 }
 
 // world is every simulated cluster and the churn that changes them.
@@ -106,7 +108,7 @@ func newWorld(cfg scaleConfig, l *ledger, seed uint64, echo netip.AddrPort) (*wo
 		restarted: cfg.RestartOver > 0 && cfg.Services > 1}
 	for c := range cfg.Clusters {
 		cl := &simCluster{index: c, id: clusterID(c), region: regionOf(c),
-			shards: make([]*registry.Shard, cfg.Services), state: make(federation.State, cfg.Services+1), out: make(chan federation.State, 1)}
+			shards: make([]*registry.Shard, cfg.Services), state: make(federation.State, cfg.Services+1), out: make(chan federation.State, 1), origins: federation.NewOrigins()}
 		w.clusters = append(w.clusters, cl)
 		for s := range cfg.Services {
 			n := cfg.Endpoints
@@ -299,6 +301,7 @@ func (w *world) commit(cl *simCluster, s int, eps []registry.Endpoint, fp uint64
 	if _, err := w.ledger.record(cl.index, s, fp, kind, time.Now()); err != nil {
 		return err
 	}
+	cl.origins.Saw(sh.Service, "", time.Time{})
 	cl.hand(st)
 	return nil
 }
@@ -470,6 +473,7 @@ func startSpokes(ctx context.Context, w *world, fedAddr string, maxBackoff time.
 		cfg := federation.DefaultSpokeConfig()
 		cfg.Cluster, cfg.Network, cfg.SpokeID, cfg.Build = cl.id, benchNetwork, "bench-"+string(cl.id), "bench"
 		cfg.MinBackoff, cfg.MaxBackoff = 50*time.Millisecond, maxBackoff
+		cfg.Origins = cl.origins
 		st := &publisherStatus{}
 		sp.status = append(sp.status, st)
 		pub := federation.NewPublisher(cfg, conn, log.With("cluster", cl.id), st.update)

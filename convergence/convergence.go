@@ -33,6 +33,7 @@ package convergence
 import (
 	"cmp"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -145,9 +146,11 @@ type Tracer struct {
 	// when there are none, without taking the lock.
 	open atomic.Int64
 
-	// mu guards the fields below.
-	mu     sync.Mutex
-	nextID uint64
+	// tracesMu guards the fields below.
+	tracesMu sync.Mutex
+	nextID   uint64
+	// nextExpiry is when the earliest collecting change's window ends.
+	nextExpiry time.Time
 	// traces are the kept changes, oldest first.
 	traces []*trace
 	// untranslated holds, by service, changes the xDS server has not translated yet.
@@ -168,14 +171,28 @@ type pendingOrigin struct {
 type trace struct {
 	Trace
 	typeURL string
-	until   time.Time // collects pushes until then
+	// version is the registry version that holds the change.
+	version uint64
+	// published holds, by cache version prefix, the version of that cache
+	// that first holds the change: a response of an older version does not
+	// carry it.
+	published map[string]uint64
+	until     time.Time // collects pushes until then
 }
 
+// maxInFlight bounds the changes one stream's unanswered response carries.
+const maxInFlight = 256
+
 type flight struct {
-	nonce  string
-	node   string
-	at     time.Time
-	traces []*trace
+	nonce   string
+	node    string
+	carried []carried
+}
+
+// carried is a change a response carried, and when it was first pushed.
+type carried struct {
+	tr *trace
+	at time.Time
 }
 
 // New returns a tracer whose histograms are registered on reg (nil: not registered).
@@ -211,8 +228,8 @@ func (t *Tracer) Origins(cluster registry.ClusterID, link time.Duration, origins
 	if link > 0 {
 		t.seconds.WithLabelValues(StageSpokeToHub, c).Observe(link.Seconds())
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.tracesMu.Lock()
+	defer t.tracesMu.Unlock()
 	byService := t.origins[cluster]
 	if byService == nil {
 		byService = map[registry.ServiceKey]pendingOrigin{}
@@ -238,14 +255,14 @@ func (t *Tracer) Origins(cluster registry.ClusterID, link time.Duration, origins
 }
 
 // Received records that the replica applied a change of cluster's
-// services at its clock's now.
-func (t *Tracer) Received(cluster registry.ClusterID, services []registry.ServiceKey) {
+// services, making registry version, at its clock's now.
+func (t *Tracer) Received(cluster registry.ClusterID, services []registry.ServiceKey, version uint64) {
 	now := t.now()
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.tracesMu.Lock()
+	defer t.tracesMu.Unlock()
 	for _, key := range services {
 		t.nextID++
-		tr := &trace{Trace: Trace{ID: t.nextID, Replica: t.cfg.Replica, Cluster: cluster, Service: key, Received: now}}
+		tr := &trace{Trace: Trace{ID: t.nextID, Replica: t.cfg.Replica, Cluster: cluster, Service: key, Received: now}, version: version}
 		if o, ok := t.origins[cluster][key]; ok {
 			delete(t.origins[cluster], key)
 			tr.Origin = &o.Origin
@@ -296,22 +313,38 @@ func (t *Tracer) forgetLocked(tr *trace) {
 
 // Tracing says whether a change of key awaits translation.
 func (t *Tracer) Tracing(key registry.ServiceKey) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.tracesMu.Lock()
+	defer t.tracesMu.Unlock()
 	return len(t.untranslated[key]) > 0
 }
 
-// Translated records that the xDS server published the changes of key
-// awaiting translation: a client holds them once it acknowledges a
-// response of typeURL carrying one of resources. An empty typeURL says
-// they changed nothing a client is sent.
-func (t *Tracer) Translated(key registry.ServiceKey, typeURL string, resources []string) {
+// Translated records that the xDS server is about to publish registry
+// version upTo: the changes of key it holds (received at that version or
+// before) are held by a client once it acknowledges a response of typeURL
+// carrying one of resources, of a cache version at or above published's
+// for that cache's prefix. An empty typeURL says they changed nothing a
+// client is sent.
+func (t *Tracer) Translated(key registry.ServiceKey, upTo uint64, typeURL string, resources []string, published map[string]uint64) {
 	now := t.now()
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	list := t.untranslated[key]
-	delete(t.untranslated, key)
+	t.tracesMu.Lock()
+	defer t.tracesMu.Unlock()
+	var list, later []*trace
+	for _, tr := range t.untranslated[key] {
+		if tr.version <= upTo {
+			list = append(list, tr)
+		} else {
+			later = append(later, tr) // received after this registry was taken: the next Update's
+		}
+	}
+	if len(later) == 0 {
+		delete(t.untranslated, key)
+	} else {
+		t.untranslated[key] = later
+	}
 	t.expireLocked(now)
+	if typeURL != "" && len(resources) > 0 {
+		t.supersedeLocked(typeURL, resources) // changes translated before: pushes from now on carry these too
+	}
 	for _, tr := range list {
 		at := now
 		tr.Translated = &at
@@ -319,8 +352,10 @@ func (t *Tracer) Translated(key registry.ServiceKey, typeURL string, resources [
 			tr.NoChange = true
 			continue
 		}
-		tr.typeURL, tr.Type, tr.Resources, tr.until = typeURL, xdstype.Label(typeURL), resources, now.Add(t.cfg.Window)
-		t.supersedeLocked(typeURL, resources)
+		tr.typeURL, tr.Type, tr.Resources, tr.published, tr.until = typeURL, xdstype.Label(typeURL), resources, published, now.Add(t.cfg.Window)
+		if t.nextExpiry.IsZero() || tr.until.Before(t.nextExpiry) {
+			t.nextExpiry = tr.until
+		}
 		t.open.Add(1)
 		byName := t.byResource[typeURL]
 		if byName == nil {
@@ -352,9 +387,17 @@ func (t *Tracer) supersedeLocked(typeURL string, resources []string) {
 
 // expireLocked stops changes past their window from collecting pushes.
 func (t *Tracer) expireLocked(now time.Time) {
+	if t.nextExpiry.IsZero() || now.Before(t.nextExpiry) {
+		return
+	}
+	t.nextExpiry = time.Time{}
 	for _, tr := range t.traces {
-		if !tr.until.IsZero() && now.After(tr.until) {
+		switch {
+		case tr.until.IsZero():
+		case now.After(tr.until):
 			t.forgetLocked(tr)
+		case t.nextExpiry.IsZero() || tr.until.Before(t.nextExpiry):
+			t.nextExpiry = tr.until
 		}
 	}
 }
@@ -362,30 +405,47 @@ func (t *Tracer) expireLocked(now time.Time) {
 // Collecting says whether any change collects pushes (Pushed has work).
 func (t *Tracer) Collecting() bool { return t.open.Load() > 0 }
 
-// Pushed records a response of typeURL with nonce, carrying resources
-// named names, about to be sent to a stream of node.
-func (t *Tracer) Pushed(s syncstatus.Stream, node, typeURL, nonce string, names []string) {
+// Pushed records a response of typeURL with nonce and version, carrying
+// resources named names, about to be sent to a stream of node; before is
+// what the stream's sync status said before it. A response counts as the
+// push of a change when its cache version holds the change, the stream
+// had acknowledged an earlier version of that cache (it did not hold the
+// change yet), and the stream did not change its subscription since the
+// change was translated (then the response may be a fetch of a new name).
+func (t *Tracer) Pushed(s syncstatus.Stream, node, typeURL, nonce, version string, names []string, before syncstatus.Sent) {
 	if !t.Collecting() {
 		return
 	}
+	prefix, n, ok := splitVersion(version)
+	if !ok {
+		return
+	}
 	now := t.now()
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.tracesMu.Lock()
+	defer t.tracesMu.Unlock()
+	t.expireLocked(now)
+	heldPrefix, held, heldOK := splitVersion(before.Acked)
 	byName := t.byResource[typeURL]
-	var carried []*trace
+	var news []carried
 	for _, name := range names {
 		for _, tr := range byName[name] {
-			if now.Before(tr.until) && !slices.Contains(carried, tr) {
-				carried = append(carried, tr)
+			first, ok := tr.published[prefix]
+			switch {
+			case !ok || n < first || !now.Before(tr.until):
+			case !heldOK || heldPrefix != prefix || held >= first: // it held the change already, or another cache's state
+			case tr.Translated != nil && !before.SubscribedAt.Before(*tr.Translated):
+			case slices.ContainsFunc(news, func(c carried) bool { return c.tr == tr }):
+			default:
+				news = append(news, carried{tr: tr, at: now})
 			}
 		}
 	}
-	for _, tr := range carried {
-		tr.Pushed++
+	for _, c := range news {
+		c.tr.Pushed++
 	}
 	flights := t.inFlight[s]
 	prev, unanswered := flights[typeURL]
-	if len(carried) == 0 && !unanswered {
+	if len(news) == 0 && !unanswered {
 		return
 	}
 	if flights == nil {
@@ -393,40 +453,51 @@ func (t *Tracer) Pushed(s syncstatus.Stream, node, typeURL, nonce string, names 
 		t.inFlight[s] = flights
 	}
 	// Changes of an unanswered earlier response are carried on: the client
-	// holds them once it acknowledges this one.
-	if unanswered {
-		for _, tr := range prev.traces {
-			if !slices.Contains(carried, tr) {
-				carried = append(carried, tr)
-			}
+	// holds them once it acknowledges this one (as long as they are kept).
+	for _, c := range prev.carried {
+		if len(news) < maxInFlight && !c.tr.until.IsZero() && !slices.ContainsFunc(news, func(x carried) bool { return x.tr == c.tr }) {
+			news = append(news, c)
 		}
-		now = prev.at // the first push that carried them
 	}
-	flights[typeURL] = flight{nonce: nonce, node: node, at: now, traces: carried}
+	flights[typeURL] = flight{nonce: nonce, node: node, carried: news}
+}
+
+// splitVersion splits a cache version into its prefix and counter.
+func splitVersion(v string) (prefix string, n uint64, ok bool) {
+	i := len(v)
+	for i > 0 && v[i-1] >= '0' && v[i-1] <= '9' {
+		i--
+	}
+	if i == len(v) {
+		return "", 0, false
+	}
+	n, err := strconv.ParseUint(v[i:], 10, 64)
+	return v[:i], n, err == nil
 }
 
 // Answered records a stream's ACK (ok) or NACK of the response of typeURL with nonce.
 func (t *Tracer) Answered(s syncstatus.Stream, typeURL, nonce string, ok bool) {
 	now := t.now()
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.tracesMu.Lock()
+	defer t.tracesMu.Unlock()
 	f, found := t.inFlight[s][typeURL]
 	if !found || f.nonce != nonce {
 		return
 	}
 	delete(t.inFlight[s], typeURL)
-	for _, tr := range f.traces {
+	for _, c := range f.carried {
+		tr, at := c.tr, c.at
 		if !ok {
 			tr.Nacked++
 			continue
 		}
 		tr.Acked++
-		at := now
-		tr.LastAck = &at
-		ct := ClientTime{NodeID: f.node, Stream: s, ApplyToPush: ms(f.at.Sub(tr.Received)), PushToAck: ms(now.Sub(f.at)), HubToAck: ms(now.Sub(tr.Received))}
+		acked := now
+		tr.LastAck = &acked
+		ct := ClientTime{NodeID: f.node, Stream: s, ApplyToPush: ms(at.Sub(tr.Received)), PushToAck: ms(now.Sub(at)), HubToAck: ms(now.Sub(tr.Received))}
 		cluster := string(tr.Cluster)
-		t.seconds.WithLabelValues(StageApplyToPush, cluster).Observe(f.at.Sub(tr.Received).Seconds())
-		t.seconds.WithLabelValues(StagePushToAck, cluster).Observe(now.Sub(f.at).Seconds())
+		t.seconds.WithLabelValues(StageApplyToPush, cluster).Observe(at.Sub(tr.Received).Seconds())
+		t.seconds.WithLabelValues(StagePushToAck, cluster).Observe(now.Sub(at).Seconds())
 		t.seconds.WithLabelValues(StageHubToAck, cluster).Observe(now.Sub(tr.Received).Seconds())
 		if tr.Origin != nil {
 			e2e := tr.Origin.total() + now.Sub(tr.Received)
@@ -450,16 +521,16 @@ func (tr *trace) keepSlowest(ct ClientTime, n int) {
 
 // Closed forgets a stream.
 func (t *Tracer) Closed(s syncstatus.Stream) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.tracesMu.Lock()
+	defer t.tracesMu.Unlock()
 	delete(t.inFlight, s)
 }
 
 // Traces returns the kept changes of service (all, if it is the zero key),
 // newest first, at most limit (0: all).
 func (t *Tracer) Traces(service registry.ServiceKey, limit int) []Trace {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.tracesMu.Lock()
+	defer t.tracesMu.Unlock()
 	var out []Trace
 	for i := len(t.traces) - 1; i >= 0 && (limit == 0 || len(out) < limit); i-- {
 		tr := t.traces[i]

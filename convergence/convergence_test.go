@@ -6,8 +6,8 @@ import (
 
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/syncstatus"
 )
@@ -16,6 +16,7 @@ var (
 	api = registry.ServiceKey{Namespace: "default", Name: "api"}
 	web = registry.ServiceKey{Namespace: "default", Name: "web"}
 	eds = resource.EndpointType
+	cds = resource.ClusterType
 )
 
 type clock struct{ now time.Time }
@@ -32,21 +33,33 @@ func newTracer(cfg Config) (*Tracer, *clock, *prometheus.Registry) {
 
 func stream(id int64) syncstatus.Stream { return syncstatus.Stream{ID: id} }
 
+// holding is a stream that acknowledged version v of cache "eds-" and
+// subscribed long ago.
+func holding(v string) syncstatus.Sent {
+	return syncstatus.Sent{Acked: v, SubscribedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+}
+
+// translate translates api's change at registry version 1, published in cache "eds-" at version 5.
+func translate(tr *Tracer, key registry.ServiceKey, upTo uint64, names ...string) {
+	tr.Translated(key, upTo, eds, names, map[string]uint64{"eds-": 5})
+}
+
 func TestTraceStagesAndSlowestClients(t *testing.T) {
 	tr, c, reg := newTracer(Config{Replica: "a", SlowestClients: 2})
-	tr.Received("east", []registry.ServiceKey{api})
+	tr.Origins("east", 3*time.Millisecond, []federation.ReceivedOrigin{{Service: api, ResourceVersion: "42", Source: 0, Spoke: 2 * time.Millisecond}})
+	tr.Received("east", []registry.ServiceKey{api}, 1)
 	if !tr.Tracing(api) || tr.Tracing(web) || tr.Collecting() {
 		t.Fatal("a received change of api: api awaits translation, nothing collects pushes yet")
 	}
 	c.advance(2)
-	tr.Translated(api, eds, []string{"cla-api"})
+	translate(tr, api, 1, "cla-api")
 	if tr.Tracing(api) || !tr.Collecting() {
 		t.Fatal("after translation api's change collects pushes")
 	}
 	// Three clients, pushed at +3, +4 and +5 ms.
 	for i, node := range []string{"node-a", "node-b", "node-c"} {
 		c.advance(1)
-		tr.Pushed(stream(int64(i)), node, eds, "n1", []string{"other", "cla-api"})
+		tr.Pushed(stream(int64(i)), node, eds, "n1", "eds-5", []string{"other", "cla-api"}, holding("eds-4"))
 	}
 	c.advance(1) // +6
 	tr.Answered(stream(0), eds, "n1", true)
@@ -62,20 +75,18 @@ func TestTraceStagesAndSlowestClients(t *testing.T) {
 	}
 	g := got[0]
 	if g.Replica != "a" || g.Cluster != "east" || g.Type != "eds" || g.Pushed != 3 || g.Acked != 3 || g.Nacked != 0 ||
-		g.Translated == nil || g.Translated.Sub(g.Received) != 2*time.Millisecond || g.LastAck.Sub(g.Received) != 14*time.Millisecond {
-		t.Fatalf("trace %+v", g)
+		g.Translated == nil || g.Translated.Sub(g.Received) != 2*time.Millisecond || g.LastAck.Sub(g.Received) != 14*time.Millisecond ||
+		g.Origin == nil || g.Origin.ResourceVersion != "42" || g.Origin.Spoke != 2 || g.Origin.SpokeToHub != 3 {
+		t.Fatalf("trace %+v (origin %+v)", g, g.Origin)
 	}
 	// The two slowest, slowest first: node-b (pushed +4, acked +14) and node-c (pushed +5, acked +7).
 	if len(g.Slowest) != 2 || g.Slowest[0].NodeID != "node-b" || g.Slowest[0].ApplyToPush != 4 || g.Slowest[0].PushToAck != 10 ||
-		g.Slowest[0].HubToAck != 14 || g.Slowest[1].NodeID != "node-c" || g.Slowest[1].HubToAck != 7 {
+		g.Slowest[0].HubToAck != 14 || g.Slowest[0].EndToEnd != 19 || g.Slowest[1].NodeID != "node-c" || g.Slowest[1].HubToAck != 7 {
 		t.Fatalf("slowest clients %+v", g.Slowest)
 	}
-	if n, err := testutil.GatherAndCount(reg, MetricConvergence); err != nil || n != 3 {
-		t.Fatalf("%s: %d series (%v), want one per stage", MetricConvergence, n, err)
-	}
-	for _, stage := range []string{StageApplyToPush, StagePushToAck, StageHubToAck} {
-		if got := histogramCount(t, reg, stage); got != 3 {
-			t.Errorf("%s observed %d times, want 3 (one per client)", stage, got)
+	for stage, want := range map[string]uint64{StageApplyToPush: 3, StagePushToAck: 3, StageHubToAck: 3, StageEndToEnd: 3, StageSpoke: 1, StageSpokeToHub: 1, StageSource: 0} {
+		if got := histogramCount(t, reg, stage); got != want {
+			t.Errorf("%s observed %d times, want %d", stage, got, want)
 		}
 	}
 }
@@ -98,22 +109,38 @@ func histogramCount(t *testing.T, reg *prometheus.Registry, stage string) uint64
 	return 0
 }
 
-func TestPushesThatDoNotCarryTheChange(t *testing.T) {
+// Responses that do not carry a change are not its pushes: another
+// resource, another type, a cache version before the change, a client
+// that held it already, a client that subscribed after the change (a
+// fetch), another cache (prefix).
+func TestResponsesThatDoNotCarryTheChange(t *testing.T) {
 	tr, c, _ := newTracer(Config{})
-	tr.Received("east", []registry.ServiceKey{api, web})
-	tr.Translated(api, eds, []string{"cla-api"})
-	tr.Translated(web, "", nil) // nothing a client is sent changed
+	tr.Received("east", []registry.ServiceKey{api, web}, 1)
+	translate(tr, api, 1, "cla-api")
+	tr.Translated(web, 1, "", nil, nil) // nothing a client is sent changed
 	c.advance(1)
-	tr.Pushed(stream(1), "n", eds, "1", []string{"cla-web"})                  // another resource
-	tr.Pushed(stream(2), "n", resource.ClusterType, "1", []string{"cla-api"}) // another type
-	tr.Answered(stream(1), eds, "1", true)
-	tr.Answered(stream(2), resource.ClusterType, "1", true)
-	tr.Pushed(stream(3), "n", eds, "7", []string{"cla-api"})
-	tr.Answered(stream(3), eds, "6", true) // an answer to another response
-	tr.Answered(stream(3), eds, "7", false)
+	recent := syncstatus.Sent{Acked: "eds-4", SubscribedAt: c.now}
+	for i, p := range []struct {
+		typeURL, version string
+		names            []string
+		before           syncstatus.Sent
+	}{
+		{eds, "eds-5", []string{"cla-web"}, holding("eds-4")},
+		{cds, "eds-5", []string{"cla-api"}, holding("eds-4")},
+		{eds, "eds-4", []string{"cla-api"}, holding("eds-3")},
+		{eds, "eds-6", []string{"cla-api"}, holding("eds-5")},
+		{eds, "eds-5", []string{"cla-api"}, recent},
+		{eds, "gw-eds-9", []string{"cla-api"}, holding("gw-eds-8")},
+	} {
+		tr.Pushed(stream(int64(i)), "n", p.typeURL, "1", p.version, p.names, p.before)
+		tr.Answered(stream(int64(i)), p.typeURL, "1", true)
+	}
+	tr.Pushed(stream(9), "n", eds, "7", "eds-5", []string{"cla-api"}, holding("eds-4"))
+	tr.Answered(stream(9), eds, "6", true) // an answer to another response
+	tr.Answered(stream(9), eds, "7", false)
 	a, w := tr.Traces(api, 0)[0], tr.Traces(web, 0)[0]
 	if a.Pushed != 1 || a.Acked != 0 || a.Nacked != 1 || len(a.Slowest) != 0 {
-		t.Errorf("api: %+v; want one push, rejected", a)
+		t.Errorf("api: %+v; want one push (stream 9's), rejected", a)
 	}
 	if !w.NoChange || w.Pushed != 0 {
 		t.Errorf("web: %+v; want no client-visible change", w)
@@ -123,42 +150,92 @@ func TestPushesThatDoNotCarryTheChange(t *testing.T) {
 	}
 }
 
-func TestNewerChangeSupersedesAndWindowCloses(t *testing.T) {
-	tr, c, _ := newTracer(Config{Window: 100 * time.Millisecond})
-	tr.Received("east", []registry.ServiceKey{api})
-	tr.Translated(api, eds, []string{"cla-api"})
-	tr.Received("east", []registry.ServiceKey{api})
-	tr.Translated(api, eds, []string{"cla-api"})
-	tr.Pushed(stream(1), "n", eds, "1", []string{"cla-api"})
-	tr.Answered(stream(1), eds, "1", true)
-	got := tr.Traces(api, 0)
-	if got[0].Acked != 1 || got[1].Acked != 0 {
-		t.Fatalf("the newer change should take the push, the older none: %+v", got)
+// A change received while the xDS server translates an older registry is
+// the next translation's; two changes of one service in one translation
+// are both carried by its pushes; a later translation supersedes both.
+func TestTranslationTakesWhatItHolds(t *testing.T) {
+	tr, _, _ := newTracer(Config{})
+	tr.Received("east", []registry.ServiceKey{api}, 1)
+	tr.Received("west", []registry.ServiceKey{api}, 2)
+	tr.Received("east", []registry.ServiceKey{api}, 3) // after the registry being translated was taken
+	translate(tr, api, 2, "cla-api")
+	if !tr.Tracing(api) {
+		t.Fatal("the change at version 3 is not translated yet")
 	}
-	// Past the window nothing collects, not even the newer change.
-	c.advance(200)
-	tr.Received("east", []registry.ServiceKey{web})
-	tr.Translated(web, eds, []string{"cla-web"}) // expires what is past its window
-	tr.Pushed(stream(2), "n", eds, "1", []string{"cla-api"})
+	tr.Pushed(stream(1), "n", eds, "1", "eds-5", []string{"cla-api"}, holding("eds-4"))
+	tr.Answered(stream(1), eds, "1", true)
+	got := tr.Traces(api, 0) // newest first: 3, 2, 1
+	if got[0].Translated != nil || got[1].Acked != 1 || got[2].Acked != 1 {
+		t.Fatalf("traces %+v; want 1 and 2 acknowledged, 3 untranslated", got)
+	}
+	tr.Translated(api, 3, eds, []string{"cla-api"}, map[string]uint64{"eds-": 6})
+	tr.Pushed(stream(2), "n", eds, "1", "eds-6", []string{"cla-api"}, holding("eds-4"))
 	tr.Answered(stream(2), eds, "1", true)
-	if got := tr.Traces(api, 1)[0]; got.Acked != 1 || got.Pushed != 1 {
-		t.Fatalf("a push after the window counted: %+v", got)
+	got = tr.Traces(api, 0)
+	if got[0].Acked != 1 || got[1].Acked != 1 || got[2].Acked != 1 {
+		t.Fatalf("traces %+v; want the push at 6 counted for 3 only (1 and 2 superseded)", got)
+	}
+}
+
+// A change carried on by a second response before the first is answered
+// keeps the time of its own first push; one that joins later has its own.
+func TestCarriedOnKeepsEachPushTime(t *testing.T) {
+	tr, c, _ := newTracer(Config{})
+	tr.Received("east", []registry.ServiceKey{api}, 1)
+	translate(tr, api, 1, "cla-api")
+	c.advance(1)
+	tr.Pushed(stream(1), "n", eds, "1", "eds-5", []string{"cla-api"}, holding("eds-4"))
+	c.advance(50)
+	tr.Received("east", []registry.ServiceKey{web}, 2)
+	tr.Translated(web, 2, eds, []string{"cla-web"}, map[string]uint64{"eds-": 6})
+	c.advance(1)
+	tr.Pushed(stream(1), "n", eds, "2", "eds-6", []string{"cla-web"}, holding("eds-4"))
+	c.advance(1)
+	tr.Answered(stream(1), eds, "2", true)
+	a, w := tr.Traces(api, 0)[0], tr.Traces(web, 0)[0]
+	if a.Acked != 1 || a.Slowest[0].ApplyToPush != 1 || w.Acked != 1 || w.Slowest[0].ApplyToPush != 1 || w.Slowest[0].PushToAck != 1 {
+		t.Fatalf("api %+v, web %+v", a.Slowest, w.Slowest)
+	}
+}
+
+func TestWindowCloses(t *testing.T) {
+	tr, c, _ := newTracer(Config{Window: 100 * time.Millisecond})
+	tr.Received("east", []registry.ServiceKey{api}, 1)
+	translate(tr, api, 1, "cla-api")
+	c.advance(200)
+	tr.Pushed(stream(2), "n", eds, "1", "eds-5", []string{"cla-api"}, holding("eds-4"))
+	tr.Answered(stream(2), eds, "1", true)
+	if got := tr.Traces(api, 1)[0]; got.Pushed != 0 || tr.Collecting() {
+		t.Fatalf("a push after the window counted: %+v (collecting %v)", got, tr.Collecting())
 	}
 }
 
 func TestOldestChangesAreEvicted(t *testing.T) {
 	tr, _, _ := newTracer(Config{MaxTraces: 3})
-	for range 5 {
-		tr.Received("east", []registry.ServiceKey{api})
-		tr.Translated(api, eds, []string{"cla-api"})
+	for i := range 5 {
+		tr.Received("east", []registry.ServiceKey{api}, uint64(i+1))
+		translate(tr, api, uint64(i+1), "cla-api")
 	}
 	got := tr.Traces(registry.ServiceKey{}, 0)
 	if len(got) != 3 || got[0].ID != 5 || got[2].ID != 3 {
 		t.Fatalf("kept %+v; want changes 5, 4, 3", got)
 	}
-	tr.mu.Lock()
-	defer tr.mu.Unlock()
+	tr.tracesMu.Lock()
+	defer tr.tracesMu.Unlock()
 	if n := len(tr.byResource[eds]["cla-api"]); n != 1 || tr.open.Load() != 1 {
 		t.Errorf("%d changes collect pushes of cla-api (open %d); want only the newest", n, tr.open.Load())
+	}
+}
+
+func TestSplitVersion(t *testing.T) {
+	for v, want := range map[string]struct {
+		prefix string
+		n      uint64
+		ok     bool
+	}{"a-eds-us/z1-12": {"a-eds-us/z1-", 12, true}, "nave-7": {"nave-", 7, true}, "": {"", 0, false}, "x-": {"", 0, false}} {
+		p, n, ok := splitVersion(v)
+		if p != want.prefix || n != want.n || ok != want.ok {
+			t.Errorf("splitVersion(%q) = %q %d %v", v, p, n, ok)
+		}
 	}
 }

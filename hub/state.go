@@ -305,7 +305,7 @@ func (s *state) trace(cluster registry.ClusterID, diff registry.Diff) {
 	for i, sd := range diff.Services {
 		keys[i] = sd.Key
 	}
-	s.tracer.Received(cluster, keys)
+	s.tracer.Received(cluster, keys, diff.Version)
 }
 
 // Begin implements federation.Store. The catalog holds the cluster

@@ -167,6 +167,10 @@ type exchange struct {
 	// accepted since carried (all of them, if allUnresolved).
 	unresolved    []string
 	allUnresolved bool
+	// truncated: the last response carried more names than sentNames keeps.
+	truncated bool
+	// subscribedAt is when the subscription last changed.
+	subscribedAt time.Time
 	// asked is when the stream last asked for the type (any request).
 	asked time.Time
 	// The last response sent: its version, nonce, when, and the names it
@@ -225,10 +229,26 @@ func (t *Tracker) exchangeLocked(s Stream, node *core.Node, typeURL string) *exc
 
 // Answer is what a request said of the last response of its type: Nonce
 // is that response's ("": the request answered nothing, or a late one),
-// ACK whether it accepted it.
+// ACK whether it accepted it, TypeURL the type (a request of a one-type
+// service's stream may name none).
 type Answer struct {
-	Nonce string
-	ACK   bool
+	Nonce   string
+	ACK     bool
+	TypeURL string
+}
+
+// Sent is what the tracker knew of a stream when a response was sent.
+type Sent struct {
+	// Asked is when the stream last asked for the type (zero: never).
+	Asked time.Time
+	// First: the stream acknowledged nothing of the type yet (the response
+	// answers its first fetch).
+	First bool
+	// Acked is the version the stream acknowledged before this response.
+	Acked string
+	// SubscribedAt is when the stream last changed what it subscribes to:
+	// a response after that may be a fetch of a new name, not a push.
+	SubscribedAt time.Time
 }
 
 // answer applies the ACK or NACK a request carries for the response of
@@ -247,7 +267,7 @@ func (x *exchange) answer(nonce, version string, rejected bool, detail string, n
 				x.unresolved = append(x.unresolved, n)
 			}
 		}
-		x.allUnresolved = x.allUnresolved || x.sentCount > len(x.sentNames)
+		x.allUnresolved = x.allUnresolved || x.truncated
 		return Answer{Nonce: nonce}
 	}
 	x.rejecting = false
@@ -256,13 +276,27 @@ func (x *exchange) answer(nonce, version string, rejected bool, detail string, n
 	// resend a rejected resource until it changes: until then, the stream
 	// lacks it though it accepts everything else.)
 	x.unresolved = slices.DeleteFunc(x.unresolved, func(n string) bool { return slices.Contains(x.sentNames, n) })
-	if x.sentCount > len(x.sentNames) {
+	if x.truncated {
 		x.unresolved, x.allUnresolved = nil, false // more than the names kept: assume it carried them
 	}
-	if len(x.unresolved) == 0 && !x.allUnresolved {
+	x.pruneUnresolved()
+	return Answer{Nonce: nonce, ACK: true}
+}
+
+// pruneUnresolved forgets rejected resources the stream no longer asks for.
+func (x *exchange) pruneUnresolved() {
+	if len(x.unresolved) > 0 && !x.wildcard {
+		x.unresolved = slices.DeleteFunc(x.unresolved, func(n string) bool {
+			if x.delta != nil {
+				_, ok := x.delta[n]
+				return !ok
+			}
+			return !slices.Contains(x.names, n)
+		})
+	}
+	if len(x.unresolved) == 0 {
 		x.unresolved = nil
 	}
-	return Answer{Nonce: nonce, ACK: true}
 }
 
 // Request records a state-of-the-world request: its subscription, and the
@@ -276,10 +310,31 @@ func (t *Tracker) Request(id int64, req *discovery.DiscoveryRequest) Answer {
 		return Answer{}
 	}
 	x.asked = now
-	x.names = req.GetResourceNames()
+	names := req.GetResourceNames()
+	if !sameNames(x.names, names) || x.subscribedAt.IsZero() {
+		x.subscribedAt = now
+	}
+	x.names = names
 	x.wildcard = !x.named && len(x.names) == 0 || slices.Contains(x.names, "*")
 	x.named = x.named || len(x.names) > 0
-	return x.answer(req.GetResponseNonce(), req.GetVersionInfo(), req.GetErrorDetail() != nil, req.GetErrorDetail().GetMessage(), now)
+	x.pruneUnresolved()
+	a := x.answer(req.GetResponseNonce(), req.GetVersionInfo(), req.GetErrorDetail() != nil, req.GetErrorDetail().GetMessage(), now)
+	a.TypeURL = cmp.Or(req.GetTypeUrl(), t.streams[Stream{ID: id}].typeURL)
+	return a
+}
+
+// sameNames says whether two subscriptions are the same list: exactly for
+// short ones; for long ones (a gateway's, repeated with every ACK) by
+// length and ends, which catches what a client changes without costing
+// every ACK a walk of thousands of names.
+func sameNames(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	if len(a) <= 64 {
+		return slices.Equal(a, b)
+	}
+	return a[0] == b[0] && a[len(a)-1] == b[len(b)-1] && a[len(a)/2] == b[len(b)/2]
 }
 
 // DeltaRequest records a delta request: the names it subscribes and
@@ -315,46 +370,53 @@ func (t *Tracker) DeltaRequest(id int64, req *discovery.DeltaDiscoveryRequest) A
 		}
 		delete(x.delta, name)
 	}
+	if len(req.GetResourceNamesSubscribe()) > 0 || len(req.GetResourceNamesUnsubscribe()) > 0 || x.subscribedAt.IsZero() {
+		x.subscribedAt = now
+	}
+	x.pruneUnresolved()
 	// A delta ACK names no version: it accepts the one sent with the nonce.
-	return x.answer(req.GetResponseNonce(), x.sent, req.GetErrorDetail() != nil, req.GetErrorDetail().GetMessage(), now)
+	a := x.answer(req.GetResponseNonce(), x.sent, req.GetErrorDetail() != nil, req.GetErrorDetail().GetMessage(), now)
+	a.TypeURL = cmp.Or(req.GetTypeUrl(), t.streams[Stream{Delta: true, ID: id}].typeURL)
+	return a
 }
 
 // Response records a state-of-the-world response about to be sent, and
-// returns when the stream last asked for its type (zero: never) and
-// whether the stream has acknowledged nothing of the type yet (this
-// answers its first fetch, not a change).
-func (t *Tracker) Response(id int64, typeURL string, resp *discovery.DiscoveryResponse) (asked time.Time, first bool) {
+// returns what the tracker knew of the stream before it (see Sent).
+func (t *Tracker) Response(id int64, typeURL string, resp *discovery.DiscoveryResponse) Sent {
 	names, count := sentNames(resp)
-	return t.sent(Stream{ID: id}, typeURL, resp.GetVersionInfo(), resp.GetNonce(), names, count)
+	return t.sent(Stream{ID: id}, typeURL, resp.GetVersionInfo(), resp.GetNonce(), names, count, nil)
 }
 
 // DeltaResponse is Response for a delta stream.
-func (t *Tracker) DeltaResponse(id int64, typeURL string, resp *discovery.DeltaDiscoveryResponse) (asked time.Time, first bool) {
+func (t *Tracker) DeltaResponse(id int64, typeURL string, resp *discovery.DeltaDiscoveryResponse) Sent {
 	res := resp.GetResources()
 	names := make([]string, 0, min(len(res), maxRejectedNames))
 	for _, r := range res[:min(len(res), maxRejectedNames)] {
 		names = append(names, unique.Make(r.GetName()).Value())
 	}
-	return t.sent(Stream{Delta: true, ID: id}, typeURL, resp.GetSystemVersionInfo(), resp.GetNonce(), names, len(res)+len(resp.GetRemovedResources()))
+	return t.sent(Stream{Delta: true, ID: id}, typeURL, resp.GetSystemVersionInfo(), resp.GetNonce(), names, len(res), resp.GetRemovedResources())
 }
 
-func (t *Tracker) sent(s Stream, typeURL, version, nonce string, names []string, count int) (time.Time, bool) {
+func (t *Tracker) sent(s Stream, typeURL, version, nonce string, names []string, count int, removed []string) Sent {
 	now := t.now()
 	t.streamsMu.Lock()
 	defer t.streamsMu.Unlock()
 	x := t.exchangeLocked(s, nil, typeURL)
 	if x == nil {
-		return time.Time{}, false
+		return Sent{}
 	}
-	first := x.acked == ""
+	before := Sent{Asked: x.asked, First: x.acked == "", Acked: x.acked, SubscribedAt: x.subscribedAt}
 	x.sent, x.sentNonce, x.sentAt, x.sentNames, x.sentCount = version, nonce, now, names, count
+	x.truncated = count > len(names)
 	x.answered = false
+	// A resource the server removes is no longer missing.
+	x.unresolved = slices.DeleteFunc(x.unresolved, func(n string) bool { return slices.Contains(removed, n) })
 	// A rejection stands while the server resends what was rejected (it
 	// does when the NACK names an older version than the one rejected).
 	if x.nack == nil || x.nack.Version != version {
 		x.rejecting = false
 	}
-	return x.asked, first
+	return before
 }
 
 // sentNames reads the names of (up to maxRejectedNames of) a response's

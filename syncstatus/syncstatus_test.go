@@ -14,7 +14,10 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
-const eds = resource.EndpointType
+const (
+	eds = resource.EndpointType
+	cds = resource.ClusterType
+)
 
 func newTracker() (*Tracker, *time.Time) {
 	t := New("r1")
@@ -49,9 +52,9 @@ func TestStateOfTheWorldExchange(t *testing.T) {
 
 	*now = now.Add(time.Second)
 	sentAt := *now
-	asked, first := tr.Response(1, eds, &discovery.DiscoveryResponse{VersionInfo: "v1", Nonce: "1", Resources: []*anypb.Any{named("a"), named("b")}})
-	if !asked.Equal(sentAt.Add(-time.Second)) || !first {
-		t.Errorf("Response says the stream asked at %v (first fetch: %v), want %v (true)", asked, first, sentAt.Add(-time.Second))
+	before := tr.Response(1, eds, &discovery.DiscoveryResponse{VersionInfo: "v1", Nonce: "1", Resources: []*anypb.Any{named("a"), named("b")}})
+	if !before.Asked.Equal(sentAt.Add(-time.Second)) || !before.First || !before.SubscribedAt.Equal(before.Asked) {
+		t.Errorf("Response says %+v; want asked (and subscribed) at %v, a first fetch", before, sentAt.Add(-time.Second))
 	}
 	c := only(t, tr, "n1")
 	if c.State != Stale || c.StaleSince == nil || !c.StaleSince.Equal(sentAt) || !c.Types["eds"].Pending {
@@ -74,7 +77,7 @@ func TestStateOfTheWorldExchange(t *testing.T) {
 	}
 
 	// A late answer to an older nonce changes nothing.
-	if _, first := tr.Response(1, eds, &discovery.DiscoveryResponse{VersionInfo: "v2", Nonce: "3", Resources: []*anypb.Any{named("a"), named("b")}}); !first {
+	if b := tr.Response(1, eds, &discovery.DiscoveryResponse{VersionInfo: "v2", Nonce: "3", Resources: []*anypb.Any{named("a"), named("b")}}); !b.First {
 		t.Error("the stream acknowledged nothing yet (it rejected v1), so v2 still answers its first fetch")
 	}
 	tr.Request(1, &discovery.DiscoveryRequest{TypeUrl: eds, ResourceNames: names, VersionInfo: "v1", ResponseNonce: "2"})
@@ -87,8 +90,8 @@ func TestStateOfTheWorldExchange(t *testing.T) {
 	if ty := c.Types["eds"]; c.State != Synced || ty.Acked != "v2" || ty.Rejecting || ty.LastNACK == nil {
 		t.Fatalf("after the ACK of v2: %+v, eds %+v", c, ty)
 	}
-	if _, first := tr.Response(1, eds, &discovery.DiscoveryResponse{VersionInfo: "v3", Nonce: "4"}); first {
-		t.Error("v3 follows an acknowledged v2: it is a push, not a first fetch")
+	if b := tr.Response(1, eds, &discovery.DiscoveryResponse{VersionInfo: "v3", Nonce: "4"}); b.First || b.Acked != "v2" {
+		t.Errorf("v3 follows an acknowledged v2: %+v; want a push, the stream holding v2", b)
 	}
 	// The subscription is the request's own slice, not a copy.
 	tr.streamsMu.Lock()
@@ -208,11 +211,12 @@ func TestSubscriptionEdges(t *testing.T) {
 		t.Errorf("a accepted at v3: %+v", c)
 	}
 
-	cds := resource.ClusterType
 	tr.Open(Stream{Delta: true, ID: 3}, cds) // the CDS service's delta stream; its requests name no type
 	tr.DeltaRequest(3, &discovery.DeltaDiscoveryRequest{Node: &core.Node{Id: "d"}, ResourceNamesSubscribe: []string{"c"}})
 	tr.DeltaResponse(3, cds, &discovery.DeltaDiscoveryResponse{SystemVersionInfo: "v1", Nonce: "1", Resources: []*discovery.Resource{{Name: "c"}}})
-	tr.DeltaRequest(3, &discovery.DeltaDiscoveryRequest{ResponseNonce: "1"})
+	if a := tr.DeltaRequest(3, &discovery.DeltaDiscoveryRequest{ResponseNonce: "1"}); !a.ACK || a.TypeURL != cds {
+		t.Errorf("the CDS stream's typeless ACK: %+v", a)
+	}
 	if c := only(t, tr, "d"); c.State != Synced || c.Types["cds"].Acked != "v1" || len(c.Types) != 1 {
 		t.Errorf("a CDS stream naming no type: %+v", c)
 	}
@@ -222,5 +226,39 @@ func TestSubscriptionEdges(t *testing.T) {
 		InitialResourceVersions: map[string]string{"a": "h1"}})
 	if ty := only(t, tr, "r").Types["eds"]; !ty.Resumed || ty.Sent != "" {
 		t.Errorf("a resumed delta stream: %+v", ty)
+	}
+}
+
+// What a stream rejected stops counting as missing once it no longer asks
+// for it, or the server removes it; a removal is no truncated response.
+func TestUnresolvedFollowsTheSubscription(t *testing.T) {
+	tr, now := newTracker()
+	tr.Open(Stream{ID: 1}, "")
+	node := &core.Node{Id: "s"}
+	tr.Request(1, &discovery.DiscoveryRequest{Node: node, TypeUrl: eds, ResourceNames: []string{"a", "b"}})
+	tr.Response(1, eds, &discovery.DiscoveryResponse{VersionInfo: "v1", Nonce: "1", Resources: []*anypb.Any{named("a"), named("b")}})
+	tr.Request(1, &discovery.DiscoveryRequest{TypeUrl: eds, ResourceNames: []string{"a", "b"}, ResponseNonce: "1", ErrorDetail: &rpcstatus.Status{Message: "no"}})
+	*now = now.Add(time.Second)
+	tr.Request(1, &discovery.DiscoveryRequest{TypeUrl: eds, ResourceNames: []string{"b"}})
+	ty := only(t, tr, "s").Types["eds"]
+	if !slices.Equal(ty.Unresolved, []string{"b"}) {
+		t.Errorf("after unsubscribing a: unresolved %v, want [b]", ty.Unresolved)
+	}
+	if b := tr.Response(1, eds, &discovery.DiscoveryResponse{VersionInfo: "v2", Nonce: "2"}); !b.SubscribedAt.Equal(*now) {
+		t.Errorf("the subscription changed at %v; the tracker says %v", *now, b.SubscribedAt)
+	}
+
+	tr.Open(Stream{Delta: true, ID: 2}, "")
+	tr.DeltaRequest(2, &discovery.DeltaDiscoveryRequest{Node: &core.Node{Id: "d"}, TypeUrl: eds, ResourceNamesSubscribe: []string{"a", "b"}})
+	tr.DeltaResponse(2, eds, &discovery.DeltaDiscoveryResponse{SystemVersionInfo: "v1", Nonce: "1", Resources: []*discovery.Resource{{Name: "a"}}})
+	tr.DeltaRequest(2, &discovery.DeltaDiscoveryRequest{TypeUrl: eds, ResponseNonce: "1", ErrorDetail: &rpcstatus.Status{Message: "no"}})
+	tr.DeltaResponse(2, eds, &discovery.DeltaDiscoveryResponse{SystemVersionInfo: "v2", Nonce: "2", RemovedResources: []string{"b"}})
+	tr.DeltaRequest(2, &discovery.DeltaDiscoveryRequest{TypeUrl: eds, ResponseNonce: "2"})
+	if c := only(t, tr, "d"); c.State != Nacked || !slices.Equal(c.Types["eds"].Unresolved, []string{"a"}) {
+		t.Errorf("a rejected, then a removal of b accepted: %s %+v; want a still missing", c.State, c.Types["eds"])
+	}
+	tr.DeltaResponse(2, eds, &discovery.DeltaDiscoveryResponse{SystemVersionInfo: "v3", Nonce: "3", RemovedResources: []string{"a"}})
+	if c := only(t, tr, "d"); len(c.Types["eds"].Unresolved) != 0 {
+		t.Errorf("a removed: still unresolved %v", c.Types["eds"].Unresolved)
 	}
 }

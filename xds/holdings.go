@@ -127,19 +127,34 @@ func (s *Server) differences(node *core.Node, typeURL string, t syncstatus.Type)
 // stagedOf says what a client must be sent to hold what this Update staged
 // for a service: its assignments if any locality group's changed, else its
 // clusters, else its routes, else its listeners ("": nothing staged but
-// deletions, which no response carries). Call it with stateMu held,
-// before the caches flush.
-func (s *Server) stagedOf(k registry.ServiceKey, groups map[Client]*resourceCache) (typeURL string, names []string) {
-	ports := s.ports[k]
+// deletions, which no response carries), and, by cache version prefix, the
+// version of each cache that will first hold them (the next: every cache
+// with something staged flushes once). Call it with stateMu held, before
+// the caches flush. Gateways' own views are not traced.
+func (s *Server) stagedOf(k registry.ServiceKey, groups map[Client]*resourceCache) (typeURL string, names []string, published map[string]uint64) {
 	staged := func(c *resourceCache, name string) bool { _, ok := c.upserts[name]; return ok }
+	next := func(cs ...*resourceCache) map[string]uint64 {
+		out := make(map[string]uint64, len(cs))
+		for _, c := range cs {
+			out[c.prefix] = c.version + 1
+		}
+		return out
+	}
 	var eds, cds, rds, lds []string
-	for _, p := range ports {
+	var edsCaches []*resourceCache
+	for _, p := range s.ports[k] {
 		cluster, listener := ClusterName(k, p.Port), ListenerName(k, p.Port)
+		found := false
 		for _, g := range groups {
 			if staged(g, cluster) {
-				eds = append(eds, cluster)
-				break
+				found = true
+				if !slices.Contains(edsCaches, g) {
+					edsCaches = append(edsCaches, g)
+				}
 			}
+		}
+		if found {
+			eds = append(eds, cluster)
 		}
 		if staged(s.cds, cluster) {
 			cds = append(cds, cluster)
@@ -153,15 +168,15 @@ func (s *Server) stagedOf(k registry.ServiceKey, groups map[Client]*resourceCach
 	}
 	switch {
 	case len(eds) > 0:
-		return resource.EndpointType, eds
+		return resource.EndpointType, eds, next(edsCaches...)
 	case len(cds) > 0:
-		return resource.ClusterType, cds
+		return resource.ClusterType, cds, next(s.cds)
 	case len(rds) > 0:
-		return resource.RouteType, rds
+		return resource.RouteType, rds, next(s.rds)
 	case len(lds) > 0:
-		return resource.ListenerType, lds
+		return resource.ListenerType, lds, next(s.lds)
 	}
-	return "", nil
+	return "", nil, nil
 }
 
 // responseNames reads the names of a response's resources from their encoding.

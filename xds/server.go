@@ -68,15 +68,17 @@ type Tracer interface {
 	// Tracing says whether a change of a service awaits translation.
 	Tracing(registry.ServiceKey) bool
 	// Translated says what a client must be sent to hold the service's
-	// awaited changes: a response of typeURL carrying one of resources
-	// ("" and none: nothing a client is sent changed).
-	Translated(key registry.ServiceKey, typeURL string, resources []string)
+	// changes up to registry version upTo: a response of typeURL carrying
+	// one of resources, of a cache version at or above published's for its
+	// cache's prefix ("" and none: nothing a client is sent changed).
+	Translated(key registry.ServiceKey, upTo uint64, typeURL string, resources []string, published map[string]uint64)
 	// Collecting says whether Pushed has anything to do.
 	Collecting() bool
-	// Pushed: a response with nonce carrying names is about to be sent to
-	// a stream that holds an earlier state of its type (a stream's first
-	// response of a type answers its fetch: it is not a push).
-	Pushed(s syncstatus.Stream, node, typeURL, nonce string, names []string)
+	// Pushed: a response with nonce and version carrying names is about
+	// to be sent to a stream that holds an earlier state of its type (a
+	// stream's first response of a type answers its fetch: it is not a
+	// push); before is the stream's sync status before it.
+	Pushed(s syncstatus.Stream, node, typeURL, nonce, version string, names []string, before syncstatus.Sent)
 	// Answered: a stream accepted (ok) or rejected a response.
 	Answered(s syncstatus.Stream, typeURL, nonce string, ok bool)
 	// Closed: a stream ended.
@@ -258,8 +260,8 @@ func (s *Server) Update(r *registry.Registry, d registry.Diff) {
 	// Traced changes are told what carries them before the caches publish
 	// them, so that no push of them goes unseen.
 	for _, k := range traced {
-		typeURL, names := s.stagedOf(k, groups)
-		s.cfg.Tracer.Translated(k, typeURL, names)
+		typeURL, names, published := s.stagedOf(k, groups)
+		s.cfg.Tracer.Translated(k, r.Version(), typeURL, names, published)
 	}
 	// Endpoints and clusters before routes and listeners: a client that learns of
 	// a new listener finds what it points to already there.
@@ -496,7 +498,7 @@ func (s *Server) callbacks() serverv3.CallbackFuncs {
 				s.restrictRequest(streamKey{false, id}, &req.Node, req.GetTypeUrl(), req.GetResourceNames())
 			}
 			if a := s.status.Request(id, req); a.Nonce != "" && s.cfg.Tracer != nil {
-				s.cfg.Tracer.Answered(syncstatus.Stream{ID: id}, req.GetTypeUrl(), a.Nonce, a.ACK)
+				s.cfg.Tracer.Answered(syncstatus.Stream{ID: id}, a.TypeURL, a.Nonce, a.ACK)
 			}
 			s.onRequest(false, id, req.GetTypeUrl(), req.GetNode(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, req.GetResponseNonce())
 			return nil
@@ -512,25 +514,25 @@ func (s *Server) callbacks() serverv3.CallbackFuncs {
 				s.restrictRequest(streamKey{true, id}, &req.Node, req.GetTypeUrl(), req.GetResourceNamesSubscribe())
 			}
 			if a := s.status.DeltaRequest(id, req); a.Nonce != "" && s.cfg.Tracer != nil {
-				s.cfg.Tracer.Answered(syncstatus.Stream{Delta: true, ID: id}, req.GetTypeUrl(), a.Nonce, a.ACK)
+				s.cfg.Tracer.Answered(syncstatus.Stream{Delta: true, ID: id}, a.TypeURL, a.Nonce, a.ACK)
 			}
 			s.onRequest(true, id, req.GetTypeUrl(), req.GetNode(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, req.GetResponseNonce())
 			return nil
 		},
 		StreamResponseFunc: func(_ context.Context, id int64, req *discovery.DiscoveryRequest, resp *discovery.DiscoveryResponse) {
-			asked, first := s.status.Response(id, req.GetTypeUrl(), resp)
-			if t := s.cfg.Tracer; t != nil && !first && t.Collecting() {
-				t.Pushed(syncstatus.Stream{ID: id}, req.GetNode().GetId(), req.GetTypeUrl(), resp.GetNonce(), responseNames(resp))
+			before := s.status.Response(id, req.GetTypeUrl(), resp)
+			if t := s.cfg.Tracer; t != nil && !before.First && t.Collecting() {
+				t.Pushed(syncstatus.Stream{ID: id}, req.GetNode().GetId(), req.GetTypeUrl(), resp.GetNonce(), resp.GetVersionInfo(), responseNames(resp), before)
 			}
-			s.onResponse(req.GetTypeUrl(), resp.GetVersionInfo(), asked)
+			s.onResponse(req.GetTypeUrl(), resp.GetVersionInfo(), before.Asked)
 		},
 		StreamDeltaResponseFunc: func(id int64, req *discovery.DeltaDiscoveryRequest, resp *discovery.DeltaDiscoveryResponse) {
-			asked, first := s.status.DeltaResponse(id, req.GetTypeUrl(), resp)
-			if t := s.cfg.Tracer; t != nil && !first && t.Collecting() {
+			before := s.status.DeltaResponse(id, req.GetTypeUrl(), resp)
+			if t := s.cfg.Tracer; t != nil && !before.First && t.Collecting() {
 				stream := syncstatus.Stream{Delta: true, ID: id}
-				t.Pushed(stream, s.status.Node(stream).GetId(), req.GetTypeUrl(), resp.GetNonce(), deltaResponseNames(resp))
+				t.Pushed(stream, s.status.Node(stream).GetId(), req.GetTypeUrl(), resp.GetNonce(), resp.GetSystemVersionInfo(), deltaResponseNames(resp), before)
 			}
-			s.onResponse(req.GetTypeUrl(), resp.GetSystemVersionInfo(), asked)
+			s.onResponse(req.GetTypeUrl(), resp.GetSystemVersionInfo(), before.Asked)
 		},
 	}
 }

@@ -71,7 +71,7 @@ func (c client) allClients(node string) ([]syncstatus.Client, error) {
 	if node != "" {
 		path += "?node=" + url.QueryEscape(node)
 	}
-	var clients []syncstatus.Client
+	clients := []syncstatus.Client{}
 	err := c.everyReplica(path, func() any { return &hub.ClientsInfo{} }, func(v any) string { return v.(*hub.ClientsInfo).Replica },
 		func(v any) { clients = append(clients, v.(*hub.ClientsInfo).Clients...) })
 	if err != nil {

@@ -22,7 +22,7 @@ func (c client) trace(service string, limit int) error {
 		return fmt.Errorf("trace needs a service NAMESPACE/NAME: %w", err)
 	}
 	path := fmt.Sprintf("/debug/trace?service=%s&limit=%d", url.QueryEscape(service), limit)
-	var traces []convergence.Trace
+	traces := []convergence.Trace{}
 	err := c.everyReplica(path, func() any { return &hub.TraceInfo{} }, func(v any) string { return v.(*hub.TraceInfo).Replica },
 		func(v any) { traces = append(traces, v.(*hub.TraceInfo).Traces...) })
 	if err != nil {
@@ -37,7 +37,7 @@ func (c client) trace(service string, limit int) error {
 		return enc.Encode(traces)
 	}
 	if len(traces) == 0 {
-		fmt.Fprintf(c.out, "no replica traced a change of %s (replicas keep their last %d changes)\n", service, convergence.DefaultConfig().MaxTraces)
+		fmt.Fprintf(c.out, "no replica traced a change of %s (a replica keeps its last changes only: 1,024 by default)\n", service)
 		return nil
 	}
 	fmt.Fprintf(c.out, "changes of %s, newest first, in ms. SOURCE (the source's change -> the spoke saw it), SPOKE (-> sent) and LINK\n"+
