@@ -1,6 +1,7 @@
 package convergence
 
 import (
+	"strconv"
 	"testing"
 	"time"
 
@@ -237,5 +238,24 @@ func TestSplitVersion(t *testing.T) {
 		if p != want.prefix || n != want.n || ok != want.ok {
 			t.Errorf("splitVersion(%q) = %q %d %v", v, p, n, ok)
 		}
+	}
+}
+
+// BenchmarkPushAndACK is the tracer's cost of one traced push and its ACK
+// while 64 changes collect pushes (the hot path: every response of a
+// collecting type, then its ACK).
+func BenchmarkPushAndACK(b *testing.B) {
+	tr := New(Config{}, nil)
+	for i := range 64 {
+		key := registry.ServiceKey{Namespace: "bench", Name: "svc-" + strconv.Itoa(i)}
+		tr.Received("east", []registry.ServiceKey{key}, uint64(i+1))
+		tr.Translated(key, uint64(i+1), eds, []string{"cla-" + strconv.Itoa(i)}, map[string]uint64{"eds-": 5})
+	}
+	before := holding("eds-4")
+	names := []string{"cla-7"}
+	b.ReportAllocs()
+	for b.Loop() {
+		tr.Pushed(stream(1), "n", eds, "1", "eds-5", names, before)
+		tr.Answered(stream(1), eds, "1", true)
 	}
 }
