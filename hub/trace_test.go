@@ -47,7 +47,11 @@ func TestTraceAfterFailover(t *testing.T) {
 	if welcome.GetEpoch() <= epoch {
 		t.Fatalf("the session at b has epoch %d, want one after a's %d", welcome.GetEpoch(), epoch)
 	}
-	sendShards(t, stream, &fedv1.Update{Nonce: "1", Version: 1, FullState: true, LastChunk: true},
+	// The spoke says where the change began: a source that showed it 40 ms
+	// after it happened, 3 ms in the spoke, about 2 ms to the hub.
+	sendShards(t, stream, &fedv1.Update{Nonce: "1", Version: 1, FullState: true, LastChunk: true, LinkNanos: int64(2 * time.Millisecond),
+		Origins: []*fedv1.ChangeOrigin{{Service: &fedv1.ServiceKey{Namespace: "default", Name: "api"}, ResourceVersion: "1234",
+			SourceNanos: int64(40 * time.Millisecond), SpokeNanos: int64(3 * time.Millisecond)}}},
 		apiShard("east", olderExport, "grpc", "10.0.0.2"))
 	if m := recv(t, stream); m.GetAck() == nil {
 		t.Fatalf("the full state at b answered %v", m)
@@ -69,8 +73,11 @@ func TestTraceAfterFailover(t *testing.T) {
 	if s.NodeID != "client-b" || s.ApplyToPush < 0 || s.PushToAck < 0 || s.HubToAck < s.ApplyToPush || s.HubToAck < s.PushToAck {
 		t.Errorf("client-b's stages: %+v", s)
 	}
+	if o := got.Origin; o == nil || o.ResourceVersion != "1234" || o.Source != 40 || o.Spoke != 3 || o.SpokeToHub != 2 || s.EndToEnd < 45+s.HubToAck-0.01 {
+		t.Errorf("the change's origin %+v and client-b's end to end %.3f; want 40+3+2 ms before the hub's %.3f", o, s.EndToEnd, s.HubToAck)
+	}
 	_, metrics := get(t, admin+"/metrics")
-	for _, stage := range []string{"hub_apply_to_push", "push_to_ack", "hub_to_ack"} {
+	for _, stage := range []string{"source", "spoke", "spoke_to_hub", "hub_apply_to_push", "push_to_ack", "hub_to_ack", "end_to_end"} {
 		if !strings.Contains(metrics, `nave_convergence_seconds_count{cluster="east",stage="`+stage+`"}`) {
 			t.Errorf("b's metrics have no %s observation for east", stage)
 		}
