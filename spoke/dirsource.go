@@ -143,7 +143,7 @@ type dirWatch struct {
 	dirty     bool      // rebuild even if no file changed (after a panic)
 	begun     time.Time // when Run started, for StartupGrace
 	heldBack  bool      // the first publish was held back (and that logged)
-	changedAt time.Time // the newest modification time of a file read (for Origins)
+	changedAt time.Time // the newest modification time of a file this poll read (for Origins)
 }
 
 // polledStat is a file's stat and since when it has not changed.
@@ -182,6 +182,7 @@ func (w *dirWatch) pollOnce(ctx context.Context, publish func(State)) {
 			w.dirty = true
 		}
 	}()
+	w.changedAt = time.Time{} // this poll's: a file read now, or unknown (a file removed)
 	changed, err := w.scan()
 	if err != nil {
 		w.src.log.Warn("cannot list manifests; keeping the previous state", "error", err)
