@@ -242,10 +242,11 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 		if !k.nodesLive.Load() || ok1 && ok2 && maps.Equal(o.Labels, c.Labels) {
 			return // the status updates every node sends: nothing Nave reads
 		}
-		name := cmp.Or(o, c).Name
-		items, _ := k.slicesIdx.ByIndex(byNodeIndex, name)
+		node := cmp.Or(c, o)
+		items, _ := k.slicesIdx.ByIndex(byNodeIndex, node.Name)
 		for _, obj := range items {
 			if key, ok := sliceService(obj.(*discoveryv1.EndpointSlice)); ok {
+				k.Origins.Saw(key, node.ResourceVersion, time.Time{}) // the change began with the Node's
 				k.queue.Add(key)
 			}
 		}
