@@ -171,6 +171,8 @@ type pendingOrigin struct {
 type trace struct {
 	Trace
 	typeURL string
+	// originAt is when the update that carried the change's origin arrived.
+	originAt time.Time
 	// version is the registry version that holds the change.
 	version uint64
 	// published holds, by cache version prefix, the version of that cache
@@ -228,6 +230,15 @@ func (t *Tracer) Origins(cluster registry.ClusterID, link time.Duration, origins
 	if link > 0 {
 		t.seconds.WithLabelValues(StageSpokeToHub, c).Observe(link.Seconds())
 	}
+	source, spoke := t.seconds.WithLabelValues(StageSource, c), t.seconds.WithLabelValues(StageSpoke, c)
+	for _, o := range origins {
+		if o.Source > 0 {
+			source.Observe(o.Source.Seconds())
+		}
+		if o.Spoke > 0 {
+			spoke.Observe(o.Spoke.Seconds())
+		}
+	}
 	t.tracesMu.Lock()
 	defer t.tracesMu.Unlock()
 	byService := t.origins[cluster]
@@ -236,36 +247,44 @@ func (t *Tracer) Origins(cluster registry.ClusterID, link time.Duration, origins
 		t.origins[cluster] = byService
 	}
 	for k, o := range byService {
-		if now.Sub(o.at) > t.cfg.Window {
+		if now.Sub(o.at) > maxPendingOrigin {
 			delete(byService, k)
 		}
 	}
 	for _, o := range origins {
-		if o.Source > 0 {
-			t.seconds.WithLabelValues(StageSource, c).Observe(o.Source.Seconds())
-		}
-		if o.Spoke > 0 {
-			t.seconds.WithLabelValues(StageSpoke, c).Observe(o.Spoke.Seconds())
-		}
-		if len(byService) >= t.cfg.MaxTraces {
+		if _, replaces := byService[o.Service]; !replaces && len(byService) >= t.cfg.MaxTraces {
 			continue
 		}
 		byService[o.Service] = pendingOrigin{at: now, Origin: Origin{ResourceVersion: o.ResourceVersion, Source: ms(o.Source), Spoke: ms(o.Spoke), SpokeToHub: ms(link)}}
 	}
 }
 
+// maxPendingOrigin is how long an origin waits for the change it came
+// with to be applied: an apply takes milliseconds; one that failed (a
+// refused update, a superseded session) must leave nothing for a later
+// change of the service to inherit.
+const maxPendingOrigin = 5 * time.Second
+
 // Received records that the replica applied a change of cluster's
-// services, making registry version, at its clock's now.
-func (t *Tracer) Received(cluster registry.ClusterID, services []registry.ServiceKey, version uint64) {
+// services, making registry version, at its clock's now. fromSpoke says
+// the change came from the cluster's spoke (not a replica's copy): then
+// the origins its update carried are the change's.
+func (t *Tracer) Received(cluster registry.ClusterID, services []registry.ServiceKey, version uint64, fromSpoke bool) {
 	now := t.now()
 	t.tracesMu.Lock()
 	defer t.tracesMu.Unlock()
+	pending := t.origins[cluster]
+	if !fromSpoke {
+		pending = nil
+	}
 	for _, key := range services {
 		t.nextID++
 		tr := &trace{Trace: Trace{ID: t.nextID, Replica: t.cfg.Replica, Cluster: cluster, Service: key, Received: now}, version: version}
-		if o, ok := t.origins[cluster][key]; ok {
-			delete(t.origins[cluster], key)
-			tr.Origin = &o.Origin
+		if o, ok := pending[key]; ok {
+			delete(pending, key)
+			if now.Sub(o.at) <= maxPendingOrigin {
+				tr.Origin, tr.originAt = &o.Origin, o.at
+			}
 		}
 		t.traces = append(t.traces, tr)
 		t.untranslated[key] = append(t.untranslated[key], tr)
@@ -500,7 +519,7 @@ func (t *Tracer) Answered(s syncstatus.Stream, typeURL, nonce string, ok bool) {
 		t.seconds.WithLabelValues(StagePushToAck, cluster).Observe(now.Sub(at).Seconds())
 		t.seconds.WithLabelValues(StageHubToAck, cluster).Observe(now.Sub(tr.Received).Seconds())
 		if tr.Origin != nil {
-			e2e := tr.Origin.total() + now.Sub(tr.Received)
+			e2e := tr.Origin.total() + now.Sub(tr.originAt) // from the update's arrival: its apply counts too
 			ct.EndToEnd = ms(e2e)
 			t.seconds.WithLabelValues(StageEndToEnd, cluster).Observe(e2e.Seconds())
 		}

@@ -48,7 +48,7 @@ func translate(tr *Tracer, key registry.ServiceKey, upTo uint64, names ...string
 func TestTraceStagesAndSlowestClients(t *testing.T) {
 	tr, c, reg := newTracer(Config{Replica: "a", SlowestClients: 2})
 	tr.Origins("east", 3*time.Millisecond, []federation.ReceivedOrigin{{Service: api, ResourceVersion: "42", Source: 0, Spoke: 2 * time.Millisecond}})
-	tr.Received("east", []registry.ServiceKey{api}, 1)
+	tr.Received("east", []registry.ServiceKey{api}, 1, true)
 	if !tr.Tracing(api) || tr.Tracing(web) || tr.Collecting() {
 		t.Fatal("a received change of api: api awaits translation, nothing collects pushes yet")
 	}
@@ -116,7 +116,7 @@ func histogramCount(t *testing.T, reg *prometheus.Registry, stage string) uint64
 // fetch), another cache (prefix).
 func TestResponsesThatDoNotCarryTheChange(t *testing.T) {
 	tr, c, _ := newTracer(Config{})
-	tr.Received("east", []registry.ServiceKey{api, web}, 1)
+	tr.Received("east", []registry.ServiceKey{api, web}, 1, true)
 	translate(tr, api, 1, "cla-api")
 	tr.Translated(web, 1, "", nil, nil) // nothing a client is sent changed
 	c.advance(1)
@@ -156,9 +156,9 @@ func TestResponsesThatDoNotCarryTheChange(t *testing.T) {
 // are both carried by its pushes; a later translation supersedes both.
 func TestTranslationTakesWhatItHolds(t *testing.T) {
 	tr, _, _ := newTracer(Config{})
-	tr.Received("east", []registry.ServiceKey{api}, 1)
-	tr.Received("west", []registry.ServiceKey{api}, 2)
-	tr.Received("east", []registry.ServiceKey{api}, 3) // after the registry being translated was taken
+	tr.Received("east", []registry.ServiceKey{api}, 1, true)
+	tr.Received("west", []registry.ServiceKey{api}, 2, true)
+	tr.Received("east", []registry.ServiceKey{api}, 3, true) // after the registry being translated was taken
 	translate(tr, api, 2, "cla-api")
 	if !tr.Tracing(api) {
 		t.Fatal("the change at version 3 is not translated yet")
@@ -182,12 +182,12 @@ func TestTranslationTakesWhatItHolds(t *testing.T) {
 // keeps the time of its own first push; one that joins later has its own.
 func TestCarriedOnKeepsEachPushTime(t *testing.T) {
 	tr, c, _ := newTracer(Config{})
-	tr.Received("east", []registry.ServiceKey{api}, 1)
+	tr.Received("east", []registry.ServiceKey{api}, 1, true)
 	translate(tr, api, 1, "cla-api")
 	c.advance(1)
 	tr.Pushed(stream(1), "n", eds, "1", "eds-5", []string{"cla-api"}, holding("eds-4"))
 	c.advance(50)
-	tr.Received("east", []registry.ServiceKey{web}, 2)
+	tr.Received("east", []registry.ServiceKey{web}, 2, true)
 	tr.Translated(web, 2, eds, []string{"cla-web"}, map[string]uint64{"eds-": 6})
 	c.advance(1)
 	tr.Pushed(stream(1), "n", eds, "2", "eds-6", []string{"cla-web"}, holding("eds-4"))
@@ -201,7 +201,7 @@ func TestCarriedOnKeepsEachPushTime(t *testing.T) {
 
 func TestWindowCloses(t *testing.T) {
 	tr, c, _ := newTracer(Config{Window: 100 * time.Millisecond})
-	tr.Received("east", []registry.ServiceKey{api}, 1)
+	tr.Received("east", []registry.ServiceKey{api}, 1, true)
 	translate(tr, api, 1, "cla-api")
 	c.advance(200)
 	tr.Pushed(stream(2), "n", eds, "1", "eds-5", []string{"cla-api"}, holding("eds-4"))
@@ -214,7 +214,7 @@ func TestWindowCloses(t *testing.T) {
 func TestOldestChangesAreEvicted(t *testing.T) {
 	tr, _, _ := newTracer(Config{MaxTraces: 3})
 	for i := range 5 {
-		tr.Received("east", []registry.ServiceKey{api}, uint64(i+1))
+		tr.Received("east", []registry.ServiceKey{api}, uint64(i+1), true)
 		translate(tr, api, uint64(i+1), "cla-api")
 	}
 	got := tr.Traces(registry.ServiceKey{}, 0)
@@ -248,7 +248,7 @@ func BenchmarkPushAndACK(b *testing.B) {
 	tr := New(Config{}, nil)
 	for i := range 64 {
 		key := registry.ServiceKey{Namespace: "bench", Name: "svc-" + strconv.Itoa(i)}
-		tr.Received("east", []registry.ServiceKey{key}, uint64(i+1))
+		tr.Received("east", []registry.ServiceKey{key}, uint64(i+1), true)
 		tr.Translated(key, uint64(i+1), eds, []string{"cla-" + strconv.Itoa(i)}, map[string]uint64{"eds-": 5})
 	}
 	before := holding("eds-4")

@@ -446,10 +446,11 @@ func (s *hubSession) run(ctx context.Context, msgs <-chan *fedv1.SpokeMessage, e
 			var err error
 			switch k := m.GetKind().(type) {
 			case *fedv1.SpokeMessage_Update:
+				received := time.Now() // the hub's time on an update (Ack.hub_nanos) includes its wait for the rate
 				if err := s.throttle(ctx); err != nil {
 					return err
 				}
-				err = s.update(ctx, k.Update)
+				err = s.update(ctx, k.Update, received)
 			case *fedv1.SpokeMessage_Digest:
 				err = s.digest(ctx, k.Digest)
 			case *fedv1.SpokeMessage_Gateways:
@@ -501,10 +502,13 @@ func reject(service *registry.ServiceKey, format string, args ...any) rejection 
 	return rejection{rj}
 }
 
-func (s *hubSession) update(ctx context.Context, u *fedv1.Update) error {
-	received := time.Now()
-	if s.h.cfg.Origins != nil && (len(u.GetOrigins()) > 0 || u.GetLinkNanos() > 0) {
-		s.h.cfg.Origins(s.cluster, BoundedLink(u.GetLinkNanos()), receivedOrigins(u.GetOrigins()))
+func (s *hubSession) update(ctx context.Context, u *fedv1.Update, received time.Time) error {
+	// Origins say where a delta's changes began (a full state is a resync:
+	// it carries none), only of services the update changes.
+	if s.h.cfg.Origins != nil && !u.GetFullState() && len(u.GetOrigins()) > 0 {
+		if origins := receivedOrigins(u); len(origins) > 0 {
+			s.h.cfg.Origins(s.cluster, BoundedLink(u.GetLinkNanos()), origins)
+		}
 	}
 	digest, applied, err := s.apply(ctx, u)
 	var rj rejection

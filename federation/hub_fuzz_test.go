@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
@@ -174,7 +175,7 @@ func fuzzHello(t *testing.T, h *HubServer, hello *fedv1.Hello) {
 // ack whose digest is that of the valid change applied.
 func fuzzUpdate(t *testing.T, s *hubSession, store *recordingStore, stream *sessionStream, u *fedv1.Update) {
 	ctx := t.Context()
-	if err := s.update(ctx, u); err != nil {
+	if err := s.update(ctx, u, time.Now()); err != nil {
 		t.Fatalf("update: %v", err)
 	}
 	if len(stream.sent) != 1 {
@@ -238,7 +239,7 @@ func fuzzUpdate(t *testing.T, s *hubSession, store *recordingStore, stream *sess
 	}
 	// The same version again is refused and changes nothing.
 	stream.sent = nil
-	if err := s.update(ctx, u); err != nil || len(stream.sent) != 1 || stream.sent[0].GetNack() == nil || len(store.changes) != 1 {
+	if err := s.update(ctx, u, time.Now()); err != nil || len(stream.sent) != 1 || stream.sent[0].GetNack() == nil || len(store.changes) != 1 {
 		t.Fatalf("the same update again: %v, answered %v", err, stream.sent)
 	}
 }

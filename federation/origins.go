@@ -3,6 +3,8 @@ package federation
 import (
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/registry"
@@ -32,9 +34,11 @@ type Origin struct {
 type Origins struct {
 	now func() time.Time
 
-	// byServiceMu guards byService.
+	// byServiceMu guards byService and swept.
 	byServiceMu sync.Mutex
 	byService   map[registry.ServiceKey]Origin
+	// swept is how many records were left by the last sweep of old ones.
+	swept int
 }
 
 // NewOrigins returns an empty record.
@@ -52,13 +56,28 @@ func (o *Origins) Saw(key registry.ServiceKey, resourceVersion string, changedAt
 	o.byServiceMu.Lock()
 	defer o.byServiceMu.Unlock()
 	o.byService[key] = Origin{ResourceVersion: resourceVersion, ChangedAt: changedAt, SeenAt: now}
-	if len(o.byService) > 4096 { // a burst the publisher has not caught up with: drop what is too old
+	// Records of changes that altered nothing sent are never taken: drop the
+	// old ones whenever the record has doubled since the last sweep (so a
+	// burst costs each Saw a constant share of the sweeps).
+	if len(o.byService) > max(4096, 2*o.swept) {
 		for k, v := range o.byService {
 			if now.Sub(v.SeenAt) > maxOriginAge {
 				delete(o.byService, k)
 			}
 		}
+		o.swept = len(o.byService)
 	}
+}
+
+// clear forgets every record.
+func (o *Origins) clear() {
+	if o == nil {
+		return
+	}
+	o.byServiceMu.Lock()
+	defer o.byServiceMu.Unlock()
+	clear(o.byService)
+	o.swept = 0
 }
 
 // take returns, as sent now, the origins of the services keys names that
@@ -98,21 +117,46 @@ type ReceivedOrigin struct {
 	Source, Spoke   time.Duration
 }
 
-// receivedOrigins checks what an update says of its origins, leaving out
-// those of invalid services and at most one per service (the first).
-func receivedOrigins(in []*fedv1.ChangeOrigin) []ReceivedOrigin {
-	out := make([]ReceivedOrigin, 0, len(in))
-	seen := make(map[registry.ServiceKey]bool, len(in))
-	for _, p := range in {
+// receivedOrigins checks what an update says of its origins: only those
+// of services the update upserts or removes count, at most one each (the
+// first).
+func receivedOrigins(u *fedv1.Update) []ReceivedOrigin {
+	changed := make(map[registry.ServiceKey]bool, len(u.GetUpserts())+len(u.GetRemoves()))
+	for _, sh := range u.GetUpserts() {
+		changed[KeyFromProto(sh.GetService())] = true
+	}
+	for _, k := range u.GetRemoves() {
+		changed[KeyFromProto(k)] = true
+	}
+	out := make([]ReceivedOrigin, 0, min(len(u.GetOrigins()), len(changed)))
+	for _, p := range u.GetOrigins() {
 		key := KeyFromProto(p.GetService())
-		if registry.ValidateServiceKey(key) != nil || seen[key] {
+		if !changed[key] {
 			continue
 		}
-		seen[key] = true
-		out = append(out, ReceivedOrigin{Service: key, ResourceVersion: truncateTo(p.GetResourceVersion(), 64),
+		changed[key] = false // one origin per service
+		out = append(out, ReceivedOrigin{Service: key, ResourceVersion: printable(p.GetResourceVersion(), 64),
 			Source: bounded(p.GetSourceNanos()), Spoke: bounded(p.GetSpokeNanos())})
 	}
 	return out
+}
+
+// printable is s cut to at most n bytes of printable runes (a
+// resourceVersion is digits; anything else a peer sends is shown as ?).
+func printable(s string, n int) string {
+	out := make([]rune, 0, min(len(s), n))
+	size := 0
+	for _, r := range s {
+		if !unicode.IsPrint(r) {
+			r = '?'
+		}
+		if size+utf8.RuneLen(r) > n {
+			break
+		}
+		size += utf8.RuneLen(r)
+		out = append(out, r)
+	}
+	return string(out)
 }
 
 // bounded is a duration a peer sent, or 0 (unknown) when it is not
@@ -127,10 +171,3 @@ func bounded(nanos int64) time.Duration {
 
 // BoundedLink is Update.link_nanos checked as bounded checks durations.
 func BoundedLink(nanos int64) time.Duration { return bounded(nanos) }
-
-func truncateTo(s string, n int) string {
-	if len(s) > n {
-		return s[:n]
-	}
-	return s
-}

@@ -1,6 +1,8 @@
 package federation
 
 import (
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -38,18 +40,36 @@ func TestOriginsTakeWhatTheSpokeSaw(t *testing.T) {
 
 func TestReceivedOriginsAreChecked(t *testing.T) {
 	key := func(ns, name string) *fedv1.ServiceKey { return &fedv1.ServiceKey{Namespace: ns, Name: name} }
-	got := receivedOrigins([]*fedv1.ChangeOrigin{
-		{Service: key("d", "api"), SourceNanos: int64(time.Millisecond), SpokeNanos: -5, ResourceVersion: string(make([]byte, 100))},
-		{Service: key("d", "api"), SpokeNanos: int64(time.Millisecond)}, // a second origin of api: left out
-		{Service: key("", "bad")},
-		{Service: key("d", "web"), SpokeNanos: int64(time.Hour)}, // absurd: unknown
-	})
-	if len(got) != 2 || got[0].Source != time.Millisecond || got[0].Spoke != 0 || len(got[0].ResourceVersion) != 64 ||
-		got[1].Service.Name != "web" || got[1].Spoke != 0 {
+	u := &fedv1.Update{
+		Upserts: []*fedv1.Shard{{Service: key("d", "api")}, {Service: key("d", "web")}},
+		Removes: []*fedv1.ServiceKey{key("d", "gone")},
+		Origins: []*fedv1.ChangeOrigin{
+			{Service: key("d", "api"), SourceNanos: int64(time.Millisecond), SpokeNanos: -5, ResourceVersion: strings.Repeat("9", 100)},
+			{Service: key("d", "api"), SpokeNanos: int64(time.Millisecond)}, // a second origin of api: left out
+			{Service: key("d", "other")}, // not changed by the update: left out
+			{Service: key("d", "web"), SpokeNanos: int64(time.Hour), ResourceVersion: "1\x00\xff2"}, // absurd: unknown
+			{Service: key("d", "gone"), SpokeNanos: int64(time.Millisecond)},
+		},
+	}
+	got := receivedOrigins(u)
+	if len(got) != 3 || got[0].Source != time.Millisecond || got[0].Spoke != 0 || len(got[0].ResourceVersion) != 64 ||
+		got[1].Service.Name != "web" || got[1].Spoke != 0 || got[1].ResourceVersion != "1?\ufffd2" || got[2].Service.Name != "gone" {
 		t.Fatalf("received %+v", got)
 	}
 	if BoundedLink(-1) != 0 || BoundedLink(int64(time.Hour)) != 0 || BoundedLink(int64(time.Millisecond)) != time.Millisecond {
 		t.Error("link bounds")
+	}
+}
+
+// A burst of records (an informer relist) costs each Saw a constant share
+// of the sweeps, and keeps what is recent.
+func TestOriginsBurst(t *testing.T) {
+	o := NewOrigins()
+	for i := range 50_000 {
+		o.Saw(registry.ServiceKey{Namespace: "d", Name: strconv.Itoa(i)}, "", time.Time{})
+	}
+	if len(o.byService) != 50_000 || o.swept < 4096 {
+		t.Errorf("%d records, last sweep left %d", len(o.byService), o.swept)
 	}
 }
 

@@ -419,7 +419,11 @@ func (s *spokeSession) sendNext() error {
 		if err := s.stream.Send(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Update{Update: u}}); err != nil {
 			return fmt.Errorf("send update: %w", err)
 		}
-		batch[i].sentAt = time.Now()
+		if i == 0 && len(s.inflight) == 0 {
+			// Only an update the hub takes at once measures the link: a later
+			// one of a batch also waits for the hub's work on those before it.
+			batch[i].sentAt = time.Now()
+		}
 	}
 	s.inflight = batch
 	return nil
@@ -704,6 +708,7 @@ func (p *Publisher) fullState() []pending {
 		shards = append(shards, s)
 	}
 	slices.SortFunc(shards, func(a, b *registry.Shard) int { return a.Service.Compare(b.Service) })
+	p.cfg.Origins.clear() // a full state is a resync: what the spoke saw before is in it, and traced by no one
 	p.version++
 	var out []pending
 	for _, chunk := range chunkShards(shards, p.maxBytes-envelopeBytes) {

@@ -133,7 +133,7 @@ func (s *state) ApplyReplica(ctx context.Context, from string, u replicas.Update
 		c.Gateways = u.Gateways
 		c.Dropped = isDrop(u.Stamp, sum.Services)
 		s.replicaChanged(u.Cluster)
-		s.trace(u.Cluster, diff)
+		s.trace(u.Cluster, diff, false)
 		s.publish(diff)
 	})
 	if err != nil {

@@ -287,7 +287,7 @@ func (s *state) Apply(ctx context.Context, epoch, version uint64, ch registry.Ch
 		if !diff.Empty() {
 			s.log.Debug("registry changed", "cluster", ch.Cluster, "version", diff.Version, "services", len(diff.Services))
 		}
-		s.trace(ch.Cluster, diff)
+		s.trace(ch.Cluster, diff, true)
 		s.publish(diff)
 	})
 	if err != nil {
@@ -296,8 +296,9 @@ func (s *state) Apply(ctx context.Context, epoch, version uint64, ch registry.Ch
 	return digest, applyErr
 }
 
-// trace starts tracing the changes of diff, which came from cluster.
-func (s *state) trace(cluster registry.ClusterID, diff registry.Diff) {
+// trace starts tracing the changes of diff, which came from cluster's
+// spoke (fromSpoke) or a replica.
+func (s *state) trace(cluster registry.ClusterID, diff registry.Diff, fromSpoke bool) {
 	if s.tracer == nil || diff.Empty() {
 		return
 	}
@@ -305,7 +306,7 @@ func (s *state) trace(cluster registry.ClusterID, diff registry.Diff) {
 	for i, sd := range diff.Services {
 		keys[i] = sd.Key
 	}
-	s.tracer.Received(cluster, keys, diff.Version)
+	s.tracer.Received(cluster, keys, diff.Version, fromSpoke)
 }
 
 // Begin implements federation.Store. The catalog holds the cluster

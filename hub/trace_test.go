@@ -47,14 +47,19 @@ func TestTraceAfterFailover(t *testing.T) {
 	if welcome.GetEpoch() <= epoch {
 		t.Fatalf("the session at b has epoch %d, want one after a's %d", welcome.GetEpoch(), epoch)
 	}
-	// The spoke says where the change began: a source that showed it 40 ms
-	// after it happened, 3 ms in the spoke, about 2 ms to the hub.
-	sendShards(t, stream, &fedv1.Update{Nonce: "1", Version: 1, FullState: true, LastChunk: true, LinkNanos: int64(2 * time.Millisecond),
+	sendShards(t, stream, &fedv1.Update{Nonce: "1", Version: 1, FullState: true, LastChunk: true},
+		apiShard("east", olderExport, "grpc", "10.0.0.1")) // what b holds already: no change
+	if m := recv(t, stream); m.GetAck() == nil {
+		t.Fatalf("the full state at b answered %v", m)
+	}
+	// Then a change, and where it began: a source that showed it 40 ms after
+	// it happened, 3 ms in the spoke, about 2 ms to the hub.
+	sendShards(t, stream, &fedv1.Update{Nonce: "2", Version: 2, LinkNanos: int64(2 * time.Millisecond),
 		Origins: []*fedv1.ChangeOrigin{{Service: &fedv1.ServiceKey{Namespace: "default", Name: "api"}, ResourceVersion: "1234",
 			SourceNanos: int64(40 * time.Millisecond), SpokeNanos: int64(3 * time.Millisecond)}}},
 		apiShard("east", olderExport, "grpc", "10.0.0.2"))
 	if m := recv(t, stream); m.GetAck() == nil {
-		t.Fatalf("the full state at b answered %v", m)
+		t.Fatalf("the change at b answered %v", m)
 	}
 
 	var tr hub.TraceInfo

@@ -218,7 +218,9 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 	enqueueService := func(obj any) {
 		if svc, ok := tombstone(obj).(*corev1.Service); ok {
 			key := registry.ServiceKey{Namespace: svc.Namespace, Name: svc.Name}
-			k.Origins.Saw(key, svc.ResourceVersion, time.Time{})
+			if k.nodesLive.Load() { // after the initial list: a change
+				k.Origins.Saw(key, svc.ResourceVersion, time.Time{})
+			}
 			k.enqueue(key)
 		}
 		if isGatewayService(obj) {
@@ -228,7 +230,9 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 	enqueueSlice := func(obj any) {
 		if es, ok := tombstone(obj).(*discoveryv1.EndpointSlice); ok {
 			if key, ok := sliceService(es); ok {
-				k.Origins.Saw(key, es.ResourceVersion, time.Time{})
+				if k.nodesLive.Load() {
+					k.Origins.Saw(key, es.ResourceVersion, time.Time{})
+				}
 				k.queue.Add(key)
 			}
 		}
