@@ -4,7 +4,7 @@ GO ?= go
 PROTOC ?= protoc
 BIN := bin
 
-.PHONY: all build test bench fuzz demo generate generate-check lint protoc haproxy kube-apiserver coredns cert-manager-crds helm-render servicemonitor-crd kind-up kind-e2e kind-down clean
+.PHONY: all build test bench fuzz demo generate generate-check lint protoc haproxy chromium kube-apiserver coredns cert-manager-crds helm-render servicemonitor-crd kind-up kind-e2e kind-down clean
 
 # The end-to-end tests run real Kubernetes API servers, built once per machine
 # from k8s.io/kubernetes (tools/kube-apiserver pins the version) and cached by version.
@@ -39,7 +39,7 @@ build:
 	$(GO) build -tags grpcnotrace -o $(BIN)/ ./cmd/...
 
 ## test: everything CI runs: generated code current, vet, gofmt, and every test with -race.
-test: generate-check lint kube-apiserver coredns haproxy cert-manager-crds helm-render servicemonitor-crd
+test: generate-check lint kube-apiserver coredns haproxy chromium cert-manager-crds helm-render servicemonitor-crd
 	NAVE_E2E_REQUIRE=1 $(GO) test -race -count=1 -timeout 30m ./...
 
 ## bench: benchmarks print numbers; nothing is asserted. The scale benchmark drives a real hub
@@ -88,6 +88,11 @@ protoc:
 ## east-west gateway (there is no Envoy binary to be had here).
 haproxy:
 	@command -v haproxy >/dev/null || test -x /usr/sbin/haproxy || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy; }
+
+## chromium: install Chromium from Debian's packages when it is missing: the dashboard test (e2e/ui_test.go)
+## drives it headless.
+chromium:
+	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 
 ## kube-apiserver: build the real API server the e2e tests run (about 9 minutes, once per machine and version).
 kube-apiserver: $(KUBE_APISERVER)

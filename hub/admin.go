@@ -1,6 +1,7 @@
 package hub
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,11 +11,13 @@ import (
 	"net/http/pprof"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/navemesh/nave/convergence"
+	"github.com/navemesh/nave/dashboard"
 	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/imports"
 	"github.com/navemesh/nave/registry"
@@ -124,7 +127,7 @@ type admin struct {
 	metrics prometheus.Gatherer
 	ready   func() error
 	log     *slog.Logger
-	// token, when not nil, guards everything but /healthz and /readyz.
+	// token, when not nil, guards everything but /healthz, /readyz and the dashboard (/ui).
 	token *adminToken
 }
 
@@ -161,6 +164,9 @@ func (a *admin) handler() http.Handler {
 	mux.HandleFunc("GET /debug/imports", func(w http.ResponseWriter, _ *http.Request) {
 		set, _ := a.imports.Imports()
 		a.json(w, Imports(set, a.imports.Skipped(), a.fed.ImportStatuses()))
+	})
+	mux.HandleFunc("GET /debug/topology", func(w http.ResponseWriter, _ *http.Request) {
+		a.json(w, TopologyInfo{Localities: Topology(a.state.View().Registry)})
 	})
 	mux.HandleFunc("GET /debug/clients", func(w http.ResponseWriter, r *http.Request) {
 		a.json(w, ClientsInfo{Replica: a.coord.id, Clients: a.xds.Clients(r.URL.Query().Get("node"))})
@@ -200,10 +206,19 @@ func (a *admin) handler() http.Handler {
 			a.json(w, info)
 		}
 	})
+	var api http.Handler = mux
 	if a.token != nil {
-		return a.token.require(mux)
+		api = a.token.require(mux)
 	}
-	return mux
+	// The dashboard's page and assets hold no data, and a browser cannot put
+	// the token on a page load: they are open, and the page sends the token
+	// on its /debug/* fetches (see package dashboard).
+	root := http.NewServeMux()
+	ui := dashboard.Handler()
+	root.Handle("GET /ui", ui)
+	root.Handle("GET /ui/", ui)
+	root.Handle("/", api)
+	return root
 }
 
 func (a *admin) json(w http.ResponseWriter, v any) {
@@ -213,6 +228,61 @@ func (a *admin) json(w http.ResponseWriter, v any) {
 	if err := enc.Encode(v); err != nil {
 		a.log.Warn("write admin response", "err", err)
 	}
+}
+
+// TopologyInfo is what /debug/topology serves: every cluster's endpoints
+// (of every service, each counted once per service) by locality and health.
+type TopologyInfo struct {
+	Localities []LocalityCount `json:"localities"`
+}
+
+// LocalityCount is one cluster's endpoints in one region and zone.
+type LocalityCount struct {
+	Region   string             `json:"region"`
+	Zone     string             `json:"zone"`
+	Cluster  registry.ClusterID `json:"cluster"`
+	Healthy  int                `json:"healthy"`
+	Draining int                `json:"draining"`
+	NotReady int                `json:"notReady"`
+}
+
+// Topology counts every cluster's endpoints by region, zone and health,
+// sorted by region, zone and cluster.
+func Topology(r *registry.Registry) []LocalityCount {
+	type at struct {
+		region, zone string
+		cluster      registry.ClusterID
+	}
+	counts := map[at]*LocalityCount{}
+	for _, svc := range r.Services() {
+		for _, sh := range svc.Shards {
+			for i := range sh.Endpoints {
+				e := &sh.Endpoints[i]
+				k := at{e.Locality.Region, e.Locality.Zone, sh.Cluster}
+				c := counts[k]
+				if c == nil {
+					c = &LocalityCount{Region: k.region, Zone: k.zone, Cluster: k.cluster}
+					counts[k] = c
+				}
+				switch e.Health() {
+				case registry.Healthy:
+					c.Healthy++
+				case registry.Draining:
+					c.Draining++
+				default:
+					c.NotReady++
+				}
+			}
+		}
+	}
+	out := make([]LocalityCount, 0, len(counts))
+	for _, c := range counts {
+		out = append(out, *c)
+	}
+	slices.SortFunc(out, func(a, b LocalityCount) int {
+		return cmp.Or(strings.Compare(a.Region, b.Region), strings.Compare(a.Zone, b.Zone), strings.Compare(string(a.Cluster), string(b.Cluster)))
+	})
+	return out
 }
 
 // ClientsInfo is what /debug/clients serves: the xDS clients of one replica
