@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/navemesh/nave/convergence"
 )
 
 // Pure measuring helpers: Prometheus text, percentiles, latency summaries,
@@ -277,7 +279,8 @@ func selfCPU() time.Duration {
 }
 
 // convergenceStages are the stages of nave_convergence_seconds, in order.
-var convergenceStages = []string{"source", "spoke", "spoke_to_hub", "hub_apply_to_push", "push_to_ack", "hub_to_ack", "end_to_end"}
+var convergenceStages = []string{convergence.StageSource, convergence.StageSpoke, convergence.StageSpokeToHub,
+	convergence.StageApplyToPush, convergence.StagePushToAck, convergence.StageHubToAck, convergence.StageEndToEnd}
 
 // convergenceOf summarizes what the hub's convergence histogram observed
 // between before and after, per stage over every cluster.
@@ -285,14 +288,14 @@ func convergenceOf(before, after promText) map[string]stageSummary {
 	out := map[string]stageSummary{}
 	for _, stage := range convergenceStages {
 		match := `stage="` + stage + `"`
-		n := delta(before, after, "nave_convergence_seconds_count", match)
+		n := delta(before, after, convergence.MetricConvergence+"_count", match)
 		if n <= 0 {
 			continue
 		}
 		buckets := map[float64]float64{} // upper bound -> cumulative count
 		for series := range after {
 			name, labels := splitSeries(series)
-			if name != "nave_convergence_seconds_bucket" || !slices.Contains(strings.Split(labels, ","), match) {
+			if name != convergence.MetricConvergence+"_bucket" || !slices.Contains(strings.Split(labels, ","), match) {
 				continue
 			}
 			for _, l := range strings.Split(labels, ",") {
@@ -304,7 +307,7 @@ func convergenceOf(before, after promText) map[string]stageSummary {
 				}
 			}
 		}
-		out[stage] = stageSummary{Count: n, MeanMs: 1000 * delta(before, after, "nave_convergence_seconds_sum", match) / n,
+		out[stage] = stageSummary{Count: n, MeanMs: 1000 * delta(before, after, convergence.MetricConvergence+"_sum", match) / n,
 			P50Ms: 1000 * bucketQuantile(buckets, 0.5), P99Ms: 1000 * bucketQuantile(buckets, 0.99)}
 	}
 	return out

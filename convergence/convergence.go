@@ -40,7 +40,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/internal/xdstype"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/syncstatus"
@@ -220,11 +219,19 @@ func New(cfg Config, reg prometheus.Registerer) *Tracer {
 	return t
 }
 
+// SpokeOrigin is where a spoke says the change of one service began.
+type SpokeOrigin struct {
+	Service         registry.ServiceKey
+	ResourceVersion string
+	// Source and Spoke are the stages on the spoke's clock (0: unknown).
+	Source, Spoke time.Duration
+}
+
 // Origins records where the changes of an update from cluster's spoke
 // began, before the update is applied (link: the spoke's estimate of its
-// delay to the hub, 0 unknown), and observes those stages. The origin of a
-// service whose update changes nothing is dropped after the window.
-func (t *Tracer) Origins(cluster registry.ClusterID, link time.Duration, origins []federation.ReceivedOrigin) {
+// delay to the hub, 0 unknown), and observes those stages. An origin whose
+// change is not applied within maxPendingOrigin is dropped.
+func (t *Tracer) Origins(cluster registry.ClusterID, link time.Duration, origins []SpokeOrigin) {
 	now := t.now()
 	c := string(cluster)
 	if link > 0 {

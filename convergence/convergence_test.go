@@ -8,7 +8,6 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/syncstatus"
 )
@@ -47,7 +46,7 @@ func translate(tr *Tracer, key registry.ServiceKey, upTo uint64, names ...string
 
 func TestTraceStagesAndSlowestClients(t *testing.T) {
 	tr, c, reg := newTracer(Config{Replica: "a", SlowestClients: 2})
-	tr.Origins("east", 3*time.Millisecond, []federation.ReceivedOrigin{{Service: api, ResourceVersion: "42", Source: 0, Spoke: 2 * time.Millisecond}})
+	tr.Origins("east", 3*time.Millisecond, []SpokeOrigin{{Service: api, ResourceVersion: "42", Source: 0, Spoke: 2 * time.Millisecond}})
 	tr.Received("east", []registry.ServiceKey{api}, 1, true)
 	if !tr.Tracing(api) || tr.Tracing(web) || tr.Collecting() {
 		t.Fatal("a received change of api: api awaits translation, nothing collects pushes yet")

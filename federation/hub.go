@@ -507,7 +507,7 @@ func (s *hubSession) update(ctx context.Context, u *fedv1.Update, received time.
 	// it carries none), only of services the update changes.
 	if s.h.cfg.Origins != nil && !u.GetFullState() && len(u.GetOrigins()) > 0 {
 		if origins := receivedOrigins(u); len(origins) > 0 {
-			s.h.cfg.Origins(s.cluster, BoundedLink(u.GetLinkNanos()), origins)
+			s.h.cfg.Origins(s.cluster, bounded(u.GetLinkNanos()), origins)
 		}
 	}
 	digest, applied, err := s.apply(ctx, u)

@@ -168,6 +168,3 @@ func bounded(nanos int64) time.Duration {
 	}
 	return d
 }
-
-// BoundedLink is Update.link_nanos checked as bounded checks durations.
-func BoundedLink(nanos int64) time.Duration { return bounded(nanos) }

@@ -56,7 +56,7 @@ func TestReceivedOriginsAreChecked(t *testing.T) {
 		got[1].Service.Name != "web" || got[1].Spoke != 0 || got[1].ResourceVersion != "1?\ufffd2" || got[2].Service.Name != "gone" {
 		t.Fatalf("received %+v", got)
 	}
-	if BoundedLink(-1) != 0 || BoundedLink(int64(time.Hour)) != 0 || BoundedLink(int64(time.Millisecond)) != time.Millisecond {
+	if bounded(-1) != 0 || bounded(int64(time.Hour)) != 0 || bounded(int64(time.Millisecond)) != time.Millisecond {
 		t.Error("link bounds")
 	}
 }
@@ -75,12 +75,13 @@ func TestOriginsBurst(t *testing.T) {
 
 func TestLinkEstimate(t *testing.T) {
 	p := &Publisher{}
-	p.estimateLink(pending{sentAt: time.Now().Add(-10 * time.Millisecond)}, 4*time.Millisecond)
-	if p.link < 3*time.Millisecond || p.link > 5*time.Millisecond {
-		t.Errorf("10 ms round trip, 4 ms at the hub: link %v, want about 3 ms", p.link)
+	now := time.Now()
+	p.estimateLink(pending{sentAt: now.Add(-10 * time.Millisecond)}, 4*time.Millisecond, now)
+	if p.link != 3*time.Millisecond {
+		t.Errorf("10 ms round trip, 4 ms at the hub: link %v, want 3 ms", p.link)
 	}
-	p.estimateLink(pending{sentAt: time.Now()}, time.Hour) // the hub's time exceeds the round trip: no estimate
-	if p.link < 3*time.Millisecond {
+	p.estimateLink(pending{sentAt: now}, time.Hour, now.Add(time.Millisecond)) // the hub's time exceeds the round trip: no estimate
+	if p.link != 3*time.Millisecond {
 		t.Errorf("an impossible answer changed the estimate to %v", p.link)
 	}
 }

@@ -453,7 +453,7 @@ func (s *spokeSession) handle(m *fedv1.HubMessage) error {
 		if err != nil {
 			return err
 		}
-		s.p.estimateLink(u, time.Duration(k.Ack.GetHubNanos()))
+		s.p.estimateLink(u, time.Duration(k.Ack.GetHubNanos()), time.Now())
 		return s.acked(u, k.Ack.GetDigest())
 	case *fedv1.HubMessage_Nack:
 		u, err := s.answered(k.Nack.GetNonce())
@@ -804,14 +804,15 @@ func encodeUpdate(u pending) *fedv1.Update {
 }
 
 // estimateLink takes the round trip of an acknowledged update (on this
-// clock) less the hub's time on it (on the hub's) as twice the one-way
-// delay to the hub: each a duration on one clock, never a timestamp
-// compared across machines. Only the session's goroutine calls it.
-func (p *Publisher) estimateLink(u pending, hub time.Duration) {
+// clock, answered at now) less the hub's time on it (on the hub's) as
+// twice the one-way delay to the hub: each a duration on one clock, never
+// a timestamp compared across machines. Only the session's goroutine
+// calls it.
+func (p *Publisher) estimateLink(u pending, hub time.Duration, now time.Time) {
 	if u.sentAt.IsZero() || hub < 0 {
 		return
 	}
-	if rtt := time.Since(u.sentAt); hub <= rtt {
+	if rtt := now.Sub(u.sentAt); hub <= rtt {
 		p.link = (rtt - hub) / 2
 	}
 }

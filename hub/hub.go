@@ -472,7 +472,14 @@ func (p *parts) buildServers() {
 	// A cluster new to the catalog is recorded before its first session begins (see catalogFirst).
 	sessions := catalogFirst{state: p.state, catalog: p.catalog, log: log.With("component", "catalog")}
 	fc := cfg.Federation
-	fc.Origins = p.tracer.Origins // where each change began: the trace's first stages
+	fc.Origins = func(cluster registry.ClusterID, link time.Duration, received []federation.ReceivedOrigin) {
+		// Where each change began: the trace's first stages.
+		origins := make([]convergence.SpokeOrigin, len(received))
+		for i, o := range received {
+			origins[i] = convergence.SpokeOrigin{Service: o.Service, ResourceVersion: o.ResourceVersion, Source: o.Source, Spoke: o.Spoke}
+		}
+		p.tracer.Origins(cluster, link, origins)
+	}
 	hubFed := federation.NewHubServer(fc, sessions, catalogEpochs{catalog: p.catalog}, p.metrics.federationHooks(), log)
 	hubFed.ServeImports(p.imports)
 	fedv1.RegisterFederationServer(p.fedServer, hubFed)

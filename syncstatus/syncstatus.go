@@ -6,6 +6,7 @@ package syncstatus
 
 import (
 	"cmp"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -487,13 +488,7 @@ func (t *Tracker) clientLocked(s Stream, st *stream, names bool) Client {
 		if x.delta != nil {
 			ty.Subscribed = len(x.delta)
 			if names {
-				ty.Names = slices.Sorted(func(yield func(string) bool) {
-					for n := range x.delta {
-						if !yield(n) {
-							return
-						}
-					}
-				})
+				ty.Names = slices.Sorted(maps.Keys(x.delta))
 			}
 		} else {
 			ty.Subscribed = len(x.names)
