@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"maps"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -448,15 +449,7 @@ func (s *Server) edsCache(node *core.Node) *resourceCache {
 	for name, pe := range s.endpoints {
 		initial[name], sums[name] = pe.forClient(group, t)
 	}
-	prefix := s.cfg.VersionPrefix + "eds-" + group.Locality.Region + "/" + group.Locality.Zone + "-"
-	if group.Network != "" {
-		only := ""
-		if group.NetworkOnly {
-			only = "only"
-		}
-		prefix = s.cfg.VersionPrefix + "eds-" + string(group.Network) + only + "/" + group.Locality.Region + "/" + group.Locality.Zone + "-"
-	}
-	c := newResourceCache(resource.EndpointType, prefix, s.log, initial, sums)
+	c := newResourceCache(resource.EndpointType, s.cfg.VersionPrefix+edsPrefix(group), s.log, initial, sums)
 	next := maps.Clone(groups)
 	next[group] = c
 	s.groups.Store(&next)
@@ -597,4 +590,20 @@ func (s *Server) admit(node *core.Node, names int) error {
 		}
 	}
 	return nil
+}
+
+// edsPrefix is the version prefix of a locality group's EDS cache: unique
+// per group, so that no two caches' versions can be taken for each other
+// (the group's names are escaped: "/" and "|" separate them).
+func edsPrefix(group Client) string {
+	esc := url.PathEscape
+	prefix := "eds-" + esc(group.Locality.Region) + "/" + esc(group.Locality.Zone) + "-"
+	if group.Network != "" {
+		only := ""
+		if group.NetworkOnly {
+			only = "|only"
+		}
+		prefix = "eds-" + esc(string(group.Network)) + only + "/" + esc(group.Locality.Region) + "/" + esc(group.Locality.Zone) + "-"
+	}
+	return prefix
 }
