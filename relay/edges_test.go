@@ -97,17 +97,9 @@ type rawClient struct {
 // openRaw opens a local stream to the relay and sends its first request.
 func openRaw(ctx context.Context, t *testing.T, relayAddr, node, typeURL string, names ...string) *rawClient {
 	t.Helper()
-	conn, err := grpc.NewClient(relayAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
 	ctx, cancel := context.WithCancel(ctx)
 	t.Cleanup(cancel)
-	s, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := dialLocal(ctx, t, relayAddr)
 	c := &rawClient{stream: s, responses: make(chan *discovery.DiscoveryResponse, 1024), done: make(chan error, 1), cancel: cancel}
 	go func() {
 		for {

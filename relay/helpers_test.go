@@ -240,3 +240,19 @@ func noFailures(t *testing.T, pollers ...*xdstest.Poller) {
 		}
 	}
 }
+
+// dialLocal opens an ADS stream to the relay at relayAddr, as a local
+// client would, until ctx ends (its connection closes when the test ends).
+func dialLocal(ctx context.Context, t *testing.T, relayAddr string) discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient {
+	t.Helper()
+	conn, err := grpc.NewClient(relayAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	s, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}

@@ -198,15 +198,7 @@ func TestRelayRecordsLocalNACKs(t *testing.T) {
 	h := startHub(t, "127.0.0.1:0", r)
 	relay, reg, relayAddr := startRelay(t, h.addr, zone1)
 
-	conn, err := grpc.NewClient(relayAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = conn.Close() }()
-	stream, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	stream := dialLocal(ctx, t, relayAddr)
 	echoL := xds.ListenerName(echo, grpcPort.Port)
 	names := []string{echoL}
 	if err := stream.Send(&discovery.DiscoveryRequest{Node: &core.Node{Id: "raw"}, TypeUrl: resource.ListenerType, ResourceNames: names}); err != nil {
@@ -214,6 +206,7 @@ func TestRelayRecordsLocalNACKs(t *testing.T) {
 	}
 	// The relay may answer before its cache holds the listener: ACK until it comes.
 	var resp *discovery.DiscoveryResponse
+	var err error
 	acked := ""
 	for {
 		resp, err = stream.Recv()

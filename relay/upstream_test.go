@@ -101,15 +101,7 @@ func TestRelayACKsAndNACKsUpstream(t *testing.T) {
 	}
 
 	// A local client asks for one assignment.
-	conn, err := grpc.NewClient(relayAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = conn.Close() }()
-	local, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	local := dialLocal(ctx, t, relayAddr)
 	const name = "outbound|8080||echo.default.svc.clusterset.local"
 	if err := local.Send(&discovery.DiscoveryRequest{Node: &core.Node{Id: "raw"}, TypeUrl: resource.EndpointType, ResourceNames: []string{name}}); err != nil {
 		t.Fatal(err)
@@ -202,15 +194,7 @@ func TestRelayReportsLocalNACKsUpstream(t *testing.T) {
 		}
 	}
 
-	conn, err := grpc.NewClient(relayAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = conn.Close() }()
-	local, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	local := dialLocal(ctx, t, relayAddr)
 	send := func(req *discovery.DiscoveryRequest) {
 		t.Helper()
 		req.TypeUrl, req.ResourceNames = resource.EndpointType, []string{edsName}
@@ -290,16 +274,8 @@ func TestIdleRelayOpensNoStream(t *testing.T) {
 	defer cancel()
 	h, hubAddr := startScriptedHub(t)
 	_, reg, relayAddr := startRelay(t, hubAddr, loc("r1", "z1"))
-	conn, err := grpc.NewClient(relayAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = conn.Close() }()
 	// A local stream that subscribes to nothing yet.
-	local, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	local := dialLocal(ctx, t, relayAddr)
 	time.Sleep(300 * time.Millisecond) // what must not happen has had time to
 	if n := h.streams.Load(); n != 0 {
 		t.Fatalf("an idle relay opened %d streams to the hub, want none", n)
@@ -331,15 +307,7 @@ func TestRelayTakesLargeResponses(t *testing.T) {
 	defer cancel()
 	h, hubAddr := startScriptedHub(t)
 	_, reg, relayAddr := startRelay(t, hubAddr, loc("r1", "z1"))
-	conn, err := grpc.NewClient(relayAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = conn.Close() }()
-	local, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	local := dialLocal(ctx, t, relayAddr)
 	const name = "outbound|8080||big.default.svc.clusterset.local"
 	if err := local.Send(&discovery.DiscoveryRequest{Node: &core.Node{Id: "raw"}, TypeUrl: resource.EndpointType, ResourceNames: []string{name}}); err != nil {
 		t.Fatal(err)
@@ -436,16 +404,8 @@ func TestRejectionReportedOnce(t *testing.T) {
 	h, hubAddr := startScriptedHub(t)
 	_, reg, relayAddr := startRelay(t, hubAddr, loc("r1", "z1"))
 	const name = "outbound|8080||echo.default.svc.clusterset.local"
-	conn, err := grpc.NewClient(relayAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = conn.Close() }()
 	localCtx, closeLocal := context.WithCancel(ctx)
-	local, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(localCtx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	local := dialLocal(localCtx, t, relayAddr)
 	if err := local.Send(&discovery.DiscoveryRequest{Node: &core.Node{Id: "picky"}, TypeUrl: resource.EndpointType, ResourceNames: []string{name}}); err != nil {
 		t.Fatal(err)
 	}
@@ -520,16 +480,8 @@ func TestIdleRelayPrunes(t *testing.T) {
 	defer g.Stop()
 	relay, _, relayAddr := startRelay(t, lis.Addr().String(), loc("r1", "z1"))
 	const name = "outbound|8080||echo.default.svc.clusterset.local"
-	conn, err := grpc.NewClient(relayAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = conn.Close() }()
 	localCtx, closeLocal := context.WithCancel(ctx)
-	local, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(localCtx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	local := dialLocal(localCtx, t, relayAddr)
 	if err := local.Send(&discovery.DiscoveryRequest{Node: &core.Node{Id: "raw"}, TypeUrl: resource.EndpointType, ResourceNames: []string{name}}); err != nil {
 		t.Fatal(err)
 	}
