@@ -242,10 +242,8 @@ type Answer struct {
 type Sent struct {
 	// Asked is when the stream last asked for the type (zero: never).
 	Asked time.Time
-	// First: the stream acknowledged nothing of the type yet (the response
-	// answers its first fetch).
-	First bool
-	// Acked is the version the stream acknowledged before this response.
+	// Acked is the version the stream acknowledged before this response
+	// ("": none yet, so the response answers its first fetch).
 	Acked string
 	// SubscribedAt is when the stream last changed what it subscribes to:
 	// a response after that may be a fetch of a new name, not a push.
@@ -407,7 +405,7 @@ func (t *Tracker) sent(s Stream, typeURL, version, nonce string, names []string,
 	if x == nil {
 		return Sent{}
 	}
-	before := Sent{Asked: x.asked, First: x.acked == "", Acked: x.acked, SubscribedAt: x.subscribedAt}
+	before := Sent{Asked: x.asked, Acked: x.acked, SubscribedAt: x.subscribedAt}
 	x.sent, x.sentNonce, x.sentAt, x.sentNames, x.sentCount = version, nonce, now, names, count
 	x.truncated = count > len(names)
 	x.answered = false

@@ -53,7 +53,7 @@ func TestStateOfTheWorldExchange(t *testing.T) {
 	*now = now.Add(time.Second)
 	sentAt := *now
 	before := tr.Response(1, eds, &discovery.DiscoveryResponse{VersionInfo: "v1", Nonce: "1", Resources: []*anypb.Any{named("a"), named("b")}})
-	if !before.Asked.Equal(sentAt.Add(-time.Second)) || !before.First || !before.SubscribedAt.Equal(before.Asked) {
+	if !before.Asked.Equal(sentAt.Add(-time.Second)) || before.Acked != "" || !before.SubscribedAt.Equal(before.Asked) {
 		t.Errorf("Response says %+v; want asked (and subscribed) at %v, a first fetch", before, sentAt.Add(-time.Second))
 	}
 	c := only(t, tr, "n1")
@@ -77,7 +77,7 @@ func TestStateOfTheWorldExchange(t *testing.T) {
 	}
 
 	// A late answer to an older nonce changes nothing.
-	if b := tr.Response(1, eds, &discovery.DiscoveryResponse{VersionInfo: "v2", Nonce: "3", Resources: []*anypb.Any{named("a"), named("b")}}); !b.First {
+	if b := tr.Response(1, eds, &discovery.DiscoveryResponse{VersionInfo: "v2", Nonce: "3", Resources: []*anypb.Any{named("a"), named("b")}}); b.Acked != "" {
 		t.Error("the stream acknowledged nothing yet (it rejected v1), so v2 still answers its first fetch")
 	}
 	tr.Request(1, &discovery.DiscoveryRequest{TypeUrl: eds, ResourceNames: names, VersionInfo: "v1", ResponseNonce: "2"})
@@ -90,7 +90,7 @@ func TestStateOfTheWorldExchange(t *testing.T) {
 	if ty := c.Types["eds"]; c.State != Synced || ty.Acked != "v2" || ty.Rejecting || ty.LastNACK == nil {
 		t.Fatalf("after the ACK of v2: %+v, eds %+v", c, ty)
 	}
-	if b := tr.Response(1, eds, &discovery.DiscoveryResponse{VersionInfo: "v3", Nonce: "4"}); b.First || b.Acked != "v2" {
+	if b := tr.Response(1, eds, &discovery.DiscoveryResponse{VersionInfo: "v3", Nonce: "4"}); b.Acked != "v2" {
 		t.Errorf("v3 follows an acknowledged v2: %+v; want a push, the stream holding v2", b)
 	}
 	// The subscription is the request's own slice, not a copy.

@@ -63,29 +63,6 @@ type Config struct {
 	Restrict func(ctx context.Context) (allow Restriction, who string, err error)
 }
 
-// Tracer traces changes to the clients that hold them (package
-// convergence implements it). Its methods must not block.
-type Tracer interface {
-	// Tracing says whether a change of a service awaits translation.
-	Tracing(registry.ServiceKey) bool
-	// Translated says what a client must be sent to hold the service's
-	// changes up to registry version upTo: a response of typeURL carrying
-	// one of resources, of a cache version at or above published's for its
-	// cache's prefix ("" and none: nothing a client is sent changed).
-	Translated(key registry.ServiceKey, upTo uint64, typeURL string, resources []string, published map[string]uint64)
-	// Collecting says whether Pushed has anything to do.
-	Collecting() bool
-	// Pushed: a response with nonce and version carrying names is about
-	// to be sent to a stream that holds an earlier state of its type (a
-	// stream's first response of a type answers its fetch: it is not a
-	// push); before is the stream's sync status before it.
-	Pushed(s syncstatus.Stream, node, typeURL, nonce, version string, names []string, before syncstatus.Sent)
-	// Answered: a stream accepted (ok) or rejected a response.
-	Answered(s syncstatus.Stream, typeURL, nonce string, ok bool)
-	// Closed: a stream ended.
-	Closed(s syncstatus.Stream)
-}
-
 // DefaultConfig is a single replica's configuration: version prefix "nave-"
 // and up to 1024 locality groups (a large multi-region fleet has tens).
 func DefaultConfig() Config {
@@ -514,14 +491,14 @@ func (s *Server) callbacks() serverv3.CallbackFuncs {
 		},
 		StreamResponseFunc: func(_ context.Context, id int64, req *discovery.DiscoveryRequest, resp *discovery.DiscoveryResponse) {
 			before := s.status.Response(id, req.GetTypeUrl(), resp)
-			if t := s.cfg.Tracer; t != nil && !before.First && t.Collecting() {
+			if t := s.cfg.Tracer; t != nil && before.Acked != "" && t.Collecting() {
 				t.Pushed(syncstatus.Stream{ID: id}, req.GetNode().GetId(), req.GetTypeUrl(), resp.GetNonce(), resp.GetVersionInfo(), responseNames(resp), before)
 			}
 			s.onResponse(req.GetTypeUrl(), resp.GetVersionInfo(), before.Asked)
 		},
 		StreamDeltaResponseFunc: func(id int64, req *discovery.DeltaDiscoveryRequest, resp *discovery.DeltaDiscoveryResponse) {
 			before := s.status.DeltaResponse(id, req.GetTypeUrl(), resp)
-			if t := s.cfg.Tracer; t != nil && !before.First && t.Collecting() {
+			if t := s.cfg.Tracer; t != nil && before.Acked != "" && t.Collecting() {
 				stream := syncstatus.Stream{Delta: true, ID: id}
 				t.Pushed(stream, s.status.Node(stream).GetId(), req.GetTypeUrl(), resp.GetNonce(), resp.GetSystemVersionInfo(), deltaResponseNames(resp), before)
 			}
