@@ -19,11 +19,12 @@ import (
 // startDemoHub runs a real hub and the demo's east and west spokes.
 func startDemoHub(t *testing.T) string {
 	t.Helper()
-	return startDemoHubWith(t, nil)
+	return "http://" + startDemoHubWith(t, nil).AdminAddr.String()
 }
 
-// startDemoHubWith is startDemoHub with each spoke's configuration changed by tune.
-func startDemoHubWith(t *testing.T, tune func(*spoke.Config)) string {
+// startDemoHubWith is startDemoHub with each spoke's configuration changed
+// by tune; it returns the hub.
+func startDemoHubWith(t *testing.T, tune func(*spoke.Config)) *hub.Hub {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	log := slog.New(slog.DiscardHandler)
@@ -64,7 +65,7 @@ func startDemoHubWith(t *testing.T, tune func(*spoke.Config)) string {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	return "http://" + h.AdminAddr.String()
+	return h
 }
 
 // priorityRows are the rows of `navectl endpoints` output (those that start
@@ -199,12 +200,13 @@ func TestNavectlImports(t *testing.T) {
 // network reaches west through west's gateway; one on west's cannot reach
 // east at all, and says so.
 func TestNavectlNetworks(t *testing.T) {
-	url := startDemoHubWith(t, func(sc *spoke.Config) {
+	h := startDemoHubWith(t, func(sc *spoke.Config) {
 		sc.Network = registry.Network("net-" + string(sc.Cluster))
 		if sc.Cluster == "west" {
 			sc.NetworkGateways = []registry.Gateway{{Address: "192.0.2.50", Port: 15444}, {Address: "gw.west.example.com", Port: 15444}}
 		}
 	})
+	url := "http://" + h.AdminAddr.String()
 	deadline := time.Now().Add(10 * time.Second)
 	var nets string
 	for {

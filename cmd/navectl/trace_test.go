@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -15,7 +14,6 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/navemesh/nave/convergence"
-	"github.com/navemesh/nave/hub"
 	"github.com/navemesh/nave/internal/xdstest"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/spoke"
@@ -38,26 +36,13 @@ func TestTraceFromTheSource(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	log := slog.New(slog.DiscardHandler)
-	cfg := hub.DefaultConfig()
-	cfg.DataDir = t.TempDir()
-	cfg.FederationAddr, cfg.XDSAddr, cfg.AdminAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
-	h, err := hub.Start(ctx, cfg, log)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	sc := spoke.DefaultConfig()
-	sc.Cluster, sc.Region, sc.HubAddr, sc.Source = "east", "us-east", h.FederationAddr.String(), "dir:"+dir
-	sc.PollInterval = 50 * time.Millisecond
-	spokeDone := make(chan error, 1)
-	go func() { spokeDone <- spoke.Run(ctx, sc, log) }()
-	t.Cleanup(func() { cancel(); <-spokeDone; _ = h.Wait() })
-	await(t, "demo/echo at the hub", 20*time.Second, func() bool { return len(h.View().Registry.Services()) == 1 })
-
+	h := startDemoHubWith(t, func(sc *spoke.Config) {
+		if sc.Cluster == "east" { // east from a copy the test changes
+			sc.Source, sc.PollInterval = "dir:"+dir, 50*time.Millisecond
+		}
+	})
 	client := xdstest.NewClient(t, h.XDSAddr.String(), "client-1", registry.Locality{Region: "us-east", Zone: "us-east-1a"}, "echo.demo.svc.clusterset.local:8080")
-	callCtx, callCancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	callCtx, callCancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	_, _ = client.Check(callCtx, &healthpb.HealthCheckRequest{}) // resolves the target
 	callCancel()
 	url := "http://" + h.AdminAddr.String()
