@@ -132,7 +132,7 @@ func (k *KubeSource) writeStatus(ctx context.Context, key registry.ServiceKey) {
 		k.log.Error("cannot encode ServiceExport status", "service", key, "err", err)
 		return
 	}
-	_, err = k.dynamic.Resource(watch.resource).Namespace(key.Namespace).Patch(ctx, key.Name,
+	_, err = k.client.Dynamic().Resource(watch.resource).Namespace(key.Namespace).Patch(ctx, key.Name,
 		types.MergePatchType, patch, metav1.PatchOptions{FieldManager: statusFieldManager}, "status")
 	switch {
 	case err == nil || apierrors.IsNotFound(err):

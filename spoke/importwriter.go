@@ -29,9 +29,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 	mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
@@ -39,6 +36,7 @@ import (
 
 	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/imports"
+	"github.com/navemesh/nave/internal/kubeclient"
 	"github.com/navemesh/nave/registry"
 )
 
@@ -95,8 +93,7 @@ const requestTimeout = 30 * time.Second
 //
 // Set may be called from any goroutine; Run writes while this spoke leads.
 type ImportWriter struct {
-	client kubernetes.Interface
-	dyn    dynamic.Interface
+	client *kubeclient.Client
 	cfg    ImportWriterConfig
 	log    *slog.Logger
 
@@ -108,8 +105,8 @@ type ImportWriter struct {
 	failed atomic.Uint64
 }
 
-// NewImportWriter returns a writer over the given clients.
-func NewImportWriter(client kubernetes.Interface, dyn dynamic.Interface, cfg ImportWriterConfig, log *slog.Logger) *ImportWriter {
+// NewImportWriter returns a writer over client.
+func NewImportWriter(client *kubeclient.Client, cfg ImportWriterConfig, log *slog.Logger) *ImportWriter {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -120,7 +117,7 @@ func NewImportWriter(client kubernetes.Interface, dyn dynamic.Interface, cfg Imp
 	if cfg.ServiceCIDRSettle <= 0 {
 		cfg.ServiceCIDRSettle = def.ServiceCIDRSettle
 	}
-	return &ImportWriter{client: client, dyn: dyn, cfg: cfg, changed: make(chan struct{}, 1),
+	return &ImportWriter{client: client, cfg: cfg, changed: make(chan struct{}, 1),
 		log: log.With("component", "import-writer", "cluster", cfg.Cluster)}
 }
 
@@ -191,17 +188,16 @@ type importAPI struct {
 // discover asks the API server's discovery what it serves; imports is zero
 // when no ServiceImport version is served.
 func (w *ImportWriter) discover() (importAPI, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+	defer cancel()
 	var api importAPI
 	for _, gvr := range serviceImportVersions {
-		list, err := w.client.Discovery().ServerResourcesForGroupVersion(gvr.GroupVersion().String())
-		if apierrors.IsNotFound(err) {
-			continue
-		}
+		served, err := w.client.Resources(ctx, gvr.GroupVersion())
 		if err != nil {
-			return api, fmt.Errorf("discover %s: %w", gvr.GroupVersion(), err)
+			return api, err
 		}
-		for _, r := range list.APIResources {
-			switch r.Name {
+		for _, name := range served {
+			switch name {
 			case gvr.Resource:
 				api.imports = gvr
 			case gvr.Resource + "/status":
@@ -213,19 +209,11 @@ func (w *ImportWriter) discover() (importAPI, error) {
 		}
 		api.importStatus = false
 	}
-	gv := networkingv1.SchemeGroupVersion.String()
-	list, err := w.client.Discovery().ServerResourcesForGroupVersion(gv)
-	switch {
-	case apierrors.IsNotFound(err):
-	case err != nil:
-		return api, fmt.Errorf("discover %s: %w", gv, err)
-	default:
-		for _, r := range list.APIResources {
-			if r.Name == "servicecidrs" {
-				api.serviceCIDRs = true
-			}
-		}
+	served, err := w.client.Resources(ctx, networkingv1.SchemeGroupVersion)
+	if err != nil {
+		return api, err
 	}
+	api.serviceCIDRs = slices.Contains(served, "servicecidrs")
 	return api, nil
 }
 
@@ -307,15 +295,15 @@ func (r *importRun) run(ctx context.Context) error {
 	defer r.queue.ShutDown()
 	selector := labels.Set{ManagedByLabel: ManagedByValue}.AsSelector().String()
 	tweak := func(o *metav1.ListOptions) { o.LabelSelector = selector }
-	factory := informers.NewSharedInformerFactoryWithOptions(r.w.client, 0,
-		informers.WithTweakListOptions(tweak), informers.WithTransform(leanImported))
-	dynFactory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(r.w.dyn, 0, metav1.NamespaceAll, tweak)
-	esInf := factory.Discovery().V1().EndpointSlices().Informer()
-	svcInf := factory.Core().V1().Services().Informer()
-	siInf := dynFactory.ForResource(r.api.imports).Informer()
-	// Its cache holds *mcsv1beta1.ServiceImport (see leanServiceImport).
-	if err := siInf.SetTransform(leanImported); err != nil {
-		return fmt.Errorf("strip ServiceImports: %w", err)
+	esInf := kubeclient.NewInformer(r.w.client.EndpointSlices(""), &discoveryv1.EndpointSlice{}, tweak)
+	svcInf := kubeclient.NewInformer(r.w.client.Services(""), &corev1.Service{}, tweak)
+	siInf := kubeclient.NewInformer(r.w.client.Dynamic().Resource(r.api.imports), &unstructured.Unstructured{}, tweak)
+	informers := []cache.SharedIndexInformer{siInf, esInf, svcInf}
+	// The ServiceImports' cache holds *mcsv1beta1.ServiceImport (see leanServiceImport).
+	for _, inf := range informers {
+		if err := inf.SetTransform(leanImported); err != nil {
+			return fmt.Errorf("strip imported objects: %w", err)
+		}
 	}
 	byImport := cache.Indexers{byImportIndex: func(obj any) ([]string, error) {
 		if o, ok := obj.(metav1.Object); ok {
@@ -341,9 +329,11 @@ func (r *importRun) run(ctx context.Context) error {
 	}
 	r.serviceImports, r.endpointSlices, r.services = siInf.GetIndexer(), esInf.GetIndexer(), svcInf.GetIndexer()
 	informerCtx, stopInformers := context.WithCancel(context.WithoutCancel(ctx))
-	factory.Start(informerCtx.Done())
-	dynFactory.Start(informerCtx.Done())
-	defer func() { stopInformers(); factory.Shutdown(); dynFactory.Shutdown() }()
+	var running sync.WaitGroup
+	for _, inf := range informers {
+		running.Go(func() { inf.RunWithContext(informerCtx) })
+	}
+	defer func() { stopInformers(); running.Wait() }()
 	r.log.Info("waiting for the caches of imported objects to sync")
 	if !cache.WaitForCacheSync(ctx.Done(), siInf.HasSynced, esInf.HasSynced, svcInf.HasSynced) {
 		return nil // ctx ended
@@ -643,7 +633,7 @@ func timeout(ctx context.Context) (context.Context, context.CancelFunc) {
 }
 
 func (r *importRun) serviceImportClient(namespace string) dynamic.ResourceInterface {
-	return r.w.dyn.Resource(r.api.imports).Namespace(namespace)
+	return r.w.client.Dynamic().Resource(r.api.imports).Namespace(namespace)
 }
 
 // createServiceImport creates an import's ServiceImport. proceed is false
@@ -878,14 +868,14 @@ func (r *importRun) createService(ctx context.Context, imp *imports.Import, desi
 	create := func(svc *corev1.Service) (*corev1.Service, error) {
 		ctx, cancel := timeout(ctx)
 		defer cancel()
-		out, err := r.w.client.CoreV1().Services(key.Namespace).Create(ctx, svc, metav1.CreateOptions{FieldManager: ImportFieldManager})
+		out, err := r.w.client.Services(key.Namespace).Create(ctx, svc, metav1.CreateOptions{FieldManager: ImportFieldManager})
 		r.w.count(kindService, verbCreate, err)
 		return out, err
 	}
 	// Look first: a create under a name that is taken still allocates (and
 	// leaks, until the API server's repair loop) a cluster IP.
 	gctx, cancel := timeout(ctx)
-	got, err := r.w.client.CoreV1().Services(key.Namespace).Get(gctx, desired.Name, metav1.GetOptions{})
+	got, err := r.w.client.Services(key.Namespace).Get(gctx, desired.Name, metav1.GetOptions{})
 	cancel()
 	switch {
 	case err == nil && !owned(got):
@@ -930,7 +920,7 @@ func (r *importRun) createService(ctx context.Context, imp *imports.Import, desi
 	case apierrors.IsAlreadyExists(err):
 		ctx, cancel := timeout(ctx)
 		defer cancel()
-		got, gerr := r.w.client.CoreV1().Services(key.Namespace).Get(ctx, svc.Name, metav1.GetOptions{})
+		got, gerr := r.w.client.Services(key.Namespace).Get(ctx, svc.Name, metav1.GetOptions{})
 		switch {
 		case gerr != nil:
 			res.failed(r.log, key, "derived Service "+svc.Name, gerr)
@@ -1013,7 +1003,7 @@ func (r *importRun) ensureSlices(ctx context.Context, imp *imports.Import, st *f
 func (r *importRun) createSlice(ctx context.Context, key registry.ServiceKey, es *discoveryv1.EndpointSlice, res *syncResult) {
 	ctx, cancel := timeout(ctx)
 	defer cancel()
-	client := r.w.client.DiscoveryV1().EndpointSlices(key.Namespace)
+	client := r.w.client.EndpointSlices(key.Namespace)
 	out, err := client.Create(ctx, es, metav1.CreateOptions{FieldManager: ImportFieldManager})
 	r.w.count(kindEndpointSlice, verbCreate, err)
 	switch {
@@ -1053,9 +1043,9 @@ func (r *importRun) patchObject(ctx context.Context, kind objKind, key registry.
 	var out metav1.Object
 	switch kind {
 	case kindEndpointSlice:
-		out, err = r.w.client.DiscoveryV1().EndpointSlices(key.Namespace).Patch(ctx, cur.GetName(), types.MergePatchType, body, opts)
+		out, err = r.w.client.EndpointSlices(key.Namespace).Patch(ctx, cur.GetName(), types.MergePatchType, body, opts)
 	case kindService:
-		out, err = r.w.client.CoreV1().Services(key.Namespace).Patch(ctx, cur.GetName(), types.MergePatchType, body, opts)
+		out, err = r.w.client.Services(key.Namespace).Patch(ctx, cur.GetName(), types.MergePatchType, body, opts)
 	default:
 		panic("patchObject: " + kind.String())
 	}
@@ -1085,9 +1075,9 @@ func (r *importRun) deleteObject(ctx context.Context, kind objKind, key registry
 	case kindServiceImport:
 		err = r.serviceImportClient(key.Namespace).Delete(ctx, o.GetName(), opts)
 	case kindEndpointSlice:
-		err = r.w.client.DiscoveryV1().EndpointSlices(key.Namespace).Delete(ctx, o.GetName(), opts)
+		err = r.w.client.EndpointSlices(key.Namespace).Delete(ctx, o.GetName(), opts)
 	case kindService:
-		err = r.w.client.CoreV1().Services(key.Namespace).Delete(ctx, o.GetName(), opts)
+		err = r.w.client.Services(key.Namespace).Delete(ctx, o.GetName(), opts)
 	default:
 		panic("deleteObject: " + kind.String())
 	}
@@ -1181,7 +1171,7 @@ func (r *importRun) cidrPending(hub []string) bool {
 // CIDRs, once; it returns when to try again (0: done).
 func (r *importRun) ensureServiceCIDR(ctx context.Context) time.Duration {
 	c := *r.cidrs.Load()
-	client := r.w.client.NetworkingV1().ServiceCIDRs()
+	client := r.w.client.ServiceCIDRs()
 	settle := func(inPlace []string, changed bool) time.Duration {
 		c.inPlace, c.settled, c.attempts = parsePrefixes(inPlace), true, 0
 		if changed {

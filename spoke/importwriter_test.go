@@ -92,7 +92,7 @@ func (f *iwFixture) start(t *testing.T, epoch uint64) *iwWriter {
 		}
 	}
 	log := slog.New(slog.NewTextHandler(tlog{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	h.w = NewImportWriter(f.c.Client, f.c.Dynamic, cfg, log)
+	h.w = NewImportWriter(newKubeClient(t, f.c.Config), cfg, log)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- h.w.Run(ctx) }()

@@ -14,15 +14,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
@@ -30,6 +25,7 @@ import (
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 
 	"github.com/navemesh/nave/federation"
+	"github.com/navemesh/nave/internal/kubeclient"
 	"github.com/navemesh/nave/registry"
 )
 
@@ -89,11 +85,10 @@ type KubeSource struct {
 	// Service and EndpointSlice change, and its resourceVersion (set before Run).
 	Origins *federation.Origins
 
-	client  kubernetes.Interface
-	dynamic dynamic.Interface
-	opts    BuildOptions
-	filter  NamespaceFilter
-	log     *slog.Logger
+	client *kubeclient.Client
+	opts   BuildOptions
+	filter NamespaceFilter
+	log    *slog.Logger
 
 	services   corelisters.ServiceLister
 	slicesIdx  cache.Indexer
@@ -131,9 +126,9 @@ type exportWatch struct {
 	resource schema.GroupVersionResource
 }
 
-// NewKubeSource returns a source over the given clients. opts.ExportAll
-// exports every service (of the namespaces filter allows).
-func NewKubeSource(client kubernetes.Interface, dyn dynamic.Interface, opts BuildOptions, filter NamespaceFilter, log *slog.Logger) *KubeSource {
+// NewKubeSource returns a source over client. opts.ExportAll exports every
+// service (of the namespaces filter allows).
+func NewKubeSource(client *kubeclient.Client, opts BuildOptions, filter NamespaceFilter, log *slog.Logger) *KubeSource {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -142,7 +137,7 @@ func NewKubeSource(client kubernetes.Interface, dyn dynamic.Interface, opts Buil
 	}
 	return &KubeSource{
 		ExportsRecheck: DefaultExportsRecheck,
-		client:         client, dynamic: dyn, opts: opts, filter: filter,
+		client:         client, opts: opts, filter: filter,
 		synced:      make(chan struct{}),
 		log:         log.With("component", "kubesource"),
 		problems:    map[registry.ServiceKey]string{},
@@ -175,21 +170,27 @@ func sliceService(es *discoveryv1.EndpointSlice) (registry.ServiceKey, bool) {
 func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 	defer k.queue.ShutDown()
 	defer k.statusQueue.ShutDown()
-	factory := informers.NewSharedInformerFactoryWithOptions(k.client, 0, informers.WithTransform(strip))
 	// The Services and EndpointSlices the import writer made never federate
 	// (they are other clusters' services, see imported): the API server
 	// leaves them out, so that a cluster, which imports its own exports too,
 	// does not cache every exported service twice. The import writer's own
 	// informers cache them.
-	local := informers.NewSharedInformerFactoryWithOptions(k.client, 0, informers.WithTransform(strip),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = notImportedSelector }))
-	svcInf := local.Core().V1().Services()
-	esInf := local.Discovery().V1().EndpointSlices()
-	nodeInf := factory.Core().V1().Nodes()
-	nsInf := factory.Core().V1().Namespaces()
-	k.services, k.nodes, k.namespaces = svcInf.Lister(), nodeInf.Lister(), nsInf.Lister()
-	k.slicesIdx = esInf.Informer().GetIndexer()
-	if err := esInf.Informer().AddIndexers(cache.Indexers{
+	local := func(o *metav1.ListOptions) { o.LabelSelector = notImportedSelector }
+	svcInf := kubeclient.NewInformer(k.client.Services(""), &corev1.Service{}, local)
+	esInf := kubeclient.NewInformer(k.client.EndpointSlices(""), &discoveryv1.EndpointSlice{}, local)
+	nodeInf := kubeclient.NewInformer(k.client.Nodes(), &corev1.Node{}, nil)
+	nsInf := kubeclient.NewInformer(k.client.Namespaces(), &corev1.Namespace{}, nil)
+	informers := []cache.SharedIndexInformer{svcInf, esInf, nodeInf, nsInf}
+	for _, inf := range informers {
+		if err := inf.SetTransform(strip); err != nil {
+			return fmt.Errorf("strip cached objects: %w", err)
+		}
+	}
+	k.services = corelisters.NewServiceLister(svcInf.GetIndexer())
+	k.nodes = corelisters.NewNodeLister(nodeInf.GetIndexer())
+	k.namespaces = corelisters.NewNamespaceLister(nsInf.GetIndexer())
+	k.slicesIdx = esInf.GetIndexer()
+	if err := esInf.AddIndexers(cache.Indexers{
 		byServiceIndex: func(obj any) ([]string, error) {
 			if es, ok := obj.(*discoveryv1.EndpointSlice); ok {
 				if key, ok := sliceService(es); ok {
@@ -259,19 +260,19 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 		inf cache.SharedIndexInformer
 		h   cache.ResourceEventHandler
 	}{
-		{svcInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: enqueueService, DeleteFunc: enqueueService,
+		{svcInf, cache.ResourceEventHandlerFuncs{AddFunc: enqueueService, DeleteFunc: enqueueService,
 			UpdateFunc: func(old, cur any) {
 				enqueueService(cur)
 				if isGatewayService(old) && !isGatewayService(cur) {
 					k.gatewaysChanged() // no longer a gateway
 				}
 			}}},
-		{esInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: enqueueSlice, DeleteFunc: enqueueSlice,
+		{esInf, cache.ResourceEventHandlerFuncs{AddFunc: enqueueSlice, DeleteFunc: enqueueSlice,
 			UpdateFunc: func(old, cur any) { enqueueSlice(old); enqueueSlice(cur) }}},
-		{nodeInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: func(cur any) { nodeChanged(nil, cur) },
+		{nodeInf, cache.ResourceEventHandlerFuncs{AddFunc: func(cur any) { nodeChanged(nil, cur) },
 			DeleteFunc: func(old any) { nodeChanged(old, nil) }, UpdateFunc: nodeChanged}},
 		// Namespaces only matter by name (which services the cluster imports).
-		{nsInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: func(any) { k.namespacesChanged() },
+		{nsInf, cache.ResourceEventHandlerFuncs{AddFunc: func(any) { k.namespacesChanged() },
 			DeleteFunc: func(any) { k.namespacesChanged() }}},
 	} {
 		if _, err := reg.inf.AddEventHandler(reg.h); err != nil {
@@ -279,9 +280,11 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 		}
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	factory.Start(ctx.Done())
-	local.Start(ctx.Done())
-	defer func() { cancel(); factory.Shutdown(); local.Shutdown() }() // Shutdown waits for the informers, which stop with ctx
+	var running sync.WaitGroup
+	for _, inf := range informers {
+		running.Go(func() { inf.RunWithContext(ctx) })
+	}
+	defer func() { cancel(); running.Wait() }() // the informers stop with ctx
 
 	// ServiceExports, when their CRD is installed: now, or later.
 	var exportsDone sync.WaitGroup
@@ -310,14 +313,9 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 	}
 
 	k.log.Info("waiting for caches to sync")
-	for _, f := range []informers.SharedInformerFactory{factory, local} {
-		for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
-			if !ok {
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
-				return fmt.Errorf("cache of %v did not sync", typ)
-			}
+	for _, inf := range informers {
+		if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+			return ctx.Err() // caches sync unless ctx ends
 		}
 	}
 	// Everything that exists now is in the caches: build it all before publishing once.
@@ -506,21 +504,15 @@ func (k *KubeSource) export(key registry.ServiceKey) *unstructured.Unstructured 
 // serviceExportsInstalled asks the API server's discovery for the
 // ServiceExport resource, and returns the preferred version it serves.
 func (k *KubeSource) serviceExportsInstalled() (schema.GroupVersionResource, bool, error) {
-	if k.dynamic == nil {
-		return schema.GroupVersionResource{}, false, nil
-	}
 	for _, gvr := range serviceExportVersions {
-		list, err := k.client.Discovery().ServerResourcesForGroupVersion(gvr.GroupVersion().String())
-		if apierrors.IsNotFound(err) {
-			continue
-		}
+		ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+		served, err := k.client.Resources(ctx, gvr.GroupVersion())
+		cancel()
 		if err != nil {
-			return gvr, false, fmt.Errorf("discover %s: %w", gvr.GroupVersion(), err)
+			return gvr, false, err
 		}
-		for _, r := range list.APIResources {
-			if r.Name == gvr.Resource {
-				return gvr, true, nil
-			}
+		if slices.Contains(served, gvr.Resource) {
+			return gvr, true, nil
 		}
 	}
 	return schema.GroupVersionResource{}, false, nil
@@ -556,9 +548,8 @@ func (k *KubeSource) awaitServiceExports(ctx context.Context, wg *sync.WaitGroup
 // watchServiceExports starts the ServiceExport informer and waits for it to
 // sync (or ctx to end: then it returns ctx's error).
 func (k *KubeSource) watchServiceExports(ctx context.Context, gvr schema.GroupVersionResource, wg *sync.WaitGroup) error {
-	factory := dynamicinformer.NewDynamicSharedInformerFactory(k.dynamic, 0)
-	inf := factory.ForResource(gvr)
-	if err := inf.Informer().SetTransform(strip); err != nil {
+	inf := kubeclient.NewInformer(k.client.Dynamic().Resource(gvr), &unstructured.Unstructured{}, nil)
+	if err := inf.SetTransform(strip); err != nil {
 		return fmt.Errorf("strip ServiceExports: %w", err)
 	}
 	onExport := func(obj any) {
@@ -566,17 +557,16 @@ func (k *KubeSource) watchServiceExports(ctx context.Context, gvr schema.GroupVe
 			k.enqueue(registry.ServiceKey{Namespace: u.GetNamespace(), Name: u.GetName()})
 		}
 	}
-	if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: onExport, DeleteFunc: onExport, UpdateFunc: func(_, cur any) { onExport(cur) },
 	}); err != nil {
 		return fmt.Errorf("watch ServiceExports: %w", err)
 	}
-	factory.Start(ctx.Done())
-	wg.Go(func() { <-ctx.Done(); factory.Shutdown() })
-	if !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
+	wg.Go(func() { inf.RunWithContext(ctx) })
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 		return ctx.Err()
 	}
-	k.exports.Store(&exportWatch{lister: inf.Lister(), resource: gvr})
+	k.exports.Store(&exportWatch{lister: cache.NewGenericLister(inf.GetIndexer(), gvr.GroupResource()), resource: gvr})
 	return nil
 }
 

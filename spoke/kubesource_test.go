@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/navemesh/nave/federation"
+	"github.com/navemesh/nave/internal/kubeclient"
 	"github.com/navemesh/nave/internal/kubetest"
 	"github.com/navemesh/nave/internal/nettest"
 	"github.com/navemesh/nave/registry"
@@ -487,7 +488,7 @@ func TestKubeSourceFindsTheServiceExportCRDLater(t *testing.T) {
 	await(t, latest, "db exported by its ServiceExport", func(st State) bool { return st[db] != nil && len(st[db].Endpoints) == 1 })
 }
 
-// candidate runs lead for id over a client of config rc until ctx ends;
+// candidate runs leadOrGiveUp for id over a client of config rc until ctx ends;
 // each term reports its start and end on the returned channel.
 type termEvent struct {
 	id    string
@@ -496,13 +497,14 @@ type termEvent struct {
 }
 
 func candidate(t *testing.T, ctx context.Context, rc *rest.Config, cfg LeaderElection, id string, events chan<- termEvent) <-chan error {
-	client := kubernetes.NewForConfigOrDie(rc)
+	client := newKubeClient(t, rc)
 	done := make(chan error, 1)
 	go func() {
-		done <- lead(ctx, client, cfg, id, slog.Default(), func(tctx context.Context) {
+		done <- leadOrGiveUp(ctx, client, cfg, id, slog.Default(), func(tctx context.Context) error {
 			events <- termEvent{id, true, time.Now()}
 			<-tctx.Done()
 			events <- termEvent{id, false, time.Now()}
+			return nil
 		})
 	}()
 	return done
@@ -617,4 +619,14 @@ func TestKubeSourceOnAV1alpha1OnlyCluster(t *testing.T) {
 	}
 	kube.SetReports(federation.Reports{})
 	f.awaitCondition(db, ConditionValid, metav1.ConditionTrue, ReasonValid)
+}
+
+// newKubeClient returns the spoke's client of the API server rc reaches.
+func newKubeClient(t testing.TB, rc *rest.Config) *kubeclient.Client {
+	t.Helper()
+	c, err := kubeclient.New(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

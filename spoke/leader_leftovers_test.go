@@ -15,7 +15,6 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/navemesh/nave/federation"
@@ -164,7 +163,7 @@ func TestLoneLeaderThatCannotReachTheHubRetries(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() {
-		done <- leadOrGiveUp(ctx, kubernetes.NewForConfigOrDie(rc), election, "a", slog.Default(), func(context.Context) error {
+		done <- leadOrGiveUp(ctx, newKubeClient(t, rc), election, "a", slog.Default(), func(context.Context) error {
 			starts <- time.Now()
 			return fmt.Errorf("%w: 5 sessions in a row failed", errHubUnreachable)
 		})

@@ -13,13 +13,12 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
 	"github.com/navemesh/nave/federation"
+	"github.com/navemesh/nave/internal/kubeclient"
 	"github.com/navemesh/nave/registry"
 )
 
@@ -173,7 +172,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		tc := fc
 		if kube != nil && cfg.Imports {
 			// The hub's imports go to the writer, which says how far it has written them.
-			writer := NewImportWriter(clients.importer, clients.importerDynamic, ImportWriterConfig{
+			writer := NewImportWriter(clients.importer, ImportWriterConfig{
 				Cluster: cfg.Cluster, Written: func(epoch, version uint64) { pub.ImportsWritten(epoch, version) },
 			}, log)
 			tc.OnImports = writer.Set
@@ -253,11 +252,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	return leadErr
 }
 
-// kubeClients are a kube source's clients, and the import writer's (rate-limited on their own).
+// kubeClients are a kube source's client, and the import writer's (rate-limited on its own).
 type kubeClients struct {
-	source          kubernetes.Interface
-	importer        kubernetes.Interface
-	importerDynamic dynamic.Interface
+	source, importer *kubeclient.Client
 }
 
 // newSource returns the source cfg.Source names, and for a kube source its clients.
@@ -275,25 +272,17 @@ func newSource(cfg Config, log *slog.Logger) (Source, kubeClients, error) {
 		}
 		rc.QPS, rc.Burst = cfg.KubeQPS, cfg.KubeBurst
 		rc.UserAgent = "nave-spoke/" + cfg.Federation.Build
-		client, err := kubernetes.NewForConfig(rc)
-		if err != nil {
-			return nil, kubeClients{}, fmt.Errorf("kubernetes client: %w", err)
-		}
-		dyn, err := dynamic.NewForConfig(rc)
+		client, err := kubeclient.New(rc)
 		if err != nil {
 			return nil, kubeClients{}, fmt.Errorf("kubernetes client: %w", err)
 		}
 		wc := rest.CopyConfig(rc)
 		wc.QPS, wc.Burst = cfg.ImportsQPS, cfg.ImportsBurst
-		importer, err := kubernetes.NewForConfig(wc)
+		importer, err := kubeclient.New(wc)
 		if err != nil {
 			return nil, kubeClients{}, fmt.Errorf("kubernetes client: %w", err)
 		}
-		importerDyn, err := dynamic.NewForConfig(wc)
-		if err != nil {
-			return nil, kubeClients{}, fmt.Errorf("kubernetes client: %w", err)
-		}
-		return NewKubeSource(client, dyn, opts, cfg.Namespaces, log), kubeClients{source: client, importer: importer, importerDynamic: importerDyn}, nil
+		return NewKubeSource(client, opts, cfg.Namespaces, log), kubeClients{source: client, importer: importer}, nil
 	default:
 		return nil, kubeClients{}, fmt.Errorf("unknown source %q: want kube or dir:PATH", cfg.Source)
 	}
