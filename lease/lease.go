@@ -4,8 +4,8 @@
 // linking client-go's typed clientset: tools/leaderelection imports
 // resourcelock, which imports the typed clients and with them
 // k8s.io/client-go/kubernetes/scheme (about 8 MiB of RSS per process). It also
-// orders a handover make-before-break: the holder's Leading has returned
-// before the Lease is released.
+// orders a handover: the holder's Leading has returned before the Lease is
+// released, so the next holder starts only once this one has stopped.
 package lease
 
 import (

@@ -14,8 +14,8 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	coordinationclient "k8s.io/client-go/kubernetes/typed/coordination/v1"
 
+	"github.com/navemesh/nave/internal/kubeclient"
 	"github.com/navemesh/nave/internal/kubetest"
 )
 
@@ -85,7 +85,12 @@ func TestRunAfterCtxEnded(t *testing.T) {
 // Lease of its own.
 func TestRun(t *testing.T) {
 	cluster := kubetest.StartClusters(t, "east")[0]
-	leases := cluster.Client.CoordinationV1().Leases("default")
+	// The spoke's own client: its errors must mean what the API server says.
+	client, err := kubeclient.New(cluster.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leases := client.Leases("default")
 
 	t.Run("OneOfTwoLeads", func(t *testing.T) {
 		t.Parallel()
@@ -307,6 +312,10 @@ func TestRun(t *testing.T) {
 		t.Parallel()
 		el := newElection(t, leases, "lost-reply")
 		lossy := &lostReplyStore{Store: leases}
+		// Recovering takes three round trips (the lost reply, a conflict and
+		// a read, a renewal): a longer deadline than the others', so that a
+		// slow API server on a loaded machine does not end a's leadership.
+		const leaseDuration, renewDeadline = 6 * time.Second, 3 * time.Second
 		a := el.run("a", lossy, el.config("a", leaseDuration), nil)
 		awaitClosed(t, a.started, "a leads")
 		lossy.loseNext.Store(true)
@@ -355,14 +364,17 @@ func TestRun(t *testing.T) {
 // election is the candidates of one test for one Lease.
 type election struct {
 	t      *testing.T
-	leases coordinationclient.LeaseInterface
+	leases leaseClient
 	name   string
 	// leading counts the Leading calls running, over all candidates: more
 	// than one at once fails the test.
 	leading atomic.Int32
 }
 
-func newElection(t *testing.T, leases coordinationclient.LeaseInterface, name string) *election {
+// leaseClient is the spoke's client of the test's Leases.
+type leaseClient = *kubeclient.Typed[*coordinationv1.Lease, *coordinationv1.LeaseList]
+
+func newElection(t *testing.T, leases leaseClient, name string) *election {
 	return &election{t: t, leases: leases, name: name}
 }
 

@@ -188,11 +188,14 @@ type importAPI struct {
 // discover asks the API server's discovery what it serves; imports is zero
 // when no ServiceImport version is served.
 func (w *ImportWriter) discover() (importAPI, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
-	defer cancel()
+	resources := func(gv schema.GroupVersion) ([]string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+		defer cancel()
+		return w.client.Resources(ctx, gv)
+	}
 	var api importAPI
 	for _, gvr := range serviceImportVersions {
-		served, err := w.client.Resources(ctx, gvr.GroupVersion())
+		served, err := resources(gvr.GroupVersion())
 		if err != nil {
 			return api, err
 		}
@@ -209,7 +212,7 @@ func (w *ImportWriter) discover() (importAPI, error) {
 		}
 		api.importStatus = false
 	}
-	served, err := w.client.Resources(ctx, networkingv1.SchemeGroupVersion)
+	served, err := resources(networkingv1.SchemeGroupVersion)
 	if err != nil {
 		return api, err
 	}

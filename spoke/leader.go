@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -28,8 +29,8 @@ type LeaderElection struct {
 	// LeaseDuration is how long a standby waits after the leader's last
 	// renewal before it takes over; RenewDeadline is how long after its last
 	// successful renewal the leader stops streaming (shorter than
-	// LeaseDuration by more than RetryPeriod/2, so a leader stops before a
-	// standby starts); RetryPeriod is how often both try.
+	// LeaseDuration, so a leader stops before a standby starts); RetryPeriod
+	// is how often both try (shorter than RenewDeadline).
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 	// StandBack is how long a leader that gave up the Lease (it could not
 	// reach the hub, see Config.GiveUpAfter) stays out of the election, so
@@ -78,6 +79,10 @@ var errHubUnreachable = errors.New("spoke: the hub is unreachable")
 // RetryPeriod; this replica stays out of the election for StandBack before
 // it is a candidate again. A standby that cannot reach the hub gives it up
 // in turn; a lone candidate takes it back after StandBack and tries again.
+//
+// A term that panics ends its leadership; once the Lease is released,
+// leadOrGiveUp returns an error (the process stops, as it would have
+// without the election).
 func leadOrGiveUp(ctx context.Context, client *kubeclient.Client, cfg LeaderElection, identity string, log *slog.Logger, term func(context.Context) error) error {
 	// The lease package names its component, the Lease and identity itself.
 	lc := lease.Config{Name: cfg.Name, Identity: identity, Log: log.With("namespace", cfg.Namespace),
@@ -85,25 +90,28 @@ func leadOrGiveUp(ctx context.Context, client *kubeclient.Client, cfg LeaderElec
 	log = log.With("component", "leader-election", "lease", cfg.Namespace+"/"+cfg.Name, "identity", identity)
 	standBack := cmp.Or(cfg.StandBack, cfg.LeaseDuration)
 	for ctx.Err() == nil {
-		var gaveUp error // set by the term, read once lease.Run (which waits for it) returned
+		var gaveUp, panicked error // set by the term, read once lease.Run (which waits for it) returned
 		err := lease.Run(ctx, client.Leases(cfg.Namespace), lc, lease.Callbacks{
 			Leading: func(leading context.Context) {
 				log.Info("leading: streaming this cluster to the hub")
-				defer log.Info("not leading")
+				defer func() {
+					if r := recover(); r != nil {
+						panicked = fmt.Errorf("leader election: the term panicked: %v", r)
+						log.Error("the term panicked; releasing the Lease and stopping", "panic", r, "stack", string(debug.Stack()))
+					}
+				}()
 				if err := term(leading); errors.Is(err, errHubUnreachable) && ctx.Err() == nil {
 					gaveUp = err
 					log.Warn("giving up the Lease: this replica cannot reach the hub; a standby may take over",
 						"err", err, "standBack", standBack)
 				}
 			},
-			NewLeader: func(id string) {
-				if id != identity {
-					log.Info("standing by", "leader", id)
-				}
-			},
 		})
 		if err != nil {
 			return fmt.Errorf("leader election: %w", err)
+		}
+		if panicked != nil {
+			return panicked
 		}
 		if gaveUp != nil {
 			select {

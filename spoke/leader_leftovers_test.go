@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -179,6 +180,31 @@ func TestLoneLeaderThatCannotReachTheHubRetries(t *testing.T) {
 	second := nextStart(t, starts, 3*election.StandBack+5*time.Second)
 	if gap := second.Sub(first); gap < election.StandBack {
 		t.Errorf("took the Lease back %v after giving it up, want to stand back %v first", gap, election.StandBack)
+	}
+}
+
+// A term that panics releases the Lease, and the election returns an error
+// (the process stops, as it did before there was an election), instead of
+// running the failing term again and again.
+func TestTermThatPanicsReleasesTheLeaseAndStops(t *testing.T) {
+	f := newKubeFixture(t, false)
+	rc, err := clientcmd.BuildConfigFromFlags("", f.cluster.SpokeKubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	terms := 0
+	err = leadOrGiveUp(t.Context(), newKubeClient(t, rc), testElection, "a", slog.Default(), func(context.Context) error {
+		terms++
+		panic("a bug in the term")
+	})
+	if err == nil || !strings.Contains(err.Error(), "a bug in the term") {
+		t.Fatalf("leadOrGiveUp: %v, want the panic's error", err)
+	}
+	if terms != 1 {
+		t.Errorf("%d terms ran, want 1", terms)
+	}
+	if got := f.leaseHolder(); got != "" {
+		t.Errorf("the Lease is held by %q, want it released", got)
 	}
 }
 

@@ -160,14 +160,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// It ends with ctx, or gives up (errHubUnreachable).
 	term := func(ctx context.Context) error {
 		ctx, giveUp := context.WithCancelCause(ctx)
-		defer giveUp(nil)
 		mon.setLeading(true)
 		defer mon.setLeading(false)
 		if kube != nil {
 			kube.forgetReports() // an earlier term's hub session is not this one's
 		}
 		var wg sync.WaitGroup
-		defer wg.Wait()
+		// The term's goroutines end with its context, also when it panics.
+		defer func() { giveUp(nil); wg.Wait() }()
 		var pub *federation.Publisher
 		tc := fc
 		if kube != nil && cfg.Imports {

@@ -4,8 +4,9 @@
 // informers over either. It stands in for client-go's typed clientset, whose
 // scheme registers every built-in API group at start: about 8 MiB of every
 // spoke pod's memory for some fifty groups it never uses. Requests are
-// what the clientset would send: the same content types (protobuf for
-// built-in types), one HTTP client and one rate limiter for all of them.
+// what a clientset and a dynamic client made from the same config would
+// send: the same content types (protobuf for built-in types), one HTTP
+// client, one rate limiter for the typed clients and one for the dynamic one.
 package kubeclient
 
 import (
@@ -55,14 +56,16 @@ type Client struct {
 	dynamic                                   *dynamic.DynamicClient
 }
 
-// New returns a client of the API server cfg describes. Its requests share
-// one rate limiter (cfg.QPS and cfg.Burst, unless cfg.RateLimiter is set)
-// and one HTTP client, as a clientset's do.
+// New returns a client of the API server cfg describes. Its typed clients
+// share one rate limiter (cfg.QPS and cfg.Burst, unless cfg.RateLimiter is
+// set), as a clientset's do; the dynamic client has one of its own, as a
+// dynamic client made from cfg would. All share one HTTP client.
 func New(cfg *rest.Config) (*Client, error) {
 	c := *cfg
 	if c.UserAgent == "" {
 		c.UserAgent = rest.DefaultKubernetesUserAgent()
 	}
+	dc := c // before the typed clients' limiter is set: the dynamic client makes its own
 	if c.RateLimiter == nil && c.QPS > 0 {
 		if c.Burst <= 0 {
 			return nil, fmt.Errorf("kubeclient: burst must be above 0 with a QPS of %v", c.QPS)
@@ -96,7 +99,7 @@ func New(cfg *rest.Config) (*Client, error) {
 	if out.networking, err = group(networkingv1.SchemeGroupVersion, "/apis"); err != nil {
 		return nil, err
 	}
-	if out.dynamic, err = dynamic.NewForConfigAndClient(&c, httpClient); err != nil {
+	if out.dynamic, err = dynamic.NewForConfigAndClient(&dc, httpClient); err != nil {
 		return nil, fmt.Errorf("kubeclient: dynamic: %w", err)
 	}
 	return &out, nil

@@ -1,7 +1,9 @@
 package kubeclient_test
 
 import (
+	"context"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
@@ -62,7 +64,7 @@ func TestClient(t *testing.T) {
 
 	// An informer with a label selector sees what matches it, with the namespace index listers use.
 	inf := kubeclient.NewInformer(c.Services(""), &corev1.Service{}, func(o *metav1.ListOptions) { o.LabelSelector = "team=a" })
-	go inf.RunWithContext(ctx)
+	run(t, inf)
 	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 		t.Fatal("the informer did not sync")
 	}
@@ -160,7 +162,7 @@ func TestClient(t *testing.T) {
 		"spec":     map[string]any{"type": "ClusterSetIP", "ports": []any{map[string]any{"port": int64(80), "protocol": "TCP"}}},
 	}}
 	dinf := kubeclient.NewInformer(c.Dynamic().Resource(gvr), &unstructured.Unstructured{}, nil)
-	go dinf.RunWithContext(ctx)
+	run(t, dinf)
 	if _, err := c.Dynamic().Resource(gvr).Namespace("default").Create(ctx, si, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -169,6 +171,41 @@ func TestClient(t *testing.T) {
 		_, err := generic.ByNamespace("default").Get("web")
 		return err == nil
 	})
+}
+
+// run runs inf until the test ends, and waits for it to stop.
+func run(t *testing.T, inf cache.SharedIndexInformer) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); inf.RunWithContext(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+// TestRateLimiters: the typed clients share one rate limiter, as a
+// clientset's do, and the dynamic client has its own, as one made from the
+// same config would: a typed request that spent the typed clients' only
+// token holds no dynamic request back.
+func TestRateLimiters(t *testing.T) {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	defer srv.Close()
+	c, err := kubeclient.New(&rest.Config{Host: srv.URL, QPS: 0.001, Burst: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if _, err := c.Services("default").Get(ctx, "a", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("the first request: %v, want NotFound from the server", err)
+	}
+	gvr := schema.GroupVersionResource{Group: "multicluster.x-k8s.io", Version: "v1beta1", Resource: "serviceimports"}
+	if _, err := c.Dynamic().Resource(gvr).Namespace("default").Get(ctx, "a", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("a dynamic request after it: %v, want NotFound from the server", err)
+	}
+	short, cancelShort := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancelShort()
+	if _, err := c.Nodes().Get(short, "a", metav1.GetOptions{}); err == nil || apierrors.IsNotFound(err) {
+		t.Fatalf("a second typed request: %v, want it held back by the rate limiter", err)
+	}
 }
 
 func TestNewRefusesAQPSWithoutBurst(t *testing.T) {

@@ -89,8 +89,8 @@ func Run(ctx context.Context, args []string) error {
 		}
 		cfg.Source = "kube"
 	}
-	if le.Enabled && cfg.Source == "kube" && (le.RetryPeriod <= 0 || le.RenewDeadline+le.RetryPeriod/2 >= le.LeaseDuration) {
-		return errors.New("leader election needs --retry-period > 0 and --renew-deadline + --retry-period/2 < --lease-duration")
+	if le.Enabled && cfg.Source == "kube" && !(0 < le.RetryPeriod && le.RetryPeriod < le.RenewDeadline && le.RenewDeadline < le.LeaseDuration) {
+		return errors.New("leader election needs 0 < --retry-period < --renew-deadline < --lease-duration")
 	}
 	if cfg.PollInterval < 10*time.Millisecond {
 		return errors.New("--poll must be at least 10ms")
