@@ -386,13 +386,18 @@ func (r *importRun) run(ctx context.Context) error {
 }
 
 // observe is the informers' event handler: it queues the import an object
-// belongs to (a change by anyone else is undone).
+// belongs to (a change by anyone else is undone). The writer's own writes
+// coming back queue nothing: the sync that wrote them wrote the import
+// whole, and syncing it again (converting every object it owns to compare
+// them) cost a cluster of large imports most of its memory churn.
 func (r *importRun) observe(kind objKind, obj any, gone bool) {
 	o, ok := tombstone(obj).(metav1.Object)
 	if !ok {
 		return
 	}
-	r.written.observe(kind, o, gone)
+	if r.written.observe(kind, o, gone) {
+		return
+	}
 	if key, ok := objectKey(kind, o); ok && r.state.Load() != nil {
 		r.queue.Add(key)
 	}

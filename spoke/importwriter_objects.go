@@ -628,21 +628,30 @@ func (w *writtenObjects) resolve(kind objKind, key registry.ServiceKey, cached m
 	return cached
 }
 
-// observe is told of every informer event, and drops the writes the cache has caught up with.
-func (w *writtenObjects) observe(kind objKind, o metav1.Object, gone bool) {
+// observe is told of every informer event, and drops the writes the cache
+// has caught up with. It reports whether the event is the writer's own
+// latest write of the object coming back: the version it wrote (or the
+// deletion of the object it deleted), which holds nothing it does not know.
+func (w *writtenObjects) observe(kind objKind, o metav1.Object, gone bool) (own bool) {
 	key, ok := objectKey(kind, o)
 	if !ok {
-		return
+		return false
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	g := writtenGroup{kind, key}
-	if e, ok := w.m[g][o.GetName()]; ok && e.caughtUp(o, gone) {
-		delete(w.m[g], o.GetName())
-		if len(w.m[g]) == 0 {
-			delete(w.m, g)
-		}
+	e, ok := w.m[g][o.GetName()]
+	if !ok || !e.caughtUp(o, gone) {
+		return false
 	}
+	delete(w.m[g], o.GetName())
+	if len(w.m[g]) == 0 {
+		delete(w.m, g)
+	}
+	if e.obj == nil { // deleted by the writer
+		return gone && o.GetUID() == e.uid
+	}
+	return !gone && o.GetUID() == e.obj.GetUID() && o.GetResourceVersion() == e.obj.GetResourceVersion()
 }
 
 // conditionMessage joins problems into a condition message.

@@ -186,3 +186,41 @@ func mustJSONBytes(t *testing.T, m map[string]any, apiVersion string) []byte {
 	}
 	return b
 }
+
+// The writer's own writes coming back from its informers are told apart
+// from everyone else's changes: only the version it wrote (or the deletion
+// of the object it deleted) is its own, and it is its own once.
+func TestWrittenObjectsTellTheWritersOwnEvents(t *testing.T) {
+	key := registry.ServiceKey{Namespace: "ns", Name: "web"}
+	slice := func(uid, rv string) *discoveryv1.EndpointSlice {
+		return &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web-1", UID: types.UID(uid),
+			ResourceVersion: rv, Labels: map[string]string{mcsv1beta1.LabelServiceName: "web"}}}
+	}
+	for _, tc := range []struct {
+		name  string
+		write func(w *writtenObjects)
+		event *discoveryv1.EndpointSlice
+		gone  bool
+		own   bool
+	}{
+		{"the version it wrote", func(w *writtenObjects) { w.put(kindEndpointSlice, key, slice("u1", "10")) }, slice("u1", "10"), false, true},
+		{"a newer version", func(w *writtenObjects) { w.put(kindEndpointSlice, key, slice("u1", "10")) }, slice("u1", "11"), false, false},
+		{"an older version", func(w *writtenObjects) { w.put(kindEndpointSlice, key, slice("u1", "10")) }, slice("u1", "9"), false, false},
+		{"another object of that name", func(w *writtenObjects) { w.put(kindEndpointSlice, key, slice("u1", "10")) }, slice("u2", "10"), false, false},
+		{"its deletion by someone", func(w *writtenObjects) { w.put(kindEndpointSlice, key, slice("u1", "10")) }, slice("u1", "10"), true, false},
+		{"nothing written", func(*writtenObjects) {}, slice("u1", "10"), false, false},
+		{"the deletion it made", func(w *writtenObjects) { w.deleted(kindEndpointSlice, key, slice("u1", "10")) }, slice("u1", "10"), true, true},
+		{"a recreation after its deletion", func(w *writtenObjects) { w.deleted(kindEndpointSlice, key, slice("u1", "10")) }, slice("u2", "12"), false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWrittenObjects()
+			tc.write(w)
+			if got := w.observe(kindEndpointSlice, tc.event, tc.gone); got != tc.own {
+				t.Fatalf("observe: own = %v, want %v", got, tc.own)
+			}
+			if w.observe(kindEndpointSlice, tc.event, tc.gone) {
+				t.Fatal("the same event was the writer's own twice")
+			}
+		})
+	}
+}
