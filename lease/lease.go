@@ -24,9 +24,8 @@ import (
 )
 
 // Store reads and writes Leases of one namespace. Its methods have the
-// signatures of client-go's typed LeaseInterface (so that
-// client.CoordinationV1().Leases(ns) satisfies it in tests) and of the
-// spoke's own client.
+// signatures of client-go's typed LeaseInterface, which the spoke's own
+// client (internal/kubeclient) has too.
 //
 // Errors are judged with k8s.io/apimachinery/pkg/api/errors: NotFound,
 // AlreadyExists and Conflict mean what they mean for the API server; any

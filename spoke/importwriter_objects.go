@@ -629,9 +629,10 @@ func (w *writtenObjects) resolve(kind objKind, key registry.ServiceKey, cached m
 }
 
 // observe is told of every informer event, and drops the writes the cache
-// has caught up with. It reports whether the event is the writer's own
-// latest write of the object coming back: the version it wrote (or the
-// deletion of the object it deleted), which holds nothing it does not know.
+// has caught up with. It reports whether the event is the version the
+// writer last knew of the object coming back: the version it wrote (or read
+// back after a create that found it there), or the deletion of the object
+// it deleted; such an event holds nothing the writer does not know.
 func (w *writtenObjects) observe(kind objKind, o metav1.Object, gone bool) (own bool) {
 	key, ok := objectKey(kind, o)
 	if !ok {

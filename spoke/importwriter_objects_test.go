@@ -223,4 +223,29 @@ func TestWrittenObjectsTellTheWritersOwnEvents(t *testing.T) {
 			}
 		})
 	}
+	t.Run("an earlier version it wrote, then the later one", func(t *testing.T) {
+		w := newWrittenObjects()
+		w.put(kindEndpointSlice, key, slice("u1", "10"))
+		w.put(kindEndpointSlice, key, slice("u1", "12"))
+		if w.observe(kindEndpointSlice, slice("u1", "10"), false) {
+			t.Fatal("the earlier version was taken for the writer's latest")
+		}
+		if !w.observe(kindEndpointSlice, slice("u1", "12"), false) {
+			t.Fatal("the later version was not the writer's own")
+		}
+	})
+	t.Run("a ServiceImport", func(t *testing.T) {
+		si := func(rv string) *mcsv1beta1.ServiceImport {
+			return &mcsv1beta1.ServiceImport{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web", UID: "s1", ResourceVersion: rv}}
+		}
+		w := newWrittenObjects()
+		w.put(kindServiceImport, key, si("7"))
+		if w.observe(kindServiceImport, si("8"), false) {
+			t.Fatal("a newer ServiceImport was the writer's own")
+		}
+		w.put(kindServiceImport, key, si("9"))
+		if !w.observe(kindServiceImport, si("9"), false) {
+			t.Fatal("the ServiceImport the writer wrote was not its own")
+		}
+	})
 }

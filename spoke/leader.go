@@ -40,12 +40,13 @@ type LeaderElection struct {
 
 // DefaultLeaderElection returns the Lease settings `nave spoke --source kube`
 // starts with: Lease nave-spoke in the pod's namespace (POD_NAMESPACE, else
-// the service account's namespace, else nave-system), and client-go's usual
-// 15s/10s/2s timing.
+// the service account's namespace, else nave-system), and the lease
+// package's timing (client-go's usual 15s/10s/2s).
 func DefaultLeaderElection() LeaderElection {
+	d := lease.DefaultConfig()
 	return LeaderElection{
 		Enabled: true, Namespace: podNamespace(), Name: "nave-spoke",
-		LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
+		LeaseDuration: d.LeaseDuration, RenewDeadline: d.RenewDeadline, RetryPeriod: d.RetryPeriod,
 	}
 }
 
