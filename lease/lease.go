@@ -147,6 +147,20 @@ func Run(ctx context.Context, store Store, cfg Config, cb Callbacks) error {
 	return nil
 }
 
+// ValidTiming returns an error unless 0 < retryPeriod < renewDeadline <
+// leaseDuration, the timing Run requires (see Config).
+func ValidTiming(leaseDuration, renewDeadline, retryPeriod time.Duration) error {
+	switch {
+	case retryPeriod <= 0:
+		return fmt.Errorf("RetryPeriod %v is not positive", retryPeriod)
+	case renewDeadline <= retryPeriod:
+		return fmt.Errorf("RenewDeadline %v is not longer than RetryPeriod %v", renewDeadline, retryPeriod)
+	case leaseDuration <= renewDeadline:
+		return fmt.Errorf("LeaseDuration %v is not longer than RenewDeadline %v", leaseDuration, renewDeadline)
+	}
+	return nil
+}
+
 func validate(store Store, cfg Config, cb Callbacks) error {
 	var problems []error
 	check := func(bad bool, msg string, args ...any) {
@@ -157,9 +171,9 @@ func validate(store Store, cfg Config, cb Callbacks) error {
 	check(store == nil, "no Store")
 	check(cfg.Name == "", "no Lease name")
 	check(cfg.Identity == "", "no identity")
-	check(cfg.RetryPeriod <= 0, "RetryPeriod %v is not positive", cfg.RetryPeriod)
-	check(cfg.RenewDeadline <= cfg.RetryPeriod, "RenewDeadline %v is not longer than RetryPeriod %v", cfg.RenewDeadline, cfg.RetryPeriod)
-	check(cfg.LeaseDuration <= cfg.RenewDeadline, "LeaseDuration %v is not longer than RenewDeadline %v", cfg.LeaseDuration, cfg.RenewDeadline)
+	if err := ValidTiming(cfg.LeaseDuration, cfg.RenewDeadline, cfg.RetryPeriod); err != nil {
+		problems = append(problems, err)
+	}
 	check(cb.Leading == nil, "no Leading callback")
 	if len(problems) > 0 {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, errors.Join(problems...))

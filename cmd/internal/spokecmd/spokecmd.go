@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/navemesh/nave/cmd/internal/cli"
+	"github.com/navemesh/nave/lease"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/spoke"
 )
@@ -89,8 +90,10 @@ func Run(ctx context.Context, args []string) error {
 		}
 		cfg.Source = "kube"
 	}
-	if le.Enabled && cfg.Source == "kube" && !(0 < le.RetryPeriod && le.RetryPeriod < le.RenewDeadline && le.RenewDeadline < le.LeaseDuration) {
-		return errors.New("leader election needs 0 < --retry-period < --renew-deadline < --lease-duration")
+	if le.Enabled && cfg.Source == "kube" {
+		if err := lease.ValidTiming(le.LeaseDuration, le.RenewDeadline, le.RetryPeriod); err != nil {
+			return fmt.Errorf("leader election needs 0 < --retry-period < --renew-deadline < --lease-duration: %w", err)
+		}
 	}
 	if cfg.PollInterval < 10*time.Millisecond {
 		return errors.New("--poll must be at least 10ms")
