@@ -10,9 +10,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
 	mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 
+	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/imports"
 	"github.com/navemesh/nave/registry"
 )
@@ -248,4 +251,32 @@ func TestWrittenObjectsTellTheWritersOwnEvents(t *testing.T) {
 			t.Fatal("the ServiceImport the writer wrote was not its own")
 		}
 	})
+}
+
+// The writer's informer events queue an import unless they are its own
+// write coming back: a change by anyone else is synced (and undone).
+func TestOnlyOthersChangesQueueAnImport(t *testing.T) {
+	key := registry.ServiceKey{Namespace: "ns", Name: "web"}
+	r := &importRun{written: newWrittenObjects(), queue: workqueue.NewTypedRateLimitingQueue(
+		workqueue.DefaultTypedControllerRateLimiter[registry.ServiceKey]())}
+	defer r.queue.ShutDown()
+	r.state.Store(&federation.ImportState{})
+	slice := func(rv string) *discoveryv1.EndpointSlice {
+		return &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web-1", UID: "u1",
+			ResourceVersion: rv, Labels: map[string]string{mcsv1beta1.LabelServiceName: "web"}}}
+	}
+	r.written.put(kindEndpointSlice, key, slice("10"))
+	r.observe(kindEndpointSlice, slice("10"), false) // its own write, back
+	if n := r.queue.Len(); n != 0 {
+		t.Fatalf("the writer's own write queued %d imports", n)
+	}
+	r.observe(kindEndpointSlice, slice("11"), false) // someone else's change
+	if got, _ := r.queue.Get(); got != key {
+		t.Fatalf("queued %v, want %v", got, key)
+	}
+	r.queue.Done(key)
+	r.observe(kindEndpointSlice, cache.DeletedFinalStateUnknown{Key: "ns/web-1", Obj: slice("11")}, true) // deleted by someone
+	if n := r.queue.Len(); n != 1 {
+		t.Fatalf("a deletion by someone else queued %d imports, want 1", n)
+	}
 }
