@@ -547,11 +547,19 @@ type writtenGroup struct {
 }
 
 // writtenObj is an object as the API server returned it from a write, or,
-// when obj is nil, the UID of an object the writer deleted.
+// when obj is nil, the UID of an object the writer deleted. earlier holds
+// the versions of the same object the writer wrote before obj (a sync that
+// creates a ServiceImport and then writes its status writes it twice),
+// until the cache catches up.
 type writtenObj struct {
-	obj metav1.Object
-	uid types.UID
+	obj     metav1.Object
+	uid     types.UID
+	earlier []string
 }
+
+// maxEarlier bounds writtenObj.earlier: a sync writes an object at most a
+// few times.
+const maxEarlier = 4
 
 func newWrittenObjects() *writtenObjects {
 	return &writtenObjects{m: map[writtenGroup]map[string]writtenObj{}}
@@ -563,6 +571,12 @@ func (w *writtenObjects) set(kind objKind, key registry.ServiceKey, name string,
 	g := writtenGroup{kind, key}
 	if w.m[g] == nil {
 		w.m[g] = map[string]writtenObj{}
+	}
+	if prev, ok := w.m[g][name]; ok && prev.obj != nil && e.obj != nil && prev.obj.GetUID() == e.obj.GetUID() {
+		e.earlier = append(prev.earlier, prev.obj.GetResourceVersion())
+		if len(e.earlier) > maxEarlier {
+			e.earlier = e.earlier[len(e.earlier)-maxEarlier:]
+		}
 	}
 	w.m[g][name] = e
 }
@@ -642,8 +656,13 @@ func (w *writtenObjects) observe(kind objKind, o metav1.Object, gone bool) (own 
 	defer w.mu.Unlock()
 	g := writtenGroup{kind, key}
 	e, ok := w.m[g][o.GetName()]
-	if !ok || !e.caughtUp(o, gone) {
+	if !ok {
 		return false
+	}
+	if !e.caughtUp(o, gone) {
+		// An earlier write of the same sync: what followed it was written
+		// over it (guarded by its resourceVersion), so it holds nothing new.
+		return e.obj != nil && !gone && o.GetUID() == e.obj.GetUID() && slices.Contains(e.earlier, o.GetResourceVersion())
 	}
 	delete(w.m[g], o.GetName())
 	if len(w.m[g]) == 0 {

@@ -230,11 +230,25 @@ func TestWrittenObjectsTellTheWritersOwnEvents(t *testing.T) {
 		w := newWrittenObjects()
 		w.put(kindEndpointSlice, key, slice("u1", "10"))
 		w.put(kindEndpointSlice, key, slice("u1", "12"))
-		if w.observe(kindEndpointSlice, slice("u1", "10"), false) {
-			t.Fatal("the earlier version was taken for the writer's latest")
+		if w.observe(kindEndpointSlice, slice("u1", "11"), false) {
+			t.Fatal("a version between the writer's two was its own")
+		}
+		if !w.observe(kindEndpointSlice, slice("u1", "10"), false) {
+			t.Fatal("the earlier version it wrote was not its own")
 		}
 		if !w.observe(kindEndpointSlice, slice("u1", "12"), false) {
 			t.Fatal("the later version was not the writer's own")
+		}
+		if w.observe(kindEndpointSlice, slice("u1", "10"), false) {
+			t.Fatal("the earlier version was its own after the cache caught up")
+		}
+	})
+	t.Run("an earlier version of another object of that name", func(t *testing.T) {
+		w := newWrittenObjects()
+		w.put(kindEndpointSlice, key, slice("u1", "10"))
+		w.put(kindEndpointSlice, key, slice("u2", "12")) // deleted and made again
+		if w.observe(kindEndpointSlice, slice("u1", "10"), false) {
+			t.Fatal("the replaced object's version was taken for the writer's own")
 		}
 	})
 	t.Run("a ServiceImport", func(t *testing.T) {
