@@ -549,8 +549,9 @@ type writtenGroup struct {
 // writtenObj is an object as the API server returned it from a write, or,
 // when obj is nil, the UID of an object the writer deleted. earlier holds
 // the versions of the same object the writer wrote before obj (a sync that
-// creates a ServiceImport and then writes its status writes it twice),
-// until the cache catches up.
+// creates a ServiceImport and then writes its status writes it twice; a
+// later sync may write it again before the first write comes back), until
+// the cache catches up.
 type writtenObj struct {
 	obj     metav1.Object
 	uid     types.UID
@@ -660,8 +661,9 @@ func (w *writtenObjects) observe(kind objKind, o metav1.Object, gone bool) (own 
 		return false
 	}
 	if !e.caughtUp(o, gone) {
-		// An earlier write of the same sync: what followed it was written
-		// over it (guarded by its resourceVersion), so it holds nothing new.
+		// An earlier write of the writer's, which its later write was made
+		// over (a patch guarded by the version before it, or a read after a
+		// create found the object there, which retries): nothing new.
 		return e.obj != nil && !gone && o.GetUID() == e.obj.GetUID() && slices.Contains(e.earlier, o.GetResourceVersion())
 	}
 	delete(w.m[g], o.GetName())
