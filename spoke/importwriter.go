@@ -301,12 +301,10 @@ func (r *importRun) run(ctx context.Context) error {
 	esInf := kubeclient.NewInformer(r.w.client.EndpointSlices(""), &discoveryv1.EndpointSlice{}, tweak)
 	svcInf := kubeclient.NewInformer(r.w.client.Services(""), &corev1.Service{}, tweak)
 	siInf := kubeclient.NewInformer(r.w.client.Dynamic().Resource(r.api.imports), &unstructured.Unstructured{}, tweak)
-	informers := []cache.SharedIndexInformer{siInf, esInf, svcInf}
+	informers := kubeclient.Informers{siInf, esInf, svcInf}
 	// The ServiceImports' cache holds *mcsv1beta1.ServiceImport (see leanServiceImport).
-	for _, inf := range informers {
-		if err := inf.SetTransform(leanImported); err != nil {
-			return fmt.Errorf("strip imported objects: %w", err)
-		}
+	if err := informers.SetTransform(leanImported); err != nil {
+		return fmt.Errorf("strip imported objects: %w", err)
 	}
 	byImport := cache.Indexers{byImportIndex: func(obj any) ([]string, error) {
 		if o, ok := obj.(metav1.Object); ok {
@@ -332,13 +330,10 @@ func (r *importRun) run(ctx context.Context) error {
 	}
 	r.serviceImports, r.endpointSlices, r.services = siInf.GetIndexer(), esInf.GetIndexer(), svcInf.GetIndexer()
 	informerCtx, stopInformers := context.WithCancel(context.WithoutCancel(ctx))
-	var running sync.WaitGroup
-	for _, inf := range informers {
-		running.Go(func() { inf.RunWithContext(informerCtx) })
-	}
-	defer func() { stopInformers(); running.Wait() }()
+	stopped := informers.Start(informerCtx)
+	defer func() { stopInformers(); stopped() }()
 	r.log.Info("waiting for the caches of imported objects to sync")
-	if !cache.WaitForCacheSync(ctx.Done(), siInf.HasSynced, esInf.HasSynced, svcInf.HasSynced) {
+	if !informers.WaitForSync(ctx.Done()) {
 		return nil // ctx ended
 	}
 

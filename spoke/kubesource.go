@@ -180,11 +180,9 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 	esInf := kubeclient.NewInformer(k.client.EndpointSlices(""), &discoveryv1.EndpointSlice{}, local)
 	nodeInf := kubeclient.NewInformer(k.client.Nodes(), &corev1.Node{}, nil)
 	nsInf := kubeclient.NewInformer(k.client.Namespaces(), &corev1.Namespace{}, nil)
-	informers := []cache.SharedIndexInformer{svcInf, esInf, nodeInf, nsInf}
-	for _, inf := range informers {
-		if err := inf.SetTransform(strip); err != nil {
-			return fmt.Errorf("strip cached objects: %w", err)
-		}
+	informers := kubeclient.Informers{svcInf, esInf, nodeInf, nsInf}
+	if err := informers.SetTransform(strip); err != nil {
+		return fmt.Errorf("strip cached objects: %w", err)
 	}
 	k.services = corelisters.NewServiceLister(svcInf.GetIndexer())
 	k.nodes = corelisters.NewNodeLister(nodeInf.GetIndexer())
@@ -280,11 +278,8 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 		}
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	var running sync.WaitGroup
-	for _, inf := range informers {
-		running.Go(func() { inf.RunWithContext(ctx) })
-	}
-	defer func() { cancel(); running.Wait() }() // the informers stop with ctx
+	stopped := informers.Start(ctx)
+	defer func() { cancel(); stopped() }() // the informers stop with ctx
 
 	// ServiceExports, when their CRD is installed: now, or later.
 	var exportsDone sync.WaitGroup
@@ -313,10 +308,8 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 	}
 
 	k.log.Info("waiting for caches to sync")
-	for _, inf := range informers {
-		if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
-			return ctx.Err() // caches sync unless ctx ends
-		}
+	if !informers.WaitForSync(ctx.Done()) {
+		return ctx.Err() // caches sync unless ctx ends
 	}
 	// Everything that exists now is in the caches: build it all before publishing once.
 	state := State{}

@@ -13,6 +13,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -213,4 +214,35 @@ func NewInformer[L runtime.Object](lw ListWatcher[L], example runtime.Object, tw
 	}, example, cache.SharedIndexInformerOptions{
 		Indexers: cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc},
 	})
+}
+
+// Informers start, sync and stop together, as an informer factory's do.
+type Informers []cache.SharedIndexInformer
+
+// SetTransform makes f every informer's transform; before Start.
+func (is Informers) SetTransform(f cache.TransformFunc) error {
+	for _, inf := range is {
+		if err := inf.SetTransform(f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Start runs every informer until ctx ends; wait returns once all have stopped.
+func (is Informers) Start(ctx context.Context) (wait func()) {
+	var running sync.WaitGroup
+	for _, inf := range is {
+		running.Go(func() { inf.RunWithContext(ctx) })
+	}
+	return running.Wait
+}
+
+// WaitForSync waits until every informer has synced (true), or done is closed (false).
+func (is Informers) WaitForSync(done <-chan struct{}) bool {
+	synced := make([]cache.InformerSynced, len(is))
+	for i, inf := range is {
+		synced[i] = inf.HasSynced
+	}
+	return cache.WaitForCacheSync(done, synced...)
 }
