@@ -443,7 +443,8 @@ func naveFlags(t *testing.T) map[string][]string {
 var flagLine = regexp.MustCompile(`(?m)^  -([a-z0-9-]+)`)
 
 // checkFlags fails for any flag a Nave container of the render passes that
-// its binary does not have.
+// its binary does not have, and for a Nave container whose command it does
+// not know (its flags would go unchecked).
 func checkFlags(t *testing.T, r helmRender, flags map[string][]string) {
 	t.Helper()
 	for _, o := range r.objs {
@@ -460,7 +461,11 @@ func checkFlags(t *testing.T, r helmRender, flags map[string][]string) {
 			case len(command) == 0 && len(args) > 0 && args[0] == "hub":
 				cmd, args = "hub", args[1:]
 			default:
-				continue // not a Nave binary (etcd)
+				if image, _, _ := unstructured.NestedString(c.(map[string]any), "image"); !strings.Contains(image, "etcd") {
+					name, _, _ := unstructured.NestedString(c.(map[string]any), "name")
+					t.Errorf("%s: %s/%s container %q (%s) runs no command this test knows: its flags go unchecked", o.Source, o.GetKind(), o.GetName(), name, image)
+				}
+				continue // etcd's
 			}
 			for _, a := range args {
 				name, _, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")

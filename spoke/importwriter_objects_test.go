@@ -285,6 +285,9 @@ func TestOnlyOthersChangesQueueAnImport(t *testing.T) {
 		t.Fatalf("the writer's own write queued %d imports", n)
 	}
 	r.observe(kindEndpointSlice, slice("11"), false) // someone else's change
+	if n := r.queue.Len(); n != 1 {
+		t.Fatalf("someone else's change queued %d imports, want 1", n)
+	}
 	if got, _ := r.queue.Get(); got != key {
 		t.Fatalf("queued %v, want %v", got, key)
 	}

@@ -3,7 +3,6 @@ package kubeclient_test
 import (
 	"context"
 	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
@@ -64,8 +63,8 @@ func TestClient(t *testing.T) {
 
 	// An informer with a label selector sees what matches it, with the namespace index listers use.
 	inf := kubeclient.NewInformer(c.Services(""), &corev1.Service{}, func(o *metav1.ListOptions) { o.LabelSelector = "team=a" })
-	run(t, inf)
-	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+	informers := start(t, inf)
+	if !informers.WaitForSync(ctx.Done()) {
 		t.Fatal("the informer did not sync")
 	}
 	lister := corelisters.NewServiceLister(inf.GetIndexer())
@@ -162,7 +161,7 @@ func TestClient(t *testing.T) {
 		"spec":     map[string]any{"type": "ClusterSetIP", "ports": []any{map[string]any{"port": int64(80), "protocol": "TCP"}}},
 	}}
 	dinf := kubeclient.NewInformer(c.Dynamic().Resource(gvr), &unstructured.Unstructured{}, nil)
-	run(t, dinf)
+	start(t, dinf)
 	if _, err := c.Dynamic().Resource(gvr).Namespace("default").Create(ctx, si, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -171,41 +170,43 @@ func TestClient(t *testing.T) {
 		_, err := generic.ByNamespace("default").Get("web")
 		return err == nil
 	})
+
+	t.Run("RateLimiters", func(t *testing.T) { testRateLimiters(t, cluster.Config, gvr) })
 }
 
-// run runs inf until the test ends, and waits for it to stop.
-func run(t *testing.T, inf cache.SharedIndexInformer) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); inf.RunWithContext(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-}
-
-// TestRateLimiters: the typed clients share one rate limiter, as a
+// testRateLimiters: the typed clients share one rate limiter, as a
 // clientset's do, and the dynamic client has its own, as one made from the
 // same config would: a typed request that spent the typed clients' only
 // token holds no dynamic request back.
-func TestRateLimiters(t *testing.T) {
-	srv := httptest.NewServer(http.NotFoundHandler())
-	defer srv.Close()
-	c, err := kubeclient.New(&rest.Config{Host: srv.URL, QPS: 0.001, Burst: 1})
+func testRateLimiters(t *testing.T, rc *rest.Config, gvr schema.GroupVersionResource) {
+	cfg := rest.CopyConfig(rc)
+	cfg.QPS, cfg.Burst = 0.001, 1
+	c, err := kubeclient.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
-	if _, err := c.Services("default").Get(ctx, "a", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-		t.Fatalf("the first request: %v, want NotFound from the server", err)
+	if _, err := c.Services("default").Get(ctx, "missing", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("the first request: %v, want NotFound from the API server", err)
 	}
-	gvr := schema.GroupVersionResource{Group: "multicluster.x-k8s.io", Version: "v1beta1", Resource: "serviceimports"}
-	if _, err := c.Dynamic().Resource(gvr).Namespace("default").Get(ctx, "a", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-		t.Fatalf("a dynamic request after it: %v, want NotFound from the server", err)
+	if _, err := c.Dynamic().Resource(gvr).Namespace("default").Get(ctx, "missing", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("a dynamic request after it: %v, want NotFound from the API server", err)
 	}
 	short, cancelShort := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancelShort()
-	if _, err := c.Nodes().Get(short, "a", metav1.GetOptions{}); err == nil || apierrors.IsNotFound(err) {
+	if _, err := c.Nodes().Get(short, "missing", metav1.GetOptions{}); err == nil || apierrors.IsNotFound(err) {
 		t.Fatalf("a second typed request: %v, want it held back by the rate limiter", err)
 	}
+}
+
+// start runs inf until the test ends, and waits for it to stop.
+func start(t *testing.T, inf cache.SharedIndexInformer) kubeclient.Informers {
+	informers := kubeclient.Informers{inf}
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := informers.Start(ctx)
+	t.Cleanup(func() { cancel(); stopped() })
+	return informers
 }
 
 func TestNewRefusesAQPSWithoutBurst(t *testing.T) {
