@@ -152,12 +152,8 @@ func (k *KubeSource) Name() string { return "kube" }
 // Synced is closed once the caches have synced and the first state is published.
 func (k *KubeSource) Synced() <-chan struct{} { return k.synced }
 
-// Indexes of the EndpointSlice cache: by "namespace/service", and by the
-// names of the nodes their endpoints run on.
-const (
-	byServiceIndex = "service"
-	byNodeIndex    = "node"
-)
+// byServiceIndex indexes the EndpointSlice cache by "namespace/service".
+const byServiceIndex = "service"
 
 // sliceService is the key of the service an EndpointSlice belongs to.
 func sliceService(es *discoveryv1.EndpointSlice) (registry.ServiceKey, bool) {
@@ -197,19 +193,6 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 			}
 			return nil, nil
 		},
-		byNodeIndex: func(obj any) ([]string, error) {
-			es, ok := obj.(*discoveryv1.EndpointSlice)
-			if !ok {
-				return nil, nil
-			}
-			var nodes []string
-			for _, e := range es.Endpoints {
-				if e.NodeName != nil && !slices.Contains(nodes, *e.NodeName) {
-					nodes = append(nodes, *e.NodeName)
-				}
-			}
-			return nodes, nil
-		},
 	}); err != nil {
 		return fmt.Errorf("index endpointslices: %w", err)
 	}
@@ -245,10 +228,15 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 		if !k.nodesLive.Load() || ok1 && ok2 && maps.Equal(o.Labels, c.Labels) {
 			return // the status updates every node sends: nothing Nave reads
 		}
+		// Label changes are rare: a scan of every slice costs less than an
+		// index of slices by node, which holds an entry per node of every slice.
 		node := cmp.Or(c, o)
-		items, _ := k.slicesIdx.ByIndex(byNodeIndex, node.Name)
-		for _, obj := range items {
-			if key, ok := sliceService(obj.(*discoveryv1.EndpointSlice)); ok {
+		for _, obj := range k.slicesIdx.List() {
+			es, ok := obj.(*discoveryv1.EndpointSlice)
+			if !ok || !slices.ContainsFunc(es.Endpoints, func(e discoveryv1.Endpoint) bool { return deref(e.NodeName) == node.Name }) {
+				continue
+			}
+			if key, ok := sliceService(es); ok {
 				k.Origins.Saw(key, node.ResourceVersion, time.Time{}) // the change began with the Node's
 				k.queue.Add(key)
 			}

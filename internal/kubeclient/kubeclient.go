@@ -195,8 +195,10 @@ type ListWatcher[L runtime.Object] interface {
 }
 
 // NewInformer returns an informer of what lw lists, whose cache holds
-// objects like example and is indexed by namespace (what listers need).
-// tweak, if not nil, changes every list and watch (a label selector).
+// objects like example. tweak, if not nil, changes every list and watch (a
+// label selector). The cache has no index: a lister's Get reads it by key,
+// and listing one namespace (which the spoke never does) scans it; an
+// index costs a set entry per object, and a set per value.
 func NewInformer[L runtime.Object](lw ListWatcher[L], example runtime.Object, tweak func(*metav1.ListOptions)) cache.SharedIndexInformer {
 	opts := func(o metav1.ListOptions) metav1.ListOptions {
 		if tweak != nil {
@@ -211,9 +213,7 @@ func NewInformer[L runtime.Object](lw ListWatcher[L], example runtime.Object, tw
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			return lw.Watch(ctx, opts(o))
 		},
-	}, example, cache.SharedIndexInformerOptions{
-		Indexers: cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc},
-	})
+	}, example, cache.SharedIndexInformerOptions{Indexers: cache.Indexers{}}) // not nil: AddIndexers writes to it
 }
 
 // Informers start, sync and stop together, as an informer factory's do.
