@@ -290,3 +290,34 @@ func TestWanted(t *testing.T) {
 		t.Error("a cluster without the namespace must not")
 	}
 }
+
+// A slice known only by what Prev keeps packs as the slice itself does:
+// Sum must change with everything Equal compares, and only with that.
+func TestEndpointSumFollowsEqual(t *testing.T) {
+	base := Endpoint{Addresses: []netip.Addr{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2")},
+		Ports: []registry.EndpointPort{{Name: "grpc", Port: 9000}, {Name: "http", Port: 8080}}, Hostname: "web-0", Zone: "z1",
+		Conditions: registry.Conditions{Ready: true, Serving: true}}
+	variants := map[string]func(e *Endpoint){
+		"same":             func(*Endpoint) {},
+		"an address":       func(e *Endpoint) { e.Addresses[1] = netip.MustParseAddr("10.0.0.3") },
+		"an address less":  func(e *Endpoint) { e.Addresses = e.Addresses[:1] },
+		"IPv4-mapped":      func(e *Endpoint) { e.Addresses[0] = netip.MustParseAddr("::ffff:10.0.0.1") },
+		"a port number":    func(e *Endpoint) { e.Ports[0].Port = 9001 },
+		"a port name":      func(e *Endpoint) { e.Ports[0].Name = "grpcs" },
+		"a port less":      func(e *Endpoint) { e.Ports = e.Ports[:1] },
+		"hostname":         func(e *Endpoint) { e.Hostname = "web-1" },
+		"hostname to zone": func(e *Endpoint) { e.Hostname, e.Zone = "", "web-0z1" },
+		"zone":             func(e *Endpoint) { e.Zone = "z2" },
+		"ready":            func(e *Endpoint) { e.Conditions.Ready = false },
+		"serving":          func(e *Endpoint) { e.Conditions.Serving = false },
+		"terminating":      func(e *Endpoint) { e.Conditions.Terminating = true },
+	}
+	for name, change := range variants {
+		e := base
+		e.Addresses, e.Ports = slices.Clone(base.Addresses), slices.Clone(base.Ports)
+		change(&e)
+		if equal, same := e.Equal(&base), e.Sum() == base.Sum(); equal != same {
+			t.Errorf("%s: Equal %v, same Sum %v", name, equal, same)
+		}
+	}
+}

@@ -89,14 +89,55 @@ func compareSlicePorts(a, b SlicePort) int {
 // anything in imp. Names of prev slices must be unique, as object names in
 // one namespace are.
 func Slices(imp *Import, prev []Slice) []Slice {
+	held := make([]Prev, len(prev))
+	for i := range prev {
+		held[i] = prev[i].Prev()
+	}
+	return SlicesFrom(imp, held)
+}
+
+// Prev is what Slices needs to know of a slice the cluster holds: a writer
+// that keeps this of its slices, rather than the slices, packs alike
+// (SlicesFrom).
+type Prev struct {
+	Name    string
+	Cluster registry.ClusterID
+	Family  registry.IPFamily
+	Ports   []SlicePort
+	// Endpoints are the endpoints the slice holds, in its order.
+	Endpoints []Held
+}
+
+// Held is an endpoint a slice holds, as Slices needs to know it: its first
+// address (which identifies it), and the Sum of all it says.
+type Held struct {
+	First netip.Addr // the zero Addr for an endpoint with no address
+	Sum   uint64
+}
+
+// Prev returns what Slices needs to know of s.
+func (s *Slice) Prev() Prev {
+	p := Prev{Name: s.Name, Cluster: s.Cluster, Family: s.Family, Ports: s.Ports, Endpoints: make([]Held, len(s.Endpoints))}
+	for i := range s.Endpoints {
+		e := &s.Endpoints[i]
+		if len(e.Addresses) > 0 {
+			p.Endpoints[i].First = e.Addresses[0]
+		}
+		p.Endpoints[i].Sum = e.Sum()
+	}
+	return p
+}
+
+// SlicesFrom is Slices given what it needs to know of the prev slices.
+func SlicesFrom(imp *Import, prev []Prev) []Slice {
 	if imp == nil {
 		return nil
 	}
-	prevs := make([]*Slice, len(prev))
+	prevs := make([]*Prev, len(prev))
 	for i := range prev {
 		prevs[i] = &prev[i]
 	}
-	slices.SortFunc(prevs, func(a, b *Slice) int {
+	slices.SortFunc(prevs, func(a, b *Prev) int {
 		return cmp.Or(cmp.Compare(a.Cluster, b.Cluster), cmp.Compare(a.Family, b.Family), cmp.Compare(a.Name, b.Name))
 	})
 
@@ -116,7 +157,7 @@ func Slices(imp *Import, prev []Slice) []Slice {
 			if b == nil {
 				continue
 			}
-			lo, _ := slices.BinarySearchFunc(prevs, b, func(s *Slice, b *bucket) int {
+			lo, _ := slices.BinarySearchFunc(prevs, b, func(s *Prev, b *bucket) int {
 				return cmp.Or(cmp.Compare(s.Cluster, b.cluster), cmp.Compare(s.Family, b.family))
 			})
 			for i := lo; i < len(prevs) && prevs[i].Cluster == b.cluster && prevs[i].Family == b.family; i++ {
@@ -262,7 +303,7 @@ func (b *bucket) member(addr netip.Addr) *member {
 
 // keep starts a work from a prev slice with the wanted endpoints it holds,
 // as they are wanted now; it returns nil when none is left.
-func (b *bucket) keep(s *Slice) *work {
+func (b *bucket) keep(s *Prev) *work {
 	ports := s.Ports
 	if !slices.IsSortedFunc(ports, compareSlicePorts) {
 		ports = slices.Clone(ports)
@@ -278,15 +319,15 @@ func (b *bucket) keep(s *Slice) *work {
 	for i := range s.Endpoints {
 		e := &s.Endpoints[i]
 		var m *member
-		if len(e.Addresses) > 0 {
-			m = b.member(e.Addresses[0])
+		if e.First.IsValid() {
+			m = b.member(e.First)
 		}
 		if m == nil || m.assigned || m.g != g || len(w.slice.Endpoints) == MaxEndpointsPerSlice {
 			w.changed = true
 			continue
 		}
 		m.assigned = true
-		if !m.ep.Equal(e) {
+		if m.ep.Sum() != e.Sum {
 			w.changed = true
 		}
 		w.slice.Endpoints = append(w.slice.Endpoints, *m.ep)

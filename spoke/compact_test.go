@@ -78,19 +78,16 @@ func TestCompactEndpointsKeepsMeaningAndSharesStorage(t *testing.T) {
 	}
 }
 
-// Both caches of EndpointSlices compact them: the source's (strip) and the
-// import writer's (leanImported).
+// The source's cache of EndpointSlices compacts them (strip). (The import
+// writer keeps no endpoints: see keptSlice.)
 func TestCachedSlicesAreCompacted(t *testing.T) {
-	for name, transform := range map[string]func(any) (any, error){"strip": strip, "leanImported": leanImported} {
-		es := decodedSlice(10)
-		out, err := transform(es)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := out.(*discoveryv1.EndpointSlice)
-		if cap(got.Endpoints) != len(got.Endpoints) || got.Endpoints[0].Conditions.Serving != &sharedTrue {
-			t.Errorf("%s: the cached slice is not compacted", name)
-		}
+	out, err := strip(decodedSlice(10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := out.(*discoveryv1.EndpointSlice)
+	if cap(got.Endpoints) != len(got.Endpoints) || got.Endpoints[0].Conditions.Serving != &sharedTrue {
+		t.Error("the cached slice is not compacted")
 	}
 }
 

@@ -25,7 +25,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
@@ -622,8 +621,8 @@ func resolved[T metav1.Object](r *importRun, kind objKind, idx cache.Indexer, ke
 	return out
 }
 
-func (r *importRun) slicesOf(key registry.ServiceKey) []*discoveryv1.EndpointSlice {
-	return resolved[*discoveryv1.EndpointSlice](r, kindEndpointSlice, r.endpointSlices, key)
+func (r *importRun) slicesOf(key registry.ServiceKey) []*keptSlice {
+	return resolved[*keptSlice](r, kindEndpointSlice, r.endpointSlices, key)
 }
 
 func (r *importRun) servicesOf(key registry.ServiceKey) []*corev1.Service {
@@ -690,20 +689,43 @@ func (r *importRun) createServiceImport(ctx context.Context, imp *imports.Import
 }
 
 // patchServiceImport writes what differs of the ServiceImport's labels,
-// annotations and spec, and returns the ServiceImport as it is now.
+// annotations and spec, and returns the ServiceImport as it is now (lean).
+// The cache keeps only a sum of them (see leanServiceImport): when it is
+// not the desired one, the ServiceImport is read, and the patch computed
+// from what was read.
 func (r *importRun) patchServiceImport(ctx context.Context, si *mcsv1beta1.ServiceImport, imp *imports.Import, ips []string, res *syncResult) *mcsv1beta1.ServiceImport {
 	key := imp.Service
-	patch := mergePatch(serviceImportOwned(si), serviceImportOwned(desiredServiceImport(imp, ips)))
-	if patch == nil {
-		return si
-	}
-	body, err := json.Marshal(withResourceVersion(patch, si.GetResourceVersion()))
-	if err != nil {
-		res.failed(r.log, key, "ServiceImport", err)
+	want := serviceImportOwned(desiredServiceImport(imp, ips))
+	if si.Annotations[ownedSumAnnotation] == ownedSum(want) {
 		return si
 	}
 	ctx, cancel := timeout(ctx)
 	defer cancel()
+	got, err := r.serviceImportClient(key.Namespace).Get(ctx, key.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		r.written.forget(kindServiceImport, key, key.Name)
+		res.failed(r.log, key, "ServiceImport", err)
+		return si
+	case err != nil:
+		res.failed(r.log, key, "ServiceImport", err)
+		return si
+	case got.GetUID() != si.GetUID() || !owned(got):
+		// Replaced, or no longer Nave's: the cache will say so, and the import be synced again.
+		res.failed(r.log, key, "ServiceImport", errors.New("it changed under the writer"))
+		return si
+	}
+	patch := mergePatch(serviceImportOwned(typedServiceImport(got)), want)
+	if patch == nil { // the cache is behind: nothing to write
+		si = leanServiceImport(got)
+		r.written.put(kindServiceImport, key, si)
+		return si
+	}
+	body, err := json.Marshal(withResourceVersion(patch, got.GetResourceVersion()))
+	if err != nil {
+		res.failed(r.log, key, "ServiceImport", err)
+		return si
+	}
 	out, err := r.serviceImportClient(key.Namespace).Patch(ctx, key.Name, types.MergePatchType, body,
 		metav1.PatchOptions{FieldManager: ImportFieldManager})
 	r.w.count(kindServiceImport, verbPatch, err)
@@ -813,12 +835,9 @@ func (r *importRun) ensureService(ctx context.Context, imp *imports.Import, owne
 		if cur == nil {
 			return nil, ""
 		}
-	} else {
-		patch := mergePatch(serviceOwned(cur), serviceOwned(desired))
-		if patch != nil {
-			if out := r.patchObject(ctx, kindService, key, cur, patch, res); out != nil {
-				cur = out.(*corev1.Service)
-			}
+	} else if want := serviceOwned(desired); cur.Annotations[ownedSumAnnotation] != ownedSum(want) {
+		if out := r.patchService(ctx, key, cur, want, res); out != nil {
+			cur = out
 		}
 	}
 	ips = serviceIPs(cur)
@@ -835,6 +854,37 @@ func (r *importRun) ensureService(ctx context.Context, imp *imports.Import, owne
 				requested, cmp.Or(refused, "reason unknown"), name, strings.Join(ips, ",")))}
 	}
 	return ips, name
+}
+
+// patchService writes what differs of a derived Service's owned part from
+// want. The cache keeps only a sum of it (see leanService): the Service is
+// read, and the patch computed from what was read. It returns the Service
+// as it is now (lean), nil when that is not known.
+func (r *importRun) patchService(ctx context.Context, key registry.ServiceKey, cur *corev1.Service, want map[string]any, res *syncResult) *corev1.Service {
+	what := "derived Service " + cur.Name
+	gctx, cancel := timeout(ctx)
+	got, err := r.w.client.Services(key.Namespace).Get(gctx, cur.Name, metav1.GetOptions{})
+	cancel()
+	switch {
+	case apierrors.IsNotFound(err):
+		r.written.forget(kindService, key, cur.Name)
+		res.failed(r.log, key, what, err)
+		return nil
+	case err != nil:
+		res.failed(r.log, key, what, err)
+		return nil
+	case got.UID != cur.UID || !owned(got):
+		// Replaced, or no longer Nave's: the cache will say so, and the import be synced again.
+		res.failed(r.log, key, what, errors.New("it changed under the writer"))
+		return nil
+	}
+	patch := mergePatch(serviceOwned(got), want)
+	if patch == nil { // the cache is behind: nothing to write
+		r.written.put(kindService, key, got)
+		return got
+	}
+	out, _ := r.patchObject(ctx, kindService, key, got, patch, res).(*corev1.Service)
+	return out
 }
 
 // needsRecreate says why a derived Service must be made anew ("" when it
@@ -964,21 +1014,21 @@ func truncateTo(s string, n int) string {
 // ensureSlices writes an import's EndpointSlices: imports.Slices from those
 // the cluster holds. A slice of a source cluster the import no longer lists
 // is deleted only under an authoritative state.
-func (r *importRun) ensureSlices(ctx context.Context, imp *imports.Import, st *federation.ImportState, owner metav1.OwnerReference, derived string, cached []*discoveryv1.EndpointSlice, res *syncResult) {
+func (r *importRun) ensureSlices(ctx context.Context, imp *imports.Import, st *federation.ImportState, owner metav1.OwnerReference, derived string, cached []*keptSlice, res *syncResult) {
 	key := imp.Service
 	sources := map[registry.ClusterID]bool{}
 	for _, src := range imp.Sources {
 		sources[src.Cluster] = true
 	}
-	var prev []imports.Slice
-	byName := map[string]*discoveryv1.EndpointSlice{}
+	var prev []imports.Prev
+	byName := map[string]*keptSlice{}
 	for _, es := range cached {
 		byName[es.Name] = es
-		if s, ok := importedSlice(es); ok {
-			prev = append(prev, s)
+		if es.readable {
+			prev = append(prev, es.prev)
 		}
 	}
-	want := imports.Slices(imp, prev)
+	want := imports.SlicesFrom(imp, prev)
 	wanted := map[string]bool{}
 	for i := range want {
 		s := &want[i]
@@ -989,8 +1039,8 @@ func (r *importRun) ensureSlices(ctx context.Context, imp *imports.Import, st *f
 			r.createSlice(ctx, key, desired, res)
 			continue
 		}
-		if patch := mergePatch(sliceOwned(cur), sliceOwned(desired)); patch != nil {
-			r.patchObject(ctx, kindEndpointSlice, key, cur, patch, res)
+		if owned := sliceOwned(desired); ownedSum(owned) != cur.owned {
+			r.patchObject(ctx, kindEndpointSlice, key, cur, slicePatch(cur, owned), res)
 		}
 	}
 	for _, es := range cached {
@@ -1032,8 +1082,9 @@ func (r *importRun) createSlice(ctx context.Context, key registry.ServiceKey, es
 }
 
 // patchObject applies a merge patch to an owned EndpointSlice or Service,
-// guarded by the resourceVersion it was computed from; nil when it failed.
-func (r *importRun) patchObject(ctx context.Context, kind objKind, key registry.ServiceKey, cur metav1.Object, patch map[string]any, res *syncResult) runtime.Object {
+// guarded by the resourceVersion it was computed from, and returns the
+// object the API server returned; nil when it failed.
+func (r *importRun) patchObject(ctx context.Context, kind objKind, key registry.ServiceKey, cur metav1.Object, patch map[string]any, res *syncResult) metav1.Object {
 	what := kind.String() + " " + cur.GetName()
 	body, err := json.Marshal(withResourceVersion(patch, cur.GetResourceVersion()))
 	if err != nil {
@@ -1062,7 +1113,7 @@ func (r *importRun) patchObject(ctx context.Context, kind objKind, key registry.
 	}
 	r.log.Debug("patched "+kind.String(), "service", key, "name", cur.GetName())
 	r.written.put(kind, key, out)
-	return out.(runtime.Object)
+	return out
 }
 
 // deleteObject deletes an owned object, exactly the version the writer
@@ -1101,7 +1152,7 @@ func (r *importRun) deleteObject(ctx context.Context, kind objKind, key registry
 // remove deletes everything of an import the state may delete: slices and
 // derived Service first, the ServiceImport last (until then a failure
 // leaves the import visible, and retried).
-func (r *importRun) remove(ctx context.Context, key registry.ServiceKey, si *mcsv1beta1.ServiceImport, esList []*discoveryv1.EndpointSlice, svcs []*corev1.Service) error {
+func (r *importRun) remove(ctx context.Context, key registry.ServiceKey, si *mcsv1beta1.ServiceImport, esList []*keptSlice, svcs []*corev1.Service) error {
 	var res syncResult
 	for _, es := range esList {
 		r.deleteObject(ctx, kindEndpointSlice, key, es, &res)

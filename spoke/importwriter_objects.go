@@ -2,6 +2,9 @@ package spoke
 
 import (
 	"cmp"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -354,37 +357,129 @@ var createdAnnotations = []string{requestedIPsAnnotation, refusedAnnotation, ref
 
 // leanImported is the transform of the writer's informers: it keeps of each
 // object what the writer reads or compares, so that a cluster's imports
-// (a cluster imports its own exports too) cost it little memory. An
-// EndpointSlice or Service keeps everything but what the owned parts (see
-// sliceOwned, serviceOwned) and the writer's decisions (needsRecreate,
-// serviceIPs, importedSlice) leave out: labels and annotations of others,
-// managedFields, a Service's status. A ServiceImport, which the writer owns
-// whole but its status, is kept typed (see leanServiceImport). It changes
-// EndpointSlices and Services in place, as informer transforms may, and is
-// idempotent.
+// (a cluster imports its own exports too) cost it little memory: of what
+// the writer owns of each, a sum (ownedSum), which tells whether it is as
+// desired. An EndpointSlice is kept as a keptSlice; a ServiceImport keeps
+// its metadata and status (see leanServiceImport), a Service what the
+// writer's decisions read (see leanService). It changes Services in place,
+// as informer transforms may, and is idempotent.
 func leanImported(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *discoveryv1.EndpointSlice:
-		o.ManagedFields, o.Annotations = nil, nil
-		o.Labels = keepLabels(o.Labels, sliceLabelKeys...)
-		compactEndpoints(o)
+		return keepSlice(o), nil
 	case *corev1.Service:
-		o.ManagedFields = nil
-		o.Labels = keepLabels(o.Labels, serviceLabelKeys...)
-		o.Annotations = keepLabels(o.Annotations, createdAnnotations...)
-		o.Status = corev1.ServiceStatus{}
+		leanService(o)
 	case *unstructured.Unstructured:
 		return leanServiceImport(o), nil
 	}
 	return obj, nil
 }
 
-// leanServiceImport is a ServiceImport (of either version: they have the
-// same fields) as the writer keeps it: typed, which takes about a third of
-// the memory of its unstructured form, without managedFields. One that
-// does not read as a ServiceImport keeps only its metadata, so that the
-// writer writes the rest anew.
+// keptSlice is what the writer keeps of an imported EndpointSlice: its
+// metadata with the labels Nave owns, what packing needs to know of it
+// (imports.Prev: each endpoint's first address and sum), and the sum of
+// its owned part. It keeps no endpoint: the import's endpoints are in the
+// state the hub sent, and a slice that differs from the desired one is
+// patched with the owned part whole (slicePatch).
+type keptSlice struct {
+	metav1.ObjectMeta
+	prev     imports.Prev
+	readable bool   // it reads as an imported slice (importedSlice)
+	owned    string // ownedSum(sliceOwned(the slice))
+}
+
+func keepSlice(es *discoveryv1.EndpointSlice) *keptSlice {
+	k := &keptSlice{owned: ownedSum(sliceOwned(es)), ObjectMeta: metav1.ObjectMeta{
+		Namespace: es.Namespace, Name: es.Name, UID: es.UID, ResourceVersion: es.ResourceVersion,
+		Labels: keepLabels(es.Labels, sliceLabelKeys...)}}
+	if s, ok := importedSlice(es); ok {
+		k.prev, k.readable = s.Prev(), true
+	}
+	return k
+}
+
+// slicePatch is the merge patch that makes an imported slice, known by
+// what the writer keeps of it, have the owned part want (sliceOwned): its
+// owned labels that differ, and the rest of what Nave owns whole (a merge
+// patch replaces a list whole, so nothing of the old endpoints is needed).
+func slicePatch(cur *keptSlice, want map[string]any) map[string]any {
+	wantMeta, _ := want["metadata"].(map[string]any)
+	have := map[string]any{}
+	for k, v := range cur.Labels {
+		have[k] = v
+	}
+	meta := mergePatch(map[string]any{"labels": have}, map[string]any{"labels": wantMeta["labels"]})
+	if meta == nil {
+		meta = map[string]any{}
+	}
+	meta["ownerReferences"] = nullIfEmpty(wantMeta["ownerReferences"])
+	patch := map[string]any{"metadata": meta}
+	for _, k := range []string{"addressType", "endpoints", "ports"} {
+		patch[k] = nullIfEmpty(want[k])
+	}
+	return patch
+}
+
+func nullIfEmpty(v any) any {
+	if isEmpty(v) {
+		return nil
+	}
+	return v
+}
+
+// ownedSumAnnotation holds, on a ServiceImport or Service in the writer's
+// cache only, the sum of its owned part (see leanServiceImport,
+// leanService). The space makes it a key the API server refuses, so no
+// object there can carry it.
+const ownedSumAnnotation = "nave.io/owned sum"
+
+// leanService makes a derived Service what the writer keeps of it: its
+// metadata with the labels Nave owns and the annotations it set at
+// creation (createdAnnotations), the spec fields that decide whether it
+// must be made anew (needsRecreate) and its IPs, and, for the rest of what
+// the writer owns, the sum of serviceOwned in annotation
+// ownedSumAnnotation. A derived Service changes only when the exported
+// service's properties do, so the writer reads it from the API server
+// when its sum is not the desired one. A Service already lean is left as
+// it is.
+func leanService(svc *corev1.Service) {
+	if _, ok := svc.Annotations[ownedSumAnnotation]; ok {
+		return
+	}
+	sum := ownedSum(serviceOwned(svc))
+	svc.ManagedFields, svc.OwnerReferences = nil, nil
+	svc.Labels = keepLabels(svc.Labels, serviceLabelKeys...)
+	svc.Annotations = keepLabels(svc.Annotations, createdAnnotations...)
+	if svc.Annotations == nil {
+		svc.Annotations = map[string]string{}
+	}
+	svc.Annotations[ownedSumAnnotation] = sum
+	svc.Spec = corev1.ServiceSpec{Type: svc.Spec.Type, ClusterIP: svc.Spec.ClusterIP, ClusterIPs: svc.Spec.ClusterIPs,
+		IPFamilies: svc.Spec.IPFamilies, IPFamilyPolicy: svc.Spec.IPFamilyPolicy}
+	svc.Status = corev1.ServiceStatus{}
+}
+
+// leanServiceImport is a ServiceImport as the writer keeps it: typed, with
+// its metadata and status (which the writer merges conditions into), and
+// in place of its labels, annotations and spec, which it owns whole, the
+// sum of them (ownedSum of serviceImportOwned) in annotation
+// ownedSumAnnotation. A ServiceImport changes only when the exported
+// service's properties do, so the writer reads it from the API server
+// when its sum is not the desired one, rather than keep every import's
+// spec, labels and annotations.
 func leanServiceImport(u *unstructured.Unstructured) *mcsv1beta1.ServiceImport {
+	si := typedServiceImport(u)
+	sum := ownedSum(serviceImportOwned(si))
+	si.Labels, si.Spec = nil, mcsv1beta1.ServiceImportSpec{}
+	si.Annotations = map[string]string{ownedSumAnnotation: sum}
+	return si
+}
+
+// typedServiceImport is a ServiceImport of either version (they have the
+// same fields) typed, without managedFields. One that does not read as a
+// ServiceImport keeps only its metadata, so that the writer writes the
+// rest anew.
+func typedServiceImport(u *unstructured.Unstructured) *mcsv1beta1.ServiceImport {
 	si := &mcsv1beta1.ServiceImport{}
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, si); err != nil {
 		si = &mcsv1beta1.ServiceImport{ObjectMeta: metav1.ObjectMeta{Namespace: u.GetNamespace(), Name: u.GetName(),
@@ -393,6 +488,39 @@ func leanServiceImport(u *unstructured.Unstructured) *mcsv1beta1.ServiceImport {
 	}
 	si.ManagedFields = nil
 	return si
+}
+
+// ownedSum is a digest of an owned part: owned parts that mergePatch finds
+// alike (a missing key, null, an empty list and an empty object are alike)
+// have the same sum, and different sums mean different parts.
+func ownedSum(m map[string]any) string {
+	b, err := json.Marshal(withoutEmpty(m)) // encoding/json sorts map keys
+	if err != nil {
+		panic(err) // maps of JSON values always encode
+	}
+	sum := sha256.Sum256(b)
+	return base64.RawStdEncoding.EncodeToString(sum[:16])
+}
+
+// withoutEmpty is m without the empty values (isEmpty) of it and of the
+// objects in it, as mergePatch compares them (lists are compared whole).
+func withoutEmpty(m map[string]any) map[string]any {
+	out := make(map[string]any, len(m))
+	for k, v := range m {
+		switch {
+		case isEmpty(v):
+		case isMap(v):
+			out[k] = withoutEmpty(v.(map[string]any))
+		default:
+			out[k] = v
+		}
+	}
+	return out
+}
+
+func isMap(v any) bool {
+	_, ok := v.(map[string]any)
+	return ok
 }
 
 // The owned parts of objects: what the writer compares and patches. Each is
@@ -479,12 +607,19 @@ func mergePatch(from, to map[string]any) map[string]any {
 	return patch
 }
 
+// isEmpty reports whether v says nothing: null, an empty list, or an
+// object of nothing but such values.
 func isEmpty(v any) bool {
 	switch v := v.(type) {
 	case nil:
 		return true
 	case map[string]any:
-		return len(v) == 0
+		for _, e := range v {
+			if !isEmpty(e) {
+				return false
+			}
+		}
+		return true
 	case []any:
 		return len(v) == 0
 	}
@@ -582,8 +717,13 @@ func (w *writtenObjects) set(kind objKind, key registry.ServiceKey, name string,
 	w.m[g][name] = e
 }
 
-// put remembers an object the API server returned from a write.
+// put remembers an object the API server returned from a write, as the
+// cache would hold it (leanImported, in place): a loaded writer may remember
+// a write of every import at once.
 func (w *writtenObjects) put(kind objKind, key registry.ServiceKey, o metav1.Object) {
+	if lean, _ := leanImported(o); lean != nil {
+		o = lean.(metav1.Object)
+	}
 	w.set(kind, key, o.GetName(), writtenObj{obj: o})
 }
 

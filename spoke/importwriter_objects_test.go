@@ -1,10 +1,12 @@
 package spoke
 
 import (
+	"encoding/json"
 	"reflect"
 	"testing"
 	"time"
 
+	jsonpatch "gopkg.in/evanphx/json-patch.v4"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -57,24 +59,22 @@ func TestLeanImportedKeepsWhatTheWriterReads(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		es := got.(*discoveryv1.EndpointSlice)
-		if !reflect.DeepEqual(sliceOwned(es), sliceOwned(orig)) {
-			t.Errorf("owned part\n%v\nwant\n%v", sliceOwned(es), sliceOwned(orig))
+		es := got.(*keptSlice)
+		if es.owned != ownedSum(sliceOwned(orig)) {
+			t.Errorf("owned sum %q, want that of %v", es.owned, sliceOwned(orig))
 		}
-		back, ok := importedSlice(es)
 		want, _ := importedSlice(orig)
-		if !ok || !reflect.DeepEqual(back, want) {
-			t.Errorf("read back as %+v, want %+v", back, want)
+		if !es.readable || !reflect.DeepEqual(es.prev, want.Prev()) {
+			t.Errorf("kept for packing %+v, want %+v", es.prev, want.Prev())
 		}
 		k, _ := objectKey(kindEndpointSlice, es)
 		if !owned(es) || k != key || es.UID != orig.UID || es.ResourceVersion != orig.ResourceVersion || es.Name != orig.Name {
 			t.Errorf("metadata %+v", es.ObjectMeta)
 		}
-		if es.ManagedFields != nil || es.Annotations != nil || es.Labels["example.com/someone-else"] != "" {
+		if es.ManagedFields != nil || es.Annotations != nil || es.OwnerReferences != nil || es.Labels["example.com/someone-else"] != "" {
 			t.Errorf("kept what the writer never reads: %+v", es.ObjectMeta)
 		}
-		again, _ := leanImported(es.DeepCopy())
-		if !reflect.DeepEqual(again, es) {
+		if again, _ := leanImported(es); again != es {
 			t.Error("not idempotent")
 		}
 	})
@@ -93,11 +93,20 @@ func TestLeanImportedKeepsWhatTheWriterReads(t *testing.T) {
 			t.Fatal(err)
 		}
 		svc := got.(*corev1.Service)
-		if !reflect.DeepEqual(serviceOwned(svc), serviceOwned(orig)) {
-			t.Errorf("owned part\n%v\nwant\n%v", serviceOwned(svc), serviceOwned(orig))
+		if sum := svc.Annotations[ownedSumAnnotation]; sum != ownedSum(serviceOwned(orig)) {
+			t.Errorf("owned sum %q, want that of %v", sum, serviceOwned(orig))
 		}
-		if !reflect.DeepEqual(serviceIPs(svc), serviceIPs(orig)) || !reflect.DeepEqual(svc.Spec, orig.Spec) {
+		other := desiredService(imp, owner)
+		other.Spec.Ports[0].Port++
+		if sum := svc.Annotations[ownedSumAnnotation]; sum == ownedSum(serviceOwned(other)) {
+			t.Error("a Service with another port has the same sum")
+		}
+		if !reflect.DeepEqual(serviceIPs(svc), serviceIPs(orig)) || svc.Spec.Type != orig.Spec.Type ||
+			!reflect.DeepEqual(svc.Spec.IPFamilies, orig.Spec.IPFamilies) || *svc.Spec.IPFamilyPolicy != *orig.Spec.IPFamilyPolicy {
 			t.Errorf("spec %+v, want %+v", svc.Spec, orig.Spec)
+		}
+		if svc.Spec.Ports != nil || svc.OwnerReferences != nil {
+			t.Errorf("kept what the sum stands for: %+v, %+v", svc.Spec, svc.OwnerReferences)
 		}
 		r := &importRun{}
 		desired := desiredService(imp, owner)
@@ -111,7 +120,7 @@ func TestLeanImportedKeepsWhatTheWriterReads(t *testing.T) {
 				t.Errorf("annotation %s: %q, want %q", k, svc.Annotations[k], orig.Annotations[k])
 			}
 		}
-		if svc.ManagedFields != nil || len(svc.Annotations) != len(createdAnnotations) || len(svc.Labels) != len(serviceLabelKeys) {
+		if svc.ManagedFields != nil || len(svc.Annotations) != len(createdAnnotations)+1 || len(svc.Labels) != len(serviceLabelKeys) {
 			t.Errorf("kept what the writer never reads: %+v", svc.ObjectMeta)
 		}
 		again, _ := leanImported(svc.DeepCopy())
@@ -146,16 +155,23 @@ func TestLeanImportedKeepsWhatTheWriterReads(t *testing.T) {
 			if !ok {
 				t.Fatalf("%s: cached as %T", version, got)
 			}
-			want := map[string]any{"metadata": pick(u.Object["metadata"], "labels", "annotations"), "spec": u.Object["spec"]}
-			if !reflect.DeepEqual(serviceImportOwned(lean), want) {
-				t.Errorf("%s: owned part\n%v\nwant\n%v", version, serviceImportOwned(lean), want)
+			// The owned part is kept as its sum: that of the object as the API server has it.
+			owned := map[string]any{"metadata": pick(u.Object["metadata"], "labels", "annotations"), "spec": u.Object["spec"]}
+			if got, want := lean.Annotations[ownedSumAnnotation], ownedSum(owned); got != want {
+				t.Errorf("%s: owned sum %q, want %q", version, got, want)
+			}
+			if got, want := lean.Annotations[ownedSumAnnotation], ownedSum(serviceImportOwned(desiredServiceImport(imp, []string{"10.200.0.10"}))); got == want {
+				t.Errorf("%s: the sum of a ServiceImport with others' labels and annotations is the desired one's", version)
 			}
 			if status := toMap(&lean.Status); !reflect.DeepEqual(status, u.Object["status"]) {
 				t.Errorf("%s: status\n%v\nwant\n%v", version, status, u.Object["status"])
 			}
 			if lean.UID != si.UID || lean.ResourceVersion != si.ResourceVersion || lean.Generation != si.Generation ||
-				lean.Name != si.Name || lean.Namespace != si.Namespace || lean.ManagedFields != nil || !owned(lean) {
+				lean.Name != si.Name || lean.Namespace != si.Namespace || lean.ManagedFields != nil {
 				t.Errorf("%s: metadata %+v", version, lean.ObjectMeta)
+			}
+			if len(lean.Labels) != 0 || len(lean.Annotations) != 1 || !reflect.DeepEqual(lean.Spec, mcsv1beta1.ServiceImportSpec{}) {
+				t.Errorf("%s: kept what the sum stands for: %+v, %+v", version, lean.ObjectMeta, lean.Spec)
 			}
 			if again, _ := leanImported(lean); again != lean {
 				t.Errorf("%s: not idempotent", version)
@@ -171,11 +187,105 @@ func TestLeanImportedKeepsWhatTheWriterReads(t *testing.T) {
 		}}
 		got, _ := leanImported(u)
 		lean := got.(*mcsv1beta1.ServiceImport)
-		if lean.Name != "web" || lean.UID != "u1" || lean.ResourceVersion != "9" || lean.Generation != 2 || !owned(lean) ||
-			len(lean.Spec.Ports) != 0 {
+		if lean.Name != "web" || lean.UID != "u1" || lean.ResourceVersion != "9" || lean.Generation != 2 ||
+			lean.Annotations[ownedSumAnnotation] != ownedSum(serviceImportOwned(typedServiceImport(u))) || len(lean.Labels) != 0 {
 			t.Errorf("unreadable ServiceImport cached as %+v", lean)
 		}
 	})
+}
+
+// A slice the writer keeps no copy of is patched with what it owns whole:
+// the patch makes the slice the desired one, and leaves what others wrote.
+func TestSlicePatchMakesTheSliceDesired(t *testing.T) {
+	key := registry.ServiceKey{Namespace: "shop", Name: "web"}
+	owner := metav1.OwnerReference{APIVersion: "multicluster.x-k8s.io/v1beta1", Kind: "ServiceImport", Name: "web",
+		UID: "si-uid", Controller: refTo(true)}
+	imp := iwImport(t, key, nil, iwShardSpec{cluster: "east", ports: iwHTTP, eps: iwEndpoints(1, 3)})
+	s := imports.Slices(imp, nil)[0]
+	orig := desiredSlice(key, &s, owner, imports.DerivedServiceName(key))
+	orig.UID, orig.ResourceVersion = "uid-1", "7"
+	orig.Labels["example.com/someone-else"] = "x"
+	orig.Annotations = map[string]string{"example.com/someone-else": "x"}
+	cur := keepSlice(orig.DeepCopy())
+
+	changes := map[string]func(d *discoveryv1.EndpointSlice){
+		"an endpoint not ready": func(d *discoveryv1.EndpointSlice) { d.Endpoints[0].Conditions.Ready = refTo(false) },
+		"an endpoint less":      func(d *discoveryv1.EndpointSlice) { d.Endpoints = d.Endpoints[1:] },
+		"no derived Service":    func(d *discoveryv1.EndpointSlice) { delete(d.Labels, discoveryv1.LabelServiceName) },
+		"another port":          func(d *discoveryv1.EndpointSlice) { d.Ports[0].Port = refTo(int32(8081)) },
+		"no ports":              func(d *discoveryv1.EndpointSlice) { d.Ports = nil },
+		"another owner":         func(d *discoveryv1.EndpointSlice) { d.OwnerReferences[0].UID = "si-uid-2" },
+	}
+	for name, change := range changes {
+		desired := desiredSlice(key, &s, owner, imports.DerivedServiceName(key))
+		change(desired)
+		want := sliceOwned(desired)
+		if ownedSum(want) == cur.owned {
+			t.Errorf("%s: the desired slice has the cached sum", name)
+			continue
+		}
+		doc, err := json.Marshal(orig)
+		if err != nil {
+			t.Fatal(err)
+		}
+		patch, err := json.Marshal(slicePatch(cur, want))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := jsonpatch.MergePatch(doc, patch)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		var got discoveryv1.EndpointSlice
+		if err := json.Unmarshal(out, &got); err != nil {
+			t.Fatal(err)
+		}
+		if d := mergePatch(sliceOwned(&got), want); d != nil {
+			t.Errorf("%s: after the patch, %v still differs", name, d)
+		}
+		if got.Labels["example.com/someone-else"] != "x" || got.Annotations["example.com/someone-else"] != "x" || got.UID != orig.UID {
+			t.Errorf("%s: the patch changed what Nave does not own: %+v", name, got.ObjectMeta)
+		}
+	}
+}
+
+// The sum of an owned part stands in for it in the cache: two parts have
+// the same sum exactly when mergePatch finds nothing to change between them.
+func TestOwnedSumIsMergePatchEquality(t *testing.T) {
+	parts := []map[string]any{
+		{},
+		{"spec": nil},
+		{"spec": map[string]any{}},
+		{"spec": map[string]any{"ips": []any{}}},
+		{"spec": map[string]any{"ips": nil, "type": "Headless"}},
+		{"spec": map[string]any{"type": "Headless"}},
+		{"spec": map[string]any{"type": "ClusterSetIP"}},
+		{"spec": map[string]any{"type": "ClusterSetIP", "ips": []any{"10.0.0.1"}}},
+		{"spec": map[string]any{"type": "ClusterSetIP", "ips": []any{"10.0.0.2"}}},
+		{"spec": map[string]any{"type": "ClusterSetIP", "ips": []any{"10.0.0.1", "10.0.0.2"}}},
+		{"spec": map[string]any{"ports": []any{map[string]any{"port": int64(80)}}}},
+		{"spec": map[string]any{"ports": []any{map[string]any{"port": int64(80), "name": nil}}}},
+		{"spec": map[string]any{"ports": []any{map[string]any{"port": int64(81)}}}},
+		{"spec": map[string]any{"sessionAffinityConfig": map[string]any{"clientIP": map[string]any{}}}},
+		{"spec": map[string]any{"sessionAffinityConfig": map[string]any{"clientIP": map[string]any{"timeoutSeconds": nil}}}},
+		{"spec": map[string]any{"sessionAffinityConfig": map[string]any{"clientIP": map[string]any{"timeoutSeconds": int64(300)}}}},
+		{"metadata": map[string]any{"labels": map[string]any{"a": "1"}}},
+		{"metadata": map[string]any{"labels": map[string]any{"a": "1"}, "annotations": map[string]any{}}},
+		{"metadata": map[string]any{"labels": map[string]any{"a": "2"}}},
+		{"metadata": map[string]any{"labels": map[string]any{"a": "1", "b": "1"}}},
+		{"metadata": map[string]any{"annotations": map[string]any{"a": "1"}}},
+	}
+	for i, a := range parts {
+		for j, b := range parts {
+			alike := mergePatch(a, b) == nil && mergePatch(b, a) == nil
+			if same := ownedSum(a) == ownedSum(b); same != alike {
+				t.Errorf("%v and %v: same sum %v, mergePatch finds them alike %v", a, b, same, alike)
+			}
+			if i == j && !alike {
+				t.Errorf("%v is not alike itself", a)
+			}
+		}
+	}
 }
 
 func mustJSONBytes(t *testing.T, m map[string]any, apiVersion string) []byte {
