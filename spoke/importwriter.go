@@ -301,7 +301,7 @@ func (r *importRun) run(ctx context.Context) error {
 	svcInf := kubeclient.NewInformer(r.w.client.Services(""), &corev1.Service{}, tweak)
 	siInf := kubeclient.NewInformer(r.w.client.Dynamic().Resource(r.api.imports), &unstructured.Unstructured{}, tweak)
 	informers := kubeclient.Informers{siInf, esInf, svcInf}
-	// The ServiceImports' cache holds *mcsv1beta1.ServiceImport (see leanServiceImport).
+	// The caches hold *keptServiceImport, *keptSlice and lean *corev1.Service.
 	if err := informers.SetTransform(leanImported); err != nil {
 		return fmt.Errorf("strip imported objects: %w", err)
 	}
@@ -593,14 +593,14 @@ func (r *importRun) sync(ctx context.Context, key registry.ServiceKey, st *feder
 
 // The cached objects of an import, with the writer's own recent writes in place.
 
-func (r *importRun) serviceImport(key registry.ServiceKey) *mcsv1beta1.ServiceImport {
+func (r *importRun) serviceImport(key registry.ServiceKey) *keptServiceImport {
 	cached := map[string]metav1.Object{}
 	if o, ok, _ := r.serviceImports.GetByKey(key.Namespace + "/" + key.Name); ok {
-		if si, ok := o.(*mcsv1beta1.ServiceImport); ok {
+		if si, ok := o.(*keptServiceImport); ok {
 			cached[key.Name] = si
 		}
 	}
-	si, _ := r.written.resolve(kindServiceImport, key, cached)[key.Name].(*mcsv1beta1.ServiceImport)
+	si, _ := r.written.resolve(kindServiceImport, key, cached)[key.Name].(*keptServiceImport)
 	return si
 }
 
@@ -641,7 +641,7 @@ func (r *importRun) serviceImportClient(namespace string) dynamic.ResourceInterf
 // createServiceImport creates an import's ServiceImport. proceed is false
 // when the import cannot be written now, and need not be retried: its
 // namespace does not exist, or a ServiceImport of that name is not Nave's.
-func (r *importRun) createServiceImport(ctx context.Context, imp *imports.Import, svcs []*corev1.Service) (si *mcsv1beta1.ServiceImport, proceed bool, err error) {
+func (r *importRun) createServiceImport(ctx context.Context, imp *imports.Import, svcs []*corev1.Service) (si *keptServiceImport, proceed bool, err error) {
 	key := imp.Service
 	// The IPs the derived Service will have: those it has, or the hub's.
 	ips := ipStrings(imp.IPs)
@@ -690,13 +690,13 @@ func (r *importRun) createServiceImport(ctx context.Context, imp *imports.Import
 
 // patchServiceImport writes what differs of the ServiceImport's labels,
 // annotations and spec, and returns the ServiceImport as it is now (lean).
-// The cache keeps only a sum of them (see leanServiceImport): when it is
+// The cache keeps only a sum of them (see keptServiceImport): when it is
 // not the desired one, the ServiceImport is read, and the patch computed
 // from what was read.
-func (r *importRun) patchServiceImport(ctx context.Context, si *mcsv1beta1.ServiceImport, imp *imports.Import, ips []string, res *syncResult) *mcsv1beta1.ServiceImport {
+func (r *importRun) patchServiceImport(ctx context.Context, si *keptServiceImport, imp *imports.Import, ips []string, res *syncResult) *keptServiceImport {
 	key := imp.Service
 	want := serviceImportOwned(desiredServiceImport(imp, ips))
-	if si.Annotations[ownedSumAnnotation] == ownedSum(want) {
+	if si.owned == ownedSum(want) {
 		return si
 	}
 	ctx, cancel := timeout(ctx)
@@ -743,7 +743,7 @@ func (r *importRun) patchServiceImport(ctx context.Context, si *mcsv1beta1.Servi
 }
 
 // ensureStatus writes the ServiceImport's clusters and conditions when they differ.
-func (r *importRun) ensureStatus(ctx context.Context, si *mcsv1beta1.ServiceImport, imp *imports.Import, derived string, res *syncResult) {
+func (r *importRun) ensureStatus(ctx context.Context, si *keptServiceImport, imp *imports.Import, derived string, res *syncResult) {
 	key := imp.Service
 	ready := exportCondition{Type: ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonImportReady,
 		Message: "the imported EndpointSlices are written"}
@@ -1152,7 +1152,7 @@ func (r *importRun) deleteObject(ctx context.Context, kind objKind, key registry
 // remove deletes everything of an import the state may delete: slices and
 // derived Service first, the ServiceImport last (until then a failure
 // leaves the import visible, and retried).
-func (r *importRun) remove(ctx context.Context, key registry.ServiceKey, si *mcsv1beta1.ServiceImport, esList []*keptSlice, svcs []*corev1.Service) error {
+func (r *importRun) remove(ctx context.Context, key registry.ServiceKey, si *keptServiceImport, esList []*keptSlice, svcs []*corev1.Service) error {
 	var res syncResult
 	for _, es := range esList {
 		r.deleteObject(ctx, kindEndpointSlice, key, es, &res)

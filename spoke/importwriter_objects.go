@@ -359,9 +359,9 @@ var createdAnnotations = []string{requestedIPsAnnotation, refusedAnnotation, ref
 // object what the writer reads or compares, so that a cluster's imports
 // (a cluster imports its own exports too) cost it little memory: of what
 // the writer owns of each, a sum (ownedSum), which tells whether it is as
-// desired. An EndpointSlice is kept as a keptSlice; a ServiceImport keeps
-// its metadata and status (see leanServiceImport), a Service what the
-// writer's decisions read (see leanService). It changes Services in place,
+// desired. An EndpointSlice is kept as a keptSlice, a ServiceImport as a
+// keptServiceImport, a Service with what the writer's decisions read (see
+// leanService). It changes Services in place,
 // as informer transforms may, and is idempotent.
 func leanImported(obj any) (any, error) {
 	switch o := obj.(type) {
@@ -427,10 +427,9 @@ func nullIfEmpty(v any) any {
 	return v
 }
 
-// ownedSumAnnotation holds, on a ServiceImport or Service in the writer's
-// cache only, the sum of its owned part (see leanServiceImport,
-// leanService). The space makes it a key the API server refuses, so no
-// object there can carry it.
+// ownedSumAnnotation holds, on a Service in the writer's cache only, the
+// sum of its owned part (see leanService). The space makes it a key the
+// API server refuses, so no object there can carry it.
 const ownedSumAnnotation = "nave.io/owned sum"
 
 // leanService makes a derived Service what the writer keeps of it: its
@@ -459,20 +458,26 @@ func leanService(svc *corev1.Service) {
 	svc.Status = corev1.ServiceStatus{}
 }
 
-// leanServiceImport is a ServiceImport as the writer keeps it: typed, with
-// its metadata and status (which the writer merges conditions into), and
-// in place of its labels, annotations and spec, which it owns whole, the
-// sum of them (ownedSum of serviceImportOwned) in annotation
-// ownedSumAnnotation. A ServiceImport changes only when the exported
-// service's properties do, so the writer reads it from the API server
-// when its sum is not the desired one, rather than keep every import's
-// spec, labels and annotations.
-func leanServiceImport(u *unstructured.Unstructured) *mcsv1beta1.ServiceImport {
+// keptServiceImport is what the writer keeps of a ServiceImport: its
+// metadata without labels and annotations, its status (which the writer
+// merges conditions into), and, for its labels, annotations and spec,
+// which the writer owns whole, their sum (ownedSum of serviceImportOwned).
+// A ServiceImport changes only when the exported service's properties do,
+// so the writer reads it from the API server when its sum is not the
+// desired one, rather than keep every import's spec, labels and
+// annotations.
+type keptServiceImport struct {
+	metav1.ObjectMeta
+	Status mcsv1beta1.ServiceImportStatus
+	owned  string
+}
+
+// leanServiceImport is what the writer keeps of a ServiceImport of either version.
+func leanServiceImport(u *unstructured.Unstructured) *keptServiceImport {
 	si := typedServiceImport(u)
-	sum := ownedSum(serviceImportOwned(si))
-	si.Labels, si.Spec = nil, mcsv1beta1.ServiceImportSpec{}
-	si.Annotations = map[string]string{ownedSumAnnotation: sum}
-	return si
+	k := &keptServiceImport{Status: si.Status, owned: ownedSum(serviceImportOwned(si)), ObjectMeta: si.ObjectMeta}
+	k.Labels, k.Annotations = nil, nil
+	return k
 }
 
 // typedServiceImport is a ServiceImport of either version (they have the
