@@ -320,4 +320,9 @@ func TestEndpointSumFollowsEqual(t *testing.T) {
 			t.Errorf("%s: Equal %v, same Sum %v", name, equal, same)
 		}
 	}
+	eth0 := Endpoint{Addresses: []netip.Addr{netip.MustParseAddr("fe80::1%eth0")}}
+	eth1 := Endpoint{Addresses: []netip.Addr{netip.MustParseAddr("fe80::1%eth1")}}
+	if eth0.Sum() == eth1.Sum() {
+		t.Error("addresses of two zones have the same Sum")
+	}
 }

@@ -81,10 +81,13 @@ const requestTimeout = 30 * time.Second
 //
 // It touches only objects labelled ManagedByLabel=ManagedByValue, which it
 // watches through label-selected informers; a user's object of the same
-// name is left alone and reported. It writes only what differs from its
-// cache, field by field, by merge patches that carry the resourceVersion
-// they were computed from, so a restart (or a new leader) with an
-// unchanged state writes nothing. It deletes an import's objects only when
+// name is left alone and reported. Its caches keep a sum of what it owns
+// of each object (see keptSlice, keptServiceImport, leanService), and it
+// writes only an object whose sum is not the desired one's, by a merge
+// patch that carries the resourceVersion it was computed from: a slice's
+// owned part whole, a ServiceImport's or derived Service's difference
+// from the object read from the API server. So a restart (or a new leader)
+// with an unchanged state writes nothing. It deletes an import's objects only when
 // the state says the import may be deleted (ImportState.Deletable), and a
 // source cluster's EndpointSlices only while the cluster still sends that
 // source or the state is authoritative: a hub that has not heard from every
@@ -699,9 +702,9 @@ func (r *importRun) patchServiceImport(ctx context.Context, si *keptServiceImpor
 	if si.owned == ownedSum(want) {
 		return si
 	}
-	ctx, cancel := timeout(ctx)
-	defer cancel()
-	got, err := r.serviceImportClient(key.Namespace).Get(ctx, key.Name, metav1.GetOptions{})
+	gctx, cancel := timeout(ctx)
+	got, err := r.serviceImportClient(key.Namespace).Get(gctx, key.Name, metav1.GetOptions{})
+	cancel()
 	switch {
 	case apierrors.IsNotFound(err):
 		r.written.forget(kindServiceImport, key, key.Name)
@@ -726,6 +729,8 @@ func (r *importRun) patchServiceImport(ctx context.Context, si *keptServiceImpor
 		res.failed(r.log, key, "ServiceImport", err)
 		return si
 	}
+	ctx, cancel = timeout(ctx)
+	defer cancel()
 	out, err := r.serviceImportClient(key.Namespace).Patch(ctx, key.Name, types.MergePatchType, body,
 		metav1.PatchOptions{FieldManager: ImportFieldManager})
 	r.w.count(kindServiceImport, verbPatch, err)
@@ -880,8 +885,7 @@ func (r *importRun) patchService(ctx context.Context, key registry.ServiceKey, c
 	}
 	patch := mergePatch(serviceOwned(got), want)
 	if patch == nil { // the cache is behind: nothing to write
-		r.written.put(kindService, key, got)
-		return got
+		return r.written.put(kindService, key, got).(*corev1.Service)
 	}
 	out, _ := r.patchObject(ctx, kindService, key, got, patch, res).(*corev1.Service)
 	return out
@@ -1011,8 +1015,8 @@ func truncateTo(s string, n int) string {
 	return s[:n]
 }
 
-// ensureSlices writes an import's EndpointSlices: imports.Slices from those
-// the cluster holds. A slice of a source cluster the import no longer lists
+// ensureSlices writes an import's EndpointSlices: imports.SlicesFrom what
+// the writer keeps of those the cluster holds. A slice of a source cluster the import no longer lists
 // is deleted only under an authoritative state.
 func (r *importRun) ensureSlices(ctx context.Context, imp *imports.Import, st *federation.ImportState, owner metav1.OwnerReference, derived string, cached []*keptSlice, res *syncResult) {
 	key := imp.Service
@@ -1083,7 +1087,7 @@ func (r *importRun) createSlice(ctx context.Context, key registry.ServiceKey, es
 
 // patchObject applies a merge patch to an owned EndpointSlice or Service,
 // guarded by the resourceVersion it was computed from, and returns the
-// object the API server returned; nil when it failed.
+// object as the writer keeps it (see writtenObjects.put); nil when it failed.
 func (r *importRun) patchObject(ctx context.Context, kind objKind, key registry.ServiceKey, cur metav1.Object, patch map[string]any, res *syncResult) metav1.Object {
 	what := kind.String() + " " + cur.GetName()
 	body, err := json.Marshal(withResourceVersion(patch, cur.GetResourceVersion()))
@@ -1112,8 +1116,7 @@ func (r *importRun) patchObject(ctx context.Context, kind objKind, key registry.
 		return nil
 	}
 	r.log.Debug("patched "+kind.String(), "service", key, "name", cur.GetName())
-	r.written.put(kind, key, out)
-	return out
+	return r.written.put(kind, key, out)
 }
 
 // deleteObject deletes an owned object, exactly the version the writer

@@ -437,10 +437,10 @@ const ownedSumAnnotation = "nave.io/owned sum"
 // creation (createdAnnotations), the spec fields that decide whether it
 // must be made anew (needsRecreate) and its IPs, and, for the rest of what
 // the writer owns, the sum of serviceOwned in annotation
-// ownedSumAnnotation. A derived Service changes only when the exported
-// service's properties do, so the writer reads it from the API server
-// when its sum is not the desired one. A Service already lean is left as
-// it is.
+// ownedSumAnnotation. A derived Service changes only with the exported
+// service's ports and properties, so the writer reads it from the API
+// server when its sum is not the desired one. A Service already lean is
+// left as it is.
 func leanService(svc *corev1.Service) {
 	if _, ok := svc.Annotations[ownedSumAnnotation]; ok {
 		return
@@ -462,10 +462,11 @@ func leanService(svc *corev1.Service) {
 // metadata without labels and annotations, its status (which the writer
 // merges conditions into), and, for its labels, annotations and spec,
 // which the writer owns whole, their sum (ownedSum of serviceImportOwned).
-// A ServiceImport changes only when the exported service's properties do,
-// so the writer reads it from the API server when its sum is not the
-// desired one, rather than keep every import's spec, labels and
-// annotations.
+// A ServiceImport changes with the exported service's ports and
+// properties, its clusterset IPs, and when a source cluster goes stale or
+// comes back (StaleClustersAnnotation), not with endpoints; so the writer
+// reads it from the API server when its sum is not the desired one,
+// rather than keep every import's spec, labels and annotations.
 type keptServiceImport struct {
 	metav1.ObjectMeta
 	Status mcsv1beta1.ServiceImportStatus
@@ -579,7 +580,7 @@ func serviceOwned(svc *corev1.Service) map[string]any {
 
 // mergePatch returns the JSON merge patch (RFC 7386) that turns from into
 // to, or nil when there is nothing to change. A missing key, null, an empty
-// list and an empty object are alike.
+// list and an empty object (or one of nothing but such values) are alike.
 func mergePatch(from, to map[string]any) map[string]any {
 	var patch map[string]any
 	set := func(k string, v any) {
@@ -686,7 +687,8 @@ type writtenGroup struct {
 	key  registry.ServiceKey
 }
 
-// writtenObj is an object as the API server returned it from a write, or,
+// writtenObj is an object as the API server returned it from a write (or a
+// read after one), kept as the cache keeps it (see put), or,
 // when obj is nil, the UID of an object the writer deleted. earlier holds
 // the versions of the same object the writer wrote before obj (a sync that
 // creates a ServiceImport and then writes its status writes it twice; a
@@ -722,14 +724,15 @@ func (w *writtenObjects) set(kind objKind, key registry.ServiceKey, name string,
 	w.m[g][name] = e
 }
 
-// put remembers an object the API server returned from a write, as the
-// cache would hold it (leanImported, in place): a loaded writer may remember
-// a write of every import at once.
-func (w *writtenObjects) put(kind objKind, key registry.ServiceKey, o metav1.Object) {
+// put remembers an object the API server returned from a write (or a
+// read), as the cache would hold it (leanImported), and returns that: a
+// loaded writer may remember a write of every import at once.
+func (w *writtenObjects) put(kind objKind, key registry.ServiceKey, o metav1.Object) metav1.Object {
 	if lean, _ := leanImported(o); lean != nil {
 		o = lean.(metav1.Object)
 	}
 	w.set(kind, key, o.GetName(), writtenObj{obj: o})
+	return o
 }
 
 // deleted remembers that the writer deleted an object.

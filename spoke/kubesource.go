@@ -152,6 +152,16 @@ func (k *KubeSource) Name() string { return "kube" }
 // Synced is closed once the caches have synced and the first state is published.
 func (k *KubeSource) Synced() <-chan struct{} { return k.synced }
 
+// onNode reports whether an endpoint of es runs on node.
+func onNode(es *discoveryv1.EndpointSlice, node string) bool {
+	for i := range es.Endpoints {
+		if n := es.Endpoints[i].NodeName; n != nil && *n == node {
+			return true
+		}
+	}
+	return false
+}
+
 // byServiceIndex indexes the EndpointSlice cache by "namespace/service".
 const byServiceIndex = "service"
 
@@ -233,7 +243,7 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 		node := cmp.Or(c, o)
 		for _, obj := range k.slicesIdx.List() {
 			es, ok := obj.(*discoveryv1.EndpointSlice)
-			if !ok || !slices.ContainsFunc(es.Endpoints, func(e discoveryv1.Endpoint) bool { return deref(e.NodeName) == node.Name }) {
+			if !ok || !onNode(es, node.Name) {
 				continue
 			}
 			if key, ok := sliceService(es); ok {

@@ -197,8 +197,9 @@ type ListWatcher[L runtime.Object] interface {
 // NewInformer returns an informer of what lw lists, whose cache holds
 // objects like example. tweak, if not nil, changes every list and watch (a
 // label selector). The cache has no index: a lister's Get reads it by key,
-// and listing one namespace (which the spoke never does) scans it; an
-// index costs a set entry per object, and a set per value.
+// and listing one namespace (which the spoke never does) scans it, and
+// client-go logs a warning; an index costs a set entry per object, and a
+// set per value.
 func NewInformer[L runtime.Object](lw ListWatcher[L], example runtime.Object, tweak func(*metav1.ListOptions)) cache.SharedIndexInformer {
 	opts := func(o metav1.ListOptions) metav1.ListOptions {
 		if tweak != nil {
