@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"net/http"
@@ -214,6 +215,8 @@ func measureSpokeFootprint(b *testing.B, load spokeLoad) []benchFigure {
 		{inMiB(loaded.median.rss), "loaded-rss-MiB"},
 		{inMiB(loaded.median.anon), "loaded-anon-MiB"},
 		{inMiB(loaded.peak), "loaded-peak-rss-MiB"},
+		{(loaded.cpu - idle.cpu).Seconds(), "load-cpu-s"},
+		{float64(loaded.collections - idle.collections), "load-collections"},
 		{inMiB(steady.median.rss), "steady-rss-MiB"},
 		{inMiB(steady.median.anon), "steady-anon-MiB"},
 		{float64(steady.liveHeap) / (1 << 20), "steady-heap-MiB"},
@@ -448,6 +451,10 @@ type footprint struct {
 	// liveHeap and heapGoal are what the process's last garbage collection
 	// kept and aimed at (gctrace; whole MiB, -1 when no collection ran yet).
 	liveHeap, heapGoal int64
+	// cpu is the CPU time the process has used so far, and collections the
+	// garbage collections it has run.
+	cpu         time.Duration
+	collections int
 }
 
 func (f footprint) String() string {
@@ -455,9 +462,9 @@ func (f footprint) String() string {
 	if f.liveHeap >= 0 {
 		heap = fmt.Sprintf("live heap %d MiB (goal %d MiB)", f.liveHeap>>20, f.heapGoal>>20)
 	}
-	return fmt.Sprintf("RSS %.1f MiB [%.1f-%.1f], anonymous %.1f MiB [%.1f-%.1f], file-backed and other %.1f MiB; peak RSS %.1f MiB; %s",
+	return fmt.Sprintf("RSS %.1f MiB [%.1f-%.1f], anonymous %.1f MiB [%.1f-%.1f], file-backed and other %.1f MiB; peak RSS %.1f MiB; %s; CPU used %v in %d collections and the rest",
 		inMiB(f.median.rss), inMiB(f.min.rss), inMiB(f.max.rss), inMiB(f.median.anon), inMiB(f.min.anon), inMiB(f.max.anon),
-		inMiB(f.median.rss-f.median.anon), inMiB(f.peak), heap)
+		inMiB(f.median.rss-f.median.anon), inMiB(f.peak), heap, f.cpu, f.collections)
 }
 
 // settledFootprint waits settleFor, then samples p's memory footprintSamples times.
@@ -488,7 +495,41 @@ func settledFootprint(b *testing.B, p *proc) footprint {
 		b.Fatalf("%s: %v", p.name, err)
 	}
 	f.liveHeap, f.heapGoal = lastGCHeap(b, p.log)
+	if f.cpu, err = cpuTime(pid); err != nil {
+		b.Fatalf("%s: %v", p.name, err)
+	}
+	f.collections = collections(b, p)
 	return f
+}
+
+// collections counts the garbage collections p logged (gctrace).
+func collections(b *testing.B, p *proc) int {
+	b.Helper()
+	data, err := os.ReadFile(p.log)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return len(gctraceHeap.FindAll(data, -1))
+}
+
+// cpuTime reads the CPU time (user and system) a process has used from
+// /proc/PID/stat, in clock ticks of 10 ms (USER_HZ).
+func cpuTime(pid int) (time.Duration, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The fields after the command's closing parenthesis start at the third (state); utime and stime are the 14th and 15th.
+	f := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
+	}
+	user, err1 := strconv.ParseInt(f[11], 10, 64)
+	sys, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err := cmp.Or(err1, err2); err != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
+	}
+	return time.Duration(user+sys) * 10 * time.Millisecond, nil
 }
 
 // steadyFootprint waits for a collection in p after the work it was
@@ -498,15 +539,8 @@ func settledFootprint(b *testing.B, p *proc) footprint {
 // the last burst of work.
 func steadyFootprint(b *testing.B, p *proc) footprint {
 	b.Helper()
-	collections := func() int {
-		data, err := os.ReadFile(p.log)
-		if err != nil {
-			b.Fatal(err)
-		}
-		return len(gctraceHeap.FindAll(data, -1))
-	}
-	before := collections()
-	awaitFor(b, p.name+"'s next collection", 3*time.Minute, func() bool { return collections() > before })
+	before := collections(b, p)
+	awaitFor(b, p.name+"'s next collection", 3*time.Minute, func() bool { return collections(b, p) > before })
 	return settledFootprint(b, p)
 }
 
