@@ -82,7 +82,7 @@ const requestTimeout = 30 * time.Second
 // It touches only objects labelled ManagedByLabel=ManagedByValue, which it
 // watches through label-selected informers; a user's object of the same
 // name is left alone and reported. Its caches keep a sum of what it owns
-// of each object (see keptSlice, keptServiceImport, leanService), and it
+// of each object (see keptSlice, keptServiceImport, keptService), and it
 // writes only an object whose sum is not the desired one's, by a merge
 // patch that carries the resourceVersion it was computed from: a slice's
 // owned part whole, a ServiceImport's or derived Service's difference
@@ -628,8 +628,8 @@ func (r *importRun) slicesOf(key registry.ServiceKey) []*keptSlice {
 	return resolved[*keptSlice](r, kindEndpointSlice, r.endpointSlices, key)
 }
 
-func (r *importRun) servicesOf(key registry.ServiceKey) []*corev1.Service {
-	return resolved[*corev1.Service](r, kindService, r.services, key)
+func (r *importRun) servicesOf(key registry.ServiceKey) []*keptService {
+	return resolved[*keptService](r, kindService, r.services, key)
 }
 
 // timeout bounds one request.
@@ -644,12 +644,12 @@ func (r *importRun) serviceImportClient(namespace string) dynamic.ResourceInterf
 // createServiceImport creates an import's ServiceImport. proceed is false
 // when the import cannot be written now, and need not be retried: its
 // namespace does not exist, or a ServiceImport of that name is not Nave's.
-func (r *importRun) createServiceImport(ctx context.Context, imp *imports.Import, svcs []*corev1.Service) (si *keptServiceImport, proceed bool, err error) {
+func (r *importRun) createServiceImport(ctx context.Context, imp *imports.Import, svcs []*keptService) (si *keptServiceImport, proceed bool, err error) {
 	key := imp.Service
 	// The IPs the derived Service will have: those it has, or the hub's.
 	ips := ipStrings(imp.IPs)
 	for _, svc := range svcs {
-		if svc.Name == imports.DerivedServiceName(key) && svc.Annotations[requestedIPsAnnotation] == strings.Join(ips, ",") {
+		if requested, _ := svc.annotation(requestedIPsAnnotation); svc.Name == imports.DerivedServiceName(key) && requested == strings.Join(ips, ",") {
 			ips = serviceIPs(svc)
 		}
 	}
@@ -812,13 +812,13 @@ func (r *importRun) ensureStatus(ctx context.Context, si *keptServiceImport, imp
 
 // ensureService keeps a ClusterSetIP import's derived Service, and returns
 // its IPs and name ("" when there is none of Nave's).
-func (r *importRun) ensureService(ctx context.Context, imp *imports.Import, owner metav1.OwnerReference, svcs []*corev1.Service, res *syncResult) (ips []string, derived string) {
+func (r *importRun) ensureService(ctx context.Context, imp *imports.Import, owner metav1.OwnerReference, svcs []*keptService, res *syncResult) (ips []string, derived string) {
 	key := imp.Service
 	name := imports.DerivedServiceName(key)
 	desired := desiredService(imp, owner)
 	hub := ipStrings(imp.IPs)
 	requested := strings.Join(hub, ",")
-	var cur *corev1.Service
+	var cur *keptService
 	for _, svc := range svcs {
 		if svc.Name == name {
 			cur = svc
@@ -840,13 +840,13 @@ func (r *importRun) ensureService(ctx context.Context, imp *imports.Import, owne
 		if cur == nil {
 			return nil, ""
 		}
-	} else if want := serviceOwned(desired); cur.Annotations[ownedSumAnnotation] != ownedSum(want) {
+	} else if want := serviceOwned(desired); cur.owned != ownedSum(want) {
 		if out := r.patchService(ctx, key, cur, want, res); out != nil {
 			cur = out
 		}
 	}
 	ips = serviceIPs(cur)
-	switch refused := cur.Annotations[refusedAnnotation]; {
+	switch refused, _ := cur.annotation(refusedAnnotation); {
 	case len(hub) > 0 && slices.Equal(ips, hub):
 		res.ipCond = &exportCondition{Type: ConditionClusterSetIP, Status: metav1.ConditionTrue, Reason: ReasonAllocated,
 			Message: fmt.Sprintf("the derived Service %s has the clusterset IPs %s", name, requested)}
@@ -862,10 +862,10 @@ func (r *importRun) ensureService(ctx context.Context, imp *imports.Import, owne
 }
 
 // patchService writes what differs of a derived Service's owned part from
-// want. The cache keeps only a sum of it (see leanService): the Service is
+// want. The cache keeps only a sum of it (see keptService): the Service is
 // read, and the patch computed from what was read. It returns the Service
-// as it is now (lean), nil when that is not known.
-func (r *importRun) patchService(ctx context.Context, key registry.ServiceKey, cur *corev1.Service, want map[string]any, res *syncResult) *corev1.Service {
+// as the writer keeps it now, nil when that is not known.
+func (r *importRun) patchService(ctx context.Context, key registry.ServiceKey, cur *keptService, want map[string]any, res *syncResult) *keptService {
 	what := "derived Service " + cur.Name
 	gctx, cancel := timeout(ctx)
 	got, err := r.w.client.Services(key.Namespace).Get(gctx, cur.Name, metav1.GetOptions{})
@@ -885,42 +885,40 @@ func (r *importRun) patchService(ctx context.Context, key registry.ServiceKey, c
 	}
 	patch := mergePatch(serviceOwned(got), want)
 	if patch == nil { // the cache is behind: nothing to write
-		return r.written.put(kindService, key, got).(*corev1.Service)
+		return r.written.put(kindService, key, got).(*keptService)
 	}
-	out, _ := r.patchObject(ctx, kindService, key, got, patch, res).(*corev1.Service)
+	out, _ := r.patchObject(ctx, kindService, key, got, patch, res).(*keptService)
 	return out
 }
 
 // needsRecreate says why a derived Service must be made anew ("" when it
 // need not): its cluster IPs and IP families cannot be changed.
-func (r *importRun) needsRecreate(cur, desired *corev1.Service, requested string) string {
+func (r *importRun) needsRecreate(cur *keptService, desired *corev1.Service, requested string) string {
+	had, hasRequested := cur.annotation(requestedIPsAnnotation)
+	_, refused := cur.annotation(refusedAnnotation)
 	switch {
-	case cur.Spec.Type != corev1.ServiceTypeClusterIP || cur.Spec.ClusterIP == corev1.ClusterIPNone:
+	case cur.typ != corev1.ServiceTypeClusterIP || cur.clusterIP == corev1.ClusterIPNone:
 		return "its type is not ClusterIP"
-	case !hasAnnotation(cur, requestedIPsAnnotation) || cur.Annotations[requestedIPsAnnotation] != requested:
-		return fmt.Sprintf("the clusterset IPs changed from %q to %q", cur.Annotations[requestedIPsAnnotation], requested)
+	case !hasRequested || had != requested:
+		return fmt.Sprintf("the clusterset IPs changed from %q to %q", had, requested)
 	case !familiesCompatible(cur, desired.Spec.IPFamilies):
-		return fmt.Sprintf("its IP families %v are not %v", cur.Spec.IPFamilies, desired.Spec.IPFamilies)
+		return fmt.Sprintf("its IP families %v are not %v", cur.families, desired.Spec.IPFamilies)
 	}
-	if hasAnnotation(cur, refusedAnnotation) && requested != "" {
+	if refused && requested != "" {
 		// Refused before ServiceCIDR nave-clusterset held the IPs: try them once more now that it does.
 		c := r.cidrs.Load()
-		if c != nil && c.settled && len(c.inPlace) > 0 && cur.Annotations[refusedCIDRsAnnotation] != prefixesString(c.inPlace) &&
-			allInside(strings.Split(requested, ","), c.inPlace) {
+		if cidrs, _ := cur.annotation(refusedCIDRsAnnotation); c != nil && c.settled && len(c.inPlace) > 0 &&
+			cidrs != prefixesString(c.inPlace) && allInside(strings.Split(requested, ","), c.inPlace) {
 			return "ServiceCIDR " + ServiceCIDRName + " now holds the clusterset IPs"
 		}
 	}
 	return ""
 }
 
-func hasAnnotation(o metav1.Object, key string) bool {
-	_, ok := o.GetAnnotations()[key]
-	return ok
-}
-
 // createService creates the derived Service with the hub's IPs, or, when
-// the cluster refuses them, with IPs of its own; nil when it could not.
-func (r *importRun) createService(ctx context.Context, imp *imports.Import, desired *corev1.Service, hub []string, res *syncResult) *corev1.Service {
+// the cluster refuses them, with IPs of its own, and returns it as the
+// writer keeps it; nil when it could not.
+func (r *importRun) createService(ctx context.Context, imp *imports.Import, desired *corev1.Service, hub []string, res *syncResult) *keptService {
 	key := imp.Service
 	create := func(svc *corev1.Service) (*corev1.Service, error) {
 		ctx, cancel := timeout(ctx)
@@ -972,8 +970,7 @@ func (r *importRun) createService(ctx context.Context, imp *imports.Import, desi
 	switch {
 	case err == nil:
 		r.log.Info("created derived Service", "service", key, "derived", out.Name, "clusterIPs", out.Spec.ClusterIPs)
-		r.written.put(kindService, key, out)
-		return out
+		return r.written.put(kindService, key, out).(*keptService)
 	case apierrors.IsAlreadyExists(err):
 		ctx, cancel := timeout(ctx)
 		defer cancel()
@@ -1155,7 +1152,7 @@ func (r *importRun) deleteObject(ctx context.Context, kind objKind, key registry
 // remove deletes everything of an import the state may delete: slices and
 // derived Service first, the ServiceImport last (until then a failure
 // leaves the import visible, and retried).
-func (r *importRun) remove(ctx context.Context, key registry.ServiceKey, si *keptServiceImport, esList []*keptSlice, svcs []*corev1.Service) error {
+func (r *importRun) remove(ctx context.Context, key registry.ServiceKey, si *keptServiceImport, esList []*keptSlice, svcs []*keptService) error {
 	var res syncResult
 	for _, es := range esList {
 		r.deleteObject(ctx, kindEndpointSlice, key, es, &res)

@@ -242,27 +242,27 @@ func desiredService(imp *imports.Import, owner metav1.OwnerReference) *corev1.Se
 	return svc
 }
 
-// serviceIPs are a Service's cluster IPs.
-func serviceIPs(svc *corev1.Service) []string {
-	if len(svc.Spec.ClusterIPs) > 0 {
-		return svc.Spec.ClusterIPs
+// serviceIPs are a derived Service's cluster IPs.
+func serviceIPs(svc *keptService) []string {
+	if len(svc.clusterIPs) > 0 {
+		return svc.clusterIPs
 	}
-	if ip := svc.Spec.ClusterIP; ip != "" && ip != corev1.ClusterIPNone {
+	if ip := svc.clusterIP; ip != "" && ip != corev1.ClusterIPNone {
 		return []string{ip}
 	}
 	return nil
 }
 
-// familiesCompatible reports whether a Service's IP families are what the
-// import wants: the same, or, under PreferDualStack, the first of them on a
-// cluster that is not dual-stack. No families wanted: any will do.
-func familiesCompatible(svc *corev1.Service, want []corev1.IPFamily) bool {
-	have := svc.Spec.IPFamilies
+// familiesCompatible reports whether a derived Service's IP families are
+// what the import wants: the same, or, under PreferDualStack, the first of
+// them on a cluster that is not dual-stack. No families wanted: any will do.
+func familiesCompatible(svc *keptService, want []corev1.IPFamily) bool {
+	have := svc.families
 	switch {
 	case len(want) == 0 || slices.Equal(have, want):
 		return true
 	case len(want) == 2 && len(have) == 1 && have[0] == want[0]:
-		return deref(svc.Spec.IPFamilyPolicy) == corev1.IPFamilyPolicyPreferDualStack
+		return svc.familyPolicy == corev1.IPFamilyPolicyPreferDualStack
 	}
 	return false
 }
@@ -353,22 +353,20 @@ func importedSlice(es *discoveryv1.EndpointSlice) (s imports.Slice, ok bool) {
 
 // createdAnnotations are the annotations of a derived Service the writer
 // reads (set when it is created).
-var createdAnnotations = []string{requestedIPsAnnotation, refusedAnnotation, refusedCIDRsAnnotation}
+var createdAnnotations = [...]string{requestedIPsAnnotation, refusedAnnotation, refusedCIDRsAnnotation}
 
 // leanImported is the transform of the writer's informers: it keeps of each
 // object what the writer reads or compares, so that a cluster's imports
 // (a cluster imports its own exports too) cost it little memory: of what
 // the writer owns of each, a sum (ownedSum), which tells whether it is as
 // desired. An EndpointSlice is kept as a keptSlice, a ServiceImport as a
-// keptServiceImport, a Service with what the writer's decisions read (see
-// leanService). It changes Services in place,
-// as informer transforms may, and is idempotent.
+// keptServiceImport, a Service as a keptService. It is idempotent.
 func leanImported(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *discoveryv1.EndpointSlice:
 		return keepSlice(o), nil
 	case *corev1.Service:
-		leanService(o)
+		return keepService(o), nil
 	case *unstructured.Unstructured:
 		return leanServiceImport(o), nil
 	}
@@ -427,35 +425,53 @@ func nullIfEmpty(v any) any {
 	return v
 }
 
-// ownedSumAnnotation holds, on a Service in the writer's cache only, the
-// sum of its owned part (see leanService). The space makes it a key the
-// API server refuses, so no object there can carry it.
-const ownedSumAnnotation = "nave.io/owned sum"
+// keptService is what the writer keeps of a derived Service: its metadata
+// without labels, annotations and owner references; the import it belongs
+// to (its label multicluster.kubernetes.io/service-name); the annotations
+// the writer set when it created it (createdAnnotations); what decides
+// whether it must be made anew (needsRecreate) and its IPs; and, for the
+// rest of what the writer owns (serviceOwned), the sum of it. A derived
+// Service changes only with the exported service's ports and properties,
+// so the writer reads it from the API server when its sum is not the
+// desired one.
+type keptService struct {
+	metav1.ObjectMeta
+	service      string
+	created      [len(createdAnnotations)]string
+	hasCreated   [len(createdAnnotations)]bool
+	typ          corev1.ServiceType
+	clusterIP    string
+	clusterIPs   []string
+	families     []corev1.IPFamily
+	familyPolicy corev1.IPFamilyPolicy
+	owned        string
+}
 
-// leanService makes a derived Service what the writer keeps of it: its
-// metadata with the labels Nave owns and the annotations it set at
-// creation (createdAnnotations), the spec fields that decide whether it
-// must be made anew (needsRecreate) and its IPs, and, for the rest of what
-// the writer owns, the sum of serviceOwned in annotation
-// ownedSumAnnotation. A derived Service changes only with the exported
-// service's ports and properties, so the writer reads it from the API
-// server when its sum is not the desired one. A Service already lean is
-// left as it is.
-func leanService(svc *corev1.Service) {
-	if _, ok := svc.Annotations[ownedSumAnnotation]; ok {
-		return
+func keepService(svc *corev1.Service) *keptService {
+	k := &keptService{
+		ObjectMeta: metav1.ObjectMeta{Namespace: svc.Namespace, Name: svc.Name, UID: svc.UID, ResourceVersion: svc.ResourceVersion},
+		service:    svc.Labels[mcsv1beta1.LabelServiceName], owned: ownedSum(serviceOwned(svc)),
+		typ: svc.Spec.Type, clusterIP: svc.Spec.ClusterIP, clusterIPs: svc.Spec.ClusterIPs, families: svc.Spec.IPFamilies,
+		familyPolicy: deref(svc.Spec.IPFamilyPolicy),
 	}
-	sum := ownedSum(serviceOwned(svc))
-	svc.ManagedFields, svc.OwnerReferences = nil, nil
-	svc.Labels = keepLabels(svc.Labels, serviceLabelKeys...)
-	svc.Annotations = keepLabels(svc.Annotations, createdAnnotations...)
-	if svc.Annotations == nil {
-		svc.Annotations = map[string]string{}
+	for i, key := range createdAnnotations {
+		k.created[i], k.hasCreated[i] = svc.Annotations[key]
 	}
-	svc.Annotations[ownedSumAnnotation] = sum
-	svc.Spec = corev1.ServiceSpec{Type: svc.Spec.Type, ClusterIP: svc.Spec.ClusterIP, ClusterIPs: svc.Spec.ClusterIPs,
-		IPFamilies: svc.Spec.IPFamilies, IPFamilyPolicy: svc.Spec.IPFamilyPolicy}
-	svc.Status = corev1.ServiceStatus{}
+	return k
+}
+
+// GetLabels returns the labels of the derived Service the writer reads (a new map).
+func (k *keptService) GetLabels() map[string]string {
+	return map[string]string{ManagedByLabel: ManagedByValue, mcsv1beta1.LabelServiceName: k.service}
+}
+
+// annotation returns one of createdAnnotations, and whether the Service has it.
+func (k *keptService) annotation(key string) (string, bool) {
+	i := slices.Index(createdAnnotations[:], key)
+	if i < 0 {
+		panic("keptService.annotation: " + key + " is not kept")
+	}
+	return k.created[i], k.hasCreated[i]
 }
 
 // keptServiceImport is what the writer keeps of a ServiceImport: its

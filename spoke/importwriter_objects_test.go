@@ -3,6 +3,7 @@ package spoke
 import (
 	"encoding/json"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -92,39 +93,56 @@ func TestLeanImportedKeepsWhatTheWriterReads(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		svc := got.(*corev1.Service)
-		if sum := svc.Annotations[ownedSumAnnotation]; sum != ownedSum(serviceOwned(orig)) {
-			t.Errorf("owned sum %q, want that of %v", sum, serviceOwned(orig))
+		svc := got.(*keptService)
+		if svc.owned != ownedSum(serviceOwned(orig)) {
+			t.Errorf("owned sum %q, want that of %v", svc.owned, serviceOwned(orig))
 		}
 		other := desiredService(imp, owner)
 		other.Spec.Ports[0].Port++
-		if sum := svc.Annotations[ownedSumAnnotation]; sum == ownedSum(serviceOwned(other)) {
+		if svc.owned == ownedSum(serviceOwned(other)) {
 			t.Error("a Service with another port has the same sum")
 		}
-		if !reflect.DeepEqual(serviceIPs(svc), serviceIPs(orig)) || svc.Spec.Type != orig.Spec.Type ||
-			!reflect.DeepEqual(svc.Spec.IPFamilies, orig.Spec.IPFamilies) || *svc.Spec.IPFamilyPolicy != *orig.Spec.IPFamilyPolicy {
-			t.Errorf("spec %+v, want %+v", svc.Spec, orig.Spec)
+		if !reflect.DeepEqual(serviceIPs(svc), orig.Spec.ClusterIPs) {
+			t.Errorf("IPs %v, want %v", serviceIPs(svc), orig.Spec.ClusterIPs)
 		}
-		if svc.Spec.Ports != nil || svc.OwnerReferences != nil {
-			t.Errorf("kept what the sum stands for: %+v, %+v", svc.Spec, svc.OwnerReferences)
+		k, _ := objectKey(kindService, svc)
+		if !owned(svc) || k != key || svc.UID != orig.UID || svc.ResourceVersion != orig.ResourceVersion || svc.Name != orig.Name {
+			t.Errorf("metadata %+v, labels %v", svc.ObjectMeta, svc.GetLabels())
 		}
+		if svc.ManagedFields != nil || svc.Labels != nil || svc.Annotations != nil || svc.OwnerReferences != nil {
+			t.Errorf("kept what the sum stands for: %+v", svc.ObjectMeta)
+		}
+		for _, a := range createdAnnotations {
+			if v, ok := svc.annotation(a); !ok || v != orig.Annotations[a] {
+				t.Errorf("annotation %s: %q, want %q", a, v, orig.Annotations[a])
+			}
+		}
+		// What decides whether it is made anew is kept.
 		r := &importRun{}
 		desired := desiredService(imp, owner)
-		for _, requested := range []string{"10.200.0.10", "10.200.0.20", ""} {
-			if a, b := r.needsRecreate(svc, desired, requested), r.needsRecreate(orig, desired, requested); a != b {
-				t.Errorf("needsRecreate(%q) = %q, want %q", requested, a, b)
+		for _, tc := range []struct {
+			change    func(*corev1.Service)
+			requested string
+			want      string // a prefix of the reason; "" for none
+		}{
+			{nil, "10.200.0.10", ""},
+			{nil, "10.200.0.20", "the clusterset IPs changed"},
+			{nil, "", "the clusterset IPs changed"},
+			{func(s *corev1.Service) { delete(s.Annotations, requestedIPsAnnotation) }, "", "the clusterset IPs changed"},
+			{func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeNodePort }, "10.200.0.10", "its type"},
+			{func(s *corev1.Service) { s.Spec.ClusterIP = corev1.ClusterIPNone }, "10.200.0.10", "its type"},
+			{func(s *corev1.Service) { s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol} }, "10.200.0.10", "its IP families"},
+			{func(s *corev1.Service) { s.Spec.IPFamilyPolicy = refTo(corev1.IPFamilyPolicySingleStack) }, "10.200.0.10", "its IP families"},
+		} {
+			s := orig.DeepCopy()
+			if tc.change != nil {
+				tc.change(s)
+			}
+			if got := r.needsRecreate(keepService(s), desired, tc.requested); !strings.HasPrefix(got, tc.want) || (tc.want == "") != (got == "") {
+				t.Errorf("needsRecreate(%q) = %q, want %q...", tc.requested, got, tc.want)
 			}
 		}
-		for _, k := range createdAnnotations {
-			if !hasAnnotation(svc, k) || svc.Annotations[k] != orig.Annotations[k] {
-				t.Errorf("annotation %s: %q, want %q", k, svc.Annotations[k], orig.Annotations[k])
-			}
-		}
-		if svc.ManagedFields != nil || len(svc.Annotations) != len(createdAnnotations)+1 || len(svc.Labels) != len(serviceLabelKeys) {
-			t.Errorf("kept what the writer never reads: %+v", svc.ObjectMeta)
-		}
-		again, _ := leanImported(svc.DeepCopy())
-		if !reflect.DeepEqual(again, svc) {
+		if again, _ := leanImported(svc); again != svc {
 			t.Error("not idempotent")
 		}
 	})
@@ -408,7 +426,7 @@ func TestWrittenObjectsResolveAsTheCacheKeepsThem(t *testing.T) {
 	if got := r.slicesOf(key); len(got) != 1 || got[0].UID != "es-uid" || got[0].owned != ownedSum(sliceOwned(desiredSlice(key, &s, owner, imports.DerivedServiceName(key)))) {
 		t.Errorf("slices %+v", got)
 	}
-	if got := r.servicesOf(key); len(got) != 1 || got[0].UID != "svc-uid" || got[0].Annotations[ownedSumAnnotation] == "" {
+	if got := r.servicesOf(key); len(got) != 1 || got[0].UID != "svc-uid" || got[0].owned != ownedSum(serviceOwned(desiredService(imp, owner))) {
 		t.Errorf("services %+v", got)
 	}
 	if got := r.serviceImport(key); got == nil || got.UID != "si-uid" || got.owned == "" {
