@@ -304,7 +304,7 @@ func (r *importRun) run(ctx context.Context) error {
 	svcInf := kubeclient.NewInformer(r.w.client.Services(""), &corev1.Service{}, tweak)
 	siInf := kubeclient.NewInformer(r.w.client.Dynamic().Resource(r.api.imports), &unstructured.Unstructured{}, tweak)
 	informers := kubeclient.Informers{siInf, esInf, svcInf}
-	// The caches hold *keptServiceImport, *keptSlice and lean *corev1.Service.
+	// The caches hold *keptServiceImport, *keptSlice and *keptService (see leanImported).
 	if err := informers.SetTransform(leanImported); err != nil {
 		return fmt.Errorf("strip imported objects: %w", err)
 	}
@@ -692,58 +692,23 @@ func (r *importRun) createServiceImport(ctx context.Context, imp *imports.Import
 }
 
 // patchServiceImport writes what differs of the ServiceImport's labels,
-// annotations and spec, and returns the ServiceImport as it is now (lean).
-// The cache keeps only a sum of them (see keptServiceImport): when it is
-// not the desired one, the ServiceImport is read, and the patch computed
-// from what was read.
+// annotations and spec, and returns the ServiceImport as the writer keeps
+// it now. The cache keeps only a sum of them (see keptServiceImport).
 func (r *importRun) patchServiceImport(ctx context.Context, si *keptServiceImport, imp *imports.Import, ips []string, res *syncResult) *keptServiceImport {
-	key := imp.Service
 	want := serviceImportOwned(desiredServiceImport(imp, ips))
 	if si.owned == ownedSum(want) {
 		return si
 	}
-	gctx, cancel := timeout(ctx)
-	got, err := r.serviceImportClient(key.Namespace).Get(gctx, key.Name, metav1.GetOptions{})
-	cancel()
-	switch {
-	case apierrors.IsNotFound(err):
-		r.written.forget(kindServiceImport, key, key.Name)
-		res.failed(r.log, key, "ServiceImport", err)
-		return si
-	case err != nil:
-		res.failed(r.log, key, "ServiceImport", err)
-		return si
-	case got.GetUID() != si.GetUID() || !owned(got):
-		// Replaced, or no longer Nave's: the cache will say so, and the import be synced again.
-		res.failed(r.log, key, "ServiceImport", errors.New("it changed under the writer"))
-		return si
-	}
-	patch := mergePatch(serviceImportOwned(typedServiceImport(got)), want)
-	if patch == nil { // the cache is behind: nothing to write
-		si = leanServiceImport(got)
-		r.written.put(kindServiceImport, key, si)
-		return si
-	}
-	body, err := json.Marshal(withResourceVersion(patch, got.GetResourceVersion()))
-	if err != nil {
-		res.failed(r.log, key, "ServiceImport", err)
-		return si
-	}
-	ctx, cancel = timeout(ctx)
-	defer cancel()
-	out, err := r.serviceImportClient(key.Namespace).Patch(ctx, key.Name, types.MergePatchType, body,
-		metav1.PatchOptions{FieldManager: ImportFieldManager})
-	r.w.count(kindServiceImport, verbPatch, err)
-	if err != nil {
-		if apierrors.IsNotFound(err) {
-			r.written.forget(kindServiceImport, key, key.Name)
+	get := func(ctx context.Context) (metav1.Object, map[string]any, error) {
+		got, err := r.serviceImportClient(si.Namespace).Get(ctx, si.Name, metav1.GetOptions{})
+		if err != nil {
+			return nil, nil, err
 		}
-		res.failed(r.log, key, "ServiceImport", err)
-		return si
+		return got, serviceImportOwned(typedServiceImport(got)), nil
 	}
-	r.log.Debug("patched ServiceImport", "service", key)
-	si = leanServiceImport(out)
-	r.written.put(kindServiceImport, key, si)
+	if out, ok := r.readAndPatch(ctx, kindServiceImport, imp.Service, si, get, want, res).(*keptServiceImport); ok {
+		return out
+	}
 	return si
 }
 
@@ -862,33 +827,52 @@ func (r *importRun) ensureService(ctx context.Context, imp *imports.Import, owne
 }
 
 // patchService writes what differs of a derived Service's owned part from
-// want. The cache keeps only a sum of it (see keptService): the Service is
-// read, and the patch computed from what was read. It returns the Service
-// as the writer keeps it now, nil when that is not known.
+// want, and returns the Service as the writer keeps it now; nil when that
+// is not known. The cache keeps only a sum of it (see keptService).
 func (r *importRun) patchService(ctx context.Context, key registry.ServiceKey, cur *keptService, want map[string]any, res *syncResult) *keptService {
-	what := "derived Service " + cur.Name
+	get := func(ctx context.Context) (metav1.Object, map[string]any, error) {
+		got, err := r.w.client.Services(key.Namespace).Get(ctx, cur.Name, metav1.GetOptions{})
+		if err != nil {
+			return nil, nil, err
+		}
+		return got, serviceOwned(got), nil
+	}
+	out, _ := r.readAndPatch(ctx, kindService, key, cur, get, want, res).(*keptService)
+	return out
+}
+
+// readAndPatch reads an owned object the writer keeps only a sum of (get
+// returns it and its owned part), and patches what differs of its owned
+// part from want, guarded by the version read. It returns the object as
+// the writer keeps it now; nil when that is not known. When the object
+// read is already as wanted (the cache is behind), it is returned without
+// being remembered as a write: its version coming back then syncs the
+// import once more, from the cache caught up.
+func (r *importRun) readAndPatch(ctx context.Context, kind objKind, key registry.ServiceKey, cur metav1.Object,
+	get func(context.Context) (metav1.Object, map[string]any, error), want map[string]any, res *syncResult) metav1.Object {
+	what := kind.String() + " " + cur.GetName()
 	gctx, cancel := timeout(ctx)
-	got, err := r.w.client.Services(key.Namespace).Get(gctx, cur.Name, metav1.GetOptions{})
+	got, part, err := get(gctx)
 	cancel()
 	switch {
 	case apierrors.IsNotFound(err):
-		r.written.forget(kindService, key, cur.Name)
+		r.written.forget(kind, key, cur.GetName())
 		res.failed(r.log, key, what, err)
 		return nil
 	case err != nil:
 		res.failed(r.log, key, what, err)
 		return nil
-	case got.UID != cur.UID || !owned(got):
+	case got.GetUID() != cur.GetUID() || !owned(got):
 		// Replaced, or no longer Nave's: the cache will say so, and the import be synced again.
 		res.failed(r.log, key, what, errors.New("it changed under the writer"))
 		return nil
 	}
-	patch := mergePatch(serviceOwned(got), want)
-	if patch == nil { // the cache is behind: nothing to write
-		return r.written.put(kindService, key, got).(*keptService)
+	patch := mergePatch(part, want)
+	if patch == nil {
+		kept, _ := leanImported(got)
+		return kept.(metav1.Object)
 	}
-	out, _ := r.patchObject(ctx, kindService, key, got, patch, res).(*keptService)
-	return out
+	return r.patchObject(ctx, kind, key, got, patch, res)
 }
 
 // needsRecreate says why a derived Service must be made anew ("" when it
@@ -1082,7 +1066,7 @@ func (r *importRun) createSlice(ctx context.Context, key registry.ServiceKey, es
 	}
 }
 
-// patchObject applies a merge patch to an owned EndpointSlice or Service,
+// patchObject applies a merge patch to an owned object (not its status),
 // guarded by the resourceVersion it was computed from, and returns the
 // object as the writer keeps it (see writtenObjects.put); nil when it failed.
 func (r *importRun) patchObject(ctx context.Context, kind objKind, key registry.ServiceKey, cur metav1.Object, patch map[string]any, res *syncResult) metav1.Object {
@@ -1101,6 +1085,8 @@ func (r *importRun) patchObject(ctx context.Context, kind objKind, key registry.
 		out, err = r.w.client.EndpointSlices(key.Namespace).Patch(ctx, cur.GetName(), types.MergePatchType, body, opts)
 	case kindService:
 		out, err = r.w.client.Services(key.Namespace).Patch(ctx, cur.GetName(), types.MergePatchType, body, opts)
+	case kindServiceImport:
+		out, err = r.serviceImportClient(key.Namespace).Patch(ctx, cur.GetName(), types.MergePatchType, body, opts)
 	default:
 		panic("patchObject: " + kind.String())
 	}

@@ -460,9 +460,16 @@ func keepService(svc *corev1.Service) *keptService {
 	return k
 }
 
-// GetLabels returns the labels of the derived Service the writer reads (a new map).
+// GetLabels returns the labels of the derived Service the writer reads (a
+// new map). ManagedByLabel is always there: the writer keeps only
+// Services that have it (its informer selects them, and it remembers a
+// write only after checking the Service is Nave's).
 func (k *keptService) GetLabels() map[string]string {
-	return map[string]string{ManagedByLabel: ManagedByValue, mcsv1beta1.LabelServiceName: k.service}
+	labels := map[string]string{ManagedByLabel: ManagedByValue}
+	if k.service != "" {
+		labels[mcsv1beta1.LabelServiceName] = k.service
+	}
+	return labels
 }
 
 // annotation returns one of createdAnnotations, and whether the Service has it.
@@ -809,9 +816,10 @@ func (w *writtenObjects) resolve(kind objKind, key registry.ServiceKey, cached m
 
 // observe is told of every informer event, and drops the writes the cache
 // has caught up with. It reports whether the event is the version the
-// writer last knew of the object coming back: the version it wrote (or read
-// back after a create that found it there), or the deletion of the object
-// it deleted; such an event holds nothing the writer does not know.
+// writer last knew of the object coming back: the version it wrote (or
+// read back after a create that found the object there), or the deletion
+// of the object it deleted; such an event holds nothing the writer does
+// not know.
 func (w *writtenObjects) observe(kind objKind, o metav1.Object, gone bool) (own bool) {
 	key, ok := objectKey(kind, o)
 	if !ok {
