@@ -84,7 +84,10 @@ const (
 //     service, which the spoke's informers cache too); per endpoint, it
 //     reports (loaded - idle) / endpoints, which counts what any load costs
 //     once (the Go heap's minimum, the writer's machinery), and
-//     (loaded - half) / (endpoints/2), what one more endpoint costs;
+//     (loaded - half) / (endpoints/2), what one more endpoint costs, and
+//     the spoke's CPU time and garbage collections while it took the load;
+//   - steady: the loaded spoke once a collection ran with nothing being
+//     written (see steadyFootprint);
 //   - restarted: a new spoke process that starts in the loaded cluster (its
 //     first LIST holds everything), once the hub synced its session and the
 //     imports are written; its peak RSS is the cold start's.

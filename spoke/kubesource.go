@@ -238,8 +238,9 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 		if !k.nodesLive.Load() || ok1 && ok2 && maps.Equal(o.Labels, c.Labels) {
 			return // the status updates every node sends: nothing Nave reads
 		}
-		// Label changes are rare: a scan of every slice costs less than an
-		// index of slices by node, which holds an entry per node of every slice.
+		// Label changes are rare (and so are Nodes added and deleted, which
+		// come here too): a scan of every slice costs less than an index of
+		// slices by node, which holds an entry per node of every slice.
 		node := cmp.Or(c, o)
 		for _, obj := range k.slicesIdx.List() {
 			es, ok := obj.(*discoveryv1.EndpointSlice)

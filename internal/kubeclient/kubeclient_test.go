@@ -61,7 +61,7 @@ func TestClient(t *testing.T) {
 	}
 	ctx := t.Context()
 
-	// An informer with a label selector sees what matches it, with the namespace index listers use.
+	// An informer with a label selector sees what matches it, and listers read its cache.
 	inf := kubeclient.NewInformer(c.Services(""), &corev1.Service{}, func(o *metav1.ListOptions) { o.LabelSelector = "team=a" })
 	informers := start(t, inf)
 	if !informers.WaitForSync(ctx.Done()) {
