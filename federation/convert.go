@@ -6,6 +6,7 @@ package federation
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	fedv1 "github.com/navemesh/nave/federation/v1"
@@ -98,13 +99,13 @@ func ShardFromProtoUnvalidated(cluster registry.ClusterID, in *fedv1.Shard, lim 
 	for i, p := range in.GetPorts() {
 		s.Ports[i] = registry.ServicePort{Name: p.GetName(), Port: p.GetPort(), Protocol: registry.Protocol(p.GetProtocol()), AppProtocol: p.GetAppProtocol()}
 	}
+	var ports []registry.EndpointPort // the last endpoint's, which the next shares when equal
 	for i, pe := range in.GetEndpoints() {
 		if len(pe.GetAddresses()) > lim.MaxAddressesPerEndpoint {
 			return nil, bad("endpoint %d has %d addresses, more than the limit of %d", i, len(pe.GetAddresses()), lim.MaxAddressesPerEndpoint)
 		}
 		e := registry.Endpoint{
 			Addresses: make([]netip.Addr, len(pe.GetAddresses())),
-			Ports:     make([]registry.EndpointPort, len(pe.GetPorts())),
 			Locality:  registry.Locality{Region: pe.GetLocality().GetRegion(), Zone: pe.GetLocality().GetZone(), Subzone: pe.GetLocality().GetSubzone()},
 			NodeName:  pe.GetNodeName(),
 			Hostname:  pe.GetHostname(),
@@ -122,13 +123,26 @@ func ShardFromProtoUnvalidated(cluster registry.ClusterID, in *fedv1.Shard, lim 
 		if len(pe.GetPorts()) > lim.MaxPorts {
 			return nil, bad("endpoint %d has %d ports, more than the limit of %d", i, len(pe.GetPorts()), lim.MaxPorts)
 		}
-		for j, p := range pe.GetPorts() {
-			e.Ports[j] = registry.EndpointPort{Name: p.GetName(), Port: p.GetPort()}
+		if !samePorts(ports, pe.GetPorts()) {
+			ports = make([]registry.EndpointPort, len(pe.GetPorts()))
+			for j, p := range pe.GetPorts() {
+				ports[j] = registry.EndpointPort{Name: p.GetName(), Port: p.GetPort()}
+			}
 		}
+		e.Ports = ports
 		s.Endpoints[i] = e
 	}
 	s.Normalize()
 	return s, nil
+}
+
+// samePorts reports whether decoding in would give ports. The endpoints of
+// one EndpointSlice list the same ports, and a shard lists them one after
+// another: they share one list, which nothing changes once decoded.
+func samePorts(ports []registry.EndpointPort, in []*fedv1.EndpointPort) bool {
+	return ports != nil && slices.EqualFunc(ports, in, func(p registry.EndpointPort, q *fedv1.EndpointPort) bool {
+		return p.Name == q.GetName() && p.Port == q.GetPort()
+	})
 }
 
 // maxExportedMetadata bounds a shard's exported labels and annotations

@@ -171,11 +171,17 @@ func (s *Shard) Normalize() {
 	for i := range s.Endpoints {
 		e := &s.Endpoints[i]
 		slices.SortFunc(e.Addresses, netip.Addr.Compare)
-		slices.SortFunc(e.Ports, func(a, b EndpointPort) int {
-			return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Port, b.Port))
-		})
+		// Endpoints may share one port list (those of one EndpointSlice do):
+		// a sorted list is left unwritten.
+		if !slices.IsSortedFunc(e.Ports, compareEndpointPorts) {
+			slices.SortFunc(e.Ports, compareEndpointPorts)
+		}
 	}
 	slices.SortFunc(s.Endpoints, compareEndpoints)
+}
+
+func compareEndpointPorts(a, b EndpointPort) int {
+	return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Port, b.Port))
 }
 
 func compareEndpoints(a, b Endpoint) int {

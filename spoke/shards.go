@@ -158,6 +158,7 @@ func buildShard(k registry.ServiceKey, svc *corev1.Service, eslices []*discovery
 			}
 			ports = append(ports, ep)
 		}
+		ports = slices.Clip(ports) // the slice's endpoints share it; nothing appends to it
 		for i, e := range es.Endpoints {
 			leftOut := func(format string, args ...any) {
 				errs = append(errs, &registry.ValidationError{Service: k, Reason: fmt.Sprintf(
@@ -165,7 +166,7 @@ func buildShard(k registry.ServiceKey, svc *corev1.Service, eslices []*discovery
 			}
 			re := registry.Endpoint{
 				Addresses:  make([]netip.Addr, 0, len(e.Addresses)),
-				Ports:      slices.Clone(ports),
+				Ports:      ports,
 				Conditions: conditions(e.Conditions),
 			}
 			bad := false

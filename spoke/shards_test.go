@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -509,5 +510,39 @@ func TestImportedObjectsAreNeverExported(t *testing.T) {
 	}
 	if eps := shards[registry.ServiceKey{Namespace: "shop", Name: "web"}].Endpoints; len(eps) != 1 || eps[0].Addresses[0].String() != "10.0.0.1" {
 		t.Errorf("web's endpoints = %+v, want only the cluster's own", eps)
+	}
+}
+
+// The endpoints of one EndpointSlice share one port list in the shard (a
+// slice's ports are the same for all its endpoints), read sorted by each,
+// with no room to append into; another slice's endpoints have their own.
+func TestBuildShardsShareASlicesPorts(t *testing.T) {
+	a := slice("web-a", "web", discoveryv1.AddressTypeIPv4, nil, ep("10.0.0.1", true), ep("10.0.0.2", true), ep("10.0.0.3", false))
+	// Unsorted, with an "all ports" entry that is left out.
+	a.Ports = []discoveryv1.EndpointPort{{Name: ptr("metrics"), Port: ptr(int32(9090))}, {Name: ptr("all")}, {Name: ptr("http"), Port: ptr(int32(8080))}}
+	b := slice("web-b", "web", discoveryv1.AddressTypeIPv4, map[string]int32{"http": 8081}, ep("10.0.0.4", true))
+	shards, invalid, errs := BuildShards(Objects{Services: []*corev1.Service{svc("web", port("http", 80))},
+		EndpointSlices: []*discoveryv1.EndpointSlice{a, b}}, BuildOptions{Cluster: "east"})
+	if len(invalid) > 0 || len(errs) > 0 {
+		t.Fatalf("invalid %v, errors %v", invalid, errs)
+	}
+	eps := shards[registry.ServiceKey{Namespace: "shop", Name: "web"}].Endpoints
+	if len(eps) != 4 {
+		t.Fatalf("%d endpoints, want 4", len(eps))
+	}
+	fromA := []registry.EndpointPort{{Name: "http", Port: 8080}, {Name: "metrics", Port: 9090}}
+	for i, e := range eps[:3] {
+		if !slices.Equal(e.Ports, fromA) || cap(e.Ports) != len(e.Ports) {
+			t.Errorf("endpoint %d: ports %v (capacity %d), want %v with no room", i, e.Ports, cap(e.Ports), fromA)
+		}
+		if &e.Ports[0] != &eps[0].Ports[0] {
+			t.Errorf("endpoint %d does not share its slice's port list", i)
+		}
+	}
+	if want := []registry.EndpointPort{{Name: "http", Port: 8081}}; !slices.Equal(eps[3].Ports, want) {
+		t.Errorf("the other slice's endpoint: ports %v, want %v", eps[3].Ports, want)
+	}
+	if *a.Ports[0].Name != "metrics" {
+		t.Error("building changed the EndpointSlice's ports")
 	}
 }
