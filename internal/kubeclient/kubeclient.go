@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync"
+	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -24,9 +25,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/gentype"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/flowcontrol"
@@ -106,9 +107,19 @@ func New(cfg *rest.Config) (*Client, error) {
 	return &out, nil
 }
 
-// Typed is the client of one built-in resource: Get, List, Watch, Create,
-// Update, Patch and Delete, with the signatures of client-go's typed clients.
-type Typed[T Object, L runtime.Object] = gentype.ClientWithList[T, L]
+// Typed is the client of one built-in resource, with the signatures of
+// client-go's typed clients and the requests they send (protobuf preferred).
+// It is not client-go's gentype: that package also holds the fake clients
+// of client-go's tests, whose imports (server-side apply's field managers,
+// OpenAPI models, YAML and JSON libraries) would ride in every binary with
+// their init work.
+type Typed[T Object, L runtime.Object] struct {
+	rc        *rest.RESTClient
+	resource  string
+	namespace string // "": every namespace, or a cluster-scoped resource
+	newObject func() T
+	newList   func() L
+}
 
 // Object is a Kubernetes object of a built-in type.
 type Object interface {
@@ -116,10 +127,65 @@ type Object interface {
 	metav1.Object
 }
 
-// typed returns resource's client in namespace ("": every namespace, or a
-// cluster-scoped resource), preferring protobuf as client-go's do.
 func typed[T Object, L runtime.Object](rc *rest.RESTClient, resource, namespace string, newObject func() T, newList func() L) *Typed[T, L] {
-	return gentype.NewClientWithList(resource, rc, parameterCodec, namespace, newObject, newList, gentype.PrefersProtobuf[T]())
+	return &Typed[T, L]{rc: rc, resource: resource, namespace: namespace, newObject: newObject, newList: newList}
+}
+
+// on starts a request of the resource, with its namespace if it has one.
+func (c *Typed[T, L]) on(r *rest.Request) *rest.Request {
+	return r.UseProtobufAsDefault().NamespaceIfScoped(c.namespace, c.namespace != "").Resource(c.resource)
+}
+
+// into runs r and decodes its answer into a new object.
+func (c *Typed[T, L]) into(ctx context.Context, r *rest.Request) (T, error) {
+	out := c.newObject()
+	return out, r.Do(ctx).Into(out)
+}
+
+// listTimeout is the timeout a list or watch asks the API server for, as the request's too.
+func listTimeout(opts metav1.ListOptions) time.Duration {
+	if opts.TimeoutSeconds == nil {
+		return 0
+	}
+	return time.Duration(*opts.TimeoutSeconds) * time.Second
+}
+
+// Get reads the object called name.
+func (c *Typed[T, L]) Get(ctx context.Context, name string, opts metav1.GetOptions) (T, error) {
+	return c.into(ctx, c.on(c.rc.Get()).Name(name).VersionedParams(&opts, parameterCodec))
+}
+
+// List reads the objects opts selects.
+func (c *Typed[T, L]) List(ctx context.Context, opts metav1.ListOptions) (L, error) {
+	out := c.newList()
+	err := c.on(c.rc.Get()).VersionedParams(&opts, parameterCodec).Timeout(listTimeout(opts)).Do(ctx).Into(out)
+	return out, err
+}
+
+// Watch watches the objects opts selects.
+func (c *Typed[T, L]) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+	opts.Watch = true
+	return c.on(c.rc.Get()).VersionedParams(&opts, parameterCodec).Timeout(listTimeout(opts)).Watch(ctx)
+}
+
+// Create creates obj.
+func (c *Typed[T, L]) Create(ctx context.Context, obj T, opts metav1.CreateOptions) (T, error) {
+	return c.into(ctx, c.on(c.rc.Post()).VersionedParams(&opts, parameterCodec).Body(obj))
+}
+
+// Update replaces obj (guarded by its resourceVersion, if it has one).
+func (c *Typed[T, L]) Update(ctx context.Context, obj T, opts metav1.UpdateOptions) (T, error) {
+	return c.into(ctx, c.on(c.rc.Put()).Name(obj.GetName()).VersionedParams(&opts, parameterCodec).Body(obj))
+}
+
+// Patch patches the object called name (or its subresources).
+func (c *Typed[T, L]) Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, subresources ...string) (T, error) {
+	return c.into(ctx, c.on(c.rc.Patch(pt)).Name(name).SubResource(subresources...).VersionedParams(&opts, parameterCodec).Body(data))
+}
+
+// Delete deletes the object called name.
+func (c *Typed[T, L]) Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error {
+	return c.on(c.rc.Delete()).Name(name).Body(&opts).Do(ctx).Error()
 }
 
 // Services returns the client of namespace's Services ("": every namespace).

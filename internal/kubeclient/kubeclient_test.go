@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -97,7 +98,28 @@ func TestClient(t *testing.T) {
 		_, otherErr := lister.Services("default").Get("other")
 		return err == nil && got.Annotations["a"] == "b" && apierrors.IsNotFound(otherErr)
 	})
-	if err := c.Services("default").Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
+	// Update and Delete keep their guards: a stale resourceVersion, a wrong UID.
+	stale := created.DeepCopy()
+	stale.Labels["team"] = "c"
+	if _, err := c.Services("default").Update(ctx, stale, metav1.UpdateOptions{}); !apierrors.IsConflict(err) {
+		t.Fatalf("update from a stale version: %v, want Conflict", err)
+	}
+	patched.Spec.Ports[0].Name = "web"
+	updated, err := c.Services("default").Update(ctx, patched, metav1.UpdateOptions{FieldManager: "test"})
+	if err != nil || updated.Spec.Ports[0].Name != "web" || updated.ResourceVersion == patched.ResourceVersion {
+		t.Fatalf("update: %v, %v", updated, err)
+	}
+	status, err := c.Services("default").Patch(ctx, "web", types.MergePatchType,
+		[]byte(`{"status":{"conditions":[{"type":"Tested","status":"True","reason":"Test","message":"","lastTransitionTime":"2026-01-01T00:00:00Z"}]}}`),
+		metav1.PatchOptions{}, "status")
+	if err != nil || len(status.Status.Conditions) != 1 {
+		t.Fatalf("patch the status subresource: %v, %v", status, err)
+	}
+	wrongUID := types.UID("not-" + string(created.UID))
+	if err := c.Services("default").Delete(ctx, "web", metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &wrongUID}}); !apierrors.IsConflict(err) {
+		t.Fatalf("delete with another UID as a precondition: %v, want Conflict", err)
+	}
+	if err := c.Services("default").Delete(ctx, "web", metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &created.UID}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.Services("default").Get(ctx, "web", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
@@ -129,6 +151,16 @@ func TestClient(t *testing.T) {
 	}
 	if _, err := c.ServiceCIDRs().List(ctx, metav1.ListOptions{}); err != nil {
 		t.Fatal(err)
+	}
+	// A watch asked to end after a second ends.
+	w, err := c.Nodes().Watch(ctx, metav1.ListOptions{TimeoutSeconds: ptr(int64(1))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-drained(w):
+	case <-time.After(30 * time.Second):
+		t.Fatal("a watch of 1 s still open after 30 s")
 	}
 
 	// Built-in objects travel as protobuf, as client-go's typed clients send them.
@@ -222,4 +254,17 @@ func await(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// drained is closed once w's result channel is.
+func drained(w watch.Interface) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range w.ResultChan() {
+		}
+	}()
+	return done
 }
