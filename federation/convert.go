@@ -136,9 +136,11 @@ func ShardFromProtoUnvalidated(cluster registry.ClusterID, in *fedv1.Shard, lim 
 	return s, nil
 }
 
-// samePorts reports whether decoding in would give ports. The endpoints of
-// one EndpointSlice list the same ports, and a shard lists them one after
-// another: they share one list, which nothing changes once decoded.
+// samePorts reports whether decoding in would give ports (nil: no list
+// yet). The endpoints of one EndpointSlice list the same ports, and a shard
+// lists them one after another: they share one list. Normalize sorts it in
+// place, once, which leaves it right for each of them; nothing else writes
+// into an endpoint's ports (see registry.Endpoint).
 func samePorts(ports []registry.EndpointPort, in []*fedv1.EndpointPort) bool {
 	return ports != nil && slices.EqualFunc(ports, in, func(p registry.EndpointPort, q *fedv1.EndpointPort) bool {
 		return p.Name == q.GetName() && p.Port == q.GetPort()

@@ -74,11 +74,11 @@ func TestShardFromProtoSharesEqualPortLists(t *testing.T) {
 		Service: KeyToProto(registry.ServiceKey{Namespace: "demo", Name: "web"}),
 		Ports:   []*fedv1.ServicePort{{Name: "http", Port: 80, Protocol: "TCP"}, {Name: "metrics", Port: 9090, Protocol: "TCP"}},
 		Endpoints: []*fedv1.Endpoint{
+			ep("10.0.0.4"), // first, with no ports: an empty list, not nil
 			// Listed unsorted: every endpoint must still read them sorted.
 			ep("10.0.0.1", port("metrics", 9090), port("http", 8080)),
 			ep("10.0.0.2", port("metrics", 9090), port("http", 8080)),
 			ep("10.0.0.3", port("http", 8081)),
-			ep("10.0.0.4"),
 			ep("10.0.0.5"),
 			ep("10.0.0.6", port("http", 8081)),
 		},

@@ -111,7 +111,9 @@ const (
 	Excluded               // neither: never handed to clients
 )
 
-// Endpoint is one backend of a service in one cluster.
+// Endpoint is one backend of a service in one cluster. The endpoints of a
+// shard may share one Ports list (those of one EndpointSlice do): never
+// write into an endpoint's Ports, replace the list.
 type Endpoint struct {
 	Addresses  []netip.Addr   `json:"addresses,omitempty"`
 	Ports      []EndpointPort `json:"ports,omitempty"`

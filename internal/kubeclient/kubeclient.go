@@ -107,8 +107,9 @@ func New(cfg *rest.Config) (*Client, error) {
 	return &out, nil
 }
 
-// Typed is the client of one built-in resource, with the signatures of
-// client-go's typed clients and the requests they send (protobuf preferred).
+// Typed is the client of one built-in resource: the methods of client-go's
+// typed clients the spoke uses, with their signatures, sending the same
+// requests (protobuf preferred).
 // It is not client-go's gentype: that package also holds the fake clients
 // of client-go's tests, whose imports (server-side apply's field managers,
 // OpenAPI models, YAML and JSON libraries) would ride in every binary with

@@ -152,15 +152,35 @@ func TestClient(t *testing.T) {
 	if _, err := c.ServiceCIDRs().List(ctx, metav1.ListOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	// A watch asked to end after a second ends.
-	w, err := c.Nodes().Watch(ctx, metav1.ListOptions{TimeoutSeconds: ptr(int64(1))})
+	// A watch sees a change, and ends when it asked to.
+	w, err := c.EndpointSlices("default").Watch(ctx, metav1.ListOptions{ResourceVersion: list.ResourceVersion, TimeoutSeconds: ptr(int64(2))})
 	if err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-drained(w):
-	case <-time.After(30 * time.Second):
-		t.Fatal("a watch of 1 s still open after 30 s")
+	watched := es.DeepCopy()
+	watched.Name = "watched"
+	if _, err := c.EndpointSlices("default").Create(ctx, watched, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	opened, sawAdded, tooLong := time.Now(), false, time.After(30*time.Second)
+	for open := true; open; {
+		select {
+		case ev, ok := <-w.ResultChan(): // closed when the watch ends
+			o, _ := ev.Object.(*discoveryv1.EndpointSlice)
+			switch {
+			case !ok:
+				open = false
+			case ev.Type == watch.Error:
+				t.Fatalf("watch error: %v", ev.Object)
+			case ev.Type == watch.Added && o != nil && o.Name == "watched":
+				sawAdded = true
+			}
+		case <-tooLong:
+			t.Fatal("a watch of 2 s still open after 30 s")
+		}
+	}
+	if !sawAdded || time.Since(opened) < time.Second {
+		t.Fatalf("the watch saw the created EndpointSlice: %v; it ended after %v, want about 2 s", sawAdded, time.Since(opened))
 	}
 
 	// Built-in objects travel as protobuf, as client-go's typed clients send them.
@@ -257,14 +277,3 @@ func await(t *testing.T, what string, cond func() bool) {
 }
 
 func ptr[T any](v T) *T { return &v }
-
-// drained is closed once w's result channel is.
-func drained(w watch.Interface) <-chan struct{} {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for range w.ResultChan() {
-		}
-	}()
-	return done
-}
