@@ -260,7 +260,10 @@ func (w *ImportWriter) Run(ctx context.Context) error {
 	return r.run(ctx)
 }
 
-// byImportIndex indexes EndpointSlices and Services by the import they belong to.
+// byImportIndex indexes EndpointSlices by the import they belong to, and the
+// Services of an import that are not named as its derived Service
+// (strays): that one is read by its name, since an index costs a set per
+// value, and so one per import.
 const byImportIndex = "import"
 
 // cidrState is what the run knows of ServiceCIDR nave-clusterset.
@@ -308,16 +311,18 @@ func (r *importRun) run(ctx context.Context) error {
 	if err := informers.SetTransform(leanImported); err != nil {
 		return fmt.Errorf("strip imported objects: %w", err)
 	}
-	byImport := cache.Indexers{byImportIndex: func(obj any) ([]string, error) {
-		if o, ok := obj.(metav1.Object); ok {
-			if key, ok := objectKey(kindEndpointSlice, o); ok {
-				return []string{key.String()}, nil
+	byImport := func(kind objKind) cache.Indexers {
+		return cache.Indexers{byImportIndex: func(obj any) ([]string, error) {
+			if o, ok := obj.(metav1.Object); ok {
+				if key, ok := objectKey(kind, o); ok && (kind != kindService || o.GetName() != imports.DerivedServiceName(key)) {
+					return []string{key.String()}, nil
+				}
 			}
-		}
-		return nil, nil
-	}}
-	for _, inf := range []cache.SharedIndexInformer{esInf, svcInf} {
-		if err := inf.AddIndexers(byImport); err != nil {
+			return nil, nil
+		}}
+	}
+	for kind, inf := range map[objKind]cache.SharedIndexInformer{kindEndpointSlice: esInf, kindService: svcInf} {
+		if err := inf.AddIndexers(byImport(kind)); err != nil {
 			return fmt.Errorf("index imported objects: %w", err)
 		}
 	}
@@ -409,16 +414,18 @@ func (r *importRun) publish(prev, st *federation.ImportState) {
 		for k := range st.Imports {
 			keys[k] = true
 		}
-		for _, idx := range []cache.Indexer{r.endpointSlices, r.services} {
-			for _, k := range idx.ListIndexFuncValues(byImportIndex) {
-				if key, err := registry.ParseServiceKey(k); err == nil {
-					keys[key] = true
-				}
+		for _, k := range r.endpointSlices.ListIndexFuncValues(byImportIndex) {
+			if key, err := registry.ParseServiceKey(k); err == nil {
+				keys[key] = true
 			}
 		}
-		for _, o := range r.serviceImports.List() {
-			if m, ok := o.(metav1.Object); ok {
-				keys[registry.ServiceKey{Namespace: m.GetNamespace(), Name: m.GetName()}] = true
+		for kind, idx := range map[objKind]cache.Indexer{kindService: r.services, kindServiceImport: r.serviceImports} {
+			for _, o := range idx.List() {
+				if m, ok := o.(metav1.Object); ok {
+					if key, ok := objectKey(kind, m); ok {
+						keys[key] = true
+					}
+				}
 			}
 		}
 	default:
@@ -607,9 +614,10 @@ func (r *importRun) serviceImport(key registry.ServiceKey) *keptServiceImport {
 	return si
 }
 
-func resolved[T metav1.Object](r *importRun, kind objKind, idx cache.Indexer, key registry.ServiceKey) []T {
+// resolved are the cached objects of an import, items, with the writer's
+// own recent writes in place, sorted by name.
+func resolved[T metav1.Object](r *importRun, kind objKind, key registry.ServiceKey, items []any) []T {
 	cached := map[string]metav1.Object{}
-	items, _ := idx.ByIndex(byImportIndex, key.String())
 	for _, o := range items {
 		if m, ok := o.(T); ok {
 			cached[m.GetName()] = m
@@ -625,11 +633,21 @@ func resolved[T metav1.Object](r *importRun, kind objKind, idx cache.Indexer, ke
 }
 
 func (r *importRun) slicesOf(key registry.ServiceKey) []*keptSlice {
-	return resolved[*keptSlice](r, kindEndpointSlice, r.endpointSlices, key)
+	items, _ := r.endpointSlices.ByIndex(byImportIndex, key.String())
+	return resolved[*keptSlice](r, kindEndpointSlice, key, items)
 }
 
+// servicesOf are the import's derived Service, read by its name, and its strays.
 func (r *importRun) servicesOf(key registry.ServiceKey) []*keptService {
-	return resolved[*keptService](r, kindService, r.services, key)
+	items, _ := r.services.ByIndex(byImportIndex, key.String())
+	if o, ok, _ := r.services.GetByKey(key.Namespace + "/" + imports.DerivedServiceName(key)); ok {
+		if m, ok := o.(metav1.Object); ok {
+			if k, ok := objectKey(kindService, m); ok && k == key {
+				items = append(items, o)
+			}
+		}
+	}
+	return resolved[*keptService](r, kindService, key, items)
 }
 
 // timeout bounds one request.

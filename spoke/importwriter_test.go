@@ -1050,6 +1050,27 @@ func (f *iwFixture) testDrift(t *testing.T) {
 	if after := f.versions(t, ns); !reflect.DeepEqual(after, rvs) {
 		t.Errorf("resourceVersions changed:\n%v\n%v", rvs, after)
 	}
+
+	// A Service of Nave's for this import under another name (a stray) is
+	// deleted; the derived Service stays as it is.
+	stray := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web-stray", Namespace: ns, Labels: map[string]string{
+		ManagedByLabel: ManagedByValue, mcsv1beta1.LabelServiceName: key.Name}},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}}
+	if _, err := f.c.Client.CoreV1().Services(ns).Create(ctx, stray, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(iwAwait); ; time.Sleep(50 * time.Millisecond) {
+		_, err := f.c.Client.CoreV1().Services(ns).Get(ctx, stray.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the stray Service is still there: %v", err)
+		}
+	}
+	if now, _ := f.derivedService(t, key); now == nil || now.ResourceVersion != rvs[ns+"/Service/"+derived] {
+		t.Errorf("the derived Service changed with its stray: %+v", now)
+	}
 }
 
 func iwPtr[T any](v T) *T { return &v }
