@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
-	"reflect"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -750,44 +749,57 @@ func (r *importRun) ensureStatus(ctx context.Context, si *keptServiceImport, imp
 	if res.ipCond != nil {
 		want = append(want, *res.ipCond)
 	}
-	status := toMap(&si.Status) // as the API server's JSON has it
-	current, _, _ := unstructured.NestedSlice(status, "conditions")
-	kept := slices.DeleteFunc(slices.Clone(current), func(c any) bool {
-		m, _ := c.(map[string]any)
-		return res.ipCond == nil && m != nil && m["type"] == ConditionClusterSetIP
-	})
-	conds, changed := mergeConditions(kept, want, si.GetGeneration(), time.Now())
-	changed = changed || len(kept) != len(current)
 	clusters := make([]any, 0, len(imp.Sources))
 	for _, src := range imp.Sources { // sorted by cluster ID
 		clusters = append(clusters, map[string]any{"cluster": string(src.Cluster)})
 	}
-	curClusters, _, _ := unstructured.NestedSlice(status, "clusters")
-	if !changed && (reflect.DeepEqual(curClusters, clusters) || len(curClusters) == 0 && len(clusters) == 0) {
+	if si.status == statusSum(wantedStatus(want, clusters, si.GetGeneration())) {
 		return
 	}
+
+	// Not as wanted: read the status the conditions merge into.
+	what := "ServiceImport status"
+	gctx, cancel := timeout(ctx)
+	got, err := r.serviceImportClient(key.Namespace).Get(gctx, key.Name, metav1.GetOptions{})
+	cancel()
+	switch {
+	case apierrors.IsNotFound(err):
+		r.written.forget(kindServiceImport, key, key.Name)
+		res.failed(r.log, key, what, err)
+		return
+	case err != nil:
+		res.failed(r.log, key, what, err)
+		return
+	case got.GetUID() != si.GetUID():
+		res.failed(r.log, key, what, errors.New("it changed under the writer"))
+		return
+	}
+	status := statusUpdate(toMap(&typedServiceImport(got).Status), want, clusters, got.GetGeneration(), time.Now())
+	if status == nil {
+		return // the cache was behind: its next version syncs the import again
+	}
 	body, err := json.Marshal(map[string]any{
-		"metadata": map[string]any{"resourceVersion": si.GetResourceVersion()},
-		"status":   map[string]any{"clusters": clusters, "conditions": conds},
+		"metadata": map[string]any{"resourceVersion": got.GetResourceVersion()},
+		"status":   status,
 	})
 	if err != nil {
-		res.failed(r.log, key, "ServiceImport status", err)
+		res.failed(r.log, key, what, err)
 		return
 	}
 	var sub []string
 	if r.api.importStatus {
 		sub = []string{"status"}
 	}
-	ctx, cancel := timeout(ctx)
+	pctx, cancel := timeout(ctx)
 	defer cancel()
-	out, err := r.serviceImportClient(key.Namespace).Patch(ctx, key.Name, types.MergePatchType, body,
+	out, err := r.serviceImportClient(key.Namespace).Patch(pctx, key.Name, types.MergePatchType, body,
 		metav1.PatchOptions{FieldManager: ImportFieldManager}, sub...)
 	r.w.count(kindServiceImport, verbPatch, err)
 	if err != nil {
 		if apierrors.IsNotFound(err) {
 			r.written.forget(kindServiceImport, key, key.Name)
 		}
-		res.failed(r.log, key, "ServiceImport status", err)
+		res.failed(r.log, key, what, err)
 		return
 	}
 	r.written.put(kindServiceImport, key, leanServiceImport(out))

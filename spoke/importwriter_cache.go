@@ -152,26 +152,51 @@ func (k *keptService) annotation(key string) (string, bool) {
 }
 
 // keptServiceImport is what the writer keeps of a ServiceImport: its
-// metadata without labels and annotations, its status (which the writer
-// merges conditions into), and, for its labels, annotations and spec,
-// which the writer owns whole, their sum (ownedSum of serviceImportOwned).
-// A ServiceImport changes with the exported service's ports and
-// properties, its clusterset IPs, and when a source cluster goes stale or
-// comes back (StaleClustersAnnotation), not with endpoints; so the writer
-// reads it from the API server when its sum is not the desired one,
-// rather than keep every import's spec, labels and annotations.
+// metadata without labels and annotations; for its labels, annotations and
+// spec, which the writer owns whole, their sum (ownedSum of
+// serviceImportOwned); and for its status, which the writer merges its
+// conditions into, the sum of what it compares of it (statusSum). A
+// ServiceImport changes with the exported service's ports and properties,
+// its clusterset IPs, and when a source cluster goes stale or comes back
+// (StaleClustersAnnotation), not with endpoints; so the writer reads it
+// from the API server when a sum is not the desired one, rather than keep
+// every import's spec, labels, annotations and conditions.
 type keptServiceImport struct {
 	metav1.ObjectMeta
-	Status mcsv1beta1.ServiceImportStatus
 	owned  string
+	status string
 }
 
 // leanServiceImport is what the writer keeps of a ServiceImport of either version.
 func leanServiceImport(u *unstructured.Unstructured) *keptServiceImport {
 	si := typedServiceImport(u)
-	k := &keptServiceImport{Status: si.Status, owned: ownedSum(serviceImportOwned(si)), ObjectMeta: si.ObjectMeta}
+	k := &keptServiceImport{owned: ownedSum(serviceImportOwned(si)), status: statusSum(toMap(&si.Status)), ObjectMeta: si.ObjectMeta}
 	k.Labels, k.Annotations = nil, nil
 	return k
+}
+
+// statusSum is the sum of what ensureStatus compares of a ServiceImport's
+// status (as toMap gives it): its clusters, whether a condition is not an
+// object, and of each of the writer's conditions (the last of its type) the
+// status, reason, message, observed generation and whether it has a
+// transition time. Others' conditions are not in it: the writer keeps them
+// as they are.
+func statusSum(status map[string]any) string {
+	ours, malformed := map[string]any{}, false
+	conditions, _ := status["conditions"].([]any)
+	for _, c := range conditions {
+		m, ok := c.(map[string]any)
+		if !ok {
+			malformed = true
+			continue
+		}
+		if typ, _ := m["type"].(string); typ == ConditionReady || typ == ConditionClusterSetIP {
+			t, _ := m["lastTransitionTime"].(string)
+			ours[typ] = map[string]any{"status": m["status"], "reason": m["reason"], "message": m["message"],
+				"observedGeneration": m["observedGeneration"], "timed": t != ""}
+		}
+	}
+	return ownedSum(map[string]any{"clusters": status["clusters"], "conditions": ours, "malformed": malformed})
 }
 
 // typedServiceImport is a ServiceImport of either version (they have the

@@ -3,6 +3,7 @@ package spoke
 import (
 	"encoding/json"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -181,8 +182,14 @@ func TestLeanImportedKeepsWhatTheWriterReads(t *testing.T) {
 			if got, want := lean.owned, ownedSum(serviceImportOwned(desiredServiceImport(imp, []string{"10.200.0.10"}))); got == want {
 				t.Errorf("%s: the sum of a ServiceImport with others' labels and annotations is the desired one's", version)
 			}
-			if status := toMap(&lean.Status); !reflect.DeepEqual(status, u.Object["status"]) {
-				t.Errorf("%s: status\n%v\nwant\n%v", version, status, u.Object["status"])
+			// The status is kept as the sum of what the writer compares of it.
+			if got, want := lean.status, statusSum(u.Object["status"].(map[string]any)); got != want {
+				t.Errorf("%s: status sum %q, want %q", version, got, want)
+			}
+			ready := exportCondition{Type: ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonImportReady, Message: "written"}
+			clusters := []any{map[string]any{"cluster": "east"}, map[string]any{"cluster": "west"}}
+			if lean.status != statusSum(wantedStatus([]exportCondition{ready}, clusters, 3)) {
+				t.Errorf("%s: the status sum is not that of the status the writer wrote", version)
 			}
 			if lean.UID != si.UID || lean.ResourceVersion != si.ResourceVersion || lean.Generation != si.Generation ||
 				lean.Name != si.Name || lean.Namespace != si.Namespace || lean.ManagedFields != nil {
@@ -303,6 +310,66 @@ func TestOwnedSumIsMergePatchEquality(t *testing.T) {
 				t.Errorf("%v is not alike itself", a)
 			}
 		}
+	}
+}
+
+// A kept ServiceImport's status sum is the wanted one exactly when
+// statusUpdate finds nothing to write: otherwise the writer would miss a
+// status change, or read the ServiceImport at every sync.
+func TestStatusSumIsStatusUpdateEquality(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	ready := exportCondition{Type: ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonImportReady, Message: "written"}
+	refused := exportCondition{Type: ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonRefused, Message: "no"}
+	ip := exportCondition{Type: ConditionClusterSetIP, Status: metav1.ConditionTrue, Reason: ReasonAllocated, Message: "10.200.0.1"}
+	wants := [][]exportCondition{{ready}, {refused}, {ready, ip}}
+	east := []any{map[string]any{"cluster": "east"}}
+	both := []any{map[string]any{"cluster": "east"}, map[string]any{"cluster": "west"}}
+	clusterLists := [][]any{{}, east, both}
+	cond := func(c exportCondition, generation int64, transition time.Time) metav1.Condition {
+		return metav1.Condition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message,
+			ObservedGeneration: generation, LastTransitionTime: metav1.NewTime(transition)}
+	}
+	theirs := metav1.Condition{Type: "SomeoneElses", Status: metav1.ConditionTrue, Reason: "Because", Message: "theirs",
+		LastTransitionTime: metav1.NewTime(now)}
+	var statuses []mcsv1beta1.ServiceImportStatus
+	statuses = append(statuses, mcsv1beta1.ServiceImportStatus{})
+	for _, want := range wants {
+		for _, clusters := range []([]mcsv1beta1.ClusterStatus){nil, {{Cluster: "east"}}, {{Cluster: "east"}, {Cluster: "west"}}} {
+			var conds []metav1.Condition
+			for _, c := range want {
+				conds = append(conds, cond(c, 3, now))
+			}
+			statuses = append(statuses,
+				mcsv1beta1.ServiceImportStatus{Clusters: clusters, Conditions: conds},
+				mcsv1beta1.ServiceImportStatus{Clusters: clusters, Conditions: append(slices.Clone(conds), theirs)},
+				mcsv1beta1.ServiceImportStatus{Clusters: clusters, Conditions: append([]metav1.Condition{theirs}, conds...)},
+				mcsv1beta1.ServiceImportStatus{Clusters: clusters, Conditions: append(slices.Clone(conds), cond(ip, 3, now))},
+				mcsv1beta1.ServiceImportStatus{Clusters: clusters, Conditions: append(slices.Clone(conds), cond(refused, 3, now))},
+			)
+			stale, untimed, moved := slices.Clone(conds), slices.Clone(conds), slices.Clone(conds)
+			stale[0].ObservedGeneration = 2
+			untimed[0].LastTransitionTime = metav1.Time{}
+			moved[0].Message += "!"
+			for _, c := range [][]metav1.Condition{stale, untimed, moved} {
+				statuses = append(statuses, mcsv1beta1.ServiceImportStatus{Clusters: clusters, Conditions: c})
+			}
+		}
+	}
+	for _, st := range statuses {
+		current := toMap(&st)
+		for _, want := range wants {
+			for _, clusters := range clusterLists {
+				unchanged := statusUpdate(current, want, clusters, 3, now.Add(time.Hour)) == nil
+				if same := statusSum(current) == statusSum(wantedStatus(want, clusters, 3)); same != unchanged {
+					t.Errorf("status %+v, want %v in %v: same sum %v, nothing to write %v", st, want, clusters, same, unchanged)
+				}
+			}
+		}
+	}
+	// What the writer writes reads as wanted.
+	written := statusUpdate(map[string]any{}, wants[2], both, 3, now)
+	if statusUpdate(written, wants[2], both, 3, now.Add(time.Hour)) != nil || statusSum(written) != statusSum(wantedStatus(wants[2], both, 3)) {
+		t.Errorf("the status the writer wrote is not as wanted: %v", written)
 	}
 }
 

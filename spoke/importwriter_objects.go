@@ -6,10 +6,12 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
@@ -495,4 +497,36 @@ func conditionMessage(problems []string) string {
 	problems = slices.Clone(problems)
 	slices.Sort(problems)
 	return truncate(strings.Join(slices.Compact(problems), "; "))
+}
+
+// wantedStatus is a ServiceImport status as the writer writes it, with the
+// conditions want and these clusters, for statusSum (its transition times
+// are placeholders: statusSum only asks whether there is one).
+func wantedStatus(want []exportCondition, clusters []any, generation int64) map[string]any {
+	conditions := make([]any, len(want))
+	for i, w := range want {
+		conditions[i] = map[string]any{"type": w.Type, "status": string(w.Status), "reason": w.Reason, "message": w.Message,
+			"lastTransitionTime": "kept", "observedGeneration": generation}
+	}
+	return map[string]any{"clusters": clusters, "conditions": conditions}
+}
+
+// statusUpdate is the status the writer writes into a ServiceImport whose
+// status (as toMap gives it) is status: the conditions want merged into its
+// conditions (a ClusterSetIP condition not in want is dropped), and the
+// clusters. It is nil when status has them already.
+func statusUpdate(status map[string]any, want []exportCondition, clusters []any, generation int64, now time.Time) map[string]any {
+	ip := slices.ContainsFunc(want, func(c exportCondition) bool { return c.Type == ConditionClusterSetIP })
+	current, _, _ := unstructured.NestedSlice(status, "conditions")
+	kept := slices.DeleteFunc(slices.Clone(current), func(c any) bool {
+		m, _ := c.(map[string]any)
+		return !ip && m != nil && m["type"] == ConditionClusterSetIP
+	})
+	conds, changed := mergeConditions(kept, want, generation, now)
+	changed = changed || len(kept) != len(current)
+	curClusters, _, _ := unstructured.NestedSlice(status, "clusters")
+	if !changed && (reflect.DeepEqual(curClusters, clusters) || len(curClusters) == 0 && len(clusters) == 0) {
+		return nil
+	}
+	return map[string]any{"clusters": clusters, "conditions": conds}
 }
