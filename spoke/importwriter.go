@@ -770,13 +770,15 @@ func (r *importRun) ensureStatus(ctx context.Context, si *keptServiceImport, imp
 	case err != nil:
 		res.failed(r.log, key, what, err)
 		return
-	case got.GetUID() != si.GetUID():
+	case got.GetUID() != si.GetUID() || !owned(got) || got.GetGeneration() != si.GetGeneration():
+		// Replaced, no longer Nave's, or a spec this sync did not check: the
+		// cache will say so, and the import be synced again.
 		res.failed(r.log, key, what, errors.New("it changed under the writer"))
 		return
 	}
-	status := statusUpdate(toMap(&typedServiceImport(got).Status), want, clusters, got.GetGeneration(), time.Now())
+	status := statusUpdate(toMap(&typedServiceImport(got).Status), want, clusters, si.GetGeneration(), time.Now())
 	if status == nil {
-		return // the cache was behind: its next version syncs the import again
+		return // already as wanted: the cache is behind
 	}
 	body, err := json.Marshal(map[string]any{
 		"metadata": map[string]any{"resourceVersion": got.GetResourceVersion()},

@@ -346,11 +346,13 @@ func TestStatusSumIsStatusUpdateEquality(t *testing.T) {
 				mcsv1beta1.ServiceImportStatus{Clusters: clusters, Conditions: append(slices.Clone(conds), cond(ip, 3, now))},
 				mcsv1beta1.ServiceImportStatus{Clusters: clusters, Conditions: append(slices.Clone(conds), cond(refused, 3, now))},
 			)
-			stale, untimed, moved := slices.Clone(conds), slices.Clone(conds), slices.Clone(conds)
+			stale, untimed, moved, flipped, reasoned := slices.Clone(conds), slices.Clone(conds), slices.Clone(conds), slices.Clone(conds), slices.Clone(conds)
 			stale[0].ObservedGeneration = 2
 			untimed[0].LastTransitionTime = metav1.Time{}
 			moved[0].Message += "!"
-			for _, c := range [][]metav1.Condition{stale, untimed, moved} {
+			flipped[len(flipped)-1].Status = metav1.ConditionUnknown
+			reasoned[len(reasoned)-1].Reason += "Too"
+			for _, c := range [][]metav1.Condition{stale, untimed, moved, flipped, reasoned} {
 				statuses = append(statuses, mcsv1beta1.ServiceImportStatus{Clusters: clusters, Conditions: c})
 			}
 		}
