@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/navemesh/nave/registry"
 	discoveryv1 "k8s.io/api/discovery/v1"
 )
 
@@ -85,9 +86,43 @@ func TestCachedSlicesAreCompacted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := out.(*discoveryv1.EndpointSlice)
+	got := &out.(*cachedSlice).EndpointSlice
 	if cap(got.Endpoints) != len(got.Endpoints) || got.Endpoints[0].Conditions.Serving != &sharedTrue {
 		t.Error("the cached slice is not compacted")
+	}
+}
+
+// The source's cache keeps the service a slice belongs to, not its labels
+// (a map per slice).
+func TestCachedSlicesKeepTheirServiceNotTheirLabels(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		labels map[string]string
+		want   registry.ServiceKey
+	}{
+		{"a service's", map[string]string{discoveryv1.LabelServiceName: "web", "app": "web"}, registry.ServiceKey{Namespace: "shop", Name: "web"}},
+		{"no service's", map[string]string{"app": "web"}, registry.ServiceKey{}},
+		{"the import writer's", map[string]string{discoveryv1.LabelServiceName: "web", ManagedByLabel: ManagedByValue}, registry.ServiceKey{}},
+	} {
+		es := decodedSlice(3)
+		es.Namespace, es.Name, es.Labels = "shop", "web-1", tc.labels
+		out, err := strip(es)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, ok := out.(*cachedSlice)
+		if !ok {
+			t.Fatalf("%s: cached as %T", tc.name, out)
+		}
+		if key, ok := c.belongs(); key != tc.want || ok != (tc.want != registry.ServiceKey{}) {
+			t.Errorf("%s: belongs to %v (%v), want %v", tc.name, key, ok, tc.want)
+		}
+		if c.Labels != nil || c.Name != "web-1" || c.Namespace != "shop" || len(c.Endpoints) != 4 {
+			t.Errorf("%s: cached %+v", tc.name, c.EndpointSlice)
+		}
+		if again, _ := strip(c); again != c {
+			t.Errorf("%s: not idempotent", tc.name)
+		}
 	}
 }
 

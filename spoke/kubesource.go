@@ -171,6 +171,26 @@ func sliceService(es *discoveryv1.EndpointSlice) (registry.ServiceKey, bool) {
 	return registry.ServiceKey{Namespace: es.Namespace, Name: name}, name != "" && !imported(es)
 }
 
+// cachedSlice is an EndpointSlice as the source's cache keeps it (see
+// strip): without labels, since a map costs more than the rest of a small
+// slice's metadata, but with the service they name.
+type cachedSlice struct {
+	discoveryv1.EndpointSlice
+	service registry.ServiceKey // zero when it belongs to none the source builds (sliceService)
+}
+
+func cacheSlice(es *discoveryv1.EndpointSlice) *cachedSlice {
+	c := &cachedSlice{EndpointSlice: *es}
+	if key, ok := sliceService(es); ok {
+		c.service = key
+	}
+	c.Labels = nil
+	return c
+}
+
+// belongs is the service the slice belongs to, if any.
+func (c *cachedSlice) belongs() (registry.ServiceKey, bool) { return c.service, c.service.Name != "" }
+
 // Run watches the cluster until ctx ends; see KubeSource. It fails only when
 // the informers cannot be set up or ctx ends before the caches sync.
 func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
@@ -196,8 +216,8 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 	k.slicesIdx = esInf.GetIndexer()
 	if err := esInf.AddIndexers(cache.Indexers{
 		byServiceIndex: func(obj any) ([]string, error) {
-			if es, ok := obj.(*discoveryv1.EndpointSlice); ok {
-				if key, ok := sliceService(es); ok {
+			if es, ok := obj.(*cachedSlice); ok {
+				if key, ok := es.belongs(); ok {
 					return []string{key.String()}, nil
 				}
 			}
@@ -220,8 +240,8 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 		}
 	}
 	enqueueSlice := func(obj any) {
-		if es, ok := tombstone(obj).(*discoveryv1.EndpointSlice); ok {
-			if key, ok := sliceService(es); ok {
+		if es, ok := tombstone(obj).(*cachedSlice); ok {
+			if key, ok := es.belongs(); ok {
 				if k.nodesLive.Load() {
 					k.Origins.Saw(key, es.ResourceVersion, time.Time{})
 				}
@@ -243,11 +263,11 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 		// slices by node, which holds an entry per node of every slice.
 		node := cmp.Or(c, o)
 		for _, obj := range k.slicesIdx.List() {
-			es, ok := obj.(*discoveryv1.EndpointSlice)
-			if !ok || !onNode(es, node.Name) {
+			es, ok := obj.(*cachedSlice)
+			if !ok || !onNode(&es.EndpointSlice, node.Name) {
 				continue
 			}
-			if key, ok := sliceService(es); ok {
+			if key, ok := es.belongs(); ok {
 				k.Origins.Saw(key, node.ResourceVersion, time.Time{}) // the change began with the Node's
 				k.queue.Add(key)
 			}
@@ -429,31 +449,28 @@ func (k *KubeSource) build(key registry.ServiceKey) (shard *registry.Shard, expo
 	if svc.Spec.Type == corev1.ServiceTypeExternalName {
 		return nil, false, ""
 	}
-	objs := Objects{Services: []*corev1.Service{svc}}
 	items, _ := k.slicesIdx.ByIndex(byServiceIndex, key.String())
-	seenNode := map[string]bool{}
+	eslices := make([]*discoveryv1.EndpointSlice, 0, len(items))
+	nodes := map[string]*corev1.Node{}
 	for _, o := range items {
-		es := o.(*discoveryv1.EndpointSlice)
-		objs.EndpointSlices = append(objs.EndpointSlices, es)
+		es := &o.(*cachedSlice).EndpointSlice
+		eslices = append(eslices, es)
 		for _, e := range es.Endpoints {
-			if e.NodeName != nil && !seenNode[*e.NodeName] {
-				seenNode[*e.NodeName] = true
-				if n, err := k.nodes.Get(*e.NodeName); err == nil {
-					objs.Nodes = append(objs.Nodes, n)
-				}
+			if e.NodeName == nil {
+				continue
+			}
+			if _, seen := nodes[*e.NodeName]; !seen {
+				nodes[*e.NodeName], _ = k.nodes.Get(*e.NodeName) // nil when the cache has none
 			}
 		}
 	}
-	opts := k.opts
-	opts.ExportAll = true // the export decision is made above
-	shards, invalid, errs := BuildShards(objs, opts)
+	shard, errs, err := serviceShard(key, svc, eslices, nodes, k.opts, k.opts.limits())
 	for _, err := range errs {
 		k.log.Warn("ignored invalid input; the rest of the service is published", "error", err)
 	}
-	if err := invalid[key]; err != nil {
+	if err != nil {
 		return nil, true, err.Error()
 	}
-	shard = shards[key]
 	if export != nil {
 		// MCS: a service is exported when its ServiceExport is created; conflicts go to the oldest export.
 		if t := export.GetCreationTimestamp(); !t.IsZero() {
@@ -646,7 +663,8 @@ func tombstone(obj any) any {
 // strip is the informers' transform: it keeps only what Nave reads of each
 // object (and what a ServiceExport status update needs), so that the caches
 // of a large cluster stay small. It changes the object in place, as informer
-// transforms may, and is idempotent.
+// transforms may, and is idempotent. An EndpointSlice is cached as a
+// cachedSlice.
 func strip(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *corev1.Service:
@@ -668,12 +686,12 @@ func strip(obj any) (any, error) {
 		o.Spec = spec
 	case *discoveryv1.EndpointSlice:
 		o.ManagedFields, o.Annotations, o.OwnerReferences = nil, nil, nil
-		o.Labels = keepLabels(o.Labels, discoveryv1.LabelServiceName, ManagedByLabel)
 		for i := range o.Endpoints {
 			e := &o.Endpoints[i]
 			e.TargetRef, e.DeprecatedTopology, e.Hints = nil, nil, nil
 		}
 		compactEndpoints(o)
+		return cacheSlice(o), nil
 	case *corev1.Namespace:
 		o.ObjectMeta = metav1.ObjectMeta{Name: o.Name, ResourceVersion: o.ResourceVersion}
 		o.Spec, o.Status = corev1.NamespaceSpec{}, corev1.NamespaceStatus{}

@@ -96,11 +96,8 @@ func BuildShards(objs Objects, opts BuildOptions) (shards map[registry.ServiceKe
 			continue
 		}
 		seen[k] = true
-		es := slicesOf[k]
-		slices.SortFunc(es, func(a, b *discoveryv1.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
-		shard, epErrs := buildShard(k, svc, es, nodes, opts, lim)
-		shard.Normalize()
-		if err := shard.Validate(lim); err != nil {
+		shard, epErrs, err := serviceShard(k, svc, slicesOf[k], nodes, opts, lim)
+		if err != nil {
 			invalid[k] = err
 			continue
 		}
@@ -108,6 +105,20 @@ func BuildShards(objs Objects, opts BuildOptions) (shards map[registry.ServiceKe
 		shards[k] = shard
 	}
 	return shards, invalid, errs
+}
+
+// serviceShard is the normalized shard of service k, built from its Service
+// and EndpointSlices (which it sorts by name) as BuildShards builds each,
+// or why the service cannot be sent (err); epErrs are the endpoints left out.
+func serviceShard(k registry.ServiceKey, svc *corev1.Service, eslices []*discoveryv1.EndpointSlice, nodes map[string]*corev1.Node,
+	opts BuildOptions, lim registry.Limits) (shard *registry.Shard, epErrs []error, err error) {
+	slices.SortFunc(eslices, func(a, b *discoveryv1.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
+	shard, epErrs = buildShard(k, svc, eslices, nodes, opts, lim)
+	shard.Normalize()
+	if err := shard.Validate(lim); err != nil {
+		return nil, nil, err
+	}
+	return shard, epErrs, nil
 }
 
 // buildShard builds a service's shard, leaving out (and reporting) each
