@@ -2,11 +2,14 @@ package spoke
 
 import (
 	"fmt"
+	"maps"
 	"reflect"
 	"testing"
 
 	"github.com/navemesh/nave/registry"
+	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // A slice as the decoder leaves it: every pointer and list allocated apart,
@@ -123,6 +126,56 @@ func TestCachedSlicesKeepTheirServiceNotTheirLabels(t *testing.T) {
 		if again, _ := strip(c); again != c {
 			t.Errorf("%s: not idempotent", tc.name)
 		}
+	}
+}
+
+// Cached Services (and Nodes) with the same kept labels share one map;
+// labels Nave does not read are not kept.
+func TestCachedServicesShareTheirLabels(t *testing.T) {
+	cached := func(labels map[string]string) map[string]string {
+		out, err := strip(&corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "shop", Labels: labels}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out.(*corev1.Service).Labels
+	}
+	same := func(a, b map[string]string) bool {
+		return reflect.ValueOf(a).UnsafePointer() == reflect.ValueOf(b).UnsafePointer()
+	}
+	a := cached(map[string]string{ExportLabel: "true", "app": "a"})
+	b := cached(map[string]string{ExportLabel: "true", "app": "b"})
+	gw := cached(map[string]string{NetworkGatewayLabel: "net-1", "app": "a"})
+	gw2 := cached(map[string]string{NetworkGatewayLabel: "net-2"})
+	if !maps.Equal(a, map[string]string{ExportLabel: "true"}) || !maps.Equal(gw, map[string]string{NetworkGatewayLabel: "net-1"}) {
+		t.Fatalf("kept labels %v and %v", a, gw)
+	}
+	if !same(a, b) {
+		t.Error("two Services labelled for export hold a map each")
+	}
+	if same(a, gw) || same(gw, gw2) || !maps.Equal(gw2, map[string]string{NetworkGatewayLabel: "net-2"}) {
+		t.Error("Services with other labels share a map")
+	}
+	if l := cached(map[string]string{"app": "a"}); l != nil {
+		t.Errorf("a Service with no label Nave reads keeps %v", l)
+	}
+	node := func(name string) map[string]string {
+		out, _ := strip(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
+			corev1.LabelTopologyRegion: "r1", corev1.LabelTopologyZone: "z1", corev1.LabelHostname: name}}})
+		return out.(*corev1.Node).Labels
+	}
+	if n1, n2 := node("n1"), node("n2"); !same(n1, n2) || len(n1) != 2 {
+		t.Errorf("two Nodes of one zone keep %v and %v, not one map", n1, n2)
+	}
+	// Past maxLabelSets, sets are kept apart, still right.
+	var s labelSets
+	for i := range maxLabelSets + 2 {
+		in := map[string]string{NetworkGatewayLabel: fmt.Sprint("net-", i)}
+		if got := s.share(map[string]string{NetworkGatewayLabel: fmt.Sprint("net-", i)}); !maps.Equal(got, in) {
+			t.Fatalf("share(%v) = %v", in, got)
+		}
+	}
+	if len(s.sets) != maxLabelSets {
+		t.Errorf("%d sets held, want at most %d", len(s.sets), maxLabelSets)
 	}
 }
 

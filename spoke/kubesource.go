@@ -8,6 +8,7 @@ import (
 	"maps"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -671,7 +672,7 @@ func strip(obj any) (any, error) {
 		gateway := o.Labels[NetworkGatewayLabel] != ""
 		o.ManagedFields, o.OwnerReferences = nil, nil
 		o.Annotations = keepLabels(o.Annotations, NetworkGatewayPortAnnotation)
-		o.Labels = keepLabels(o.Labels, ExportLabel, ManagedByLabel, NetworkGatewayLabel)
+		o.Labels = keptLabels.share(keepLabels(o.Labels, ExportLabel, ManagedByLabel, NetworkGatewayLabel))
 		spec := corev1.ServiceSpec{Type: o.Spec.Type, ClusterIP: o.Spec.ClusterIP, Ports: o.Spec.Ports,
 			SessionAffinity: o.Spec.SessionAffinity, SessionAffinityConfig: o.Spec.SessionAffinityConfig,
 			InternalTrafficPolicy: o.Spec.InternalTrafficPolicy, TrafficDistribution: o.Spec.TrafficDistribution,
@@ -697,7 +698,7 @@ func strip(obj any) (any, error) {
 		o.Spec, o.Status = corev1.NamespaceSpec{}, corev1.NamespaceStatus{}
 	case *corev1.Node:
 		o.ManagedFields, o.Annotations, o.OwnerReferences = nil, nil, nil
-		o.Labels = keepLabels(o.Labels, corev1.LabelTopologyRegion, corev1.LabelTopologyZone)
+		o.Labels = keptLabels.share(keepLabels(o.Labels, corev1.LabelTopologyRegion, corev1.LabelTopologyZone))
 		o.Spec, o.Status = corev1.NodeSpec{}, corev1.NodeStatus{}
 	case *unstructured.Unstructured:
 		unstructured.RemoveNestedField(o.Object, "metadata", "managedFields")
@@ -717,6 +718,48 @@ func keepLabels(labels map[string]string, keep ...string) map[string]string {
 		}
 	}
 	return out
+}
+
+// labelSets shares equal label sets between cached objects, which nobody
+// writes (as in every informer cache): one map for all costs less than one
+// map per object (about 300 bytes even for one label). It holds at most
+// maxLabelSets sets; others are not shared.
+type labelSets struct {
+	mu   sync.Mutex
+	sets map[string]map[string]string // by canonical form
+}
+
+const maxLabelSets = 1024
+
+// keptLabels are the label sets strip keeps of Services (the export label,
+// the import writer's, a network gateway's) and of Nodes (region and zone):
+// few keys, and few values between them.
+var keptLabels labelSets
+
+// share returns the shared set equal to labels (labels itself the first time).
+func (s *labelSets) share(labels map[string]string) map[string]string {
+	if len(labels) == 0 {
+		return labels
+	}
+	var key strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
+		key.WriteString(k)
+		key.WriteByte(0)
+		key.WriteString(labels[k])
+		key.WriteByte(0)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if shared, ok := s.sets[key.String()]; ok {
+		return shared
+	}
+	if len(s.sets) < maxLabelSets {
+		if s.sets == nil {
+			s.sets = map[string]map[string]string{}
+		}
+		s.sets[key.String()] = labels
+	}
+	return labels
 }
 
 var labelsEverything = labels.Everything()
