@@ -1064,7 +1064,7 @@ func (r *importRun) ensureSlices(ctx context.Context, imp *imports.Import, st *f
 		if wanted[es.Name] {
 			continue
 		}
-		if cluster := registry.ClusterID(es.Labels[mcsv1beta1.LabelSourceCluster]); sources[cluster] || st.Authoritative {
+		if cluster := registry.ClusterID(es.label(mcsv1beta1.LabelSourceCluster)); sources[cluster] || st.Authoritative {
 			r.deleteObject(ctx, kindEndpointSlice, key, es, res)
 		}
 	}

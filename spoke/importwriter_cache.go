@@ -44,26 +44,54 @@ func leanImported(obj any) (any, error) {
 }
 
 // keptSlice is what the writer keeps of an imported EndpointSlice: its
-// metadata with the labels Nave owns, what packing needs to know of it
-// (imports.Prev: each endpoint's first address and sum), and the sum of
-// its owned part. It keeps no endpoint: the import's endpoints are in the
-// state the hub sent, and a slice that differs from the desired one is
-// patched without being read (slicePatch).
+// metadata, with the labels Nave owns apart (a map would cost more than
+// they do), what packing needs to know of it (imports.Prev: each
+// endpoint's first address and sum), and the sum of its owned part. It
+// keeps no endpoint: the import's endpoints are in the state the hub sent,
+// and a slice that differs from the desired one is patched without being
+// read (slicePatch).
 type keptSlice struct {
-	metav1.ObjectMeta
-	prev     imports.Prev
-	readable bool   // it reads as an imported slice (importedSlice)
-	owned    string // ownedSum(sliceOwned(the slice))
+	metav1.ObjectMeta // without labels: see GetLabels
+	labels            [len(sliceLabelKeys)]string
+	hasLabel          [len(sliceLabelKeys)]bool
+	prev              imports.Prev
+	readable          bool   // it reads as an imported slice (importedSlice)
+	owned             string // ownedSum(sliceOwned(the slice))
 }
 
 func keepSlice(es *discoveryv1.EndpointSlice) *keptSlice {
 	k := &keptSlice{owned: ownedSum(sliceOwned(es)), ObjectMeta: metav1.ObjectMeta{
-		Namespace: es.Namespace, Name: es.Name, UID: es.UID, ResourceVersion: es.ResourceVersion,
-		Labels: keepLabels(es.Labels, sliceLabelKeys...)}}
+		Namespace: es.Namespace, Name: es.Name, UID: es.UID, ResourceVersion: es.ResourceVersion}}
+	for i, key := range sliceLabelKeys {
+		k.labels[i], k.hasLabel[i] = es.Labels[key]
+	}
 	if s, ok := importedSlice(es); ok {
 		k.prev, k.readable = s.Prev(), true
 	}
 	return k
+}
+
+// GetLabels returns the labels of the slice Nave owns (a new map; nil when it has none).
+func (k *keptSlice) GetLabels() map[string]string {
+	var labels map[string]string
+	for i, key := range sliceLabelKeys {
+		if k.hasLabel[i] {
+			if labels == nil {
+				labels = make(map[string]string, len(sliceLabelKeys))
+			}
+			labels[key] = k.labels[i]
+		}
+	}
+	return labels
+}
+
+// label returns one of the labels Nave owns ("" when the slice has none).
+func (k *keptSlice) label(key string) string {
+	i := slices.Index(sliceLabelKeys[:], key)
+	if i < 0 {
+		panic("keptSlice.label: " + key + " is not kept")
+	}
+	return k.labels[i]
 }
 
 // slicePatch is the merge patch that makes an imported slice, known by
@@ -73,7 +101,7 @@ func keepSlice(es *discoveryv1.EndpointSlice) *keptSlice {
 func slicePatch(cur *keptSlice, want map[string]any) map[string]any {
 	wantMeta, _ := want["metadata"].(map[string]any)
 	have := map[string]any{}
-	for k, v := range cur.Labels {
+	for k, v := range cur.GetLabels() {
 		have[k] = v
 	}
 	meta := mergePatch(map[string]any{"labels": have}, map[string]any{"labels": wantMeta["labels"]})

@@ -2,6 +2,7 @@ package spoke
 
 import (
 	"encoding/json"
+	"maps"
 	"reflect"
 	"slices"
 	"strings"
@@ -73,8 +74,14 @@ func TestLeanImportedKeepsWhatTheWriterReads(t *testing.T) {
 		if !owned(es) || k != key || es.UID != orig.UID || es.ResourceVersion != orig.ResourceVersion || es.Name != orig.Name {
 			t.Errorf("metadata %+v", es.ObjectMeta)
 		}
-		if es.ManagedFields != nil || es.Annotations != nil || es.OwnerReferences != nil || es.Labels["example.com/someone-else"] != "" {
-			t.Errorf("kept what the writer never reads: %+v", es.ObjectMeta)
+		if es.ManagedFields != nil || es.Annotations != nil || es.OwnerReferences != nil || es.Labels != nil {
+			t.Errorf("kept what the writer never reads, or labels as a map: %+v", es.ObjectMeta)
+		}
+		if got, want := es.GetLabels(), keepLabels(orig.Labels, sliceLabelKeys[:]...); len(want) < 4 || !maps.Equal(got, want) {
+			t.Errorf("labels %v, want those Nave owns: %v", got, want)
+		}
+		if got := es.label(mcsv1beta1.LabelSourceCluster); got != orig.Labels[mcsv1beta1.LabelSourceCluster] || got == "" {
+			t.Errorf("source cluster label %q", got)
 		}
 		if again, _ := leanImported(es); again != es {
 			t.Error("not idempotent")

@@ -84,7 +84,7 @@ const (
 )
 
 // sliceLabelKeys are the labels of an imported EndpointSlice Nave owns.
-var sliceLabelKeys = []string{ManagedByLabel, mcsv1beta1.LabelServiceName, mcsv1beta1.LabelSourceCluster,
+var sliceLabelKeys = [...]string{ManagedByLabel, mcsv1beta1.LabelServiceName, mcsv1beta1.LabelSourceCluster,
 	discoveryv1.LabelManagedBy, discoveryv1.LabelServiceName}
 
 // serviceLabelKeys are the labels of a derived Service Nave owns.
@@ -385,7 +385,7 @@ func sliceOwned(es *discoveryv1.EndpointSlice) map[string]any {
 	m := toMap(es)
 	meta, _ := m["metadata"].(map[string]any)
 	return map[string]any{
-		"metadata":    map[string]any{"labels": pick(meta["labels"], sliceLabelKeys...), "ownerReferences": meta["ownerReferences"]},
+		"metadata":    map[string]any{"labels": pick(meta["labels"], sliceLabelKeys[:]...), "ownerReferences": meta["ownerReferences"]},
 		"addressType": m["addressType"], "endpoints": m["endpoints"], "ports": m["ports"],
 	}
 }
