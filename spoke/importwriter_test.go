@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/netip"
 	"reflect"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/rest"
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 
 	"github.com/navemesh/nave/federation"
@@ -66,7 +69,8 @@ type iwWriter struct {
 	mu      sync.Mutex
 	written [2]uint64
 	wake    chan struct{}
-	stop    func() // ends Run (leadership lost), and waits for it
+	reads   atomic.Int64 // GETs of one object (not lists or watches) the writer sent
+	stop    func()       // ends Run (leadership lost), and waits for it
 }
 
 // tlog routes the writer's logs to the test's (shown on failure or with -v).
@@ -92,7 +96,16 @@ func (f *iwFixture) start(t *testing.T, epoch uint64) *iwWriter {
 		}
 	}
 	log := slog.New(slog.NewTextHandler(tlog{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	h.w = NewImportWriter(newKubeClient(t, f.c.Config), cfg, log)
+	rc := rest.CopyConfig(f.c.Config)
+	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if r.Method == http.MethodGet && !r.URL.Query().Has("watch") && isObjectPath(r.URL.Path) {
+				h.reads.Add(1)
+			}
+			return rt.RoundTrip(r)
+		})
+	})
+	h.w = NewImportWriter(newKubeClient(t, rc), cfg, log)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- h.w.Run(ctx) }()
@@ -104,6 +117,18 @@ func (f *iwFixture) start(t *testing.T, epoch uint64) *iwWriter {
 	})
 	t.Cleanup(h.stop)
 	return h
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// isObjectPath says whether an API path names one object of the kinds the
+// writer writes, as .../namespaces/<ns>/<resource>/<name>[/status] does.
+func isObjectPath(path string) bool {
+	parts := strings.Split(strings.TrimSuffix(path, "/status"), "/")
+	return len(parts) >= 4 && parts[len(parts)-4] == "namespaces" &&
+		slices.Contains([]string{"serviceimports", "services", "endpointslices"}, parts[len(parts)-2])
 }
 
 // set gives the writer the next version of a state and waits until it says it is written.
@@ -606,11 +631,14 @@ func (f *iwFixture) testManySlices(t *testing.T) {
 	eps = slices.Clone(eps)
 	eps[137].Conditions = registry.Conditions{Serving: true, Terminating: true}
 	imp2 := iwImport(t, key, nil, iwShardSpec{cluster: "east", ports: iwHTTP, eps: eps})
-	before, rvs := h.w.Stats(), f.versions(t, ns)
+	before, rvs, reads := h.w.Stats(), f.versions(t, ns), h.reads.Load()
 	h.set(t, false, nil, nil, imp2)
 	d := iwDelta(before, h.w.Stats())
 	if d.Total() != 1 || d.EndpointSlices.Patch != 1 || d.Failed != 0 {
 		t.Errorf("one endpoint change wrote %+v, want one EndpointSlice patch", d)
+	}
+	if n := h.reads.Load() - reads; n != 0 {
+		t.Errorf("one endpoint change read %d objects, want none (the kept sums say the rest is as wanted)", n)
 	}
 	after := f.versions(t, ns)
 	changed := 0
