@@ -757,31 +757,22 @@ func (r *importRun) ensureStatus(ctx context.Context, si *keptServiceImport, imp
 		return
 	}
 
-	// Not as wanted: read the status the conditions merge into.
-	what := "ServiceImport status"
-	gctx, cancel := timeout(ctx)
-	got, err := r.serviceImportClient(key.Namespace).Get(gctx, key.Name, metav1.GetOptions{})
-	cancel()
-	switch {
-	case apierrors.IsNotFound(err):
-		r.written.forget(kindServiceImport, key, key.Name)
-		res.failed(r.log, key, what, err)
-		return
-	case err != nil:
-		res.failed(r.log, key, what, err)
-		return
-	case got.GetUID() != si.GetUID() || !owned(got) || got.GetGeneration() != si.GetGeneration():
-		// Replaced, no longer Nave's, or a spec this sync did not check: the
-		// cache will say so, and the import be synced again.
-		res.failed(r.log, key, what, errors.New("it changed under the writer"))
-		return
+	// Not as wanted: merge into the status it holds, read unless it holds
+	// none (a ServiceImport just made), guarded by the version merged into.
+	const what = "ServiceImport status"
+	current, rv := map[string]any{}, si.GetResourceVersion()
+	if !si.bare {
+		var ok bool
+		if current, rv, ok = r.readStatus(ctx, si, key, res); !ok {
+			return
+		}
 	}
-	status := statusUpdate(toMap(&typedServiceImport(got).Status), want, clusters, si.GetGeneration(), time.Now())
+	status := statusUpdate(current, want, clusters, si.GetGeneration(), time.Now())
 	if status == nil {
 		return // already as wanted: the cache is behind
 	}
 	body, err := json.Marshal(map[string]any{
-		"metadata": map[string]any{"resourceVersion": got.GetResourceVersion()},
+		"metadata": map[string]any{"resourceVersion": rv},
 		"status":   status,
 	})
 	if err != nil {
@@ -805,6 +796,31 @@ func (r *importRun) ensureStatus(ctx context.Context, si *keptServiceImport, imp
 		return
 	}
 	r.written.put(kindServiceImport, key, leanServiceImport(out))
+}
+
+// readStatus reads a ServiceImport's status (as toMap gives it) and version,
+// if it is still the one the writer keeps (si) and of the generation the
+// sync checked; otherwise it fails the sync (ok false).
+func (r *importRun) readStatus(ctx context.Context, si *keptServiceImport, key registry.ServiceKey, res *syncResult) (status map[string]any, rv string, ok bool) {
+	const what = "ServiceImport status"
+	ctx, cancel := timeout(ctx)
+	defer cancel()
+	got, err := r.serviceImportClient(key.Namespace).Get(ctx, key.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		r.written.forget(kindServiceImport, key, key.Name)
+		res.failed(r.log, key, what, err)
+		return nil, "", false
+	case err != nil:
+		res.failed(r.log, key, what, err)
+		return nil, "", false
+	case got.GetUID() != si.GetUID() || !owned(got) || got.GetGeneration() != si.GetGeneration():
+		// Replaced, no longer Nave's, or a spec this sync did not check: the
+		// cache will say so, and the import be synced again.
+		res.failed(r.log, key, what, errors.New("it changed under the writer"))
+		return nil, "", false
+	}
+	return toMap(&typedServiceImport(got).Status), got.GetResourceVersion(), true
 }
 
 // ensureService keeps a ClusterSetIP import's derived Service, and returns

@@ -193,12 +193,14 @@ type keptServiceImport struct {
 	metav1.ObjectMeta
 	owned  string
 	status string
+	bare   bool // its status is empty: no clusters, no conditions (the writer knows it without reading it)
 }
 
 // leanServiceImport is what the writer keeps of a ServiceImport of either version.
 func leanServiceImport(u *unstructured.Unstructured) *keptServiceImport {
 	si := typedServiceImport(u)
-	k := &keptServiceImport{owned: ownedSum(serviceImportOwned(si)), status: statusSum(toMap(&si.Status)), ObjectMeta: si.ObjectMeta}
+	k := &keptServiceImport{owned: ownedSum(serviceImportOwned(si)), status: statusSum(toMap(&si.Status)), ObjectMeta: si.ObjectMeta,
+		bare: len(si.Status.Clusters) == 0 && len(si.Status.Conditions) == 0}
 	k.Labels, k.Annotations = nil, nil
 	return k
 }

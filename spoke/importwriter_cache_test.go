@@ -198,6 +198,14 @@ func TestLeanImportedKeepsWhatTheWriterReads(t *testing.T) {
 			if lean.status != statusSum(wantedStatus([]exportCondition{ready}, clusters, 3)) {
 				t.Errorf("%s: the status sum is not that of the status the writer wrote", version)
 			}
+			if lean.bare {
+				t.Errorf("%s: a status with conditions kept as bare", version)
+			}
+			noStatus := u.DeepCopy()
+			delete(noStatus.Object, "status")
+			if kept, _ := leanImported(noStatus); !kept.(*keptServiceImport).bare {
+				t.Errorf("%s: a ServiceImport without status not kept as bare", version)
+			}
 			if lean.UID != si.UID || lean.ResourceVersion != si.ResourceVersion || lean.Generation != si.Generation ||
 				lean.Name != si.Name || lean.Namespace != si.Namespace || lean.ManagedFields != nil {
 				t.Errorf("%s: metadata %+v", version, lean.ObjectMeta)

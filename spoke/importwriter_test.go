@@ -611,6 +611,13 @@ func (f *iwFixture) testManySlices(t *testing.T) {
 	imp := iwImport(t, key, nil, iwShardSpec{cluster: "east", ports: iwHTTP, eps: eps})
 	h := f.start(t, 1)
 	h.set(t, false, nil, nil, imp)
+	// Two reads: the derived Service's name before it is created (a create
+	// under a taken name would still allocate an IP), and the ServiceImport
+	// to write the derived Service's IPs into it. Not its status: the writer
+	// made it without one.
+	if n := h.reads.Load(); n != 2 {
+		t.Errorf("writing a new import read %d objects, want 2", n)
+	}
 	si, _ := f.serviceImport(t, key)
 	got := f.checkSlices(t, imp, si, imports.DerivedServiceName(key))
 	total := 0
