@@ -126,6 +126,9 @@ func TestCachedSlicesKeepTheirServiceNotTheirLabels(t *testing.T) {
 		if again, _ := strip(c); again != c {
 			t.Errorf("%s: not idempotent", tc.name)
 		}
+		if cp, ok := c.DeepCopyObject().(*cachedSlice); !ok || !reflect.DeepEqual(cp, c) || &cp.Endpoints[0] == &c.Endpoints[0] {
+			t.Errorf("%s: a deep copy is %T %+v", tc.name, c.DeepCopyObject(), c.DeepCopyObject())
+		}
 	}
 }
 

@@ -69,7 +69,7 @@ type iwWriter struct {
 	mu      sync.Mutex
 	written [2]uint64
 	wake    chan struct{}
-	reads   atomic.Int64 // GETs of one object (not lists or watches) the writer sent
+	reads   atomic.Int64 // GETs the writer sent of one ServiceImport, Service or EndpointSlice (not lists or watches)
 	stop    func()       // ends Run (leadership lost), and waits for it
 }
 

@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
@@ -187,6 +188,15 @@ func cacheSlice(es *discoveryv1.EndpointSlice) *cachedSlice {
 	}
 	c.Labels = nil
 	return c
+}
+
+// DeepCopyObject copies the cached slice whole: the embedded EndpointSlice's
+// would make an EndpointSlice of it, without its service (client-go's cache
+// mutation detector compares such copies).
+func (c *cachedSlice) DeepCopyObject() runtime.Object {
+	out := &cachedSlice{service: c.service}
+	c.EndpointSlice.DeepCopyInto(&out.EndpointSlice)
+	return out
 }
 
 // belongs is the service the slice belongs to, if any.
