@@ -753,13 +753,12 @@ func (r *importRun) ensureStatus(ctx context.Context, si *keptServiceImport, imp
 	for _, src := range imp.Sources { // sorted by cluster ID
 		clusters = append(clusters, map[string]any{"cluster": string(src.Cluster)})
 	}
-	if si.status == statusSum(wantedStatus(want, clusters, si.GetGeneration())) {
+	if si.status == wantedSum(want, clusters, si.GetGeneration()) {
 		return
 	}
 
 	// Not as wanted: merge into the status it holds, read unless it holds
 	// none (a ServiceImport just made), guarded by the version merged into.
-	const what = "ServiceImport status"
 	current, rv := map[string]any{}, si.GetResourceVersion()
 	if !si.bare {
 		var ok bool
@@ -776,7 +775,7 @@ func (r *importRun) ensureStatus(ctx context.Context, si *keptServiceImport, imp
 		"status":   status,
 	})
 	if err != nil {
-		res.failed(r.log, key, what, err)
+		res.failed(r.log, key, statusWhat, err)
 		return
 	}
 	var sub []string
@@ -792,7 +791,7 @@ func (r *importRun) ensureStatus(ctx context.Context, si *keptServiceImport, imp
 		if apierrors.IsNotFound(err) {
 			r.written.forget(kindServiceImport, key, key.Name)
 		}
-		res.failed(r.log, key, what, err)
+		res.failed(r.log, key, statusWhat, err)
 		return
 	}
 	r.written.put(kindServiceImport, key, leanServiceImport(out))
@@ -802,26 +801,21 @@ func (r *importRun) ensureStatus(ctx context.Context, si *keptServiceImport, imp
 // if it is still the one the writer keeps (si) and of the generation the
 // sync checked; otherwise it fails the sync (ok false).
 func (r *importRun) readStatus(ctx context.Context, si *keptServiceImport, key registry.ServiceKey, res *syncResult) (status map[string]any, rv string, ok bool) {
-	const what = "ServiceImport status"
 	ctx, cancel := timeout(ctx)
 	defer cancel()
 	got, err := r.serviceImportClient(key.Namespace).Get(ctx, key.Name, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		r.written.forget(kindServiceImport, key, key.Name)
-		res.failed(r.log, key, what, err)
+	if !r.stillOwn(kindServiceImport, key, si, got, err, statusWhat, res) {
 		return nil, "", false
-	case err != nil:
-		res.failed(r.log, key, what, err)
-		return nil, "", false
-	case got.GetUID() != si.GetUID() || !owned(got) || got.GetGeneration() != si.GetGeneration():
-		// Replaced, no longer Nave's, or a spec this sync did not check: the
-		// cache will say so, and the import be synced again.
-		res.failed(r.log, key, what, errors.New("it changed under the writer"))
+	}
+	if got.GetGeneration() != si.GetGeneration() {
+		res.failed(r.log, key, statusWhat, errors.New("its spec changed under the writer")) // a spec this sync did not check
 		return nil, "", false
 	}
 	return toMap(&typedServiceImport(got).Status), got.GetResourceVersion(), true
 }
+
+// statusWhat names a ServiceImport's status in the writer's logs.
+const statusWhat = "ServiceImport status"
 
 // ensureService keeps a ClusterSetIP import's derived Service, and returns
 // its IPs and name ("" when there is none of Nave's).
@@ -898,21 +892,10 @@ func (r *importRun) patchService(ctx context.Context, key registry.ServiceKey, c
 // import once more, from the cache caught up.
 func (r *importRun) readAndPatch(ctx context.Context, kind objKind, key registry.ServiceKey, cur metav1.Object,
 	get func(context.Context) (metav1.Object, map[string]any, error), want map[string]any, res *syncResult) metav1.Object {
-	what := kind.String() + " " + cur.GetName()
 	gctx, cancel := timeout(ctx)
 	got, part, err := get(gctx)
 	cancel()
-	switch {
-	case apierrors.IsNotFound(err):
-		r.written.forget(kind, key, cur.GetName())
-		res.failed(r.log, key, what, err)
-		return nil
-	case err != nil:
-		res.failed(r.log, key, what, err)
-		return nil
-	case got.GetUID() != cur.GetUID() || !owned(got):
-		// Replaced, or no longer Nave's: the cache will say so, and the import be synced again.
-		res.failed(r.log, key, what, errors.New("it changed under the writer"))
+	if !r.stillOwn(kind, key, cur, got, err, kind.String()+" "+cur.GetName(), res) {
 		return nil
 	}
 	patch := mergePatch(part, want)
@@ -921,6 +904,26 @@ func (r *importRun) readAndPatch(ctx context.Context, kind objKind, key registry
 		return kept.(metav1.Object)
 	}
 	return r.patchObject(ctx, kind, key, got, patch, res)
+}
+
+// stillOwn reports whether got, read (with err) in place of cur, is still
+// the object the writer keeps: not gone, not replaced (another UID), still
+// Nave's. Otherwise it fails the sync: the cache will say what happened,
+// and the import be synced again.
+func (r *importRun) stillOwn(kind objKind, key registry.ServiceKey, cur, got metav1.Object, err error, what string, res *syncResult) bool {
+	switch {
+	case apierrors.IsNotFound(err):
+		r.written.forget(kind, key, cur.GetName())
+		res.failed(r.log, key, what, err)
+		return false
+	case err != nil:
+		res.failed(r.log, key, what, err)
+		return false
+	case got.GetUID() != cur.GetUID() || !owned(got):
+		res.failed(r.log, key, what, errors.New("it changed under the writer"))
+		return false
+	}
+	return true
 }
 
 // needsRecreate says why a derived Service must be made anew ("" when it

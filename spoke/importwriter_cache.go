@@ -85,13 +85,13 @@ func (k *keptSlice) GetLabels() map[string]string {
 	return labels
 }
 
-// label returns one of the labels Nave owns ("" when the slice has none).
+// label returns one of the slice's labels: "" when it has none, or it is
+// not one of those Nave owns (no other is kept).
 func (k *keptSlice) label(key string) string {
-	i := slices.Index(sliceLabelKeys[:], key)
-	if i < 0 {
-		panic("keptSlice.label: " + key + " is not kept")
+	if i := slices.Index(sliceLabelKeys[:], key); i >= 0 {
+		return k.labels[i]
 	}
-	return k.labels[i]
+	return ""
 }
 
 // slicePatch is the merge patch that makes an imported slice, known by

@@ -195,7 +195,7 @@ func TestLeanImportedKeepsWhatTheWriterReads(t *testing.T) {
 			}
 			ready := exportCondition{Type: ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonImportReady, Message: "written"}
 			clusters := []any{map[string]any{"cluster": "east"}, map[string]any{"cluster": "west"}}
-			if lean.status != statusSum(wantedStatus([]exportCondition{ready}, clusters, 3)) {
+			if lean.status != wantedSum([]exportCondition{ready}, clusters, 3) {
 				t.Errorf("%s: the status sum is not that of the status the writer wrote", version)
 			}
 			if lean.bare {
@@ -377,7 +377,7 @@ func TestStatusSumIsStatusUpdateEquality(t *testing.T) {
 		for _, want := range wants {
 			for _, clusters := range clusterLists {
 				unchanged := statusUpdate(current, want, clusters, 3, now.Add(time.Hour)) == nil
-				if same := statusSum(current) == statusSum(wantedStatus(want, clusters, 3)); same != unchanged {
+				if same := statusSum(current) == wantedSum(want, clusters, 3); same != unchanged {
 					t.Errorf("status %+v, want %v in %v: same sum %v, nothing to write %v", st, want, clusters, same, unchanged)
 				}
 			}
@@ -385,7 +385,7 @@ func TestStatusSumIsStatusUpdateEquality(t *testing.T) {
 	}
 	// What the writer writes reads as wanted.
 	written := statusUpdate(map[string]any{}, wants[2], both, 3, now)
-	if statusUpdate(written, wants[2], both, 3, now.Add(time.Hour)) != nil || statusSum(written) != statusSum(wantedStatus(wants[2], both, 3)) {
+	if statusUpdate(written, wants[2], both, 3, now.Add(time.Hour)) != nil || statusSum(written) != wantedSum(wants[2], both, 3) {
 		t.Errorf("the status the writer wrote is not as wanted: %v", written)
 	}
 }

@@ -107,7 +107,19 @@ func deref[T any](p *T) T {
 }
 
 // owned reports whether the writer owns an object.
-func owned(o metav1.Object) bool { return o != nil && o.GetLabels()[ManagedByLabel] == ManagedByValue }
+func owned(o metav1.Object) bool { return o != nil && label(o, ManagedByLabel) == ManagedByValue }
+
+// label returns one of an object's labels, without making a map of a kept
+// slice's or Service's (their GetLabels does).
+func label(o metav1.Object, key string) string {
+	switch k := o.(type) {
+	case *keptSlice:
+		return k.label(key)
+	case *keptService:
+		return k.GetLabels()[key] // two labels
+	}
+	return o.GetLabels()[key]
+}
 
 // ipStrings renders addresses as Kubernetes does.
 func ipStrings(ips []netip.Addr) []string {
@@ -486,7 +498,7 @@ func objectKey(kind objKind, o metav1.Object) (registry.ServiceKey, bool) {
 	case kindServiceImport:
 		return registry.ServiceKey{Namespace: o.GetNamespace(), Name: o.GetName()}, true
 	case kindEndpointSlice, kindService:
-		name := o.GetLabels()[mcsv1beta1.LabelServiceName]
+		name := label(o, mcsv1beta1.LabelServiceName)
 		return registry.ServiceKey{Namespace: o.GetNamespace(), Name: name}, name != ""
 	}
 	return registry.ServiceKey{}, false
@@ -499,16 +511,10 @@ func conditionMessage(problems []string) string {
 	return truncate(strings.Join(slices.Compact(problems), "; "))
 }
 
-// wantedStatus is a ServiceImport status as the writer writes it, with the
-// conditions want and these clusters, for statusSum (its transition times
-// are placeholders: statusSum only asks whether there is one).
-func wantedStatus(want []exportCondition, clusters []any, generation int64) map[string]any {
-	conditions := make([]any, len(want))
-	for i, w := range want {
-		conditions[i] = map[string]any{"type": w.Type, "status": string(w.Status), "reason": w.Reason, "message": w.Message,
-			"lastTransitionTime": "kept", "observedGeneration": generation}
-	}
-	return map[string]any{"clusters": clusters, "conditions": conditions}
+// wantedSum is the statusSum of a ServiceImport whose status is as the
+// writer writes it, with the conditions want and these clusters.
+func wantedSum(want []exportCondition, clusters []any, generation int64) string {
+	return statusSum(statusUpdate(map[string]any{}, want, clusters, generation, time.Time{}))
 }
 
 // statusUpdate is the status the writer writes into a ServiceImport whose

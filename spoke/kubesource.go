@@ -8,7 +8,6 @@ import (
 	"maps"
 	"runtime/debug"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,7 +17,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
@@ -172,35 +170,6 @@ func sliceService(es *discoveryv1.EndpointSlice) (registry.ServiceKey, bool) {
 	name := es.Labels[discoveryv1.LabelServiceName]
 	return registry.ServiceKey{Namespace: es.Namespace, Name: name}, name != "" && !imported(es)
 }
-
-// cachedSlice is an EndpointSlice as the source's cache keeps it (see
-// strip): without labels, since a map costs more than the rest of a small
-// slice's metadata, but with the service they name.
-type cachedSlice struct {
-	discoveryv1.EndpointSlice
-	service registry.ServiceKey // zero when it belongs to none the source builds (sliceService)
-}
-
-func cacheSlice(es *discoveryv1.EndpointSlice) *cachedSlice {
-	c := &cachedSlice{EndpointSlice: *es}
-	if key, ok := sliceService(es); ok {
-		c.service = key
-	}
-	c.Labels = nil
-	return c
-}
-
-// DeepCopyObject copies the cached slice whole: the embedded EndpointSlice's
-// would make an EndpointSlice of it, without its service (client-go's cache
-// mutation detector compares such copies).
-func (c *cachedSlice) DeepCopyObject() runtime.Object {
-	out := &cachedSlice{service: c.service}
-	c.EndpointSlice.DeepCopyInto(&out.EndpointSlice)
-	return out
-}
-
-// belongs is the service the slice belongs to, if any.
-func (c *cachedSlice) belongs() (registry.ServiceKey, bool) { return c.service, c.service.Name != "" }
 
 // Run watches the cluster until ctx ends; see KubeSource. It fails only when
 // the informers cannot be set up or ctx ends before the caches sync.
@@ -728,48 +697,6 @@ func keepLabels(labels map[string]string, keep ...string) map[string]string {
 		}
 	}
 	return out
-}
-
-// labelSets shares equal label sets between cached objects, which nobody
-// writes (as in every informer cache): one map for all costs less than one
-// map per object (about 300 bytes even for one label). It holds at most
-// maxLabelSets sets; others are not shared.
-type labelSets struct {
-	mu   sync.Mutex
-	sets map[string]map[string]string // by canonical form
-}
-
-const maxLabelSets = 1024
-
-// keptLabels are the label sets strip keeps of Services (the export label,
-// the import writer's, a network gateway's) and of Nodes (region and zone):
-// few keys, and few values between them.
-var keptLabels labelSets
-
-// share returns the shared set equal to labels (labels itself the first time).
-func (s *labelSets) share(labels map[string]string) map[string]string {
-	if len(labels) == 0 {
-		return labels
-	}
-	var key strings.Builder
-	for _, k := range slices.Sorted(maps.Keys(labels)) {
-		key.WriteString(k)
-		key.WriteByte(0)
-		key.WriteString(labels[k])
-		key.WriteByte(0)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if shared, ok := s.sets[key.String()]; ok {
-		return shared
-	}
-	if len(s.sets) < maxLabelSets {
-		if s.sets == nil {
-			s.sets = map[string]map[string]string{}
-		}
-		s.sets[key.String()] = labels
-	}
-	return labels
 }
 
 var labelsEverything = labels.Everything()

@@ -408,7 +408,7 @@ func TestKubeSource(t *testing.T) {
 		// cluster that imports its own exports does not cache them twice.
 		//
 		// cached returns the names in the source's caches of Services and
-		// EndpointSlices, and whether any of them is the writer's.
+		// EndpointSlices, and whether any of the Services is the writer's.
 		cached := func() (svcs, slices map[string]bool, anyImported bool) {
 			svcs, slices = map[string]bool{}, map[string]bool{}
 			list, _ := kube.services.List(labelsEverything)

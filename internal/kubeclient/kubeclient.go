@@ -128,6 +128,8 @@ type Object interface {
 	metav1.Object
 }
 
+// typed returns resource's client in namespace ("": every namespace, or a
+// cluster-scoped resource).
 func typed[T Object, L runtime.Object](rc *rest.RESTClient, resource, namespace string, newObject func() T, newList func() L) *Typed[T, L] {
 	return &Typed[T, L]{rc: rc, resource: resource, namespace: namespace, newObject: newObject, newList: newList}
 }
