@@ -43,7 +43,7 @@ type helmCase struct {
 var helmCases = []helmCase{
 	{values: "default-values.yaml", namespace: helmNamespace, check: func(t *testing.T, r helmRender) {
 		r.requireObjects(t, "StatefulSet/nave-etcd", "StatefulSet/nave-hub", "Deployment/nave-spoke", "DaemonSet/nave-node")
-		r.forbidObjects(t, "Namespace", "Secret", "ServiceMonitor")
+		r.forbidObjects(t, "Namespace", "Secret", "ServiceMonitor", "NetworkPolicy")
 	}},
 	{values: "external-etcd-tls-values.yaml", namespace: helmNamespace, check: func(t *testing.T, r helmRender) {
 		r.forbidObjects(t, "StatefulSet/nave-etcd", "Service/nave-etcd", "PodDisruptionBudget/nave-etcd", "Secret")
@@ -61,7 +61,14 @@ var helmCases = []helmCase{
 		lacksArgs(t, r.container(t, "Deployment/nave-spoke", "spoke"), "--token-file")
 		hasArgs(t, r.container(t, "Deployment/nave-spoke", "spoke"), "--cert=/etc/nave-tls/hub/tls.crt", "--hub-ca=/etc/nave-tls/hub/ca.crt")
 		hasArgs(t, r.container(t, "DaemonSet/nave-node", "node-agent"), "--cert=/etc/nave-tls/hub/tls.crt", "--hub-ca=/etc/nave-tls/hub/ca.crt")
-		r.requireObjects(t, "ClusterRole/nave:coredns-multicluster")
+		r.requireObjects(t, "ClusterRole/nave:coredns-multicluster", "NetworkPolicy/nave-node")
+		// The node agents' NetworkPolicy is deploy/security's.
+		plain := kubetest.ReadManifests(t, filepath.Join(deployDir, "security", "node-networkpolicy.yaml"))[0]
+		if np, ok := r.find("NetworkPolicy/nave-node"); ok {
+			for _, d := range yamlDiff("", withoutMetadata(plain.Unstructured), withoutMetadata(np.Unstructured)) {
+				t.Errorf("NetworkPolicy nave-node differs from deploy/security/node-networkpolicy.yaml: %s", d)
+			}
+		}
 	}},
 	{values: "hub-only-values.yaml", namespace: "nave-hub", check: func(t *testing.T, r helmRender) {
 		r.requireObjects(t, "Namespace/nave-hub", "StatefulSet/nave-hub")
