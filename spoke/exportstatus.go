@@ -230,7 +230,8 @@ func truncate(msg string) string {
 
 // mergeConditions returns the conditions list with want applied: conditions
 // of other types are kept, a condition whose content is unchanged keeps its
-// transition time, and changed reports whether anything differs.
+// transition time, and changed reports whether anything differs. A
+// generation of 0 writes no observedGeneration (see ensureStatus).
 func mergeConditions(current []any, want []exportCondition, generation int64, now time.Time) (out []any, changed bool) {
 	out = make([]any, 0, len(current)+len(want))
 	byType := map[string]map[string]any{}
@@ -258,7 +259,10 @@ func mergeConditions(current []any, want []exportCondition, generation int64, no
 		}
 		c := map[string]any{
 			"type": w.Type, "status": string(w.Status), "reason": w.Reason, "message": w.Message,
-			"lastTransitionTime": transition, "observedGeneration": generation,
+			"lastTransitionTime": transition,
+		}
+		if generation != 0 {
+			c["observedGeneration"] = generation
 		}
 		if old == nil || old["status"] != c["status"] || old["reason"] != c["reason"] ||
 			old["message"] != c["message"] || old["lastTransitionTime"] != c["lastTransitionTime"] ||
@@ -282,6 +286,8 @@ func isOurs(typ any, want []exportCondition) bool {
 // sameGeneration compares a generation decoded from JSON (int64 or float64) with g.
 func sameGeneration(v any, g int64) bool {
 	switch n := v.(type) {
+	case nil:
+		return g == 0
 	case int64:
 		return n == g
 	case float64:

@@ -753,7 +753,14 @@ func (r *importRun) ensureStatus(ctx context.Context, si *keptServiceImport, imp
 	for _, src := range imp.Sources { // sorted by cluster ID
 		clusters = append(clusters, map[string]any{"cluster": string(src.Cluster)})
 	}
-	if si.status == wantedSum(want, clusters, si.GetGeneration()) {
+	// Without a status subresource, writing the status makes a new
+	// generation of the ServiceImport: an observed generation could never be
+	// current, so the conditions carry none.
+	generation := si.GetGeneration()
+	if !r.api.importStatus {
+		generation = 0
+	}
+	if si.status == wantedSum(want, clusters, generation) {
 		return
 	}
 
@@ -766,7 +773,7 @@ func (r *importRun) ensureStatus(ctx context.Context, si *keptServiceImport, imp
 			return
 		}
 	}
-	status := statusUpdate(current, want, clusters, si.GetGeneration(), time.Now())
+	status := statusUpdate(current, want, clusters, generation, time.Now())
 	if status == nil {
 		return // already as wanted: the cache is behind
 	}

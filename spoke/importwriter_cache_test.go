@@ -346,47 +346,53 @@ func TestStatusSumIsStatusUpdateEquality(t *testing.T) {
 	}
 	theirs := metav1.Condition{Type: "SomeoneElses", Status: metav1.ConditionTrue, Reason: "Because", Message: "theirs",
 		LastTransitionTime: metav1.NewTime(now)}
-	var statuses []mcsv1beta1.ServiceImportStatus
-	statuses = append(statuses, mcsv1beta1.ServiceImportStatus{})
-	for _, want := range wants {
-		for _, clusters := range []([]mcsv1beta1.ClusterStatus){nil, {{Cluster: "east"}}, {{Cluster: "east"}, {Cluster: "west"}}} {
-			var conds []metav1.Condition
-			for _, c := range want {
-				conds = append(conds, cond(c, 3, now))
-			}
-			statuses = append(statuses,
-				mcsv1beta1.ServiceImportStatus{Clusters: clusters, Conditions: conds},
-				mcsv1beta1.ServiceImportStatus{Clusters: clusters, Conditions: append(slices.Clone(conds), theirs)},
-				mcsv1beta1.ServiceImportStatus{Clusters: clusters, Conditions: append([]metav1.Condition{theirs}, conds...)},
-				mcsv1beta1.ServiceImportStatus{Clusters: clusters, Conditions: append(slices.Clone(conds), cond(ip, 3, now))},
-				mcsv1beta1.ServiceImportStatus{Clusters: clusters, Conditions: append(slices.Clone(conds), cond(refused, 3, now))},
-			)
-			stale, untimed, moved, flipped, reasoned := slices.Clone(conds), slices.Clone(conds), slices.Clone(conds), slices.Clone(conds), slices.Clone(conds)
-			stale[0].ObservedGeneration = 2
-			untimed[0].LastTransitionTime = metav1.Time{}
-			moved[0].Message += "!"
-			flipped[len(flipped)-1].Status = metav1.ConditionUnknown
-			reasoned[len(reasoned)-1].Reason += "Too"
-			for _, c := range [][]metav1.Condition{stale, untimed, moved, flipped, reasoned} {
-				statuses = append(statuses, mcsv1beta1.ServiceImportStatus{Clusters: clusters, Conditions: c})
+	// Generation 0: a ServiceImport without a status subresource, whose
+	// conditions carry no observed generation.
+	for _, g := range []int64{3, 0} {
+		var statuses []mcsv1beta1.ServiceImportStatus
+		statuses = append(statuses, mcsv1beta1.ServiceImportStatus{})
+		for _, want := range wants {
+			for _, clusters := range []([]mcsv1beta1.ClusterStatus){nil, {{Cluster: "east"}}, {{Cluster: "east"}, {Cluster: "west"}}} {
+				var conds []metav1.Condition
+				for _, c := range want {
+					conds = append(conds, cond(c, g, now))
+				}
+				statuses = append(statuses,
+					mcsv1beta1.ServiceImportStatus{Clusters: clusters, Conditions: conds},
+					mcsv1beta1.ServiceImportStatus{Clusters: clusters, Conditions: append(slices.Clone(conds), theirs)},
+					mcsv1beta1.ServiceImportStatus{Clusters: clusters, Conditions: append([]metav1.Condition{theirs}, conds...)},
+					mcsv1beta1.ServiceImportStatus{Clusters: clusters, Conditions: append(slices.Clone(conds), cond(ip, g, now))},
+					mcsv1beta1.ServiceImportStatus{Clusters: clusters, Conditions: append(slices.Clone(conds), cond(refused, g, now))},
+				)
+				stale, untimed, moved, flipped, reasoned := slices.Clone(conds), slices.Clone(conds), slices.Clone(conds), slices.Clone(conds), slices.Clone(conds)
+				stale[0].ObservedGeneration = 2
+				untimed[0].LastTransitionTime = metav1.Time{}
+				moved[0].Message += "!"
+				flipped[len(flipped)-1].Status = metav1.ConditionUnknown
+				reasoned[len(reasoned)-1].Reason += "Too"
+				for _, c := range [][]metav1.Condition{stale, untimed, moved, flipped, reasoned} {
+					statuses = append(statuses, mcsv1beta1.ServiceImportStatus{Clusters: clusters, Conditions: c})
+				}
 			}
 		}
-	}
-	for _, st := range statuses {
-		current := toMap(&st)
-		for _, want := range wants {
-			for _, clusters := range clusterLists {
-				unchanged := statusUpdate(current, want, clusters, 3, now.Add(time.Hour)) == nil
-				if same := statusSum(current) == wantedSum(want, clusters, 3); same != unchanged {
-					t.Errorf("status %+v, want %v in %v: same sum %v, nothing to write %v", st, want, clusters, same, unchanged)
+		for _, st := range statuses {
+			current := toMap(&st)
+			for _, want := range wants {
+				for _, clusters := range clusterLists {
+					unchanged := statusUpdate(current, want, clusters, g, now.Add(time.Hour)) == nil
+					if same := statusSum(current) == wantedSum(want, clusters, g); same != unchanged {
+						t.Errorf("generation %d, status %+v, want %v in %v: same sum %v, nothing to write %v", g, st, want, clusters, same, unchanged)
+					}
 				}
 			}
 		}
 	}
 	// What the writer writes reads as wanted.
-	written := statusUpdate(map[string]any{}, wants[2], both, 3, now)
-	if statusUpdate(written, wants[2], both, 3, now.Add(time.Hour)) != nil || statusSum(written) != wantedSum(wants[2], both, 3) {
-		t.Errorf("the status the writer wrote is not as wanted: %v", written)
+	for _, g := range []int64{3, 0} {
+		written := statusUpdate(map[string]any{}, wants[2], both, g, now)
+		if statusUpdate(written, wants[2], both, g, now.Add(time.Hour)) != nil || statusSum(written) != wantedSum(wants[2], both, g) {
+			t.Errorf("generation %d: the status the writer wrote is not as wanted: %v", g, written)
+		}
 	}
 }
 

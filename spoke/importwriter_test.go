@@ -1,13 +1,17 @@
 package spoke
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -1109,3 +1113,44 @@ func (f *iwFixture) testDrift(t *testing.T) {
 }
 
 func iwPtr[T any](v T) *T { return &v }
+
+// TestImportWriterWithoutStatusSubresource: with a ServiceImport CRD that
+// has no status subresource (an older one), the writer writes the status
+// with the rest of the object; a status write then counts as a change of
+// the object (its generation grows), and yet an endpoint change, and the one
+// after it, write only their slice.
+func TestImportWriterWithoutStatusSubresource(t *testing.T) {
+	crd, err := os.ReadFile("../deploy/crds/serviceimports.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	noStatus := regexp.MustCompile(`(?m)^ *subresources:\n *status: \{\}\n`).ReplaceAll(crd, nil)
+	if bytes.Equal(noStatus, crd) || bytes.Contains(noStatus, []byte("subresources")) {
+		t.Fatal("deploy/crds/serviceimports.yaml: no status subresource to leave out")
+	}
+	path := filepath.Join(t.TempDir(), "serviceimports.yaml")
+	if err := os.WriteFile(path, noStatus, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := kubetest.StartClusters(t, "nostatus")[0]
+	c.Apply(t, path)
+	f := &iwFixture{c: c}
+	ns := f.namespace(t, "iw-nostatus")
+	key := registry.ServiceKey{Namespace: ns, Name: "web"}
+	eps := iwEndpoints(21, 3)
+	h := f.start(t, 1)
+	h.set(t, false, nil, nil, iwImport(t, key, nil, iwShardSpec{cluster: "east", ports: iwHTTP, eps: eps}))
+	si, _ := f.serviceImport(t, key)
+	if c := condition(si, ConditionReady); c == nil || c.Status != metav1.ConditionTrue {
+		t.Fatalf("Ready condition %+v", c)
+	}
+	for i := range 2 {
+		eps = slices.Clone(eps)
+		eps[i].Conditions = registry.Conditions{Serving: true, Terminating: true}
+		before := h.w.Stats()
+		h.set(t, false, nil, nil, iwImport(t, key, nil, iwShardSpec{cluster: "east", ports: iwHTTP, eps: eps}))
+		if d := iwDelta(before, h.w.Stats()); d.Total() != 1 || d.EndpointSlices.Patch != 1 || d.Failed != 0 {
+			t.Errorf("endpoint change %d wrote %+v, want one EndpointSlice patch", i+1, d)
+		}
+	}
+}
