@@ -283,7 +283,8 @@ func isOurs(typ any, want []exportCondition) bool {
 	return false
 }
 
-// sameGeneration compares a generation decoded from JSON (int64 or float64) with g.
+// sameGeneration compares a generation decoded from JSON (int64 or float64;
+// absent matches 0) with g.
 func sameGeneration(v any, g int64) bool {
 	switch n := v.(type) {
 	case nil:

@@ -815,7 +815,10 @@ func (r *importRun) readStatus(ctx context.Context, si *keptServiceImport, key r
 		return nil, "", false
 	}
 	if got.GetGeneration() != si.GetGeneration() {
-		res.failed(r.log, key, statusWhat, errors.New("its spec changed under the writer")) // a spec this sync did not check
+		// A spec this sync did not check (or, without a status subresource,
+		// anyone's status write): the cache will bring it, and the import be
+		// synced again.
+		res.failed(r.log, key, statusWhat, errors.New("it changed (a new generation) under the writer"))
 		return nil, "", false
 	}
 	return toMap(&typedServiceImport(got).Status), got.GetResourceVersion(), true

@@ -1141,8 +1141,9 @@ func TestImportWriterWithoutStatusSubresource(t *testing.T) {
 	h := f.start(t, 1)
 	h.set(t, false, nil, nil, iwImport(t, key, nil, iwShardSpec{cluster: "east", ports: iwHTTP, eps: eps}))
 	si, _ := f.serviceImport(t, key)
-	if c := condition(si, ConditionReady); c == nil || c.Status != metav1.ConditionTrue {
-		t.Fatalf("Ready condition %+v", c)
+	// Without the subresource indeed: the status write made a new generation.
+	if c := condition(si, ConditionReady); c == nil || c.Status != metav1.ConditionTrue || c.ObservedGeneration != 0 || si.Generation < 2 {
+		t.Fatalf("Ready condition %+v at generation %d, want one with no observed generation, the generation past 1", c, si.Generation)
 	}
 	for i := range 2 {
 		eps = slices.Clone(eps)
