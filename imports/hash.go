@@ -4,9 +4,11 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"hash"
+	"hash/maphash"
 	"maps"
 	"net/netip"
 	"slices"
+	"sync"
 
 	"github.com/navemesh/nave/registry"
 )
@@ -66,25 +68,41 @@ func (a *Import) Hash() registry.Hash {
 		e.servicePorts(s.Ports)
 		e.uint(uint64(len(s.Endpoints)))
 		for j := range s.Endpoints {
-			ep := &s.Endpoints[j]
-			e.uint(uint64(len(ep.Addresses)))
-			for _, ip := range ep.Addresses {
-				e.addr(ip)
-			}
-			e.uint(uint64(len(ep.Ports)))
-			for _, pt := range ep.Ports {
-				e.str(pt.Name)
-				e.uint(uint64(uint32(pt.Port)))
-			}
-			e.str(ep.Hostname)
-			e.str(ep.Zone)
-			e.bool(ep.Conditions.Ready)
-			e.bool(ep.Conditions.Serving)
-			e.bool(ep.Conditions.Terminating)
+			e.endpoint(&s.Endpoints[j])
 		}
 	}
 	return e.sum()
 }
+
+// Sum is a 64-bit digest of all an endpoint says, encoded as Hash encodes
+// it: equal endpoints (as Equal says) have equal sums in one process, and
+// unequal ones, all but surely, different sums. It stands for an endpoint
+// one keeps no copy of.
+func (e *Endpoint) Sum() uint64 {
+	s := endpointSums.Get().(*endpointSum)
+	defer endpointSums.Put(s)
+	s.h.Reset() // the seed stays
+	s.enc.buf = s.enc.buf[:0]
+	s.enc.endpoint(e)
+	s.h.Write(s.enc.buf)
+	return s.h.Sum64()
+}
+
+// endpointSum is what Sum writes with, pooled: a hash and its encoder's buffer.
+type endpointSum struct {
+	h   maphash.Hash
+	enc encoder
+}
+
+// endpointSums share one seed: sums are compared within one process.
+var endpointSums = sync.Pool{New: func() any {
+	s := &endpointSum{}
+	s.h.SetSeed(sumSeed)
+	s.enc = encoder{h: &s.h, buf: make([]byte, 0, 256)}
+	return s
+}}
+
+var sumSeed = maphash.MakeSeed()
 
 // encoder writes a length-prefixed binary encoding into a hash, buffered.
 type encoder struct {
@@ -127,6 +145,23 @@ func (e *encoder) addr(a netip.Addr) {
 		e.buf = append(append(e.buf, 6), b[:]...)
 	}
 	e.str(a.Zone())
+}
+
+func (e *encoder) endpoint(ep *Endpoint) {
+	e.uint(uint64(len(ep.Addresses)))
+	for _, ip := range ep.Addresses {
+		e.addr(ip)
+	}
+	e.uint(uint64(len(ep.Ports)))
+	for _, pt := range ep.Ports {
+		e.str(pt.Name)
+		e.uint(uint64(uint32(pt.Port)))
+	}
+	e.str(ep.Hostname)
+	e.str(ep.Zone)
+	e.bool(ep.Conditions.Ready)
+	e.bool(ep.Conditions.Serving)
+	e.bool(ep.Conditions.Terminating)
 }
 
 func (e *encoder) servicePorts(ps []registry.ServicePort) {

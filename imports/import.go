@@ -12,8 +12,6 @@ package imports
 
 import (
 	"cmp"
-	"encoding/binary"
-	"hash/maphash"
 	"net/netip"
 	"slices"
 
@@ -95,47 +93,6 @@ func (e *Endpoint) Family() registry.IPFamily {
 func (e *Endpoint) Equal(o *Endpoint) bool {
 	return slices.Equal(e.Addresses, o.Addresses) && slices.Equal(e.Ports, o.Ports) &&
 		e.Hostname == o.Hostname && e.Zone == o.Zone && e.Conditions == o.Conditions
-}
-
-// sumSeed seeds Endpoint.Sum: sums are compared within one process.
-var sumSeed = maphash.MakeSeed()
-
-// Sum is a 64-bit digest of all an endpoint says: equal endpoints (as Equal
-// says) have equal sums in one process, and unequal ones, all but surely,
-// different sums. It stands for an endpoint one keeps no copy of.
-func (e *Endpoint) Sum() uint64 {
-	var h maphash.Hash
-	h.SetSeed(sumSeed)
-	str := func(s string) {
-		var n [binary.MaxVarintLen64]byte
-		h.Write(n[:binary.PutUvarint(n[:], uint64(len(s)))])
-		h.WriteString(s)
-	}
-	var buf [binary.MaxVarintLen64]byte
-	h.Write(buf[:binary.PutUvarint(buf[:], uint64(len(e.Addresses)))])
-	for _, a := range e.Addresses {
-		b := a.As16()
-		h.Write(b[:])
-		h.WriteByte(byte(a.BitLen())) // an IPv4 address and its IPv4-mapped IPv6 form differ
-		str(a.Zone())
-	}
-	h.Write(buf[:binary.PutUvarint(buf[:], uint64(len(e.Ports)))])
-	for _, p := range e.Ports {
-		str(p.Name)
-		h.Write(binary.LittleEndian.AppendUint32(buf[:0], uint32(p.Port)))
-	}
-	str(e.Hostname)
-	str(e.Zone)
-	c := e.Conditions
-	h.Write([]byte{boolByte(c.Ready), boolByte(c.Serving), boolByte(c.Terminating)})
-	return h.Sum64()
-}
-
-func boolByte(b bool) byte {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // Skipped is an address left out of an import, for the hub or the spoke to
