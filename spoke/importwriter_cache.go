@@ -170,6 +170,17 @@ func (k *keptService) GetLabels() map[string]string {
 	return labels
 }
 
+// label returns one of the labels GetLabels returns ("" for any other).
+func (k *keptService) label(key string) string {
+	switch key {
+	case ManagedByLabel:
+		return ManagedByValue
+	case mcsv1beta1.LabelServiceName:
+		return k.service
+	}
+	return ""
+}
+
 // annotation returns one of createdAnnotations, and whether the Service has it.
 func (k *keptService) annotation(key string) (string, bool) {
 	i := slices.Index(createdAnnotations[:], key)

@@ -113,6 +113,11 @@ func TestLeanImportedKeepsWhatTheWriterReads(t *testing.T) {
 		if !reflect.DeepEqual(serviceIPs(svc), orig.Spec.ClusterIPs) {
 			t.Errorf("IPs %v, want %v", serviceIPs(svc), orig.Spec.ClusterIPs)
 		}
+		for _, l := range []string{ManagedByLabel, mcsv1beta1.LabelServiceName, "example.com/other"} {
+			if got, want := label(svc, l), orig.Labels[l]; got != want {
+				t.Errorf("label %s: %q, want %q", l, got, want)
+			}
+		}
 		k, _ := objectKey(kindService, svc)
 		if !owned(svc) || k != key || svc.UID != orig.UID || svc.ResourceVersion != orig.ResourceVersion || svc.Name != orig.Name {
 			t.Errorf("metadata %+v, labels %v", svc.ObjectMeta, svc.GetLabels())

@@ -116,7 +116,7 @@ func label(o metav1.Object, key string) string {
 	case *keptSlice:
 		return k.label(key)
 	case *keptService:
-		return k.GetLabels()[key] // two labels
+		return k.label(key)
 	}
 	return o.GetLabels()[key]
 }

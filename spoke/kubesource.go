@@ -165,12 +165,6 @@ func onNode(es *discoveryv1.EndpointSlice, node string) bool {
 // byServiceIndex indexes the EndpointSlice cache by "namespace/service".
 const byServiceIndex = "service"
 
-// sliceService is the key of the service an EndpointSlice belongs to.
-func sliceService(es *discoveryv1.EndpointSlice) (registry.ServiceKey, bool) {
-	name := es.Labels[discoveryv1.LabelServiceName]
-	return registry.ServiceKey{Namespace: es.Namespace, Name: name}, name != "" && !imported(es)
-}
-
 // Run watches the cluster until ctx ends; see KubeSource. It fails only when
 // the informers cannot be set up or ctx ends before the caches sync.
 func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {

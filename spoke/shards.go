@@ -41,6 +41,12 @@ func imported(o metav1.Object) bool {
 	return o.GetLabels()[ManagedByLabel] == ManagedByValue
 }
 
+// sliceService is the key of the service an EndpointSlice belongs to.
+func sliceService(es *discoveryv1.EndpointSlice) (registry.ServiceKey, bool) {
+	name := es.Labels[discoveryv1.LabelServiceName]
+	return registry.ServiceKey{Namespace: es.Namespace, Name: name}, name != "" && !imported(es)
+}
+
 // limits are the shard limits the options name, or the default ones.
 func (opts BuildOptions) limits() registry.Limits {
 	if opts.Limits == (registry.Limits{}) {
@@ -67,11 +73,12 @@ func BuildShards(objs Objects, opts BuildOptions) (shards map[registry.ServiceKe
 	}
 	slicesOf := map[registry.ServiceKey][]*discoveryv1.EndpointSlice{}
 	for _, es := range objs.EndpointSlices {
-		if es == nil || es.Labels[discoveryv1.LabelServiceName] == "" || imported(es) {
+		if es == nil {
 			continue
 		}
-		k := registry.ServiceKey{Namespace: es.Namespace, Name: es.Labels[discoveryv1.LabelServiceName]}
-		slicesOf[k] = append(slicesOf[k], es)
+		if k, ok := sliceService(es); ok {
+			slicesOf[k] = append(slicesOf[k], es)
+		}
 	}
 	// Visit services and slices in a fixed order so that which duplicate wins never depends on input order.
 	services := slices.DeleteFunc(slices.Clone(objs.Services), func(s *corev1.Service) bool { return s == nil })
