@@ -27,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 
@@ -1095,17 +1096,25 @@ func (f *iwFixture) testDrift(t *testing.T) {
 	stray := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web-stray", Namespace: ns, Labels: map[string]string{
 		ManagedByLabel: ManagedByValue, mcsv1beta1.LabelServiceName: key.Name}},
 		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}}
-	if _, err := f.c.Client.CoreV1().Services(ns).Create(ctx, stray, metav1.CreateOptions{}); err != nil {
+	created, err := f.c.Client.CoreV1().Services(ns).Create(ctx, stray, metav1.CreateOptions{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(iwAwait); ; time.Sleep(50 * time.Millisecond) {
-		_, err := f.c.Client.CoreV1().Services(ns).Get(ctx, stray.Name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
+	wctx, cancel := context.WithTimeout(ctx, iwAwait)
+	defer cancel()
+	w, err := f.c.Client.CoreV1().Services(ns).Watch(wctx, metav1.ListOptions{
+		FieldSelector: "metadata.name=" + stray.Name, ResourceVersion: created.ResourceVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	for ev := range w.ResultChan() { // closed when wctx ends
+		if ev.Type == watch.Deleted {
 			break
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the stray Service is still there: %v", err)
-		}
+	}
+	if wctx.Err() != nil {
+		t.Fatal("the stray Service is still there")
 	}
 	if now, _ := f.derivedService(t, key); now == nil || now.ResourceVersion != rvs[ns+"/Service/"+derived] {
 		t.Errorf("the derived Service changed with its stray: %+v", now)
