@@ -209,6 +209,7 @@ func TestRelay(t *testing.T) {
 	t.Run("FailsOverAcrossLocalities", func(t *testing.T) { testRelayFailsOverAcrossLocalities(t, bin) })
 	t.Run("ServesThroughHubRestart", func(t *testing.T) { testRelayServesThroughHubRestart(t, bin) })
 	t.Run("ReportsLocalNACKUpstream", func(t *testing.T) { testRelayReportsLocalNACKUpstream(t, bin) })
+	t.Run("ServesAGateway", func(t *testing.T) { testRelayServesAGateway(t, bin) })
 }
 
 // grpc-go clients behind the node agent fail over zone -> region ->
@@ -387,8 +388,7 @@ func testRelayReportsLocalNACKUpstream(t *testing.T, bin string) {
 	}
 	// recvAssignment receives EDS responses until one holds an assignment
 	// with n endpoints, and returns it with their ports. The others are
-	// ACKed: the relay answers a first request at once, from an empty cache
-	// if it has nothing yet.
+	// ACKed.
 	recvAssignment := func(n int) (*discovery.DiscoveryResponse, []uint32) {
 		t.Helper()
 		for {

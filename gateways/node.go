@@ -16,6 +16,7 @@ import (
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 
+	"github.com/navemesh/nave/internal/xdstype"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/xds"
 )
@@ -24,7 +25,7 @@ import (
 // into Envoy's bootstrap).
 const (
 	// MetadataRole is the gateway's role: RoleEastWest or RoleIngress.
-	MetadataRole = "NAVE_GATEWAY"
+	MetadataRole = xdstype.MetadataGateway
 	// MetadataNetwork and MetadataCluster are the gateway's network and
 	// cluster (as any client names them: xds.MetadataNetwork, xds.MetadataCluster).
 	MetadataNetwork = xds.MetadataNetwork

@@ -20,8 +20,11 @@ import (
 type Clients struct {
 	Clients []relay.ClientStatus `json:"clients"`
 	// Upstream is, per type, the resource names the relay subscribes to
-	// ("*": every resource).
+	// for the node ("*": every resource).
 	Upstream map[string][]string `json:"upstream"`
+	// Gateways are the gateways served a view of their own, and what the
+	// relay subscribes to in their name.
+	Gateways []relay.GatewayStatus `json:"gateways"`
 }
 
 // serveAdmin runs the admin HTTP server on lis until ctx ends: /healthz
@@ -37,7 +40,7 @@ func serveAdmin(ctx context.Context, lis net.Listener, r *relay.Relay, reg *prom
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		_ = enc.Encode(Clients{Clients: r.Clients(), Upstream: r.Subscriptions()})
+		_ = enc.Encode(Clients{Clients: r.Clients(), Upstream: r.Subscriptions(), Gateways: r.Gateways()})
 	})
 	log.Info("node agent admin serving", "addr", lis.Addr().String())
 	if err := adminhttp.Serve(ctx, lis, mux); err != nil {

@@ -1,9 +1,9 @@
 // Package nodeagent is the node agent, the Nave pod on every node (the
 // candidates, a few spoke pods, stream the cluster to the hub). It serves
-// xDS to the proxyless gRPC clients of its node through a node-local relay
-// (package relay), so the hub holds one stream per node instead of one per
-// pod, and it watches nothing in Kubernetes: it reads its own Node once,
-// for its locality. Gateways connect to the hub itself.
+// xDS to the proxyless gRPC clients and the gateways of its node through a
+// node-local relay (package relay), so the hub holds one stream per node
+// (and one per gateway) instead of one per pod, and it watches nothing in
+// Kubernetes: it reads its own Node once, for its locality.
 //
 // The candidates (a small Deployment running `nave spoke`) stream the
 // cluster to the hub; see deploy/README.md for the two shapes together.

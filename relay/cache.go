@@ -16,15 +16,18 @@ import (
 // it records each stream's subscription (so the upstream asks for the union)
 // and hands the watch to the LinearCache of its type.
 //
-// It holds back one kind of watch: a listener or cluster watch (full state:
-// a name missing from the answer is deleted by the client) from a client
-// that holds state from another server (its version is not this relay's:
-// the relay restarted, or the client moved here), naming resources the
-// relay does not hold yet. Answered at once, it would delete those
-// resources at the client. The watch is answered when the relay holds them,
-// or, once the hub has answered that type on the current stream, after
-// hold (the hub does not have them). While the hub is unreachable it waits:
-// the client keeps what it has.
+// It holds back a watch it cannot answer in full (it does not hold every
+// name, or, for a wildcard watch, its last answer from the hub for the
+// type was not to a wildcard request) when an answer now would do harm
+// (see mayHold): a listener or cluster watch (full state: a name missing
+// from the answer is deleted by the client) from a client that holds
+// state from another server (its version is not this relay's: the relay
+// restarted, or the client moved here), and an Envoy's first watches
+// (Envoy takes an answer without a resource as its absence, and goes live
+// without it). The watch is answered when the relay can answer it in
+// full, or, once the hub has answered that type on the current stream,
+// after hold (the hub does not have them). While the hub is unreachable it
+// waits: the client keeps what it has.
 type localCache struct {
 	caches   map[string]*cache.LinearCache
 	prefixes map[string]string // each cache's version prefix, by type URL
@@ -41,7 +44,10 @@ type localCache struct {
 	// answered for it (zero: not yet, or no stream).
 	syncedAt map[string]time.Time
 	// wildcardAnswered is, per type URL, whether the last upstream response
-	// surely answered a wildcard request (a wildcard watch is covered only then).
+	// (on this stream or an earlier one: while the hub is away, what the
+	// relay holds is the last good state) surely answered a wildcard
+	// request, and nothing was dropped since as unwanted (a wildcard watch
+	// is covered only then).
 	wildcardAnswered map[string]bool
 	deferred         map[*deferredWatch]struct{}
 }
@@ -103,7 +109,7 @@ func (c *localCache) CreateWatch(req *cache.Request, sub cache.Subscription, out
 		req.VersionInfo = c.prefixes[req.GetTypeUrl()]
 		return linear.CreateWatch(req, sub, out)
 	}
-	if t := req.GetTypeUrl(); cache.ResourceRequiresFullStateInSotw(t) && req.GetVersionInfo() != "" && !strings.HasPrefix(req.GetVersionInfo(), c.prefixes[t]) {
+	if t := req.GetTypeUrl(); c.mayHold(t, req, sub) {
 		c.mu.Lock()
 		if !c.covers(t, sub) {
 			d := &deferredWatch{typeURL: t, req: req, sub: sub, out: out, created: time.Now()}
@@ -117,11 +123,31 @@ func (c *localCache) CreateWatch(req *cache.Request, sub cache.Subscription, out
 	return linear.CreateWatch(req, sub, out)
 }
 
+// mayHold says whether a watch is held back while the relay cannot answer
+// it in full (see localCache): one from a client with another server's
+// listeners or clusters, or from a client with no state but an Envoy's
+// (a wildcard listener or cluster watch, or any route or endpoint watch:
+// Envoy takes an answer without them as none, and goes on without them).
+// A proxyless client with no state that names listeners or clusters is
+// answered at once: gRPC takes a name it never received, absent from an
+// answer, as not received yet.
+func (c *localCache) mayHold(t string, req *cache.Request, sub cache.Subscription) bool {
+	version := req.GetVersionInfo()
+	switch {
+	case strings.HasPrefix(version, c.prefixes[t]):
+		return false // this relay's state: the cache answers what changes
+	case version != "":
+		return cache.ResourceRequiresFullStateInSotw(t)
+	default:
+		return sub.IsWildcard() || !cache.ResourceRequiresFullStateInSotw(t)
+	}
+}
+
 // covers says whether the relay can answer sub in full. Call with mu held.
 func (c *localCache) covers(t string, sub cache.Subscription) bool {
 	if sub.IsWildcard() {
 		// An answer to a named request says nothing of the rest.
-		return !c.syncedAt[t].IsZero() && c.wildcardAnswered[t]
+		return c.wildcardAnswered[t]
 	}
 	held := c.held[t]
 	for name := range sub.SubscribedResources() {
@@ -144,9 +170,18 @@ func (c *localCache) noteHeld(t string, added []string, removed []string) {
 	}
 }
 
+// dropped records that the upstream goroutine dropped names from a cache
+// as unwanted: it holds no longer all the hub's resources of the type.
+func (c *localCache) dropped(t string, names []string) {
+	c.noteHeld(t, nil, names)
+	c.mu.Lock()
+	c.wildcardAnswered[t] = false
+	c.mu.Unlock()
+}
+
 // synced records that the current upstream stream answered type t, and
-// whether that answer was to a wildcard request; reset forgets every type
-// (the stream ended).
+// whether that answer was to a wildcard request; reset forgets when each
+// type was answered (the stream ended).
 func (c *localCache) synced(t string, at time.Time, wildcard bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -160,7 +195,6 @@ func (c *localCache) reset() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	clear(c.syncedAt)
-	clear(c.wildcardAnswered)
 }
 
 // release hands the deferred watches that can now be answered to their

@@ -97,6 +97,12 @@ type rawClient struct {
 // openRaw opens a local stream to the relay and sends its first request.
 func openRaw(ctx context.Context, t *testing.T, relayAddr, node, typeURL string, names ...string) *rawClient {
 	t.Helper()
+	return openRawNode(ctx, t, relayAddr, &core.Node{Id: node}, typeURL, names...)
+}
+
+// openRawNode is openRaw for a node given whole.
+func openRawNode(ctx context.Context, t *testing.T, relayAddr string, node *core.Node, typeURL string, names ...string) *rawClient {
+	t.Helper()
 	ctx, cancel := context.WithCancel(ctx)
 	t.Cleanup(cancel)
 	s := dialLocal(ctx, t, relayAddr)
@@ -114,7 +120,7 @@ func openRaw(ctx context.Context, t *testing.T, relayAddr, node, typeURL string,
 			}
 		}
 	}()
-	c.send(t, &discovery.DiscoveryRequest{Node: &core.Node{Id: node}, TypeUrl: typeURL, ResourceNames: names})
+	c.send(t, &discovery.DiscoveryRequest{Node: node, TypeUrl: typeURL, ResourceNames: names})
 	return c
 }
 
@@ -157,7 +163,7 @@ func (c *rawClient) quiet(t *testing.T, what string, d time.Duration) {
 // held returns the names the relay's cache of type typeURL holds.
 func held(r *Relay, typeURL string) []string {
 	var out []string
-	for name := range r.caches[typeURL].GetResources() {
+	for name := range r.node.caches[typeURL].GetResources() {
 		out = append(out, name)
 	}
 	slices.Sort(out)
@@ -277,8 +283,8 @@ func TestRelayRetainsUnwanted(t *testing.T) {
 	// A response that crossed the unsubscription updates what is still held.
 	h.respond(ctx, t, ldsResponse(t, "v2", "n2", "two", "B"))
 	h.nextNames(ctx, t, "the ACK of n2", lds)
-	if l, ok := relay.caches[lds].GetResources()["B"].(*listener.Listener); !ok || l.GetStatPrefix() != "two" {
-		t.Errorf("unwanted B not updated: the cache holds %v", relay.caches[lds].GetResources()["B"])
+	if l, ok := relay.node.caches[lds].GetResources()["B"].(*listener.Listener); !ok || l.GetStatPrefix() != "two" {
+		t.Errorf("unwanted B not updated: the cache holds %v", relay.node.caches[lds].GetResources()["B"])
 	}
 	// Several ticks (of 50 ms), well within RetainUnwanted: still there.
 	time.Sleep(retain / 2)
@@ -463,6 +469,22 @@ func TestWildcardWatchWaitsForAWildcardAnswer(t *testing.T) {
 	c.mu.Unlock()
 	if !covered {
 		t.Error("an answer to a wildcard request does not cover a wildcard watch")
+	}
+	// The stream ends: what the relay holds is the last good state, and still covers.
+	c.reset()
+	c.mu.Lock()
+	covered = c.covers(resource.ListenerType, &wildcard)
+	c.mu.Unlock()
+	if !covered {
+		t.Error("after the stream ended, the last wildcard answer no longer covers a wildcard watch")
+	}
+	// Listeners dropped as unwanted: the relay no longer holds them all.
+	c.dropped(resource.ListenerType, []string{"a"})
+	c.mu.Lock()
+	covered = c.covers(resource.ListenerType, &wildcard)
+	c.mu.Unlock()
+	if covered {
+		t.Error("a wildcard watch is covered after listeners were dropped as unwanted")
 	}
 }
 

@@ -81,14 +81,20 @@ type hub struct {
 	mu sync.Mutex
 	// last holds the resource names of the last request per type label.
 	last map[string][]string
-	// nodes are the node IDs seen on first requests.
-	nodes []string
+	// nodes are the node IDs seen on first requests, fullNodes those nodes.
+	nodes     []string
+	fullNodes []*core.Node
 }
 
-// startHub serves a new hub xDS server with registry r on addr ("127.0.0.1:0": any port).
-func startHub(t *testing.T, addr string, r *registry.Registry) *hub {
+// startHub serves a new hub xDS server with registry r on addr ("127.0.0.1:0": any port);
+// opts adjust its config.
+func startHub(t *testing.T, addr string, r *registry.Registry, opts ...func(*xds.Config)) *hub {
 	t.Helper()
-	h := &hub{srv: xds.NewServer(xds.DefaultConfig(), testLogger(), prometheus.NewRegistry()), last: map[string][]string{}}
+	cfg := xds.DefaultConfig()
+	for _, o := range opts {
+		o(&cfg)
+	}
+	h := &hub{srv: xds.NewServer(cfg, testLogger(), prometheus.NewRegistry()), last: map[string][]string{}}
 	h.srv.Update(r, registry.Diff{})
 	var lis net.Listener
 	var err error
@@ -137,6 +143,7 @@ func (s *recordingStream) RecvMsg(m any) error {
 		s.hub.last[typeLabel(req.GetTypeUrl())] = names
 		if req.GetNode() != nil {
 			s.hub.nodes = append(s.hub.nodes, req.GetNode().GetId())
+			s.hub.fullNodes = append(s.hub.fullNodes, req.GetNode())
 		}
 		s.hub.mu.Unlock()
 	}

@@ -163,9 +163,6 @@ func (l *localStreams) callbacks() serverv3.CallbackFuncs {
 		StreamResponseFunc: func(_ context.Context, id int64, req *discovery.DiscoveryRequest, resp *discovery.DiscoveryResponse) {
 			l.response(id, req.GetTypeUrl(), resp)
 		},
-		DeltaStreamOpenFunc: func(context.Context, int64, string) error {
-			return status.Error(codes.Unimplemented, errDeltaUnsupported.Error())
-		},
 	}
 }
 

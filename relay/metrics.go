@@ -18,6 +18,7 @@ const (
 	MetricReportedNACKs      = "nave_relay_reported_nacks_total"
 	MetricStreams            = "nave_relay_streams"
 	MetricUpstreamReconnects = "nave_relay_upstream_reconnects_total"
+	MetricGateways           = "nave_relay_gateways"
 )
 
 // Short type labels (package xdstype).
@@ -39,6 +40,7 @@ type metrics struct {
 	reportedNACKs     *prometheus.CounterVec
 	streams           prometheus.Gauge
 	reconnects        prometheus.Counter
+	gateways          prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -46,7 +48,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		nacks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricNACKs,
 			Help: "Responses the relay's local clients rejected, by type."}, []string{"type"}),
 		upstreamConnected: prometheus.NewGauge(prometheus.GaugeOpts{Name: MetricUpstreamConnected,
-			Help: "1 while the relay's stream to the hub is open, else 0 (none is opened while no local client subscribes)."}),
+			Help: "The relay's open streams to the hub: its node's (none is opened while no local client subscribes) and one per gateway served."}),
 		upstreamResponses: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricUpstreamResponses,
 			Help: "Responses received from the hub, by type."}, []string{"type"}),
 		upstreamNACKs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricUpstreamNACKs,
@@ -57,12 +59,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Open local xDS streams."}),
 		reconnects: prometheus.NewCounter(prometheus.CounterOpts{Name: MetricUpstreamReconnects,
 			Help: "Upstream streams that ended and were retried."}),
+		gateways: prometheus.NewGauge(prometheus.GaugeOpts{Name: MetricGateways,
+			Help: "Gateways served a view of their own (an upstream stream in their name), those without a stream kept a while included."}),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{m.nacks, m.upstreamConnected, m.upstreamResponses, m.upstreamNACKs, m.reportedNACKs, m.streams, m.reconnects} {
+	for _, c := range []prometheus.Collector{m.nacks, m.upstreamConnected, m.upstreamResponses, m.upstreamNACKs, m.reportedNACKs, m.streams, m.reconnects, m.gateways} {
 		errs = append(errs, reg.Register(c))
 	}
 	if err := errors.Join(errs...); err != nil {

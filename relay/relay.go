@@ -15,6 +15,16 @@
 // A node's clients share its zone, so this is what they would be served
 // anyway; run one relay per node.
 //
+// Gateways: a local client whose node names a gateway role (NAVE_GATEWAY
+// metadata: an Envoy gateway run by `nave gateway`) is served a view of its
+// own: the relay opens an upstream stream in the gateway's name (its node
+// as it sent it, completed with the relay's locality, CLUSTER_ID and
+// NETWORK where it names none), on the same connection, and the hub serves
+// it the listeners, routes and clusters it would serve the gateway
+// connected directly. Its certificates come from its own agent (SDS), never
+// through the relay. A gateway's view is kept RetainUnwanted after its
+// last stream ends, and at most MaxGateways are served.
+//
 // When the hub is unreachable the relay keeps serving the last good state
 // (a new local client is served from the caches at once) and reconnects
 // with jittered exponential backoff; the caches are never cleared, the
@@ -46,7 +56,8 @@
 // count the clients behind the relay.
 //
 // Not yet: delta xDS for local clients (delta streams are refused), and
-// per-client views (every client gets the relay's node's resources).
+// views per proxyless client (every client but a gateway gets the relay's
+// node's resources).
 package relay
 
 import (
@@ -56,7 +67,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -66,10 +77,7 @@ import (
 	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
 	listenerservice "github.com/envoyproxy/go-control-plane/envoy/service/listener/v3"
 	routeservice "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
-	cache "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"github.com/envoyproxy/go-control-plane/pkg/server/sotw/v3"
-	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 )
@@ -104,15 +112,19 @@ type Config struct {
 	// a wildcard): the hub refuses requests naming more than its own bound
 	// (50,000) and ends the relay's stream.
 	MaxResourceNames int
+	// MaxGateways bounds the gateways served a view of their own (each
+	// holds an upstream stream and caches); a further gateway's stream is
+	// ended with ResourceExhausted.
+	MaxGateways int
 }
 
 // DefaultConfig has the backoff bounds (100 ms to 10 s), keeps unwanted
-// resources a minute, holds a watch for unknown resources up to 2 s and
-// allows 50,000 resource names (the hub's bound); Upstream, Node and
-// DialOptions are left for the caller.
+// resources (and a gateway's view) a minute, holds a watch for unknown
+// resources up to 2 s, allows 50,000 resource names (the hub's bound) and
+// 16 gateways; Upstream, Node and DialOptions are left for the caller.
 func DefaultConfig() Config {
 	return Config{BackoffMin: 100 * time.Millisecond, BackoffMax: 10 * time.Second, RetainUnwanted: time.Minute, HoldUnknown: 2 * time.Second,
-		MaxResourceNames: 50_000}
+		MaxResourceNames: 50_000, MaxGateways: 16}
 }
 
 // ErrNoUpstream is returned by New when Config.Upstream is empty.
@@ -133,28 +145,18 @@ type Relay struct {
 	cfg     Config
 	log     *slog.Logger
 	metrics *metrics
-	xds     serverv3.Server
-	// caches hold the resources served locally, one per type URL. Written
-	// only by the upstream goroutine (Run).
-	caches map[string]*cache.LinearCache
+	// conn is the connection to the hub; every view's stream runs on it.
+	conn *grpc.ClientConn
+	// prefix starts every cache version of this relay process.
+	prefix string
+	// node is the node's own view, which every local client but a gateway is served.
+	node *view
 
-	// local tracks the local streams and their subscriptions.
-	local *localStreams
-	// cache is what the local server watches.
-	cache *localCache
+	// views runs the gateways' views; it ends them when Run returns.
+	views *gatewayViews
 
-	// changed tells the upstream goroutine that a local subscription, or a
-	// local client's rejection, changed (capacity 1: signals coalesce).
-	changed chan struct{}
-
-	// upstreamMu guards upstreamSubs, what the upstream stream last asked
-	// for per type (for Subscriptions).
-	upstreamMu   sync.Mutex
-	upstreamSubs map[string]subscription
-
-	// ran is set by the first Run; stopLocal ends the local streams (when Run returns).
-	ran       atomic.Bool
-	stopLocal context.CancelFunc
+	// ran is set by the first Run.
+	ran atomic.Bool
 }
 
 // New returns a relay for cfg. Its metrics are registered on reg (nil: not registered).
@@ -181,38 +183,29 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Relay, error
 	if cfg.MaxResourceNames <= 0 {
 		cfg.MaxResourceNames = def.MaxResourceNames
 	}
+	if cfg.MaxGateways <= 0 {
+		cfg.MaxGateways = def.MaxGateways
+	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	log = log.With("component", "relay")
+	conn, err := dial(cfg)
+	if err != nil {
+		return nil, err
+	}
 	m, err := newMetrics(reg)
 	if err != nil {
+		_ = conn.Close()
 		return nil, err
 	}
 	// A prefix of its own per relay process: a local client that comes back
 	// to a restarted relay never matches its old versions against new counters.
 	token := make([]byte, 4)
 	_, _ = rand.Read(token)
-	prefix := "relay-" + hex.EncodeToString(token) + "-"
-	r := &Relay{
-		cfg:          cfg,
-		log:          log,
-		metrics:      m,
-		caches:       map[string]*cache.LinearCache{},
-		changed:      make(chan struct{}, 1),
-		upstreamSubs: map[string]subscription{},
-	}
-	prefixes := map[string]string{}
-	for _, t := range relayedTypes {
-		prefixes[t] = prefix + typeLabel(t) + "-"
-		r.caches[t] = cache.NewLinearCache(t, cache.WithVersionPrefix(prefixes[t]), cache.WithLogger(cacheLogger{log}))
-	}
-	r.local = newLocalStreams(r.metrics, log, cfg.MaxResourceNames, r.notify)
-	r.cache = newLocalCache(r.caches, prefixes, r.local, cfg.HoldUnknown, log)
-	// The local streams end when Run returns (or the gRPC server stops).
-	serverCtx, stop := context.WithCancel(context.Background())
-	r.stopLocal = stop
-	r.xds = serverv3.NewServer(serverCtx, r.cache, r.local.callbacks(), sotw.WithLogger(cacheLogger{log}))
+	r := &Relay{cfg: cfg, log: log, metrics: m, conn: conn, prefix: "relay-" + hex.EncodeToString(token) + "-"}
+	r.node = newView(cfg, cfg.Node, r.prefix, conn, m, log)
+	r.views = newGatewayViews(r)
 	return r, nil
 }
 
@@ -220,37 +213,61 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Relay, error
 // RDS, CDS and EDS services on g. The local streams end when Run returns
 // (or g stops).
 func (r *Relay) Register(g *grpc.Server) {
-	discovery.RegisterAggregatedDiscoveryServiceServer(g, r.xds)
-	listenerservice.RegisterListenerDiscoveryServiceServer(g, r.xds)
-	routeservice.RegisterRouteDiscoveryServiceServer(g, r.xds)
-	clusterservice.RegisterClusterDiscoveryServiceServer(g, r.xds)
-	endpointservice.RegisterEndpointDiscoveryServiceServer(g, r.xds)
+	l := localServer{r}
+	discovery.RegisterAggregatedDiscoveryServiceServer(g, l)
+	listenerservice.RegisterListenerDiscoveryServiceServer(g, l)
+	routeservice.RegisterRouteDiscoveryServiceServer(g, l)
+	clusterservice.RegisterClusterDiscoveryServiceServer(g, l)
+	endpointservice.RegisterEndpointDiscoveryServiceServer(g, l)
+}
+
+// Run keeps the node's ADS stream to the hub, and one per gateway served,
+// until ctx ends, reconnecting with jittered exponential backoff; it
+// returns nil when ctx ends.
+//
+// Run may be called once: the local streams end when it returns.
+func (r *Relay) Run(ctx context.Context) error {
+	if !r.ran.CompareAndSwap(false, true) {
+		return ErrRunTwice
+	}
+	defer func() { _ = r.conn.Close() }()
+	defer r.views.stop()
+	r.node.run(ctx)
+	return nil
 }
 
 // Clients returns the status of every local stream, oldest first.
 func (r *Relay) Clients() []ClientStatus {
-	return r.local.status()
-}
-
-// Subscriptions returns what the upstream stream last subscribed to, by
-// type label (lds, rds, cds, eds): sorted names, or ["*"] for wildcard.
-// Types never subscribed on the current stream are absent.
-func (r *Relay) Subscriptions() map[string][]string {
-	r.upstreamMu.Lock()
-	defer r.upstreamMu.Unlock()
-	out := make(map[string][]string, len(r.upstreamSubs))
-	for t, s := range r.upstreamSubs {
-		out[typeLabel(t)] = s.requestNames()
+	out := r.node.local.status()
+	for _, v := range r.views.all() {
+		out = append(out, v.local.status()...)
 	}
+	slices.SortStableFunc(out, func(a, b ClientStatus) int { return a.ConnectedSince.Compare(b.ConnectedSince) })
 	return out
 }
 
-// notify tells the upstream goroutine that a local subscription changed; it never blocks.
-func (r *Relay) notify() {
-	select {
-	case r.changed <- struct{}{}:
-	default:
-	}
+// Subscriptions returns what the node's upstream stream last subscribed
+// to, by type label (lds, rds, cds, eds): sorted names, or ["*"] for
+// wildcard. Types never subscribed on the current stream are absent.
+func (r *Relay) Subscriptions() map[string][]string {
+	return r.node.subscriptions()
+}
+
+// GatewayStatus is one gateway's view: what the relay asks the hub for in
+// its name.
+type GatewayStatus struct {
+	// NodeID is the gateway's node ID, as it named itself (and the hub sees it).
+	NodeID string `json:"nodeID"`
+	// Streams counts its open local streams (0: the view is kept for a
+	// while in case it comes back).
+	Streams int `json:"streams"`
+	// Upstream is what its upstream stream last subscribed to, as Subscriptions.
+	Upstream map[string][]string `json:"upstream"`
+}
+
+// Gateways returns the gateways' views, by node ID.
+func (r *Relay) Gateways() []GatewayStatus {
+	return r.views.status()
 }
 
 // cacheLogger routes go-control-plane's logs into slog; its Info is chatty per watch, so it becomes Debug.

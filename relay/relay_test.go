@@ -174,7 +174,7 @@ func TestRelaySubscribesTheUnion(t *testing.T) {
 	expect("only echo subscribed upstream", map[string][]string{
 		typeLDS: {echoL}, typeRDS: {echoL}, typeCDS: {echoC}, typeEDS: {echoC}})
 	waitFor(ctx, t, "other's resources dropped from the relay's caches", func() bool {
-		for _, c := range relay.caches {
+		for _, c := range relay.node.caches {
 			for name := range c.GetResources() {
 				if name == otherL || name == otherC {
 					return false

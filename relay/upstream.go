@@ -27,62 +27,61 @@ import (
 	"github.com/navemesh/nave/internal/xdstype"
 )
 
-// Run keeps one ADS stream to the hub until ctx ends, reconnecting with
-// jittered exponential backoff; it returns nil when ctx ends, or an error
-// if the upstream cannot be dialled at all (a bad address or options).
-//
-// Run may be called once: the local streams end when it returns.
-func (r *Relay) Run(ctx context.Context) error {
-	if !r.ran.CompareAndSwap(false, true) {
-		return ErrRunTwice
-	}
-	defer r.stopLocal()
+// dial returns the relay's connection to the hub (it connects on first
+// use), shared by the upstream streams of every view.
+func dial(cfg Config) (*grpc.ClientConn, error) {
 	// The connection's own backoff follows BackoffMin and BackoffMax (grpc's
 	// default starts at 1 s and grows to 120 s); the caller's options come
 	// after, so they may override it.
 	opts := append([]grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
-		Backoff: backoff.Config{BaseDelay: r.cfg.BackoffMin, Multiplier: 2, Jitter: 0.2, MaxDelay: r.cfg.BackoffMax},
+		Backoff: backoff.Config{BaseDelay: cfg.BackoffMin, Multiplier: 2, Jitter: 0.2, MaxDelay: cfg.BackoffMax},
 		// Give a slow connection (a TLS handshake far away) time to complete.
-		MinConnectTimeout: max(r.cfg.BackoffMax, minConnectTimeout),
+		MinConnectTimeout: max(cfg.BackoffMax, minConnectTimeout),
 	}),
 		// A response for a large subscription (every assignment of a big
 		// clusterset) passes grpc's default 4 MiB: refused, it would be
 		// asked for again forever while the clients kept stale state.
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxUpstreamMessage)),
-	}, r.cfg.DialOptions...)
-	conn, err := grpc.NewClient(r.cfg.Upstream, opts...)
+	}, cfg.DialOptions...)
+	conn, err := grpc.NewClient(cfg.Upstream, opts...)
 	if err != nil {
-		return fmt.Errorf("relay: dial %s: %w", r.cfg.Upstream, err)
+		return nil, fmt.Errorf("relay: dial %s: %w", cfg.Upstream, err)
 	}
-	defer func() { _ = conn.Close() }()
-	client := discovery.NewAggregatedDiscoveryServiceClient(conn)
+	return conn, nil
+}
+
+// run keeps the view's ADS stream to the hub until ctx ends, reconnecting
+// with jittered exponential backoff. The view's local streams end when it
+// returns.
+func (v *view) run(ctx context.Context) {
+	defer v.stopLocal()
+	client := discovery.NewAggregatedDiscoveryServiceClient(v.conn)
 	held := newHeldState()
-	delay := r.cfg.BackoffMin
+	delay := v.cfg.BackoffMin
 	failures := 0
 	for {
 		// No stream while no local client asks for anything: the hub ends a
 		// stream that sends no request (its first-message deadline), and a
 		// node without proxyless clients would be refused over and over.
-		if !r.awaitSubscriptions(ctx, held) {
-			return nil
+		if !v.awaitSubscriptions(ctx, held) {
+			return
 		}
-		served, err := r.session(ctx, client, held)
+		served, err := v.session(ctx, client, held)
 		if errors.Is(err, errIdle) {
 			continue
 		}
-		r.metrics.upstreamConnected.Set(0)
-		r.cache.reset()
-		r.upstreamMu.Lock()
-		clear(r.upstreamSubs)
-		r.upstreamMu.Unlock()
+		v.cache.reset()
+		v.upstreamMu.Lock()
+		clear(v.upstreamSubs)
+		v.upstreamMu.Unlock()
 		if ctx.Err() != nil {
-			return nil
+			return
 		}
 		if served {
-			delay, failures = r.cfg.BackoffMin, 0
+			delay, failures = v.cfg.BackoffMin, 0
 		}
 		failures++
-		r.metrics.reconnects.Inc()
+		v.metrics.reconnects.Inc()
 		// Jitter over the upper half: never a burst of relays at once, never much sooner than planned.
 		wait := delay/2 + rand.N(delay/2+1)
 		// Warn when the hub goes away and now and then while it stays away, not on every attempt.
@@ -90,15 +89,15 @@ func (r *Relay) Run(ctx context.Context) error {
 		if failures&(failures-1) == 0 {
 			level = slog.LevelWarn
 		}
-		r.log.Log(ctx, level, "upstream stream ended; serving the last good state", "upstream", r.cfg.Upstream, "err", err, "attempt", failures, "retry in", wait)
+		v.log.Log(ctx, level, "upstream stream ended; serving the last good state", "upstream", v.cfg.Upstream, "err", err, "attempt", failures, "retry in", wait)
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil
+			return
 		case <-t.C:
 		}
-		delay = min(delay*2, r.cfg.BackoffMax)
+		delay = min(delay*2, v.cfg.BackoffMax)
 	}
 }
 
@@ -124,35 +123,35 @@ func idle(union map[string]subscription) bool {
 // awaitSubscriptions returns true once some local client subscribes to
 // something, false if ctx ends first. Meanwhile what no client wants
 // leaves the caches after RetainUnwanted, as during a session.
-func (r *Relay) awaitSubscriptions(ctx context.Context, held *heldState) bool {
-	tick := time.NewTicker(r.tickInterval())
+func (v *view) awaitSubscriptions(ctx context.Context, held *heldState) bool {
+	tick := time.NewTicker(v.tickInterval())
 	defer tick.Stop()
 	for {
-		union := r.local.union()
+		union := v.local.union()
 		if !idle(union) {
 			return true
 		}
 		select {
 		case <-ctx.Done():
 			return false
-		case <-r.changed:
+		case <-v.changed:
 		case now := <-tick.C:
-			r.prune(held, union, now)
+			v.prune(held, union, now)
 		}
 	}
 }
 
 // tickInterval is how often retention and holds are looked at: often
 // enough for both to end near their time, at most once a second.
-func (r *Relay) tickInterval() time.Duration {
-	return min(max(min(r.cfg.RetainUnwanted, r.cfg.HoldUnknown)/4, 10*time.Millisecond), time.Second)
+func (v *view) tickInterval() time.Duration {
+	return min(max(min(v.cfg.RetainUnwanted, v.cfg.HoldUnknown)/4, 10*time.Millisecond), time.Second)
 }
 
 // errPanic reports a recovered panic.
 var errPanic = errors.New("relay: panic")
 
 // heldState is what the caches hold, kept across upstream streams; owned
-// by the goroutine running Run.
+// by the goroutine running the view's run.
 type heldState struct {
 	// wire is, per type URL, the wire form of each resource the cache holds
 	// (to skip unchanged ones).
@@ -196,10 +195,10 @@ type upstreamType struct {
 
 // session runs one upstream stream until it fails or ctx ends, and says
 // whether the hub answered on it (which resets the backoff).
-func (r *Relay) session(ctx context.Context, client discovery.AggregatedDiscoveryServiceClient, held *heldState) (served bool, err error) {
+func (v *view) session(ctx context.Context, client discovery.AggregatedDiscoveryServiceClient, held *heldState) (served bool, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			r.log.Error("upstream session panicked", "panic", p, "stack", string(debug.Stack()))
+			v.log.Error("upstream session panicked", "panic", p, "stack", string(debug.Stack()))
 			err = fmt.Errorf("%w: %v", errPanic, p)
 		}
 	}()
@@ -208,7 +207,7 @@ func (r *Relay) session(ctx context.Context, client discovery.AggregatedDiscover
 	// Not WaitForReady: while the hub is unreachable each attempt fails at
 	// once, so the failure (a refused connection, a bad certificate) is
 	// logged; the connection's backoff follows BackoffMin and BackoffMax
-	// (see Run), so the hub's return is noticed within about BackoffMax.
+	// (see dial), so the hub's return is noticed within about BackoffMax.
 	stream, err := client.StreamAggregatedResources(ctx)
 	if err != nil {
 		return false, fmt.Errorf("open stream: %w", err)
@@ -218,7 +217,7 @@ func (r *Relay) session(ctx context.Context, client discovery.AggregatedDiscover
 	go func() {
 		defer func() {
 			if p := recover(); p != nil {
-				r.log.Error("upstream receiver panicked", "panic", p, "stack", string(debug.Stack()))
+				v.log.Error("upstream receiver panicked", "panic", p, "stack", string(debug.Stack()))
 				recvErr <- fmt.Errorf("%w: %v", errPanic, p)
 			}
 		}()
@@ -236,7 +235,7 @@ func (r *Relay) session(ctx context.Context, client discovery.AggregatedDiscover
 		}
 	}()
 
-	u := &upstream{relay: r, stream: stream, held: held, types: map[string]*upstreamType{}, first: true}
+	u := &upstream{view: v, stream: stream, held: held, types: map[string]*upstreamType{}, first: true}
 	for _, t := range relayedTypes {
 		u.types[t] = &upstreamType{reported: map[rejectionKey]struct{}{}}
 	}
@@ -248,25 +247,26 @@ func (r *Relay) session(ctx context.Context, client discovery.AggregatedDiscover
 		// stream that sends nothing is ended by the hub.
 		return false, errIdle
 	}
-	r.metrics.upstreamConnected.Set(1)
-	r.log.Info("upstream stream open", "upstream", r.cfg.Upstream, "node", r.cfg.Node.GetId())
+	v.metrics.upstreamConnected.Inc()
+	defer v.metrics.upstreamConnected.Dec()
+	v.log.Info("upstream stream open", "upstream", v.cfg.Upstream, "node", v.cfg.Node.GetId())
 	// The ticker ends retention and holds that no event ends.
-	tick := time.NewTicker(r.tickInterval())
+	tick := time.NewTicker(v.tickInterval())
 	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return served, ctx.Err()
 		case now := <-tick.C:
-			u.prune(r.local.union(), now)
-			r.cache.release(now)
+			u.prune(v.local.union(), now)
+			v.cache.release(now)
 			// Rejections wait reportSettle: the tick reports them.
-			if err := u.report(r.local.rejections(), now); err != nil {
+			if err := u.report(v.local.rejections(), now); err != nil {
 				return served, err
 			}
 		case err := <-recvErr:
 			return served, fmt.Errorf("receive: %w", err)
-		case <-r.changed:
+		case <-v.changed:
 			if err := u.sync(); err != nil {
 				return served, err
 			}
@@ -281,7 +281,7 @@ func (r *Relay) session(ctx context.Context, client discovery.AggregatedDiscover
 
 // upstream is one stream's state; owned by the goroutine running session.
 type upstream struct {
-	relay  *Relay
+	view   *view
 	stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient
 	held   *heldState
 	types  map[string]*upstreamType
@@ -293,8 +293,8 @@ type upstream struct {
 // changed, and drops from the caches what no local client has wanted for
 // RetainUnwanted.
 func (u *upstream) sync() error {
-	r := u.relay
-	union := r.local.union()
+	v := u.view
+	union := v.local.union()
 	for _, t := range relayedTypes {
 		want, st := union[t], u.types[t]
 		if (!st.requested && want.empty()) || (st.requested && st.sent.equal(want)) {
@@ -310,17 +310,17 @@ func (u *upstream) sync() error {
 		}
 		st.sent, st.requested = want, true
 	}
-	r.upstreamMu.Lock()
-	clear(r.upstreamSubs)
+	v.upstreamMu.Lock()
+	clear(v.upstreamSubs)
 	for t, st := range u.types {
 		if st.requested {
-			r.upstreamSubs[t] = st.sent
+			v.upstreamSubs[t] = st.sent
 		}
 	}
-	r.upstreamMu.Unlock()
+	v.upstreamMu.Unlock()
 	now := time.Now()
 	u.prune(union, now)
-	return u.report(r.local.rejections(), now)
+	return u.report(v.local.rejections(), now)
 }
 
 // report tells the hub of its local clients' rejections: a local client's
@@ -336,7 +336,7 @@ func (u *upstream) sync() error {
 // hub's response that fixes it). Rejections that come together go up as
 // one NACK (naming the first) and count one each in the relay's metric.
 func (u *upstream) report(rejections map[string][]rejection, now time.Time) error {
-	r := u.relay
+	v := u.view
 	for _, t := range relayedTypes {
 		st := u.types[t]
 		if !st.requested || st.nonce == "" || st.ownNACK {
@@ -365,10 +365,10 @@ func (u *upstream) report(rejections map[string][]rejection, now time.Time) erro
 				msg += fmt.Sprintf(" (and %d more local clients)", len(fresh)-1)
 			}
 			detail = &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: msg}
-			r.metrics.reportedNACKs.WithLabelValues(typeLabel(t)).Add(float64(len(fresh)))
-			r.log.Info("reporting local clients' rejections upstream", "type", typeLabel(t), "node", fresh[0].node, "new", len(fresh), "rejecting", len(current))
+			v.metrics.reportedNACKs.WithLabelValues(typeLabel(t)).Add(float64(len(fresh)))
+			v.log.Info("reporting local clients' rejections upstream", "type", typeLabel(t), "node", fresh[0].node, "new", len(fresh), "rejecting", len(current))
 		case len(current) == 0 && st.rejected:
-			r.log.Info("local clients no longer reject; ACK upstream", "type", typeLabel(t))
+			v.log.Info("local clients no longer reject; ACK upstream", "type", typeLabel(t))
 		default:
 			continue
 		}
@@ -389,11 +389,11 @@ const reportSettle = 100 * time.Millisecond
 
 // prune drops from the caches what no local client has wanted for RetainUnwanted.
 func (u *upstream) prune(union map[string]subscription, now time.Time) {
-	u.relay.prune(u.held, union, now)
+	u.view.prune(u.held, union, now)
 }
 
 // prune drops from the caches, and held, what no local client has wanted for RetainUnwanted.
-func (r *Relay) prune(held *heldState, union map[string]subscription, now time.Time) {
+func (v *view) prune(held *heldState, union map[string]subscription, now time.Time) {
 	for _, t := range relayedTypes {
 		want, unwanted := union[t], held.unwanted[t]
 		var drop []string
@@ -405,7 +405,7 @@ func (r *Relay) prune(held *heldState, union map[string]subscription, now time.T
 			since, ok := unwanted[name]
 			if !ok {
 				unwanted[name] = now
-			} else if now.Sub(since) >= r.cfg.RetainUnwanted {
+			} else if now.Sub(since) >= v.cfg.RetainUnwanted {
 				drop = append(drop, name)
 			}
 		}
@@ -416,11 +416,11 @@ func (r *Relay) prune(held *heldState, union map[string]subscription, now time.T
 			delete(held.wire[t], name)
 			delete(unwanted, name)
 		}
-		if err := r.caches[t].UpdateResources(nil, drop); err != nil {
-			r.log.Error("drop unwanted resources", "type", typeLabel(t), "err", err)
+		if err := v.caches[t].UpdateResources(nil, drop); err != nil {
+			v.log.Error("drop unwanted resources", "type", typeLabel(t), "err", err)
 		}
-		r.cache.noteHeld(t, nil, drop)
-		r.log.Debug("dropped resources no local client wants", "type", typeLabel(t), "count", len(drop))
+		v.cache.dropped(t, drop)
+		v.log.Debug("dropped resources no local client wants", "type", typeLabel(t), "count", len(drop))
 	}
 }
 
@@ -436,7 +436,7 @@ func (u *upstream) send(t string, sub subscription, nack *rpcstatus.Status) erro
 		ErrorDetail:   nack,
 	}
 	if u.first {
-		req.Node = proto.CloneOf(u.relay.cfg.Node)
+		req.Node = proto.CloneOf(u.view.cfg.Node)
 		if req.Node.UserAgentName == "" {
 			req.Node.UserAgentName = "nave-relay"
 		}
@@ -451,22 +451,22 @@ func (u *upstream) send(t string, sub subscription, nack *rpcstatus.Status) erro
 // handle applies a response to the caches and ACKs it, or NACKs it if it
 // cannot be decoded (the caches keep the last good state).
 func (u *upstream) handle(resp *discovery.DiscoveryResponse) error {
-	r := u.relay
+	v := u.view
 	t := resp.GetTypeUrl()
 	label := typeLabel(t)
-	r.metrics.upstreamResponses.WithLabelValues(label).Inc()
+	v.metrics.upstreamResponses.WithLabelValues(label).Inc()
 	st := u.types[t]
 	if st == nil || !st.requested {
 		// Never asked for on this stream: answering would subscribe to it (an
 		// empty first request is a wildcard).
-		r.log.Warn("upstream sent a type the relay did not ask for", "type", t)
+		v.log.Warn("upstream sent a type the relay did not ask for", "type", t)
 		return nil
 	}
 	st.nonce = resp.GetNonce()
 	err := u.receive(t, resp, st.sent, st.answerable)
 	if err != nil {
-		r.metrics.upstreamNACKs.WithLabelValues(label).Inc()
-		r.log.Warn("rejecting an upstream response (NACK)", "type", label, "version", resp.GetVersionInfo(), "nonce", resp.GetNonce(), "err", err)
+		v.metrics.upstreamNACKs.WithLabelValues(label).Inc()
+		v.log.Warn("rejecting an upstream response (NACK)", "type", label, "version", resp.GetVersionInfo(), "nonce", resp.GetNonce(), "err", err)
 		st.answerable = st.sent
 		st.ownNACK = true
 		return u.send(t, st.sent, &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: err.Error()})
@@ -474,8 +474,8 @@ func (u *upstream) handle(resp *discovery.DiscoveryResponse) error {
 	st.ownNACK = false
 	st.version = resp.GetVersionInfo()
 	now := time.Now()
-	r.cache.synced(t, now, st.answerable.wildcard)
-	r.cache.release(now)
+	v.cache.synced(t, now, st.answerable.wildcard)
+	v.cache.release(now)
 	// The next response answers this ACK or a later request.
 	st.answerable = st.sent
 	if err := u.send(t, st.sent, nil); err != nil {
@@ -531,11 +531,11 @@ func (u *upstream) apply(t string, sent, answerable subscription, decoded map[st
 	if len(upserts) == 0 && len(deletes) == 0 {
 		return
 	}
-	if err := u.relay.caches[t].UpdateResources(upserts, deletes); err != nil {
-		u.relay.log.Error("update local cache", "type", typeLabel(t), "err", err)
+	if err := u.view.caches[t].UpdateResources(upserts, deletes); err != nil {
+		u.view.log.Error("update local cache", "type", typeLabel(t), "err", err)
 	}
-	u.relay.cache.noteHeld(t, added, deletes)
-	u.relay.log.Debug("relayed upstream resources", "type", typeLabel(t), "changed", len(upserts), "deleted", len(deletes))
+	u.view.cache.noteHeld(t, added, deletes)
+	u.view.log.Debug("relayed upstream resources", "type", typeLabel(t), "changed", len(upserts), "deleted", len(deletes))
 }
 
 // decode reads resp, whose resources must all be of type t and named:

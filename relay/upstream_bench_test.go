@@ -52,7 +52,7 @@ func BenchmarkRelayResponse(b *testing.B) {
 		responses[gen] = resp
 	}
 	sub := subscription{names: names}
-	u := &upstream{relay: r, held: newHeldState(), types: map[string]*upstreamType{}}
+	u := &upstream{view: r.node, held: newHeldState(), types: map[string]*upstreamType{}}
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := range b.N {

@@ -145,7 +145,7 @@ func TestRelayACKsAndNACKsUpstream(t *testing.T) {
 	if n := metricValue(t, reg, MetricUpstreamNACKs, typeEDS); n != 1 {
 		t.Errorf("%s{eds} = %v, want 1", MetricUpstreamNACKs, n)
 	}
-	if got := relay.caches[resource.EndpointType].GetResources(); len(got) != 1 || got[name] == nil {
+	if got := relay.node.caches[resource.EndpointType].GetResources(); len(got) != 1 || got[name] == nil {
 		t.Errorf("after a NACK the cache holds %v, want the last good assignment", got)
 	}
 	if n := metricValue(t, reg, MetricUpstreamResponses, typeEDS); n != 2 {
@@ -492,7 +492,7 @@ func TestIdleRelayPrunes(t *testing.T) {
 	}
 	h.responses <- &discovery.DiscoveryResponse{TypeUrl: resource.EndpointType, VersionInfo: "v1", Nonce: "n1", Resources: []*anypb.Any{cla}}
 	h.next(ctx, t, "the ACK")
-	held := func() int { return len(relay.caches[resource.EndpointType].GetResources()) }
+	held := func() int { return len(relay.node.caches[resource.EndpointType].GetResources()) }
 	if n := held(); n != 1 {
 		t.Fatalf("the relay holds %d assignments, want 1", n)
 	}

@@ -40,6 +40,10 @@ const (
 	MetadataCluster = "CLUSTER_ID"
 )
 
+// MetadataGateway names a gateway's role (NAVE_GATEWAY): a node that has it
+// is an Envoy gateway, served listeners of its own (package gateways).
+const MetadataGateway = "NAVE_GATEWAY"
+
 // WireName reads a resource's name from its encoding without decoding the
 // rest: it is field 1 (a string) of each type Nave serves (Listener,
 // RouteConfiguration and Cluster's name, ClusterLoadAssignment's

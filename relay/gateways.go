@@ -1,0 +1,214 @@
+package relay
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/navemesh/nave/internal/xdstype"
+)
+
+// viewFor returns the view a local stream whose first request is first is
+// served from, and the function to call when the stream ends.
+func (r *Relay) viewFor(first *discovery.DiscoveryRequest) (*view, func(), error) {
+	node := first.GetNode()
+	if !isGateway(node) {
+		return r.node, func() {}, nil
+	}
+	return r.views.acquire(node)
+}
+
+// isGateway says whether a node is a gateway: the hub serves it
+// listeners, routes and clusters of its own, built from its metadata.
+func isGateway(node *core.Node) bool {
+	_, ok := node.GetMetadata().GetFields()[xdstype.MetadataGateway]
+	return ok
+}
+
+// gatewayViews holds a view per gateway: its own upstream stream, which
+// names the gateway's node, so the hub serves it what it would serve the
+// gateway connected directly. Gateways are told apart by their whole node
+// (ID, locality, metadata): a restarted gateway, or a hot-restarted Envoy,
+// finds its view again. A view with no local stream is dropped after
+// Config.RetainUnwanted.
+type gatewayViews struct {
+	r *Relay
+	// ctx ends every view's upstream stream (stop).
+	ctx    context.Context
+	cancel context.CancelFunc
+	// running counts the views' upstream goroutines.
+	running sync.WaitGroup
+
+	mu      sync.Mutex
+	views   map[string]*gatewayView
+	made    int // views made so far: each view's version prefix has its number
+	stopped bool
+}
+
+// gatewayView is one gateway's view and its use.
+type gatewayView struct {
+	*view
+	key     string
+	streams int
+	// idle, while no stream uses the view, drops it when it fires.
+	idle *time.Timer
+	// stop ends the view's upstream stream and its local streams.
+	stop context.CancelFunc
+}
+
+func newGatewayViews(r *Relay) *gatewayViews {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &gatewayViews{r: r, ctx: ctx, cancel: cancel, views: map[string]*gatewayView{}}
+}
+
+// acquire returns the view of the gateway node (made on first use) and the
+// function that gives it back when the stream ends.
+func (g *gatewayViews) acquire(node *core.Node) (*view, func(), error) {
+	if node.GetId() == "" {
+		return nil, nil, status.Error(codes.InvalidArgument, "relay: a gateway's node needs an ID")
+	}
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(node)
+	if err != nil {
+		return nil, nil, status.Errorf(codes.InvalidArgument, "relay: gateway node: %v", err)
+	}
+	key := string(b)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.stopped {
+		return nil, nil, status.Error(codes.Unavailable, "relay: stopping")
+	}
+	gv := g.views[key]
+	if gv == nil {
+		if len(g.views) >= g.r.cfg.MaxGateways {
+			g.r.log.Warn("too many gateways on this node; refusing another", "node", node.GetId(), "limit", g.r.cfg.MaxGateways)
+			return nil, nil, status.Errorf(codes.ResourceExhausted, "relay: serving %d gateways already (the limit)", g.r.cfg.MaxGateways)
+		}
+		gv = g.start(key, node)
+	}
+	gv.streams++
+	if gv.idle != nil {
+		gv.idle.Stop()
+		gv.idle = nil
+	}
+	return gv.view, func() { g.release(gv) }, nil
+}
+
+// start makes a gateway's view and runs its upstream stream. Called with mu held.
+func (g *gatewayViews) start(key string, node *core.Node) *gatewayView {
+	r := g.r
+	g.made++
+	upstreamNode := behindRelay(node, r.cfg.Node)
+	log := r.log.With("gateway", node.GetId())
+	v := newView(r.cfg, upstreamNode, fmt.Sprintf("%sgw%d-", r.prefix, g.made), r.conn, r.metrics, log)
+	ctx, stop := context.WithCancel(g.ctx)
+	gv := &gatewayView{view: v, key: key, stop: stop}
+	g.views[key] = gv
+	r.metrics.gateways.Set(float64(len(g.views)))
+	g.running.Go(func() { v.run(ctx) })
+	log.Info("serving a gateway a view of its own", "locality", upstreamNode.GetLocality().String())
+	return gv
+}
+
+// release gives back a stream's use of gv; the view is dropped once no
+// stream has used it for RetainUnwanted.
+func (g *gatewayViews) release(gv *gatewayView) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	gv.streams--
+	if gv.streams > 0 || g.stopped {
+		return
+	}
+	gv.idle = time.AfterFunc(g.r.cfg.RetainUnwanted, func() { g.retire(gv) })
+}
+
+// retire drops gv if no stream took it up again meanwhile.
+func (g *gatewayViews) retire(gv *gatewayView) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if gv.streams > 0 || g.views[gv.key] != gv {
+		return
+	}
+	delete(g.views, gv.key)
+	g.r.metrics.gateways.Set(float64(len(g.views)))
+	gv.stop()
+	gv.log.Info("gateway gone; its view is dropped", "after", g.r.cfg.RetainUnwanted)
+}
+
+// stop ends every view and waits for their upstream goroutines.
+func (g *gatewayViews) stop() {
+	g.mu.Lock()
+	g.stopped = true
+	for _, gv := range g.views {
+		if gv.idle != nil {
+			gv.idle.Stop()
+		}
+	}
+	g.mu.Unlock()
+	g.cancel()
+	g.running.Wait()
+}
+
+// all returns the views.
+func (g *gatewayViews) all() []*view {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make([]*view, 0, len(g.views))
+	for _, gv := range g.views {
+		out = append(out, gv.view)
+	}
+	return out
+}
+
+// status returns the views' status, by node ID.
+func (g *gatewayViews) status() []GatewayStatus {
+	g.mu.Lock()
+	out := make([]GatewayStatus, 0, len(g.views))
+	views := make([]*view, 0, len(g.views))
+	for _, gv := range g.views {
+		out = append(out, GatewayStatus{NodeID: gv.cfg.Node.GetId(), Streams: gv.streams})
+		views = append(views, gv.view)
+	}
+	g.mu.Unlock()
+	for i, v := range views {
+		out[i].Upstream = v.subscriptions()
+	}
+	slices.SortFunc(out, func(a, b GatewayStatus) int { return cmp.Compare(a.NodeID, b.NodeID) })
+	return out
+}
+
+// behindRelay is the node a gateway's view names upstream: the gateway's
+// own, completed from the relay's node (the node it runs on) where it says
+// nothing: its locality, and its cluster and network metadata.
+func behindRelay(gateway, relay *core.Node) *core.Node {
+	n := proto.CloneOf(gateway)
+	if n.GetLocality().GetRegion() == "" && n.GetLocality().GetZone() == "" && n.GetLocality().GetSubZone() == "" {
+		n.Locality = proto.CloneOf(relay.GetLocality())
+	}
+	if n.Cluster == "" {
+		n.Cluster = relay.GetCluster()
+	}
+	if n.Metadata == nil {
+		n.Metadata = &structpb.Struct{}
+	}
+	if n.Metadata.Fields == nil {
+		n.Metadata.Fields = map[string]*structpb.Value{}
+	}
+	for _, k := range []string{xdstype.MetadataCluster, xdstype.MetadataNetwork} {
+		if _, ok := n.Metadata.Fields[k]; !ok {
+			if v, ok := relay.GetMetadata().GetFields()[k]; ok {
+				n.Metadata.Fields[k] = proto.CloneOf(v)
+			}
+		}
+	}
+	return n
+}

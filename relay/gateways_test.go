@@ -1,0 +1,253 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"testing"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	cache "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/navemesh/nave/gateways"
+	"github.com/navemesh/nave/internal/xdstest"
+	"github.com/navemesh/nave/registry"
+	"github.com/navemesh/nave/xds"
+)
+
+// ingressNode is an ingress gateway's node as `nave gateway` writes it,
+// exposing namespace default on port: no locality, no cluster, no network.
+func ingressNode(id string, port uint32) *core.Node {
+	return &core.Node{Id: id, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
+		gateways.MetadataRole:             structpb.NewStringValue(gateways.RoleIngress),
+		gateways.MetadataExposeNamespaces: structpb.NewStringValue("default"),
+		gateways.MetadataListeners:        structpb.NewStringValue(fmt.Sprintf("%d/http", port)),
+	}}}
+}
+
+// withGateways makes a hub serve gateways (its Audience).
+func withGateways(c *xds.Config) {
+	c.Audience = gateways.NewAudience(gateways.Exposure{}, testLogger())
+}
+
+// envoyFetch asks over c, as Envoy does, for every resource of typeURL
+// (names: those), ACKs the answer and returns it by name.
+func envoyFetch(ctx context.Context, t *testing.T, c *rawClient, typeURL string, names ...string) map[string]*anypb.Any {
+	t.Helper()
+	c.send(t, &discovery.DiscoveryRequest{TypeUrl: typeURL, ResourceNames: names})
+	return received(ctx, t, c, typeURL, names...)
+}
+
+// received receives over c until a response of typeURL comes, ACKs it
+// (keeping names) and returns its resources by name.
+func received(ctx context.Context, t *testing.T, c *rawClient, typeURL string, names ...string) map[string]*anypb.Any {
+	t.Helper()
+	for {
+		resp := c.recv(ctx, t, typeLabel(typeURL))
+		if resp.GetTypeUrl() != typeURL {
+			continue
+		}
+		c.ack(t, resp, names...)
+		out := map[string]*anypb.Any{}
+		for _, a := range resp.GetResources() {
+			m, err := a.UnmarshalNew()
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[cache.GetResourceName(m)] = a
+		}
+		return out
+	}
+}
+
+// sameResources fails the test unless got and want hold equal resources by name.
+func sameResources(t *testing.T, what string, got, want map[string]*anypb.Any) {
+	t.Helper()
+	if len(want) == 0 {
+		t.Fatalf("%s: the hub served nothing to compare with", what)
+	}
+	for name, w := range want {
+		g, ok := got[name]
+		wm, _ := w.UnmarshalNew()
+		if !ok {
+			t.Errorf("%s: %s missing through the relay", what, name)
+			continue
+		}
+		gm, _ := g.UnmarshalNew()
+		if !proto.Equal(gm, wm) {
+			t.Errorf("%s: %s differs through the relay:\n got %v\nwant %v", what, name, gm, wm)
+		}
+	}
+	for name := range got {
+		if _, ok := want[name]; !ok {
+			t.Errorf("%s: %s served through the relay only", what, name)
+		}
+	}
+}
+
+// TestRelayServesAGatewayItsOwnView: a gateway behind the relay is served,
+// on an upstream stream in its own name, what the hub serves that gateway
+// connected directly (its listeners, routes, clusters, and endpoints for
+// its locality, which it takes from the relay's node as it names none),
+// while a proxyless client on the same relay gets the node's view; and the
+// view is dropped once the gateway is gone.
+func TestRelayServesAGatewayItsOwnView(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	near := xdstest.StartBackend(t, "near", "127.0.0.1")
+	far := xdstest.StartBackend(t, "far", "127.0.0.2")
+	r, _ := apply(t, registry.New(), shard("east", echo, endpointOf(near, loc("r1", "z1")), endpointOf(far, loc("r2", "z3"))))
+	h := startHub(t, "127.0.0.1:0", r, withGateways)
+	relay, reg, relayAddr := startRelay(t, h.addr, loc("r1", "z1"), func(c *Config) { c.RetainUnwanted = 200 * time.Millisecond })
+
+	client := xdstest.StartPoller(ctx, t, "client", xdstest.NewClient(t, relayAddr, "client", loc("r2", "z3"), xds.ListenerName(echo, grpcPort.Port)))
+	client.AwaitOnly(ctx, t, "near")
+
+	gw := ingressNode("gw-1", 8080)
+	viaRelay := openRawNode(ctx, t, relayAddr, gw, resource.ListenerType)
+	// Directly: the node the relay must have named upstream.
+	want := proto.CloneOf(gw)
+	want.Locality = &core.Locality{Region: "r1", Zone: "z1"}
+	direct := openRawNode(ctx, t, h.addr, want, resource.ListenerType)
+	lds := received(ctx, t, direct, resource.ListenerType)
+	if _, ok := lds[gateways.ListenerName(8080)]; !ok {
+		t.Fatalf("the hub served gateway listeners %v, want %s", slices.Collect(maps.Keys(lds)), gateways.ListenerName(8080))
+	}
+	sameResources(t, "lds", received(ctx, t, viaRelay, resource.ListenerType), lds)
+	cds := envoyFetch(ctx, t, direct, resource.ClusterType)
+	sameResources(t, "cds", envoyFetch(ctx, t, viaRelay, resource.ClusterType), cds)
+	clusters := slices.Sorted(maps.Keys(cds))
+	sameResources(t, "eds", envoyFetch(ctx, t, viaRelay, resource.EndpointType, clusters...), envoyFetch(ctx, t, direct, resource.EndpointType, clusters...))
+	// An HTTP listener's routes have its name.
+	routes := gateways.ListenerName(8080)
+	sameResources(t, "rds", envoyFetch(ctx, t, viaRelay, resource.RouteType, routes), envoyFetch(ctx, t, direct, resource.RouteType, routes))
+
+	// The hub saw the node's stream and the gateway's, as the gateway with the relay's locality.
+	h.mu.Lock()
+	var upstream *core.Node
+	for _, n := range h.fullNodes {
+		if n.GetId() == "gw-1" && n.GetUserAgentName() == "nave-relay" {
+			upstream = n
+		}
+	}
+	nodes := slices.Clone(h.nodes)
+	h.mu.Unlock()
+	if upstream == nil || !slices.Contains(nodes, "node-1") {
+		t.Fatalf("the hub saw nodes %v, want node-1 and gw-1 through the relay", nodes)
+	}
+	if upstream.GetLocality().GetZone() != "z1" || upstream.GetMetadata().GetFields()[gateways.MetadataRole].GetStringValue() != gateways.RoleIngress {
+		t.Errorf("the gateway's upstream node is %v, want its metadata and the relay's locality", upstream)
+	}
+	if n := metricValue(t, reg, MetricUpstreamConnected, ""); n != 2 {
+		t.Errorf("%s = %v, want 2 (the node's stream and the gateway's)", MetricUpstreamConnected, n)
+	}
+	if n := metricValue(t, reg, MetricGateways, ""); n != 1 {
+		t.Errorf("%s = %v, want 1", MetricGateways, n)
+	}
+	gws := relay.Gateways()
+	if len(gws) != 1 || gws[0].NodeID != "gw-1" || gws[0].Streams != 1 || !slices.Equal(gws[0].Upstream[typeLDS], []string{"*"}) {
+		t.Errorf("Gateways() = %+v, want gw-1 with one stream, subscribed to every listener", gws)
+	}
+	if got := relay.Subscriptions()[typeLDS]; !slices.Equal(got, []string{xds.ListenerName(echo, grpcPort.Port)}) {
+		t.Errorf("the node's view subscribes to listeners %v, want the client's only", got)
+	}
+	var ids []string
+	for _, c := range relay.Clients() {
+		ids = append(ids, c.NodeID)
+	}
+	if !slices.Contains(ids, "gw-1") || !slices.Contains(ids, "client") {
+		t.Errorf("Clients() are %v, want the client and gw-1", ids)
+	}
+
+	// The gateway goes: its view, and its upstream stream, go after RetainUnwanted.
+	viaRelay.cancel()
+	waitFor(ctx, t, "the gateway's view dropped", func() bool {
+		return len(relay.Gateways()) == 0 && metricValue(t, reg, MetricGateways, "") == 0 && metricValue(t, reg, MetricUpstreamConnected, "") == 1
+	})
+	noFailures(t, client)
+}
+
+// TestRelayServesAGatewayWithoutTheHub: a gateway's Envoy, hot restarted
+// while the hub is away, gets its listeners from the relay; a gateway the
+// relay has no room for is refused, and one that names no ID too.
+func TestRelayServesAGatewayWithoutTheHub(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r, _ := apply(t, registry.New(), shard("east", echo, endpointOf(xdstest.StartBackend(t, "near", "127.0.0.1"), loc("r1", "z1"))))
+	h := startHub(t, "127.0.0.1:0", r, withGateways)
+	_, _, relayAddr := startRelay(t, h.addr, loc("r1", "z1"), func(c *Config) { c.MaxGateways = 1 })
+
+	old := openRawNode(ctx, t, relayAddr, ingressNode("gw-1", 8080), resource.ListenerType)
+	resp := old.recv(ctx, t, "listeners")
+	old.ack(t, resp)
+	want := listenerNames(t, resp.GetResources())
+	if !slices.Contains(want, gateways.ListenerName(8080)) {
+		t.Fatalf("gateway listeners %v, want %s", want, gateways.ListenerName(8080))
+	}
+	h.stop()
+	// The new Envoy holds nothing yet: it asks with no version.
+	restarted := openRawNode(ctx, t, relayAddr, ingressNode("gw-1", 8080), resource.ListenerType)
+	if got := listenerNames(t, restarted.recv(ctx, t, "listeners with the hub away").GetResources()); !slices.Equal(got, want) {
+		t.Errorf("with the hub away the restarted gateway got listeners %v, want %v", got, want)
+	}
+
+	other := openRawNode(ctx, t, relayAddr, ingressNode("gw-2", 8080), resource.ListenerType)
+	if err := awaitEnd(ctx, t, other); status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("a gateway past MaxGateways: stream ended with %v, want ResourceExhausted", err)
+	}
+	noID := ingressNode("", 8080)
+	if err := awaitEnd(ctx, t, openRawNode(ctx, t, relayAddr, noID, resource.ListenerType)); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("a gateway with no ID: stream ended with %v, want InvalidArgument", err)
+	}
+}
+
+// awaitEnd returns the error that ends c's stream.
+func awaitEnd(ctx context.Context, t *testing.T, c *rawClient) error {
+	t.Helper()
+	select {
+	case err := <-c.done:
+		return err
+	case resp := <-c.responses:
+		t.Fatalf("got a response (%s), want the stream ended", typeLabel(resp.GetTypeUrl()))
+	case <-ctx.Done():
+		t.Fatal("the stream never ended")
+	}
+	return nil
+}
+
+// TestBehindRelayCompletesOnlyWhatIsMissing: a gateway's own locality,
+// cluster and network win over the relay's.
+func TestBehindRelayCompletesOnlyWhatIsMissing(t *testing.T) {
+	relayNode := &core.Node{Id: "node-1", Cluster: "east", Locality: &core.Locality{Region: "r1", Zone: "z1"},
+		Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
+			xds.MetadataCluster: structpb.NewStringValue("east"),
+			xds.MetadataNetwork: structpb.NewStringValue("net-1"),
+		}}}
+	bare := ingressNode("gw", 8080)
+	got := behindRelay(bare, relayNode)
+	if got.GetLocality().GetZone() != "z1" || got.GetCluster() != "east" ||
+		got.GetMetadata().GetFields()[xds.MetadataNetwork].GetStringValue() != "net-1" ||
+		got.GetMetadata().GetFields()[xds.MetadataCluster].GetStringValue() != "east" {
+		t.Errorf("a bare gateway behind the relay: %v, want the relay's locality, cluster and network", got)
+	}
+	if _, ok := bare.GetMetadata().GetFields()[xds.MetadataNetwork]; ok || bare.Locality != nil {
+		t.Error("behindRelay changed the gateway's own node")
+	}
+	own := ingressNode("gw", 8080)
+	own.Locality, own.Cluster = &core.Locality{Zone: "z9"}, "west"
+	own.Metadata.Fields[xds.MetadataNetwork] = structpb.NewStringValue("net-2")
+	got = behindRelay(own, relayNode)
+	if got.GetLocality().GetZone() != "z9" || got.GetLocality().GetRegion() != "" || got.GetCluster() != "west" ||
+		got.GetMetadata().GetFields()[xds.MetadataNetwork].GetStringValue() != "net-2" {
+		t.Errorf("a gateway naming its own: %v, want its own locality, cluster and network kept", got)
+	}
+}
