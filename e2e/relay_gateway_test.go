@@ -31,7 +31,7 @@ import (
 )
 
 // envoyStandIn is a test double of Envoy's xDS client (no Envoy binary
-// runs here; see GATEWAY-NOTES.md): over one ADS stream it asks for every
+// runs where Nave is built and tested): over one ADS stream it asks for every
 // listener and cluster, then for the routes its listeners name and the
 // endpoints of its EDS clusters, ACKs every response and keeps the latest
 // resources. Its node is the one `nave gateway` writes into Envoy's
@@ -229,7 +229,8 @@ func testRelayServesAGateway(t *testing.T, bin string) {
 	})
 	agentMetrics, hubMetrics := env.agent.admin+"/metrics", env.hub.admin+"/metrics"
 	await(t, "the gateway's own stream at the hub", func() bool {
-		return metricValue(t, hubMetrics, xds.MetricConnectedClients) == 1 && metricValue(t, agentMetrics, relay.MetricGateways) == 1
+		return metricValue(t, hubMetrics, xds.MetricConnectedClients) == 1 && metricValue(t, agentMetrics, relay.MetricGateways) == 1 &&
+			metricValue(t, agentMetrics, relay.MetricGatewayUpstreams) == 1 && metricValue(t, agentMetrics, relay.MetricUpstreamConnected) == 0
 	})
 	var status nodeagent.Clients
 	getJSON(t, env.agent.admin+"/debug/clients", &status)
@@ -240,7 +241,7 @@ func testRelayServesAGateway(t *testing.T, bin string) {
 	// The hub crashes; the gateway's Envoy is hot restarted meanwhile: the
 	// new one gets everything from the agent.
 	env.hub.proc.kill()
-	await(t, "the relay to see the hub gone", func() bool { return metricValue(t, agentMetrics, relay.MetricUpstreamConnected) == 0 })
+	await(t, "the relay to see the hub gone", func() bool { return metricValue(t, agentMetrics, relay.MetricGatewayUpstreams) == 0 })
 	restarted := startEnvoyStandIn(ctx, t, env.agent.xds, node)
 	await(t, "the restarted gateway served from the agent with the hub down", func() bool {
 		return restarted.serves(listener, cluster, east1a)
@@ -248,7 +249,7 @@ func testRelayServesAGateway(t *testing.T, bin string) {
 
 	env.hub.start()
 	await(t, "the gateway's stream back at the restarted hub", func() bool {
-		return metricValue(t, agentMetrics, relay.MetricUpstreamConnected) == 1 && metricValue(t, hubMetrics, xds.MetricConnectedClients) == 1
+		return metricValue(t, agentMetrics, relay.MetricGatewayUpstreams) == 1 && metricValue(t, hubMetrics, xds.MetricConnectedClients) == 1
 	})
 	writeService(t, east, "echo", endpoint{e1a, "us-east-1a", false})
 	for _, g := range []*envoyStandIn{gw, restarted} {

@@ -189,7 +189,7 @@ func hubDialOptions(ctx context.Context, cfg Config, log *slog.Logger) ([]grpc.D
 }
 
 // serve serves the relay to the node's clients and the admin API, and runs
-// the relay's upstream stream, until ctx ends or one of them fails.
+// the relay's upstream streams, until ctx ends or one of them fails.
 func serve(ctx context.Context, cfg Config, r *relay.Relay, reg *prometheus.Registry, log *slog.Logger) error {
 	lis, err := net.Listen("tcp", cfg.XDSAddr)
 	if err != nil {

@@ -405,7 +405,8 @@ func TestRelayBoundsResourceNames(t *testing.T) {
 }
 
 // TestRelayRunsOnce: a second Run is refused, and the local
-// streams end when Run returns.
+// streams end when Run returns, those that sent nothing yet too; a
+// gateway that comes before Run is served once it runs.
 func TestRelayRunsOnce(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -426,11 +427,27 @@ func TestRelayRunsOnce(t *testing.T) {
 	r.Register(g)
 	go func() { _ = g.Serve(lis) }()
 	t.Cleanup(g.Stop)
+	// A gateway that comes before Run is served once it runs.
+	early := openRawNode(ctx, t, lis.Addr().String(), ingressNode("gw", 8080), resource.ListenerType)
+	early.quiet(t, "a gateway before Run", 50*time.Millisecond)
+	if gws := r.Gateways(); len(gws) != 0 {
+		t.Fatalf("gateways served before Run: %+v", gws)
+	}
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(runCtx) }()
 
 	c := openRaw(ctx, t, lis.Addr().String(), "c", resource.ListenerType, "A")
+	waitFor(ctx, t, "the early gateway served", func() bool { return len(r.Gateways()) == 1 })
+	// A stream that never sends a request.
+	silentCtx, cancelSilent := context.WithCancel(ctx)
+	defer cancelSilent()
+	silent := dialLocal(silentCtx, t, lis.Addr().String())
+	silentEnd := make(chan error, 1)
+	go func() {
+		_, err := silent.Recv()
+		silentEnd <- err
+	}()
 	c.recv(ctx, t, "the first answer")
 	waitFor(ctx, t, "Run started", func() bool { return r.ran.Load() })
 	if err := r.Run(ctx); !errors.Is(err, ErrRunTwice) {
@@ -444,6 +461,19 @@ func TestRelayRunsOnce(t *testing.T) {
 	case <-c.done:
 	case <-ctx.Done():
 		t.Fatal("a local stream outlived Run")
+	}
+	select {
+	case <-silentEnd:
+	case <-ctx.Done():
+		t.Fatal("a local stream that sent nothing outlived Run")
+	}
+	select {
+	case <-early.done:
+	case <-ctx.Done():
+		t.Fatal("a gateway's stream outlived Run")
+	}
+	if gws := r.Gateways(); len(gws) != 0 {
+		t.Errorf("gateways once Run returned: %+v", gws)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -18,14 +19,14 @@ import (
 	"github.com/navemesh/nave/internal/xdstype"
 )
 
-// viewFor returns the view a local stream whose first request is first is
-// served from, and the function to call when the stream ends.
-func (r *Relay) viewFor(first *discovery.DiscoveryRequest) (*view, func(), error) {
+// viewFor returns the view a local stream (ctx is its) whose first request
+// is first is served from, and the function to call when the stream ends.
+func (r *Relay) viewFor(ctx context.Context, first *discovery.DiscoveryRequest) (*view, func(), error) {
 	node := first.GetNode()
 	if !isGateway(node) {
 		return r.node, func() {}, nil
 	}
-	return r.views.acquire(node)
+	return r.views.acquire(ctx, node)
 }
 
 // isGateway says whether a node is a gateway: the hub serves it
@@ -49,9 +50,13 @@ type gatewayViews struct {
 	// running counts the views' upstream goroutines.
 	running sync.WaitGroup
 
-	mu      sync.Mutex
-	views   map[string]*gatewayView
-	made    int // views made so far: each view's version prefix has its number
+	mu    sync.Mutex
+	views map[string]*gatewayView
+	made  int // views made so far: each view's version prefix has its number
+	// conn is the connection to the hub, set once Run opens it (and closes
+	// opened): a gateway's stream waits for it.
+	conn    *grpc.ClientConn
+	opened  chan struct{}
 	stopped bool
 }
 
@@ -60,42 +65,66 @@ type gatewayView struct {
 	*view
 	key     string
 	streams int
-	// idle, while no stream uses the view, drops it when it fires.
+	// idle, while no stream uses the view, drops it when it fires, unless
+	// the view was taken up again since it was set (gen changed).
 	idle *time.Timer
+	gen  int
 	// stop ends the view's upstream stream and its local streams.
 	stop context.CancelFunc
 }
 
 func newGatewayViews(r *Relay) *gatewayViews {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &gatewayViews{r: r, ctx: ctx, cancel: cancel, views: map[string]*gatewayView{}}
+	return &gatewayViews{r: r, ctx: ctx, cancel: cancel, views: map[string]*gatewayView{}, opened: make(chan struct{})}
 }
 
-// acquire returns the view of the gateway node (made on first use) and the
-// function that gives it back when the stream ends.
-func (g *gatewayViews) acquire(node *core.Node) (*view, func(), error) {
+// maxGatewayMetadata bounds a gateway's node metadata, as the hub does by
+// default (xds.Config.MaxNodeMetadataBytes): the hub would refuse a larger
+// one, and the view would ask again forever while the gateway waited.
+const maxGatewayMetadata = 64 << 10
+
+// acquire returns the view of the gateway node (made on first use, once
+// Run runs) and the function that gives it back when the stream ends; ctx
+// is the stream's.
+func (g *gatewayViews) acquire(ctx context.Context, node *core.Node) (*view, func(), error) {
+	limit := g.r.cfg.MaxGateways
+	if limit <= 0 {
+		return nil, nil, status.Error(codes.FailedPrecondition, "relay: this node agent serves no gateways: connect to the hub")
+	}
 	if node.GetId() == "" {
 		return nil, nil, status.Error(codes.InvalidArgument, "relay: a gateway's node needs an ID")
+	}
+	upstream := behindRelay(node, g.r.cfg.Node)
+	if size := proto.Size(upstream.GetMetadata()); size > maxGatewayMetadata {
+		return nil, nil, status.Errorf(codes.InvalidArgument, "relay: the gateway's node metadata is %d bytes; at most %d", size, maxGatewayMetadata)
 	}
 	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(node)
 	if err != nil {
 		return nil, nil, status.Errorf(codes.InvalidArgument, "relay: gateway node: %v", err)
 	}
 	key := string(b)
+	select {
+	case <-g.opened:
+	case <-g.r.stopped:
+		return nil, nil, errStopping
+	case <-ctx.Done():
+		return nil, nil, status.FromContextError(ctx.Err()).Err()
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.stopped {
-		return nil, nil, status.Error(codes.Unavailable, "relay: stopping")
+		return nil, nil, errStopping
 	}
 	gv := g.views[key]
 	if gv == nil {
-		if len(g.views) >= g.r.cfg.MaxGateways {
-			g.r.log.Warn("too many gateways on this node; refusing another", "node", node.GetId(), "limit", g.r.cfg.MaxGateways)
-			return nil, nil, status.Errorf(codes.ResourceExhausted, "relay: serving %d gateways already (the limit)", g.r.cfg.MaxGateways)
+		if len(g.views) >= limit {
+			g.r.log.Warn("too many gateways on this node; refusing another", "node", node.GetId(), "limit", limit)
+			return nil, nil, status.Errorf(codes.ResourceExhausted, "relay: serving %d gateways already (the limit)", limit)
 		}
-		gv = g.start(key, node)
+		gv = g.start(key, node.GetId(), upstream)
 	}
 	gv.streams++
+	gv.gen++
 	if gv.idle != nil {
 		gv.idle.Stop()
 		gv.idle = nil
@@ -103,19 +132,27 @@ func (g *gatewayViews) acquire(node *core.Node) (*view, func(), error) {
 	return gv.view, func() { g.release(gv) }, nil
 }
 
-// start makes a gateway's view and runs its upstream stream. Called with mu held.
-func (g *gatewayViews) start(key string, node *core.Node) *gatewayView {
+// open lets gateways be served, their streams on conn.
+func (g *gatewayViews) open(conn *grpc.ClientConn) {
+	g.mu.Lock()
+	g.conn = conn
+	g.mu.Unlock()
+	close(g.opened)
+}
+
+// start makes a gateway's view, upstream in the name of the node
+// upstream, and runs its upstream stream. Called with mu held.
+func (g *gatewayViews) start(key, id string, upstream *core.Node) *gatewayView {
 	r := g.r
 	g.made++
-	upstreamNode := behindRelay(node, r.cfg.Node)
-	log := r.log.With("gateway", node.GetId())
-	v := newView(r.cfg, upstreamNode, fmt.Sprintf("%sgw%d-", r.prefix, g.made), r.conn, r.metrics, log)
+	log := r.log.With("gateway", id)
+	v := newView(r.cfg, upstream, id, fmt.Sprintf("%sgw%d-", r.prefix, g.made), g.conn, r.metrics, log)
 	ctx, stop := context.WithCancel(g.ctx)
 	gv := &gatewayView{view: v, key: key, stop: stop}
 	g.views[key] = gv
 	r.metrics.gateways.Set(float64(len(g.views)))
 	g.running.Go(func() { v.run(ctx) })
-	log.Info("serving a gateway a view of its own", "locality", upstreamNode.GetLocality().String())
+	log.Info("serving a gateway a view of its own", "locality", upstream.GetLocality().String())
 	return gv
 }
 
@@ -128,14 +165,15 @@ func (g *gatewayViews) release(gv *gatewayView) {
 	if gv.streams > 0 || g.stopped {
 		return
 	}
-	gv.idle = time.AfterFunc(g.r.cfg.RetainUnwanted, func() { g.retire(gv) })
+	gen := gv.gen
+	gv.idle = time.AfterFunc(g.r.cfg.RetainUnwanted, func() { g.retire(gv, gen) })
 }
 
-// retire drops gv if no stream took it up again meanwhile.
-func (g *gatewayViews) retire(gv *gatewayView) {
+// retire drops gv if no stream took it up since its release of generation gen.
+func (g *gatewayViews) retire(gv *gatewayView, gen int) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if gv.streams > 0 || g.views[gv.key] != gv {
+	if gv.gen != gen || gv.streams > 0 || g.views[gv.key] != gv {
 		return
 	}
 	delete(g.views, gv.key)
@@ -153,6 +191,8 @@ func (g *gatewayViews) stop() {
 			gv.idle.Stop()
 		}
 	}
+	clear(g.views)
+	g.r.metrics.gateways.Set(0)
 	g.mu.Unlock()
 	g.cancel()
 	g.running.Wait()

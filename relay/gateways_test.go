@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	cache "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -147,11 +149,10 @@ func TestRelayServesAGatewayItsOwnView(t *testing.T) {
 	if upstream.GetLocality().GetZone() != "z1" || upstream.GetMetadata().GetFields()[gateways.MetadataRole].GetStringValue() != gateways.RoleIngress {
 		t.Errorf("the gateway's upstream node is %v, want its metadata and the relay's locality", upstream)
 	}
-	if n := metricValue(t, reg, MetricUpstreamConnected, ""); n != 2 {
-		t.Errorf("%s = %v, want 2 (the node's stream and the gateway's)", MetricUpstreamConnected, n)
-	}
-	if n := metricValue(t, reg, MetricGateways, ""); n != 1 {
-		t.Errorf("%s = %v, want 1", MetricGateways, n)
+	for _, m := range []string{MetricUpstreamConnected, MetricGatewayUpstreams, MetricGateways} {
+		if n := metricValue(t, reg, m, ""); n != 1 {
+			t.Errorf("%s = %v, want 1", m, n)
+		}
 	}
 	gws := relay.Gateways()
 	if len(gws) != 1 || gws[0].NodeID != "gw-1" || gws[0].Streams != 1 || !slices.Equal(gws[0].Upstream[typeLDS], []string{"*"}) {
@@ -160,31 +161,36 @@ func TestRelayServesAGatewayItsOwnView(t *testing.T) {
 	if got := relay.Subscriptions()[typeLDS]; !slices.Equal(got, []string{xds.ListenerName(echo, grpcPort.Port)}) {
 		t.Errorf("the node's view subscribes to listeners %v, want the client's only", got)
 	}
-	var ids []string
+	// Each view numbers its streams: a stream is its view's and its number.
+	streams := map[string]string{}
 	for _, c := range relay.Clients() {
-		ids = append(ids, c.NodeID)
+		streams[c.NodeID] = fmt.Sprintf("%s/%d", c.Gateway, c.StreamID)
 	}
-	if !slices.Contains(ids, "gw-1") || !slices.Contains(ids, "client") {
-		t.Errorf("Clients() are %v, want the client and gw-1", ids)
+	if len(streams) != 2 || streams["client"] != "/1" || streams["gw-1"] != "gw-1/1" {
+		t.Errorf("Clients() are %v, want client in the node's view and gw-1 in its own", streams)
 	}
 
 	// The gateway goes: its view, and its upstream stream, go after RetainUnwanted.
 	viaRelay.cancel()
 	waitFor(ctx, t, "the gateway's view dropped", func() bool {
-		return len(relay.Gateways()) == 0 && metricValue(t, reg, MetricGateways, "") == 0 && metricValue(t, reg, MetricUpstreamConnected, "") == 1
+		return len(relay.Gateways()) == 0 && metricValue(t, reg, MetricGateways, "") == 0 && metricValue(t, reg, MetricGatewayUpstreams, "") == 0
 	})
+	if n := metricValue(t, reg, MetricUpstreamConnected, ""); n != 1 {
+		t.Errorf("%s = %v once the gateway is gone, want 1 (the node's stream)", MetricUpstreamConnected, n)
+	}
 	noFailures(t, client)
 }
 
-// TestRelayServesAGatewayWithoutTheHub: a gateway's Envoy, hot restarted
-// while the hub is away, gets its listeners from the relay; a gateway the
-// relay has no room for is refused, and one that names no ID too.
+// TestRelayServesAGatewayWithoutTheHub: a gateway's Envoy, restarted
+// while the hub is away (the old one gone already), gets its listeners from
+// the relay; a gateway the relay has no room for is refused, and one that
+// names no ID, or too much metadata, too.
 func TestRelayServesAGatewayWithoutTheHub(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	r, _ := apply(t, registry.New(), shard("east", echo, endpointOf(xdstest.StartBackend(t, "near", "127.0.0.1"), loc("r1", "z1"))))
 	h := startHub(t, "127.0.0.1:0", r, withGateways)
-	_, _, relayAddr := startRelay(t, h.addr, loc("r1", "z1"), func(c *Config) { c.MaxGateways = 1 })
+	relay, _, relayAddr := startRelay(t, h.addr, loc("r1", "z1"), func(c *Config) { c.MaxGateways, c.RetainUnwanted = 1, 10*time.Second })
 
 	old := openRawNode(ctx, t, relayAddr, ingressNode("gw-1", 8080), resource.ListenerType)
 	resp := old.recv(ctx, t, "listeners")
@@ -194,6 +200,11 @@ func TestRelayServesAGatewayWithoutTheHub(t *testing.T) {
 		t.Fatalf("gateway listeners %v, want %s", want, gateways.ListenerName(8080))
 	}
 	h.stop()
+	old.cancel()
+	waitFor(ctx, t, "the old gateway's stream gone, its view kept", func() bool {
+		gws := relay.Gateways()
+		return len(gws) == 1 && gws[0].Streams == 0
+	})
 	// The new Envoy holds nothing yet: it asks with no version.
 	restarted := openRawNode(ctx, t, relayAddr, ingressNode("gw-1", 8080), resource.ListenerType)
 	if got := listenerNames(t, restarted.recv(ctx, t, "listeners with the hub away").GetResources()); !slices.Equal(got, want) {
@@ -207,6 +218,42 @@ func TestRelayServesAGatewayWithoutTheHub(t *testing.T) {
 	noID := ingressNode("", 8080)
 	if err := awaitEnd(ctx, t, openRawNode(ctx, t, relayAddr, noID, resource.ListenerType)); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("a gateway with no ID: stream ended with %v, want InvalidArgument", err)
+	}
+	large := ingressNode("gw-1", 8080)
+	large.Metadata.Fields["padding"] = structpb.NewStringValue(strings.Repeat("x", maxGatewayMetadata))
+	if err := awaitEnd(ctx, t, openRawNode(ctx, t, relayAddr, large, resource.ListenerType)); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("a gateway with too much metadata: stream ended with %v, want InvalidArgument", err)
+	}
+	_, _, noGateways := startRelay(t, h.addr, loc("r1", "z1"), func(c *Config) { c.MaxGateways = 0 })
+	if err := awaitEnd(ctx, t, openRawNode(ctx, t, noGateways, ingressNode("gw-1", 8080), resource.ListenerType)); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("a gateway at a relay serving none: stream ended with %v, want FailedPrecondition", err)
+	}
+}
+
+// TestRelayReportsAGatewaysNACKOnItsStream: a gateway's rejection goes to
+// the hub on the gateway's own stream, naming it.
+func TestRelayReportsAGatewaysNACKOnItsStream(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	h, hubAddr := startScriptedHub(t)
+	_, reg, relayAddr := startRelay(t, hubAddr, loc("r1", "z1"))
+	gw := openRawNode(ctx, t, relayAddr, ingressNode("gw-1", 8080), resource.ListenerType)
+	if req := h.nextNames(ctx, t, "the gateway's subscription", resource.ListenerType, "*"); req.GetNode().GetId() != "gw-1" {
+		t.Fatalf("the upstream stream names node %q, want the gateway's", req.GetNode().GetId())
+	}
+	h.respond(ctx, t, ldsResponse(t, "v1", "n1", "one", gateways.ListenerName(8080)))
+	if req := h.next(ctx, t, "the ACK of v1"); req.GetErrorDetail() != nil {
+		t.Fatalf("ACK of v1: %v", req)
+	}
+	resp := gw.recv(ctx, t, "the gateway's listeners")
+	gw.send(t, &discovery.DiscoveryRequest{TypeUrl: resource.ListenerType, ResponseNonce: resp.GetNonce(),
+		ErrorDetail: &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: "listener rejected by the gateway"}})
+	req := h.next(ctx, t, "the report")
+	if msg := req.GetErrorDetail().GetMessage(); req.GetVersionInfo() != "v1" || !strings.Contains(msg, `node "gw-1"`) || !strings.Contains(msg, "listener rejected by the gateway") {
+		t.Fatalf("report %v: want a NACK keeping v1 that names gw-1 and its error", req)
+	}
+	if n := metricValue(t, reg, MetricReportedNACKs, typeLDS); n != 1 {
+		t.Errorf("%s{lds} = %v, want 1", MetricReportedNACKs, n)
 	}
 }
 

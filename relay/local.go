@@ -22,8 +22,12 @@ import (
 
 // ClientStatus is what the relay knows of one local stream.
 type ClientStatus struct {
-	// StreamID numbers the stream within this relay process.
+	// StreamID numbers the stream within its view: the node's, or, when
+	// Gateway is set, that gateway's.
 	StreamID int64 `json:"streamID"`
+	// Gateway is the node ID of the gateway whose view serves the stream
+	// ("": the node's view).
+	Gateway string `json:"gateway,omitempty"`
 	// NodeID is the ID the client's node gave ("" until its first request).
 	NodeID         string    `json:"nodeID"`
 	ConnectedSince time.Time `json:"connectedSince"`
@@ -132,6 +136,8 @@ func (x *typeExchange) rejecting() bool { return x.rejectingLast }
 type localStreams struct {
 	metrics *metrics
 	log     *slog.Logger
+	// gateway is the gateway whose view the streams are of ("": the node's).
+	gateway string
 	// maxNames bounds the resource names of a local request and of the union
 	// per type (Config.MaxResourceNames).
 	maxNames int
@@ -421,7 +427,7 @@ func (l *localStreams) status() []ClientStatus {
 	defer l.mu.Unlock()
 	out := make([]ClientStatus, 0, len(l.streams))
 	for id, s := range l.streams {
-		c := ClientStatus{StreamID: id, NodeID: s.node, ConnectedSince: s.since, Types: map[string]TypeStatus{}}
+		c := ClientStatus{StreamID: id, Gateway: l.gateway, NodeID: s.node, ConnectedSince: s.since, Types: map[string]TypeStatus{}}
 		for t, x := range s.types {
 			ts := TypeStatus{Sent: x.sent, Acked: x.acked}
 			if x.nack != nil {

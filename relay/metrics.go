@@ -19,6 +19,7 @@ const (
 	MetricStreams            = "nave_relay_streams"
 	MetricUpstreamReconnects = "nave_relay_upstream_reconnects_total"
 	MetricGateways           = "nave_relay_gateways"
+	MetricGatewayUpstreams   = "nave_relay_gateway_upstreams_connected"
 )
 
 // Short type labels (package xdstype).
@@ -41,6 +42,7 @@ type metrics struct {
 	streams           prometheus.Gauge
 	reconnects        prometheus.Counter
 	gateways          prometheus.Gauge
+	gatewayUpstreams  prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -48,7 +50,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		nacks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricNACKs,
 			Help: "Responses the relay's local clients rejected, by type."}, []string{"type"}),
 		upstreamConnected: prometheus.NewGauge(prometheus.GaugeOpts{Name: MetricUpstreamConnected,
-			Help: "The relay's open streams to the hub: its node's (none is opened while no local client subscribes) and one per gateway served."}),
+			Help: "1 while the relay's stream to the hub for its node is open, else 0 (none is opened while no local client subscribes)."}),
 		upstreamResponses: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricUpstreamResponses,
 			Help: "Responses received from the hub, by type."}, []string{"type"}),
 		upstreamNACKs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricUpstreamNACKs,
@@ -61,12 +63,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Upstream streams that ended and were retried."}),
 		gateways: prometheus.NewGauge(prometheus.GaugeOpts{Name: MetricGateways,
 			Help: "Gateways served a view of their own (an upstream stream in their name), those without a stream kept a while included."}),
+		gatewayUpstreams: prometheus.NewGauge(prometheus.GaugeOpts{Name: MetricGatewayUpstreams,
+			Help: "The relay's open streams to the hub in a gateway's name."}),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{m.nacks, m.upstreamConnected, m.upstreamResponses, m.upstreamNACKs, m.reportedNACKs, m.streams, m.reconnects, m.gateways} {
+	for _, c := range []prometheus.Collector{m.nacks, m.upstreamConnected, m.upstreamResponses, m.upstreamNACKs, m.reportedNACKs, m.streams, m.reconnects, m.gateways, m.gatewayUpstreams} {
 		errs = append(errs, reg.Register(c))
 	}
 	if err := errors.Join(errs...); err != nil {

@@ -1,7 +1,8 @@
 // Package relay is a node-local xDS relay: it holds one state-of-the-world
 // ADS stream to the hub and serves the proxyless gRPC clients of its node
 // from caches filled by that stream, so the hub holds one stream per node
-// instead of one per client.
+// instead of one per client; a gateway on the node gets a stream of its own
+// (see Gateways below).
 //
 // Upstream, the relay subscribes, per type, to the union of the resource
 // names its local clients ask for (wildcard when any of them asks wildcard),
@@ -11,7 +12,8 @@
 //
 // Locality: the hub computes endpoints for the relay's own node (its
 // Config.Node: locality, NETWORK and CLUSTER_ID metadata), and every local
-// client is served exactly that, whatever locality its own bootstrap names.
+// client but a gateway is served exactly that, whatever locality its own
+// bootstrap names.
 // A node's clients share its zone, so this is what they would be served
 // anyway; run one relay per node.
 //
@@ -23,10 +25,14 @@
 // it the listeners, routes and clusters it would serve the gateway
 // connected directly. Its certificates come from its own agent (SDS), never
 // through the relay. A gateway's view is kept RetainUnwanted after its
-// last stream ends, and at most MaxGateways are served.
+// last stream ends, and at most MaxGateways are served. An Envoy's first
+// listener and cluster watches (and any client's first route and endpoint
+// watches) wait until the relay can answer them in full: Envoy takes an
+// answer without a resource as its absence, and would go live without its
+// listeners (see localCache).
 //
 // When the hub is unreachable the relay keeps serving the last good state
-// (a new local client is served from the caches at once) and reconnects
+// (a new local client is served from the caches) and reconnects
 // with jittered exponential backoff; the caches are never cleared, the
 // hub's next responses replace what they hold.
 //
@@ -48,7 +54,9 @@
 // every local client may ask for, and is served, whatever the relay may
 // see. The relay does no authentication of its local clients: deploy it
 // where that is acceptable (a listener reachable only by the node's
-// trusted workloads).
+// trusted workloads). Any of them may also claim to be a gateway, and
+// have the relay open a stream in that name (MaxGateways at once; 0 serves
+// none), as it could connecting to the hub under an identity of its own.
 //
 // Local clients' ACKs and NACKs are tracked per stream (Clients), and a
 // NACK is reported upstream once, as a NACK of the hub's last response that
@@ -92,7 +100,7 @@ type Config struct {
 	// Node is the relay's own node, sent to the hub on the first request of
 	// each stream: its ID, cluster, locality and metadata (NETWORK,
 	// CLUSTER_ID) decide which network and locality the hub computes
-	// endpoints for, for every local client.
+	// endpoints for, for every local client but a gateway.
 	Node *core.Node
 	// BackoffMin and BackoffMax bound the delay between upstream
 	// reconnection attempts; it doubles on each failure, with jitter.
@@ -100,11 +108,12 @@ type Config struct {
 	// RetainUnwanted is how long a resource no local client wants any more
 	// stays in the caches (it leaves the upstream subscription at once). A
 	// client whose stream breaks and comes back within it finds its
-	// resources still there, even with the hub unreachable.
+	// resources still there, even with the hub unreachable; so does a
+	// gateway its view.
 	RetainUnwanted time.Duration
-	// HoldUnknown bounds how long a listener or cluster watch from a client
-	// that holds another server's state waits for resources the relay does
-	// not hold, once the hub has answered (see localCache).
+	// HoldUnknown bounds how long a held watch (a client's with another
+	// server's listeners or clusters, or an Envoy's first; see localCache)
+	// waits for resources the relay does not hold, once the hub has answered.
 	HoldUnknown time.Duration
 	// MaxResourceNames bounds the resource names of one local request (a
 	// stream asking for more is ended with ResourceExhausted) and of the
@@ -113,8 +122,9 @@ type Config struct {
 	// (50,000) and ends the relay's stream.
 	MaxResourceNames int
 	// MaxGateways bounds the gateways served a view of their own (each
-	// holds an upstream stream and caches); a further gateway's stream is
-	// ended with ResourceExhausted.
+	// holds an upstream stream and caches, and is kept RetainUnwanted after
+	// its last stream); a further gateway's stream is ended with
+	// ResourceExhausted. 0 serves no gateway (FailedPrecondition).
 	MaxGateways int
 }
 
@@ -145,8 +155,6 @@ type Relay struct {
 	cfg     Config
 	log     *slog.Logger
 	metrics *metrics
-	// conn is the connection to the hub; every view's stream runs on it.
-	conn *grpc.ClientConn
 	// prefix starts every cache version of this relay process.
 	prefix string
 	// node is the node's own view, which every local client but a gateway is served.
@@ -155,8 +163,10 @@ type Relay struct {
 	// views runs the gateways' views; it ends them when Run returns.
 	views *gatewayViews
 
-	// ran is set by the first Run.
-	ran atomic.Bool
+	// ran is set by the first Run; stopped is closed when it returns (a
+	// local stream still to send its first request ends then).
+	ran     atomic.Bool
+	stopped chan struct{}
 }
 
 // New returns a relay for cfg. Its metrics are registered on reg (nil: not registered).
@@ -183,28 +193,20 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Relay, error
 	if cfg.MaxResourceNames <= 0 {
 		cfg.MaxResourceNames = def.MaxResourceNames
 	}
-	if cfg.MaxGateways <= 0 {
-		cfg.MaxGateways = def.MaxGateways
-	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	log = log.With("component", "relay")
-	conn, err := dial(cfg)
-	if err != nil {
-		return nil, err
-	}
 	m, err := newMetrics(reg)
 	if err != nil {
-		_ = conn.Close()
 		return nil, err
 	}
 	// A prefix of its own per relay process: a local client that comes back
 	// to a restarted relay never matches its old versions against new counters.
 	token := make([]byte, 4)
 	_, _ = rand.Read(token)
-	r := &Relay{cfg: cfg, log: log, metrics: m, conn: conn, prefix: "relay-" + hex.EncodeToString(token) + "-"}
-	r.node = newView(cfg, cfg.Node, r.prefix, conn, m, log)
+	r := &Relay{cfg: cfg, log: log, metrics: m, prefix: "relay-" + hex.EncodeToString(token) + "-", stopped: make(chan struct{})}
+	r.node = newView(cfg, cfg.Node, "", r.prefix, nil, m, log)
 	r.views = newGatewayViews(r)
 	return r, nil
 }
@@ -222,16 +224,26 @@ func (r *Relay) Register(g *grpc.Server) {
 }
 
 // Run keeps the node's ADS stream to the hub, and one per gateway served,
-// until ctx ends, reconnecting with jittered exponential backoff; it
-// returns nil when ctx ends.
+// on one connection, until ctx ends, reconnecting with jittered
+// exponential backoff; it returns nil when ctx ends, or an error if the
+// upstream cannot be dialled at all (a bad address or options). Gateways
+// are served once it runs.
 //
 // Run may be called once: the local streams end when it returns.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.ran.CompareAndSwap(false, true) {
 		return ErrRunTwice
 	}
-	defer func() { _ = r.conn.Close() }()
+	defer close(r.stopped)
+	defer r.node.stopLocal()
+	conn, err := dial(r.cfg)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close() }()
+	r.views.open(conn)
 	defer r.views.stop()
+	r.node.conn = conn // before the node's view runs: only its run reads it
 	r.node.run(ctx)
 	return nil
 }

@@ -20,16 +20,33 @@ type deltaStream = grpc.BidiStreamingServer[discovery.DeltaDiscoveryRequest, dis
 
 // route serves a local stream from its node's view: it reads the stream's
 // first request (whose node names the view), then hands the stream, that
-// request first, to the view's server.
+// request first, to the view's server. A stream still to send its first
+// request when Run returns is ended.
 func (r *Relay) route(s sotwStream, serve func(serverv3.Server, sotwStream) error) error {
-	first, err := s.Recv()
-	if errors.Is(err, io.EOF) {
-		return nil
+	type received struct {
+		req *discovery.DiscoveryRequest
+		err error
 	}
-	if err != nil {
-		return err
+	// The receiver ends with the stream (this handler's return cancels it).
+	got := make(chan received, 1)
+	go func() {
+		req, err := s.Recv()
+		got <- received{req, err}
+	}()
+	var first *discovery.DiscoveryRequest
+	select {
+	case <-r.stopped:
+		return errStopping
+	case g := <-got:
+		if errors.Is(g.err, io.EOF) {
+			return nil
+		}
+		if g.err != nil {
+			return g.err
+		}
+		first = g.req
 	}
-	v, release, err := r.viewFor(first)
+	v, release, err := r.viewFor(s.Context(), first)
 	if err != nil {
 		return err
 	}
@@ -52,6 +69,9 @@ func (s *replayStream) Recv() (*discovery.DiscoveryRequest, error) {
 	}
 	return s.sotwStream.Recv()
 }
+
+// errStopping ends a local stream the relay no longer serves.
+var errStopping = status.Error(codes.Unavailable, "relay: stopping")
 
 // errDelta refuses delta streams.
 var errDelta = status.Error(codes.Unimplemented, errDeltaUnsupported.Error())

@@ -247,8 +247,8 @@ func (v *view) session(ctx context.Context, client discovery.AggregatedDiscovery
 		// stream that sends nothing is ended by the hub.
 		return false, errIdle
 	}
-	v.metrics.upstreamConnected.Inc()
-	defer v.metrics.upstreamConnected.Dec()
+	v.connected.Inc()
+	defer v.connected.Dec()
 	v.log.Info("upstream stream open", "upstream", v.cfg.Upstream, "node", v.cfg.Node.GetId())
 	// The ticker ends retention and holds that no event ends.
 	tick := time.NewTicker(v.tickInterval())

@@ -9,6 +9,7 @@ import (
 	cache "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/server/sotw/v3"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 )
 
@@ -20,8 +21,12 @@ type view struct {
 	cfg     Config // Node is the view's node, sent upstream
 	log     *slog.Logger
 	metrics *metrics
-	conn    *grpc.ClientConn // the relay's connection to the hub, shared by every view
-	xds     serverv3.Server
+	// connected counts the view's upstream stream while it is open.
+	connected prometheus.Gauge
+	// conn is the relay's connection to the hub, shared by every view (Run
+	// sets the node's view's before it runs it).
+	conn *grpc.ClientConn
+	xds  serverv3.Server
 	// caches hold the resources served locally, one per type URL. Written
 	// only by the upstream goroutine (run).
 	caches map[string]*cache.LinearCache
@@ -44,16 +49,22 @@ type view struct {
 	stopLocal context.CancelFunc
 }
 
-// newView returns a view for node whose cache versions start with prefix
-// (a prefix no other view of any relay process has: a local client that
-// comes back to another view never matches its old versions against new
-// counters).
-func newView(cfg Config, node *core.Node, prefix string, conn *grpc.ClientConn, m *metrics, log *slog.Logger) *view {
+// newView returns a view for node (the relay's own, or, when gateway is
+// not empty, the gateway of that ID's) whose cache versions start with
+// prefix (a prefix no other view of any relay process has: a local client
+// that comes back to another view never matches its old versions against
+// new counters).
+func newView(cfg Config, node *core.Node, gateway, prefix string, conn *grpc.ClientConn, m *metrics, log *slog.Logger) *view {
 	cfg.Node = node
+	connected := m.upstreamConnected
+	if gateway != "" {
+		connected = m.gatewayUpstreams
+	}
 	v := &view{
 		cfg:          cfg,
 		log:          log,
 		metrics:      m,
+		connected:    connected,
 		conn:         conn,
 		caches:       map[string]*cache.LinearCache{},
 		changed:      make(chan struct{}, 1),
@@ -65,6 +76,7 @@ func newView(cfg Config, node *core.Node, prefix string, conn *grpc.ClientConn, 
 		v.caches[t] = cache.NewLinearCache(t, cache.WithVersionPrefix(prefixes[t]), cache.WithLogger(cacheLogger{log}))
 	}
 	v.local = newLocalStreams(m, log, cfg.MaxResourceNames, v.notify)
+	v.local.gateway = gateway
 	v.cache = newLocalCache(v.caches, prefixes, v.local, cfg.HoldUnknown, log)
 	// The local streams end when run returns (or the gRPC server stops).
 	serverCtx, stop := context.WithCancel(context.Background())

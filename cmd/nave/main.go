@@ -25,7 +25,7 @@ const usage = `nave: multi-cluster service discovery.
 Usage:
   nave hub   [flags]   run a hub replica (federation, xDS and admin servers)
   nave spoke [flags]   run a spoke that publishes one cluster's services to a hub (also the nave-spoke binary)
-  nave node  [flags]   run a node agent: a node-local xDS relay for the node's gRPC clients (also nave-node)
+  nave node  [flags]   run a node agent: a node-local xDS relay for the node's gRPC clients and gateways (also nave-node)
   nave gateway [flags] run Envoy as a Nave gateway (east-west or ingress): bootstrap, supervision,
                        hot restart, SDS, drain ('nave gateway install DIR' copies this binary to DIR)
   nave demo  [flags]   run a hub, three spokes, backends and an xDS client on this machine

@@ -37,7 +37,7 @@ func Run(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.Kube.TokenFile, "kube-token-file", cfg.Kube.TokenFile, "bearer token for the Kubernetes API (re-read at each request)")
 	fs.StringVar(&cfg.Kube.CAFile, "kube-ca", cfg.Kube.CAFile, "PEM CA of the Kubernetes API server")
 	fs.DurationVar(&cfg.Relay.RetainUnwanted, "retain-unwanted", cfg.Relay.RetainUnwanted, "how long a resource no local client wants any more stays cached, and a gateway's view once it is gone (a client that reconnects finds them, even with the hub away)")
-	fs.IntVar(&cfg.Relay.MaxGateways, "max-gateways", cfg.Relay.MaxGateways, "most gateways on this node served through the agent (each has its own stream to the hub)")
+	fs.IntVar(&cfg.Relay.MaxGateways, "max-gateways", cfg.Relay.MaxGateways, "most gateways on this node served through the agent (each has its own stream to the hub); 0 serves none")
 	fs.DurationVar(&cfg.Relay.BackoffMax, "backoff-max", cfg.Relay.BackoffMax, "longest wait between two attempts to reach the hub")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -51,8 +51,8 @@ func Run(ctx context.Context, args []string) error {
 	if cfg.Relay.BackoffMax < cfg.Relay.BackoffMin {
 		return errors.New("--backoff-max must be at least " + cfg.Relay.BackoffMin.String())
 	}
-	if cfg.Relay.MaxGateways < 1 {
-		return errors.New("--max-gateways must be at least 1")
+	if cfg.Relay.MaxGateways < 0 {
+		return errors.New("--max-gateways must be 0 or more")
 	}
 	if cfg.Relay.RetainUnwanted < time.Second {
 		return errors.New("--retain-unwanted must be at least 1s")
