@@ -28,6 +28,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/navemesh/nave/hub"
 	"github.com/navemesh/nave/internal/kubetest"
 	"github.com/navemesh/nave/internal/xdstest"
@@ -258,10 +259,14 @@ func measureNodeFootprint(b *testing.B) []benchFigure {
 	agent := startTraced(b, "nave-node", bin, deployedRuntimeEnv(b, "../deploy/node/daemonset.yaml"), "--hub="+h.XDSAddr.String(), "--xds-addr="+xdsAddr, "--admin-addr="+admin,
 		"--zone=z1", "--region=r1", "--node-name=bench-node")
 	metrics := "http://" + admin + "/metrics"
-	await(b, "the node agent connected to the hub", func() bool { return scrapeGauges(b, metrics)[relay.MetricUpstreamConnected] == 1 })
+	await(b, "the node agent serving", func() bool { return httpStatus("http://"+admin+"/readyz") == http.StatusOK })
 
-	// 1. Idle: connected, no local client.
+	// 1. Idle: serving, no local client (and so no stream to the hub; read
+	// after the figure, since serving /metrics allocates).
 	idle := settledFootprint(b, agent)
+	if n := scrapeGauges(b, metrics)[relay.MetricUpstreamConnected]; n != 0 {
+		b.Fatalf("an idle node agent holds a stream to the hub (%s %v)", relay.MetricUpstreamConnected, n)
+	}
 
 	// 2. Each client calls one service, then servicesPerClient of them.
 	clients := make([][]healthpb.HealthClient, nodeClients)
@@ -272,7 +277,10 @@ func measureNodeFootprint(b *testing.B) []benchFigure {
 		}
 		callEveryChannel(b, clients)
 		want := float64(nodeClients * (k + 1))
-		await(b, fmt.Sprintf("%v local streams", want), func() bool { return scrapeGauges(b, metrics)[relay.MetricStreams] == want })
+		await(b, fmt.Sprintf("%v local streams, one upstream", want), func() bool {
+			g := scrapeGauges(b, metrics)
+			return g[relay.MetricStreams] == want && g[relay.MetricUpstreamConnected] == 1
+		})
 		return settledFootprint(b, agent)
 	}
 	one := connect(0)
@@ -282,6 +290,12 @@ func measureNodeFootprint(b *testing.B) []benchFigure {
 	}
 	callEveryChannel(b, clients) // still served after settling
 
+	// 3. An ingress gateway on the node exposing every service, served on a
+	// stream of its own.
+	gw := startEnvoyStandIn(b.Context(), b, xdsAddr, ingressNode(b, "bench-ingress"))
+	await(b, "the gateway holding every service's endpoints", func() bool { return gw.count(resource.EndpointType) == nodeServices })
+	gateway := settledFootprint(b, agent)
+
 	streams := nodeClients * servicesPerClient
 	perStream := float64(three.median.rss-idle.median.rss) / 1024 / float64(streams)
 	anonPerStream := float64(three.median.anon-idle.median.anon) / 1024 / float64(streams)
@@ -290,7 +304,10 @@ func measureNodeFootprint(b *testing.B) []benchFigure {
 	b.Logf("%-12s %s", "idle:", idle)
 	b.Logf("%-12s %s", "50x1:", one)
 	b.Logf("%-12s %s", "50x3:", three)
+	b.Logf("%-12s %s", "+ gateway:", gateway)
 	b.Logf("per local stream (idle -> %d streams; medians): RSS %.1f KiB, anonymous %.1f KiB", streams, perStream, anonPerStream)
+	b.Logf("an ingress gateway of %d services (its own view): RSS %+.1f MiB, anonymous %+.1f MiB",
+		nodeServices, inMiB(gateway.median.rss-three.median.rss), inMiB(gateway.median.anon-three.median.anon))
 	b.Logf("targets: idle RSS %.1f MiB (<= 20 MB), %d clients RSS %.1f MiB with 1 service each, %.1f MiB with %d each (<= 40 MB)",
 		inMiB(idle.median.rss), nodeClients, inMiB(one.median.rss), inMiB(three.median.rss), servicesPerClient)
 	return []benchFigure{
@@ -302,6 +319,8 @@ func measureNodeFootprint(b *testing.B) []benchFigure {
 		{inMiB(three.median.anon), "50x3-anon-MiB"},
 		{inMiB(three.peak), "50x3-peak-rss-MiB"},
 		{perStream, "rss-KiB/stream"},
+		{inMiB(gateway.median.rss), "gateway-rss-MiB"},
+		{inMiB(gateway.median.anon), "gateway-anon-MiB"},
 	}
 }
 

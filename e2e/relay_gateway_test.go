@@ -46,7 +46,7 @@ type envoyStandIn struct {
 }
 
 // startEnvoyStandIn connects to addr as the gateway node.
-func startEnvoyStandIn(ctx context.Context, t *testing.T, addr string, node *core.Node) *envoyStandIn {
+func startEnvoyStandIn(ctx context.Context, t testing.TB, addr string, node *core.Node) *envoyStandIn {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -158,6 +158,13 @@ func edsNames(clusters map[string]proto.Message) []string {
 	return out
 }
 
+// count returns how many resources of type t the gateway holds.
+func (e *envoyStandIn) count(t string) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.resources[t])
+}
+
 // get returns the resource of type t named name (nil: not held).
 func (e *envoyStandIn) get(t, name string) proto.Message {
 	e.mu.Lock()
@@ -193,6 +200,20 @@ func (e *envoyStandIn) serves(listener string, cluster string, first netip.Addr)
 	return slices.Equal(p0, []string{first.String()})
 }
 
+// ingressNode is the node `nave gateway` writes into Envoy's bootstrap for
+// an ingress gateway id exposing namespace default on 8080, naming no locality.
+func ingressNode(t testing.TB, id string) *core.Node {
+	t.Helper()
+	b, err := agent.Bootstrap(agent.BootstrapConfig{
+		Node:      agent.Node{ID: id, Role: gateways.RoleIngress, ExposeNamespaces: "default", Listeners: "8080/http"},
+		Hub:       agent.Hub{Addr: "127.0.0.1:15011"},
+		AdminPort: 15000, SDSSocket: filepath.Join(t.TempDir(), agent.SDSSocketName)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b.GetNode()
+}
+
 // An ingress gateway (its node as `nave gateway` writes it, naming no
 // locality) served through the node agent: it gets its listeners, routes,
 // clusters and endpoints, in the node's locality, on a stream of its own
@@ -210,14 +231,7 @@ func testRelayServesAGateway(t *testing.T, bin string) {
 	env.startSpoke("west", "us-west")
 	await(t, "echo from two clusters", func() bool { return len(env.hub.clustersOf(t, "default/echo")) == 2 })
 
-	b, err := agent.Bootstrap(agent.BootstrapConfig{
-		Node:      agent.Node{ID: "ingress-1", Role: gateways.RoleIngress, ExposeNamespaces: "default", Listeners: "8080/http"},
-		Hub:       agent.Hub{Addr: env.agent.xds},
-		AdminPort: 15000, SDSSocket: filepath.Join(t.TempDir(), agent.SDSSocketName)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	node := b.GetNode()
+	node := ingressNode(t, "ingress-1")
 	if node.GetLocality().GetZone() != "" {
 		t.Fatalf("the gateway's bootstrap names zone %q: the test wants one that names none", node.GetLocality().GetZone())
 	}
