@@ -2,7 +2,6 @@ package relay
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"strings"
 	"sync"
@@ -43,11 +42,11 @@ type localCache struct {
 	// syncedAt is, per type URL, when the current upstream stream first
 	// answered for it (zero: not yet, or no stream).
 	syncedAt map[string]time.Time
-	// wildcardAnswered is, per type URL, whether the last upstream response
-	// (on this stream or an earlier one: while the hub is away, what the
-	// relay holds is the last good state) surely answered a wildcard
-	// request, and nothing was dropped since as unwanted (a wildcard watch
-	// is covered only then).
+	// wildcardAnswered is, per type URL, whether an upstream response (on
+	// this stream or an earlier one: while the hub is away, what the relay
+	// holds is the last good state) surely answered a wildcard request, and
+	// nothing was dropped since as unwanted (a wildcard watch is covered
+	// only then).
 	wildcardAnswered map[string]bool
 	deferred         map[*deferredWatch]struct{}
 }
@@ -180,15 +179,19 @@ func (c *localCache) dropped(t string, names []string) {
 }
 
 // synced records that the current upstream stream answered type t, and
-// whether that answer was to a wildcard request; reset forgets when each
-// type was answered (the stream ended).
+// whether that answer was to a wildcard request (an answer to a named one
+// leaves what the caches hold of an earlier wildcard answer: only dropped
+// takes it away); reset forgets when each type was answered (the stream
+// ended).
 func (c *localCache) synced(t string, at time.Time, wildcard bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.syncedAt[t].IsZero() {
 		c.syncedAt[t] = at
 	}
-	c.wildcardAnswered[t] = wildcard
+	if wildcard {
+		c.wildcardAnswered[t] = true
+	}
 }
 
 func (c *localCache) reset() {
@@ -223,15 +226,12 @@ func (c *localCache) release(now time.Time) {
 	}
 }
 
-// CreateDeltaWatch implements cache.ConfigWatcher.
+// CreateDeltaWatch implements cache.ConfigWatcher; never called (localServer refuses delta streams).
 func (c *localCache) CreateDeltaWatch(*cache.DeltaRequest, cache.Subscription, chan cache.DeltaResponse) (func(), error) {
-	return nil, errDeltaUnsupported
+	return nil, errDelta
 }
 
-// errDeltaUnsupported answers delta streams: this step of the relay serves sotw only.
-var errDeltaUnsupported = errors.New("relay: delta xDS is not served yet; use state of the world")
-
-// Fetch implements cache.ConfigFetcher.
+// Fetch implements cache.ConfigFetcher; never called (localServer refuses fetches).
 func (c *localCache) Fetch(context.Context, *cache.Request) (cache.Response, error) {
-	return nil, errors.New("relay: fetch is not supported, use a stream")
+	return nil, errFetch
 }

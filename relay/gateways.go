@@ -65,10 +65,12 @@ type gatewayView struct {
 	*view
 	key     string
 	streams int
-	// idle, while no stream uses the view, drops it when it fires, unless
-	// the view was taken up again since it was set (gen changed).
-	idle *time.Timer
-	gen  int
+	// idle, while no stream uses the view (since idleSince), drops it when
+	// it fires, unless the view was taken up again since it was set (gen
+	// changed).
+	idle      *time.Timer
+	idleSince time.Time
+	gen       int
 	// stop ends the view's upstream stream and its local streams.
 	stop context.CancelFunc
 }
@@ -98,7 +100,10 @@ func (g *gatewayViews) acquire(ctx context.Context, node *core.Node) (*view, fun
 	if size := proto.Size(upstream.GetMetadata()); size > maxGatewayMetadata {
 		return nil, nil, status.Errorf(codes.InvalidArgument, "relay: the gateway's node metadata is %d bytes; at most %d", size, maxGatewayMetadata)
 	}
-	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(node)
+	// What the hub reads of a node: an Envoy upgrade (another build, other
+	// extensions) finds its view again.
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(&core.Node{Id: node.GetId(), Cluster: node.GetCluster(),
+		Locality: node.GetLocality(), Metadata: node.GetMetadata()})
 	if err != nil {
 		return nil, nil, status.Errorf(codes.InvalidArgument, "relay: gateway node: %v", err)
 	}
@@ -117,7 +122,7 @@ func (g *gatewayViews) acquire(ctx context.Context, node *core.Node) (*view, fun
 	}
 	gv := g.views[key]
 	if gv == nil {
-		if len(g.views) >= limit {
+		if len(g.views) >= limit && !g.retireIdlest() {
 			g.r.log.Warn("too many gateways on this node; refusing another", "node", node.GetId(), "limit", limit)
 			return nil, nil, status.Errorf(codes.ResourceExhausted, "relay: serving %d gateways already (the limit)", limit)
 		}
@@ -166,20 +171,39 @@ func (g *gatewayViews) release(gv *gatewayView) {
 		return
 	}
 	gen := gv.gen
-	gv.idle = time.AfterFunc(g.r.cfg.RetainUnwanted, func() { g.retire(gv, gen) })
+	gv.idleSince = time.Now()
+	gv.idle = time.AfterFunc(g.r.cfg.RetainUnwanted, func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if gv.gen == gen && gv.streams == 0 && g.views[gv.key] == gv {
+			g.retire(gv, "gateway gone; its view is dropped")
+		}
+	})
 }
 
-// retire drops gv if no stream took it up since its release of generation gen.
-func (g *gatewayViews) retire(gv *gatewayView, gen int) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if gv.gen != gen || gv.streams > 0 || g.views[gv.key] != gv {
-		return
+// retireIdlest drops the view unused the longest, if one is unused, to
+// make room for another. Called with mu held.
+func (g *gatewayViews) retireIdlest() bool {
+	var idlest *gatewayView
+	for _, gv := range g.views {
+		if gv.streams == 0 && (idlest == nil || gv.idleSince.Before(idlest.idleSince)) {
+			idlest = gv
+		}
 	}
+	if idlest == nil {
+		return false
+	}
+	idlest.idle.Stop()
+	g.retire(idlest, "another gateway needs room; the view unused the longest is dropped")
+	return true
+}
+
+// retire drops gv, unused. Called with mu held.
+func (g *gatewayViews) retire(gv *gatewayView, why string) {
 	delete(g.views, gv.key)
 	g.r.metrics.gateways.Set(float64(len(g.views)))
 	gv.stop()
-	gv.log.Info("gateway gone; its view is dropped", "after", g.r.cfg.RetainUnwanted)
+	gv.log.Info(why, "unused for", time.Since(gv.idleSince).Round(time.Millisecond))
 }
 
 // stop ends every view and waits for their upstream goroutines.

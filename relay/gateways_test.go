@@ -181,10 +181,10 @@ func TestRelayServesAGatewayItsOwnView(t *testing.T) {
 	noFailures(t, client)
 }
 
-// TestRelayServesAGatewayWithoutTheHub: a gateway's Envoy, restarted
-// while the hub is away (the old one gone already), gets its listeners from
-// the relay; a gateway the relay has no room for is refused, and one that
-// names no ID, or too much metadata, too.
+// TestRelayServesAGatewayWithoutTheHub: a gateway's Envoy that left (the
+// relay unsubscribed in its name) and comes back while the hub is away
+// gets its listeners from the relay; a gateway the relay has no room for
+// is refused, and one that names no ID, or too much metadata, too.
 func TestRelayServesAGatewayWithoutTheHub(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -199,12 +199,12 @@ func TestRelayServesAGatewayWithoutTheHub(t *testing.T) {
 	if !slices.Contains(want, gateways.ListenerName(8080)) {
 		t.Fatalf("gateway listeners %v, want %s", want, gateways.ListenerName(8080))
 	}
-	h.stop()
 	old.cancel()
-	waitFor(ctx, t, "the old gateway's stream gone, its view kept", func() bool {
+	waitFor(ctx, t, "the old gateway's stream gone and unsubscribed upstream, its view kept", func() bool {
 		gws := relay.Gateways()
-		return len(gws) == 1 && gws[0].Streams == 0
+		return len(gws) == 1 && gws[0].Streams == 0 && len(gws[0].Upstream[typeLDS]) == 0
 	})
+	h.stop()
 	// The new Envoy holds nothing yet: it asks with no version.
 	restarted := openRawNode(ctx, t, relayAddr, ingressNode("gw-1", 8080), resource.ListenerType)
 	if got := listenerNames(t, restarted.recv(ctx, t, "listeners with the hub away").GetResources()); !slices.Equal(got, want) {
@@ -215,6 +215,11 @@ func TestRelayServesAGatewayWithoutTheHub(t *testing.T) {
 	if err := awaitEnd(ctx, t, other); status.Code(err) != codes.ResourceExhausted {
 		t.Errorf("a gateway past MaxGateways: stream ended with %v, want ResourceExhausted", err)
 	}
+	// Once gw-1 is gone, its kept view makes room for another gateway.
+	restarted.cancel()
+	waitFor(ctx, t, "gw-1's stream gone", func() bool { gws := relay.Gateways(); return len(gws) == 1 && gws[0].Streams == 0 })
+	openRawNode(ctx, t, relayAddr, ingressNode("gw-2", 8080), resource.ListenerType)
+	waitFor(ctx, t, "gw-2 in gw-1's room", func() bool { gws := relay.Gateways(); return len(gws) == 1 && gws[0].NodeID == "gw-2" })
 	noID := ingressNode("", 8080)
 	if err := awaitEnd(ctx, t, openRawNode(ctx, t, relayAddr, noID, resource.ListenerType)); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("a gateway with no ID: stream ended with %v, want InvalidArgument", err)
@@ -230,9 +235,10 @@ func TestRelayServesAGatewayWithoutTheHub(t *testing.T) {
 	}
 }
 
-// TestRelayReportsAGatewaysNACKOnItsStream: a gateway's rejection goes to
-// the hub on the gateway's own stream, naming it.
-func TestRelayReportsAGatewaysNACKOnItsStream(t *testing.T) {
+// TestRelayHoldsAGatewaysFirstWatchAndReportsItsNACK: a gateway's first listener
+// watch waits for the hub's answer, and its rejection goes to the hub on the
+// gateway's own stream, naming it.
+func TestRelayHoldsAGatewaysFirstWatchAndReportsItsNACK(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	h, hubAddr := startScriptedHub(t)
@@ -241,11 +247,17 @@ func TestRelayReportsAGatewaysNACKOnItsStream(t *testing.T) {
 	if req := h.nextNames(ctx, t, "the gateway's subscription", resource.ListenerType, "*"); req.GetNode().GetId() != "gw-1" {
 		t.Fatalf("the upstream stream names node %q, want the gateway's", req.GetNode().GetId())
 	}
+	// An Envoy's first listener watch waits for the hub's answer: an empty
+	// one would let it go live without listeners.
+	gw.quiet(t, "the gateway's first listener watch before the hub answered", 100*time.Millisecond)
 	h.respond(ctx, t, ldsResponse(t, "v1", "n1", "one", gateways.ListenerName(8080)))
 	if req := h.next(ctx, t, "the ACK of v1"); req.GetErrorDetail() != nil {
 		t.Fatalf("ACK of v1: %v", req)
 	}
 	resp := gw.recv(ctx, t, "the gateway's listeners")
+	if got := listenerNames(t, resp.GetResources()); !slices.Equal(got, []string{gateways.ListenerName(8080)}) {
+		t.Fatalf("the gateway's first listeners %v, want the hub's", got)
+	}
 	gw.send(t, &discovery.DiscoveryRequest{TypeUrl: resource.ListenerType, ResponseNonce: resp.GetNonce(),
 		ErrorDetail: &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: "listener rejected by the gateway"}})
 	req := h.next(ctx, t, "the report")

@@ -238,12 +238,13 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer r.node.stopLocal()
 	conn, err := dial(r.cfg)
 	if err != nil {
+		r.views.stop()
 		return err
 	}
 	defer func() { _ = conn.Close() }()
 	r.views.open(conn)
-	defer r.views.stop()
-	r.node.conn = conn // before the node's view runs: only its run reads it
+	defer r.views.stop() // before the connection closes
+	r.node.conn = conn   // before the node's view runs: only its run reads it
 	r.node.run(ctx)
 	return nil
 }

@@ -74,7 +74,7 @@ func (s *replayStream) Recv() (*discovery.DiscoveryRequest, error) {
 var errStopping = status.Error(codes.Unavailable, "relay: stopping")
 
 // errDelta refuses delta streams.
-var errDelta = status.Error(codes.Unimplemented, errDeltaUnsupported.Error())
+var errDelta = status.Error(codes.Unimplemented, "relay: delta xDS is not served yet; use state of the world")
 
 // errFetch refuses fetches (unary requests).
 var errFetch = status.Error(codes.Unimplemented, "relay: fetch is not served, use a stream")
