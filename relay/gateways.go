@@ -38,10 +38,11 @@ func isGateway(node *core.Node) bool {
 
 // gatewayViews holds a view per gateway: its own upstream stream, which
 // names the gateway's node, so the hub serves it what it would serve the
-// gateway connected directly. Gateways are told apart by their whole node
-// (ID, locality, metadata): a restarted gateway, or a hot-restarted Envoy,
-// finds its view again. A view with no local stream is dropped after
-// Config.RetainUnwanted.
+// gateway connected directly. Gateways are told apart by what the hub
+// reads of their node (ID, cluster, locality, metadata): a restarted
+// gateway, or a hot-restarted or upgraded Envoy, finds its view again. A
+// view with no local stream is dropped after Config.RetainUnwanted, or
+// sooner when another gateway needs its room (MaxGateways).
 type gatewayViews struct {
 	r *Relay
 	// ctx ends every view's upstream stream (stop).
