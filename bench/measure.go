@@ -226,6 +226,12 @@ type usageSample struct {
 	LocalityGroups int     `json:"localityGroups"`
 	// PeakRSSBytes is the most the process held resident so far (VmHWM).
 	PeakRSSBytes float64 `json:"peakRssBytes"`
+	// SettledRSSBytes is RSS once the Go runtime returned the free pages it
+	// kept after a peak (set by the samples that wait for it; 0: not).
+	SettledRSSBytes float64 `json:"settledRssBytes,omitempty"`
+	// SettledAnonBytes is the anonymous part of SettledRSSBytes (the rest
+	// is files mapped: the binary, etcd's database).
+	SettledAnonBytes float64 `json:"settledAnonBytes,omitempty"`
 }
 
 // procUsage reads a process's resident memory and CPU time from /proc.

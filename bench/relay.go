@@ -83,9 +83,10 @@ type relayResult struct {
 	Direct  *relayConfig `json:"direct,omitempty"`
 	Relayed *relayConfig `json:"relayed,omitempty"`
 	// The hub memory attributable to clients, direct over relayed.
-	RSSRatio       float64 `json:"rssRatio"`
-	HeapInuseRatio float64 `json:"heapInuseRatio"`
-	LiveHeapRatio  float64 `json:"liveHeapRatio"`
+	RSSRatio        float64 `json:"rssRatio"`
+	SettledRSSRatio float64 `json:"settledRssRatio"`
+	HeapInuseRatio  float64 `json:"heapInuseRatio"`
+	LiveHeapRatio   float64 `json:"liveHeapRatio"`
 	// Hop is the relay's added convergence latency.
 	Hop *relayHop `json:"hop,omitempty"`
 	// Relays' own view (their metrics and status), once every client was served.
@@ -109,9 +110,10 @@ type relayConfig struct {
 	Before usageSample `json:"before"`
 	After  usageSample `json:"after"`
 	// What the clients account for: After - Before.
-	RSSBytes       float64 `json:"rssBytes"`
-	HeapInuseBytes float64 `json:"heapInuseBytes"`
-	LiveHeapBytes  float64 `json:"liveHeapBytes"`
+	RSSBytes        float64 `json:"rssBytes"`
+	SettledRSSBytes float64 `json:"settledRssBytes"`
+	HeapInuseBytes  float64 `json:"heapInuseBytes"`
+	LiveHeapBytes   float64 `json:"liveHeapBytes"`
 	// ServedMs: from the start of connecting until the last client held
 	// everything it asked for (the bench's clock); ClientsServed per client.
 	ServedMs      float64        `json:"servedMs"`
@@ -421,7 +423,42 @@ func (rr *relayRun) sampleHub(ctx context.Context, phase string) (usageSample, e
 	if err != nil {
 		return u, fmt.Errorf("sample the hub's usage: %w", err)
 	}
+	if u.SettledRSSBytes, u.SettledAnonBytes, err = settledRSS(ctx, b.hub.pid(), u.RSSBytes); err != nil {
+		return u, err
+	}
 	return u, nil
+}
+
+// Settled RSS: sampled every second until it has not fallen by a MiB for
+// settledFor, for at most settleRSSMax.
+const (
+	settledFor   = 5 * time.Second
+	settleRSSMax = time.Minute
+)
+
+// settledRSS waits until the process pid's RSS (rss now) stops falling,
+// and returns it with its anonymous part: the Go runtime returns the free
+// pages it keeps after a peak in the background, so RSS sampled right
+// after the peak counts memory the process no longer uses.
+func settledRSS(ctx context.Context, pid int, rss float64) (settled, anon float64, err error) {
+	start, lastDrop := time.Now(), time.Now()
+	for time.Since(lastDrop) < settledFor && time.Since(start) < settleRSSMax {
+		if err := sleep(ctx, time.Second); err != nil {
+			return 0, 0, err
+		}
+		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		if err != nil {
+			return 0, 0, fmt.Errorf("settled RSS: %w", err)
+		}
+		now := statusBytes(status, "VmRSS")
+		if now < rss-(1<<20) {
+			lastDrop = time.Now()
+		}
+		if now <= rss {
+			rss, anon = now, statusBytes(status, "RssAnon")
+		}
+	}
+	return rss, anon, nil
 }
 
 // serve samples the hub, connects clients (start starts them all and
@@ -476,6 +513,7 @@ func (rr *relayRun) serve(ctx context.Context, rc *relayConfig, start func() ([]
 	}
 	rc.After = after
 	rc.RSSBytes, rc.HeapInuseBytes = after.RSSBytes-before.RSSBytes, after.HeapInuseBytes-before.HeapInuseBytes
+	rc.SettledRSSBytes = after.SettledRSSBytes - before.SettledRSSBytes
 	rc.LiveHeapBytes = after.LiveHeapBytes - before.LiveHeapBytes
 	rc.ConnectHubCPUSeconds = after.CPUSeconds - before.CPUSeconds
 	if b.cfg.heapProfile != "" {
@@ -869,6 +907,7 @@ func (rr *relayRun) relayed(ctx context.Context) error {
 			return a / b
 		}
 		rr.res.RSSRatio = ratio(d.RSSBytes, rc.RSSBytes)
+		rr.res.SettledRSSRatio = ratio(d.SettledRSSBytes, rc.SettledRSSBytes)
 		rr.res.HeapInuseRatio = ratio(d.HeapInuseBytes, rc.HeapInuseBytes)
 		rr.res.LiveHeapRatio = ratio(d.LiveHeapBytes, rc.LiveHeapBytes)
 	}
@@ -1133,6 +1172,12 @@ func printRelay(w io.Writer, r *relayResult) {
 		return fmt.Sprintf("%s -> %s (+%s)", mib(before), mib(after), mib(d))
 	}
 	row("hub RSS", func(c *relayConfig) string { return mem(c.Before.RSSBytes, c.After.RSSBytes, c.RSSBytes) })
+	row("hub RSS, settled (free pages returned)", func(c *relayConfig) string {
+		return mem(c.Before.SettledRSSBytes, c.After.SettledRSSBytes, c.SettledRSSBytes)
+	})
+	row("  of it anonymous", func(c *relayConfig) string {
+		return mem(c.Before.SettledAnonBytes, c.After.SettledAnonBytes, c.After.SettledAnonBytes-c.Before.SettledAnonBytes)
+	})
 	row("hub heap in use (forced GC)", func(c *relayConfig) string {
 		return mem(c.Before.HeapInuseBytes, c.After.HeapInuseBytes, c.HeapInuseBytes)
 	})
@@ -1224,8 +1269,8 @@ func printRelay(w io.Writer, r *relayResult) {
 		fmt.Fprintf(w, "  between the two (the hub's restart, expected), spoke warnings%s\n", listed(r.RestartSpokeWarnings))
 	}
 	if r.Relayed != nil && r.HeapInuseRatio > 0 {
-		fmt.Fprintf(w, "  hub memory attributable to clients, direct / relayed: RSS %.1fx, heap in use %.1fx, live heap %.1fx (target at least 10x)\n",
-			r.RSSRatio, r.HeapInuseRatio, r.LiveHeapRatio)
+		fmt.Fprintf(w, "  hub memory attributable to clients, direct / relayed: RSS %.1fx (settled %.1fx), heap in use %.1fx, live heap %.1fx (target at least 10x)\n",
+			r.RSSRatio, r.SettledRSSRatio, r.HeapInuseRatio, r.LiveHeapRatio)
 	}
 	if s := r.RelayState; s != nil {
 		fmt.Fprintf(w, "  relays: %d of %d connected upstream (%d dials), %.0f local streams, %.0f upstream reconnects, NACKs %.0f upstream / %.0f local / %.0f reported; EDS names per relay upstream: mean %.1f, %d-%d\n",
