@@ -150,6 +150,20 @@ func (c *rawClient) ack(t *testing.T, resp *discovery.DiscoveryResponse, names .
 	c.send(t, &discovery.DiscoveryRequest{TypeUrl: resp.GetTypeUrl(), ResourceNames: names, VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()})
 }
 
+// end returns the error that ends the stream; a response first fails the test.
+func (c *rawClient) end(ctx context.Context, t *testing.T) error {
+	t.Helper()
+	select {
+	case err := <-c.done:
+		return err
+	case resp := <-c.responses:
+		t.Fatalf("got a response (%s), want the stream ended", typeLabel(resp.GetTypeUrl()))
+	case <-ctx.Done():
+		t.Fatal("the stream never ended")
+	}
+	return nil
+}
+
 // quiet fails the test if a response comes within d.
 func (c *rawClient) quiet(t *testing.T, what string, d time.Duration) {
 	t.Helper()
@@ -387,13 +401,8 @@ func TestRelayBoundsResourceNames(t *testing.T) {
 	lds := resource.ListenerType
 
 	greedy := openRaw(ctx, t, relayAddr, "greedy", lds, "A", "B", "C", "D")
-	select {
-	case err := <-greedy.done:
-		if status.Code(err) != codes.ResourceExhausted {
-			t.Fatalf("a request naming 4 of at most 3 resources ended its stream with %v, want ResourceExhausted", err)
-		}
-	case <-ctx.Done():
-		t.Fatal("a request naming too many resources was accepted")
+	if err := greedy.end(ctx, t); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("a request naming 4 of at most 3 resources ended its stream with %v, want ResourceExhausted", err)
 	}
 	_ = openRaw(ctx, t, relayAddr, "c1", lds, "A", "B")
 	h.nextNames(ctx, t, "c1's subscription", lds, "A", "B")
@@ -449,7 +458,6 @@ func TestRelayRunsOnce(t *testing.T) {
 		silentEnd <- err
 	}()
 	c.recv(ctx, t, "the first answer")
-	waitFor(ctx, t, "Run started", func() bool { return r.ran.Load() })
 	if err := r.Run(ctx); !errors.Is(err, ErrRunTwice) {
 		t.Errorf("second Run: %v, want ErrRunTwice", err)
 	}

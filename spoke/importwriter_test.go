@@ -1108,12 +1108,14 @@ func (f *iwFixture) testDrift(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Stop()
+	deleted := false
 	for ev := range w.ResultChan() { // closed when wctx ends
 		if ev.Type == watch.Deleted {
+			deleted = true
 			break
 		}
 	}
-	if wctx.Err() != nil {
+	if !deleted {
 		t.Fatal("the stray Service is still there")
 	}
 	if now, _ := f.derivedService(t, key); now == nil || now.ResourceVersion != rvs[ns+"/Service/"+derived] {
