@@ -265,6 +265,8 @@ func (h *hubProcess) usage(ctx context.Context, phase string) (usageSample, erro
 		u.LiveHeapBytes = m.sum("go_memstats_next_gc_bytes", "") / (1 + gogc/100)
 	}
 	u.GCs = int(m.sum("go_gc_duration_seconds_count", ""))
+	u.StackInuseBytes = m.sum("go_memstats_stack_inuse_bytes", "")
+	u.HeapFreeKeptBytes = m.sum("go_memstats_heap_idle_bytes", "") - m.sum("go_memstats_heap_released_bytes", "")
 	u.PeakRSSBytes, _ = procPeakRSS(h.pid())
 	if !m.has("process_resident_memory_bytes") {
 		if rss, cpu, err := procUsage(h.pid()); err == nil {

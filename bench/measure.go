@@ -232,6 +232,10 @@ type usageSample struct {
 	// SettledAnonBytes is the anonymous part of SettledRSSBytes (the rest
 	// is files mapped: the binary, etcd's database).
 	SettledAnonBytes float64 `json:"settledAnonBytes,omitempty"`
+	// HeapFreeKeptBytes is the heap's free pages not returned to the OS yet
+	// (idle - released); StackInuseBytes the goroutine stacks.
+	HeapFreeKeptBytes float64 `json:"heapFreeKeptBytes"`
+	StackInuseBytes   float64 `json:"stackInuseBytes"`
 }
 
 // procUsage reads a process's resident memory and CPU time from /proc.

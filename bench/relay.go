@@ -412,8 +412,11 @@ func (rr *relayRun) sampleHub(ctx context.Context, phase string) (usageSample, e
 	if err := sleep(ctx, b.cfg.settle); err != nil {
 		return usageSample{}, err
 	}
-	// Twice: what sync.Pools (gRPC's buffers) hold survives one GC.
-	for range 2 {
+	// Three times: what sync.Pools (gRPC's buffers) hold survives one GC,
+	// and the runtime returns free pages only down to 110% of the heap goal
+	// the GC before last set (after a burst, the burst's): the third lets it
+	// return them now, as the runtime's own periodic GC would within 2 min.
+	for range 3 {
 		if _, code, err := b.hub.get(ctx, "/debug/pprof/heap?gc=1"); err != nil || code != http.StatusOK {
 			b.res.Notes = append(b.res.Notes, fmt.Sprintf("%s: no forced GC before the sample (%d, %v)", phase, code, err))
 			break
@@ -423,7 +426,7 @@ func (rr *relayRun) sampleHub(ctx context.Context, phase string) (usageSample, e
 	if err != nil {
 		return u, fmt.Errorf("sample the hub's usage: %w", err)
 	}
-	if u.SettledRSSBytes, u.SettledAnonBytes, err = settledRSS(ctx, b.hub.pid(), u.RSSBytes); err != nil {
+	if u.SettledRSSBytes, u.SettledAnonBytes, err = settledRSS(ctx, b.hub.pid()); err != nil {
 		return u, err
 	}
 	return u, nil
@@ -436,12 +439,17 @@ const (
 	settleRSSMax = time.Minute
 )
 
-// settledRSS waits until the process pid's RSS (rss now) stops falling,
+// settledRSS waits until the process pid's RSS stops falling,
 // and returns it with its anonymous part: the Go runtime returns the free
 // pages it keeps after a peak in the background, so RSS sampled right
 // after the peak counts memory the process no longer uses.
-func settledRSS(ctx context.Context, pid int, rss float64) (settled, anon float64, err error) {
+func settledRSS(ctx context.Context, pid int) (rss, anon float64, err error) {
 	start, lastDrop := time.Now(), time.Now()
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, 0, fmt.Errorf("settled RSS: %w", err)
+	}
+	rss, anon = statusBytes(status, "VmRSS"), statusBytes(status, "RssAnon")
 	for time.Since(lastDrop) < settledFor && time.Since(start) < settleRSSMax {
 		if err := sleep(ctx, time.Second); err != nil {
 			return 0, 0, err
@@ -1172,6 +1180,9 @@ func printRelay(w io.Writer, r *relayResult) {
 		return fmt.Sprintf("%s -> %s (+%s)", mib(before), mib(after), mib(d))
 	}
 	row("hub RSS", func(c *relayConfig) string { return mem(c.Before.RSSBytes, c.After.RSSBytes, c.RSSBytes) })
+	row("  at once: heap free not returned yet / goroutine stacks", func(c *relayConfig) string {
+		return fmt.Sprintf("%s / %s", mib(c.After.HeapFreeKeptBytes), mib(c.After.StackInuseBytes))
+	})
 	row("hub RSS, settled (free pages returned)", func(c *relayConfig) string {
 		return mem(c.Before.SettledRSSBytes, c.After.SettledRSSBytes, c.SettledRSSBytes)
 	})
