@@ -504,6 +504,7 @@ func (p *parts) buildServers() {
 	}
 	p.xdsGRPC = grpc.NewServer(
 		grpc.Creds(p.xdsCreds),
+		grpc.ReadBufferSize(xdsReadBuffer),
 		grpc.ConnectionTimeout(cfg.Connections.HandshakeTimeout),
 		grpc.MaxConcurrentStreams(uint32(cfg.Connections.MaxStreamsPerConnection)),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: cfg.Connections.IdleTimeout}),
@@ -699,6 +700,13 @@ func (p *parts) stop() {
 		p.cleanup[i]()
 	}
 }
+
+// xdsReadBuffer is the read buffer of an xDS client's connection. grpc's
+// default, 32 KiB, was half the hub's heap per directly connected client;
+// a client sends a request now and then, and a frame larger than the
+// buffer is read straight into place. (The federation port keeps the
+// default: spokes stream updates.)
+const xdsReadBuffer = 4 << 10
 
 // stopGrace is how long a stopping hub lets RPCs finish. Its RPCs are
 // streams that never end by themselves (spoke sessions, replication, xDS):
