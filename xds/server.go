@@ -119,6 +119,7 @@ type Server struct {
 
 	restrict restrictions
 	throttle *throttle
+	names    *nameTable
 }
 
 // streamKey names a stream: sotw and delta streams are numbered separately.
@@ -154,6 +155,7 @@ func NewServer(cfg Config, log *slog.Logger, reg prometheus.Registerer) *Server 
 		status:    syncstatus.New(cfg.Replica),
 		restrict:  restrictions{byStream: map[streamKey]*streamRestriction{}, byNode: map[*core.Node]*streamRestriction{}},
 		throttle:  newThrottle(cfg.RequestsPerSecond, cfg.RequestBurst),
+		names:     newNameTable(maxInterned),
 	}
 	s.lds = newResourceCache(resource.ListenerType, cfg.VersionPrefix+"lds-", log, nil, nil)
 	s.rds = newResourceCache(resource.RouteType, cfg.VersionPrefix+"rds-", log, nil, nil)
@@ -461,6 +463,7 @@ func (s *Server) callbacks() serverv3.CallbackFuncs {
 			if err := s.admit(req.GetNode(), len(req.GetResourceNames())); err != nil {
 				return err
 			}
+			s.names.intern(req.ResourceNames)
 			if s.throttle.wait(streamKey{false, id}) {
 				s.metrics.throttled.Inc()
 			}
@@ -477,6 +480,7 @@ func (s *Server) callbacks() serverv3.CallbackFuncs {
 			if err := s.admit(req.GetNode(), len(req.GetResourceNamesSubscribe())); err != nil {
 				return err
 			}
+			s.names.intern(req.ResourceNamesSubscribe)
 			if s.throttle.wait(streamKey{true, id}) {
 				s.metrics.throttled.Inc()
 			}

@@ -1,0 +1,45 @@
+package xds
+
+import (
+	"sync"
+	"sync/atomic"
+)
+
+// maxInterned bounds the names a nameTable holds: far more than a catalog
+// has resources, so that only clients asking for names that do not exist
+// can fill it.
+const maxInterned = 1 << 16
+
+// nameTable interns the resource names clients ask for. Every stream keeps
+// the names of its last request of each type (in its subscription, its
+// watches and its sync status), decoded afresh from every request: a node
+// agent's stream asks for hundreds, the same names as every other agent's.
+// Interned, a stream holds a string header per name instead of a copy.
+type nameTable struct {
+	names sync.Map // name -> the same name, held once
+	n     atomic.Int64
+	max   int64
+}
+
+func newNameTable(max int64) *nameTable { return &nameTable{max: max} }
+
+// intern replaces each of names by the copy the table holds, adding those
+// it lacks. A full table starts again empty: names interned before stay
+// valid (they are ordinary strings), they are only shared no more.
+func (t *nameTable) intern(names []string) {
+	for i, name := range names {
+		if held, ok := t.names.Load(name); ok {
+			names[i] = held.(string)
+			continue
+		}
+		if t.n.Add(1) > t.max {
+			t.names.Clear()
+			t.n.Store(1)
+		}
+		held, loaded := t.names.LoadOrStore(name, name)
+		if loaded {
+			t.n.Add(-1)
+		}
+		names[i] = held.(string)
+	}
+}

@@ -1,0 +1,90 @@
+package xds
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+
+	"github.com/navemesh/nave/internal/xdstype"
+)
+
+// Streams asking for the same resources, state-of-the-world or delta, hold
+// one copy of each name: what each keeps of its request points at the
+// same bytes.
+func TestStreamsShareTheNamesTheyAskFor(t *testing.T) {
+	s, _, addr := startXDS(t)
+	r, d := twoServices(t, ready)
+	s.Update(r, d)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	names := []string{ClusterName(echo, 8080), ClusterName(otherKey, 8080)}
+	for _, node := range []string{"a", "b"} {
+		stream, err := dialADS(ctx, t, addr).StreamAggregatedResources(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := stream.Send(&discovery.DiscoveryRequest{Node: &core.Node{Id: node}, TypeUrl: resource.EndpointType, ResourceNames: names}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := stream.Recv(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	delta, err := dialADS(ctx, t, addr).DeltaAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := delta.Send(&discovery.DeltaDiscoveryRequest{Node: &core.Node{Id: "c"}, TypeUrl: resource.EndpointType, ResourceNamesSubscribe: names}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := delta.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	held := func(node string) []string {
+		for _, c := range s.Clients(node) {
+			return c.Types[xdstype.EDS].Names
+		}
+		t.Fatalf("no stream of node %s", node)
+		return nil
+	}
+	a := held("a")
+	for _, node := range []string{"b", "c"} {
+		b := held(node)
+		if len(a) != len(names) || len(b) != len(names) {
+			t.Fatalf("streams of a and %s hold %q and %q, want %q each", node, a, b, names)
+		}
+		for i := range a {
+			if a[i] != b[i] || unsafe.StringData(a[i]) != unsafe.StringData(b[i]) {
+				t.Errorf("name %d: streams of a and %s hold %q and %q in two copies", i, node, a[i], b[i])
+			}
+		}
+	}
+}
+
+// A full table starts again: it never holds more than its bound, names
+// keep their values, and shares again what it is asked for after.
+func TestNameTableIsBounded(t *testing.T) {
+	table := newNameTable(2)
+	intern := func(name string) string {
+		names := []string{strings.Clone(name)} // as a request decodes it: a copy of its own
+		table.intern(names)
+		return names[0]
+	}
+	shared := func(a, b string) bool { return a == b && unsafe.StringData(a) == unsafe.StringData(b) }
+	x, _ := intern("x"), intern("y")
+	if !shared(intern("x"), x) {
+		t.Error("x asked for twice is held twice")
+	}
+	if z := intern("z"); z != "z" || table.n.Load() > 2 {
+		t.Errorf("a third name reads %q and the table holds %d names, at most 2", z, table.n.Load())
+	}
+	if x2 := intern("x"); !shared(intern("x"), x2) {
+		t.Error("x is not shared after the table started again")
+	}
+}
