@@ -7,8 +7,12 @@ import (
 
 // maxInterned bounds the names a nameTable holds: far more than a catalog
 // has resources, so that only clients asking for names that do not exist
-// can fill it.
-const maxInterned = 1 << 16
+// can fill it. Names longer than maxInternedName are left alone (no name
+// Nave serves is), so a full table holds at most 16 MiB of names.
+const (
+	maxInterned     = 1 << 16
+	maxInternedName = 256
+)
 
 // nameTable interns the resource names clients ask for. Every stream keeps
 // the names of its last request of each type (in its subscription, its
@@ -28,6 +32,9 @@ func newNameTable(max int64) *nameTable { return &nameTable{max: max} }
 // valid (they are ordinary strings), they are only shared no more.
 func (t *nameTable) intern(names []string) {
 	for i, name := range names {
+		if len(name) > maxInternedName {
+			continue
+		}
 		if held, ok := t.names.Load(name); ok {
 			names[i] = held.(string)
 			continue
