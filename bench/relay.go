@@ -405,7 +405,7 @@ func (rr *relayRun) dialLocal(addr string) (*grpc.ClientConn, error) {
 	return conn, nil
 }
 
-// sampleHub samples the hub after the settle pause and two forced GCs
+// sampleHub samples the hub after the settle pause and three forced GCs
 // (the heap profile with gc=1 runs one): heap in use is then what is live.
 func (rr *relayRun) sampleHub(ctx context.Context, phase string) (usageSample, error) {
 	b := rr.b
@@ -413,9 +413,10 @@ func (rr *relayRun) sampleHub(ctx context.Context, phase string) (usageSample, e
 		return usageSample{}, err
 	}
 	// Three times: what sync.Pools (gRPC's buffers) hold survives one GC,
-	// and the runtime returns free pages only down to 110% of the heap goal
-	// the GC before last set (after a burst, the burst's): the third lets it
-	// return them now, as the runtime's own periodic GC would within 2 min.
+	// and the runtime returns free pages to the system only from a chunk
+	// that was not dense (nearly all in use) in this GC cycle or the last,
+	// so the pages the burst filled go after a third (an idle hub's own
+	// periodic GC, every 2 minutes, does the same, later).
 	for range 3 {
 		if _, code, err := b.hub.get(ctx, "/debug/pprof/heap?gc=1"); err != nil || code != http.StatusOK {
 			b.res.Notes = append(b.res.Notes, fmt.Sprintf("%s: no forced GC before the sample (%d, %v)", phase, code, err))
@@ -450,6 +451,7 @@ func settledRSS(ctx context.Context, pid int) (rss, anon float64, err error) {
 		return 0, 0, fmt.Errorf("settled RSS: %w", err)
 	}
 	rss, anon = statusBytes(status, "VmRSS"), statusBytes(status, "RssAnon")
+	dropFrom := rss // a drop counts from here: a slow fall adds up to one
 	for time.Since(lastDrop) < settledFor && time.Since(start) < settleRSSMax {
 		if err := sleep(ctx, time.Second); err != nil {
 			return 0, 0, err
@@ -459,8 +461,8 @@ func settledRSS(ctx context.Context, pid int) (rss, anon float64, err error) {
 			return 0, 0, fmt.Errorf("settled RSS: %w", err)
 		}
 		now := statusBytes(status, "VmRSS")
-		if now < rss-(1<<20) {
-			lastDrop = time.Now()
+		if now < dropFrom-(1<<20) {
+			lastDrop, dropFrom = time.Now(), now
 		}
 		if now <= rss {
 			rss, anon = now, statusBytes(status, "RssAnon")
