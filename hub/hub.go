@@ -702,10 +702,12 @@ func (p *parts) stop() {
 }
 
 // xdsReadBuffer is the read buffer of an xDS client's connection. grpc's
-// default, 32 KiB, was half the hub's heap per directly connected client;
-// a client sends a request now and then, and a frame larger than the
-// buffer is read straight into place. (The federation port keeps the
-// default: spokes stream updates.)
+// default, 32 KiB, was half the hub's heap per directly connected client
+// (grpc lends an idle connection its buffer only on a bare TCP connection;
+// the hub's are wrapped, by the connection limits and TLS). A client sends
+// a request now and then, and a frame larger than the buffer is read
+// straight into place. (The federation port keeps the default: spokes
+// stream updates.)
 const xdsReadBuffer = 4 << 10
 
 // stopGrace is how long a stopping hub lets RPCs finish. Its RPCs are
