@@ -2,7 +2,10 @@ package xds
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 	"unsafe"
@@ -53,9 +56,9 @@ func TestStreamsShareTheNamesTheyAskFor(t *testing.T) {
 		t.Fatalf("no stream of node %s", node)
 		return nil
 	}
-	a := held("a")
+	a := slices.Sorted(slices.Values(held("a"))) // a delta stream's come sorted
 	for _, node := range []string{"b", "c"} {
-		b := held(node)
+		b := slices.Sorted(slices.Values(held(node)))
 		if len(a) != len(names) || len(b) != len(names) {
 			t.Fatalf("streams of a and %s hold %q and %q, want %q each", node, a, b, names)
 		}
@@ -95,5 +98,31 @@ func TestNameTableIsBounded(t *testing.T) {
 	long, before := strings.Repeat("n", maxInternedName+1), held()
 	if got := intern(long); got != long || held() != before {
 		t.Errorf("a name of %d bytes reads %d bytes and the table holds %d names; want it left alone", len(long), len(got), held())
+	}
+}
+
+// Streams intern at once: the table stays within its bound, and every name
+// keeps its value.
+func TestNameTableUnderConcurrentStreams(t *testing.T) {
+	table := newNameTable(8)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 1000 {
+				want := fmt.Sprintf("svc-%d", (g+i)%20)
+				names := []string{strings.Clone(want)}
+				table.intern(names)
+				if names[0] != want {
+					t.Errorf("%s interned as %s", want, names[0])
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	n := 0
+	table.names.Range(func(_, _ any) bool { n++; return true })
+	if n > 8 || table.n != n {
+		t.Errorf("the table holds %d names and counts %d, at most 8", n, table.n)
 	}
 }
