@@ -234,8 +234,8 @@ type usageSample struct {
 	SettledAnonBytes float64 `json:"settledAnonBytes,omitempty"`
 	// HeapFreeKeptBytes is the heap's free pages not returned to the OS yet
 	// (idle - released); StackInuseBytes the goroutine stacks.
-	HeapFreeKeptBytes float64 `json:"heapFreeKeptBytes"`
-	StackInuseBytes   float64 `json:"stackInuseBytes"`
+	HeapFreeKeptBytes float64 `json:"heapFreeKeptBytes,omitempty"`
+	StackInuseBytes   float64 `json:"stackInuseBytes,omitempty"`
 }
 
 // procUsage reads a process's resident memory and CPU time from /proc.

@@ -704,7 +704,7 @@ func (p *parts) stop() {
 // xdsReadBuffer is the read buffer of an xDS client's connection. grpc's
 // default, 32 KiB, was half the hub's heap per directly connected client
 // (grpc lends an idle connection its buffer only on a bare TCP connection;
-// the hub's are wrapped, by the connection limits and TLS). A client sends
+// the hub's are wrapped, by the connection limits and, if configured, TLS). A client sends
 // a request now and then, and a frame larger than the buffer is read
 // straight into place. (The federation port keeps the default: spokes
 // stream updates.)
