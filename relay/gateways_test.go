@@ -133,13 +133,13 @@ func TestRelayServesAGatewayItsOwnView(t *testing.T) {
 	// The hub saw the node's stream and the gateway's, as the gateway with the relay's locality.
 	h.mu.Lock()
 	var upstream *core.Node
-	for _, n := range h.fullNodes {
+	for _, n := range h.nodes {
 		if n.GetId() == "gw-1" && n.GetUserAgentName() == "nave-relay" {
 			upstream = n
 		}
 	}
-	nodes := slices.Clone(h.nodes)
 	h.mu.Unlock()
+	nodes := h.nodeIDs()
 	if upstream == nil || !slices.Contains(nodes, "node-1") {
 		t.Fatalf("the hub saw nodes %v, want node-1 and gw-1 through the relay", nodes)
 	}

@@ -81,9 +81,19 @@ type hub struct {
 	mu sync.Mutex
 	// last holds the resource names of the last request per type label.
 	last map[string][]string
-	// nodes are the node IDs seen on first requests, fullNodes those nodes.
-	nodes     []string
-	fullNodes []*core.Node
+	// nodes are the nodes seen on first requests.
+	nodes []*core.Node
+}
+
+// nodeIDs returns the IDs of the nodes seen on first requests.
+func (h *hub) nodeIDs() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ids := make([]string, len(h.nodes))
+	for i, n := range h.nodes {
+		ids[i] = n.GetId()
+	}
+	return ids
 }
 
 // startHub serves a new hub xDS server with registry r on addr ("127.0.0.1:0": any port);
@@ -142,8 +152,7 @@ func (s *recordingStream) RecvMsg(m any) error {
 		s.hub.mu.Lock()
 		s.hub.last[typeLabel(req.GetTypeUrl())] = names
 		if req.GetNode() != nil {
-			s.hub.nodes = append(s.hub.nodes, req.GetNode().GetId())
-			s.hub.fullNodes = append(s.hub.fullNodes, req.GetNode())
+			s.hub.nodes = append(s.hub.nodes, req.GetNode())
 		}
 		s.hub.mu.Unlock()
 	}

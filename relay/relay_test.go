@@ -56,10 +56,7 @@ func TestRelayServesTheRelaysLocality(t *testing.T) {
 	if n := metricValue(t, reg, MetricUpstreamResponses, typeEDS); n < 2 {
 		t.Errorf("%s{eds} = %v, want at least 2", MetricUpstreamResponses, n)
 	}
-	h.mu.Lock()
-	nodes := slices.Clone(h.nodes)
-	h.mu.Unlock()
-	if !slices.Equal(nodes, []string{"node-1"}) {
+	if nodes := h.nodeIDs(); !slices.Equal(nodes, []string{"node-1"}) {
 		t.Errorf("the hub saw nodes %v, want one stream of node-1", nodes)
 	}
 	// The client's ACKs are recorded.
