@@ -168,7 +168,8 @@ type Membership struct {
 // memberState is a live replica and the order of the summaries held for it.
 type memberState struct {
 	Member
-	boot, seq uint64 // of the summaries held
+	node      memberlist.Node // our copy of its name and address, to send to
+	boot, seq uint64          // of the summaries held
 }
 
 // goneMember is a replica that failed or left: memberlist cannot tell which.
@@ -492,11 +493,11 @@ func (m *Membership) pushSummaries(ctx context.Context) {
 		case <-m.pushes:
 		}
 		msg := append([]byte{msgSummaries}, m.encodeSummaries()...)
-		for _, node := range m.list.Members() {
-			if node.Name == m.name || ctx.Err() != nil {
-				continue
+		for _, node := range m.peerNodes() {
+			if ctx.Err() != nil {
+				break
 			}
-			if err := m.list.SendReliable(node, msg); err != nil {
+			if err := m.list.SendReliable(&node, msg); err != nil {
 				m.log.Debug("push summaries", "to", node.Name, "err", err)
 			}
 		}
@@ -506,6 +507,22 @@ func (m *Membership) pushSummaries(ctx context.Context) {
 		case <-time.After(m.timing.pushGap):
 		}
 	}
+}
+
+// peerNodes returns copies of the live peers' addresses, taken from the
+// event delegate's calls. The nodes memberlist's Members returns are its
+// own: it rewrites their address fields under its node lock (aliveNode), so
+// they must not be read outside it.
+func (m *Membership) peerNodes() []memberlist.Node {
+	m.membersMu.Lock()
+	defer m.membersMu.Unlock()
+	out := make([]memberlist.Node, 0, len(m.members))
+	for _, st := range m.members {
+		if !st.Self {
+			out = append(out, st.node)
+		}
+	}
+	return out
 }
 
 func (m *Membership) encodeSummaries() []byte {
@@ -591,7 +608,7 @@ type eventDelegate struct{ m *Membership }
 func (d eventDelegate) NotifyJoin(n *memberlist.Node) {
 	mem := d.m.member(n)
 	d.m.membersMu.Lock()
-	d.m.members[n.Name] = memberState{Member: mem}
+	d.m.members[n.Name] = memberState{Member: mem, node: nodeAddress(n)}
 	delete(d.m.gone, n.Name)
 	d.m.membersMu.Unlock()
 	d.m.log.Info("member joined", "member", n.Name, "addr", mem.Addr)
@@ -615,11 +632,17 @@ func (d eventDelegate) NotifyUpdate(n *memberlist.Node) {
 	d.m.membersMu.Lock()
 	st := d.m.members[n.Name]
 	mem.Summaries = st.Summaries // metadata changed, the summaries held did not
-	st.Member = mem
+	st.Member, st.node = mem, nodeAddress(n)
 	d.m.members[n.Name] = st
 	d.m.membersMu.Unlock()
 	d.m.log.Info("member updated", "member", n.Name, "addr", mem.Addr)
 	d.m.signal()
+}
+
+// nodeAddress copies what SendReliable reads of a node (its name and
+// address). Called from the event delegate, under memberlist's node lock.
+func nodeAddress(n *memberlist.Node) memberlist.Node {
+	return memberlist.Node{Name: n.Name, Addr: slices.Clone(n.Addr), Port: n.Port}
 }
 
 // member decodes a memberlist node, without its summaries.
