@@ -3,10 +3,12 @@ package hub
 import (
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/navemesh/nave/limits"
 )
 
-// ConnectionLimits bound what one peer may take of the federation and
+// ConnectionLimits bound what one peer may take of the federation, admin and
 // xDS ports, so that a misbehaving one never starves the others. Zero
 // bounds nothing.
 type ConnectionLimits struct {
@@ -27,6 +29,16 @@ type ConnectionLimits struct {
 	FirstRequestTimeout time.Duration
 	// IdleTimeout closes a connection without streams.
 	IdleTimeout time.Duration
+	// MaxHeaderListBytes bounds the headers (gRPC metadata) of one request
+	// on the gRPC ports; larger ones are refused before they are held.
+	MaxHeaderListBytes int
+	// AdminMaxConnections and AdminMaxConnectionsPerPeer bound the admin
+	// port's connections, as MaxConnections and MaxConnectionsPerPeer do the
+	// gRPC ports'; AdminIdleTimeout closes a kept-alive connection that sends
+	// no request (one that never sends its first request's headers is closed
+	// after HandshakeTimeout).
+	AdminMaxConnections, AdminMaxConnectionsPerPeer int
+	AdminIdleTimeout                                time.Duration
 }
 
 // DefaultConnectionLimits fit a large fleet of clients behind NAT-free
@@ -38,7 +50,17 @@ func DefaultConnectionLimits() ConnectionLimits {
 		MaxConnections: 50_000, MaxConnectionsPerPeer: 2_048, MaxStreamsPerConnection: 128,
 		FederationStreamsPerPeer: 64, XDSStreamsPerPeer: 2_048,
 		HandshakeTimeout: 10 * time.Second, FirstRequestTimeout: 10 * time.Second, IdleTimeout: 5 * time.Minute,
+		MaxHeaderListBytes:  64 << 10,
+		AdminMaxConnections: 256, AdminMaxConnectionsPerPeer: 32, AdminIdleTimeout: time.Minute,
 	}
+}
+
+// maxHeaderList is the gRPC servers' bound on a request's headers (none: grpc's own, 16 MiB).
+func maxHeaderList(c ConnectionLimits) grpc.ServerOption {
+	if c.MaxHeaderListBytes <= 0 {
+		return grpc.EmptyServerOption{}
+	}
+	return grpc.MaxHeaderListSize(uint32(c.MaxHeaderListBytes))
 }
 
 // refused counts and logs a connection or stream refused on port.

@@ -101,7 +101,13 @@ type coordinator struct {
 	clustersetIPs *replicas.ClusterSetIPs
 	ipHoldDown    time.Duration
 
-	isLeader atomic.Bool
+	isLeader     atomic.Bool
+	noSaveOnStop atomic.Bool // tests: stop without a last save, as after a crash
+	// restoredCh is closed once etcd has answered the restore: with a
+	// snapshot, with none, or with one this replica cannot read.
+	restoredCh   chan struct{}
+	restoredOnce sync.Once
+
 	mu       sync.Mutex // guards the fields below
 	leader   string
 	degraded string
@@ -146,17 +152,23 @@ func forever(ctx context.Context, log *slog.Logger, name string, fn func(context
 }
 
 // restore loads the persisted snapshot into the state; it reports whether
-// etcd answered (with a snapshot or with none).
+// etcd answered (with a snapshot, with none, or with one that cannot be read).
 func (c *coordinator) restore(ctx context.Context) bool {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	snap, ok, err := c.snapshots.Load(ctx)
 	switch {
+	case errors.Is(err, replicas.ErrSnapshotCorrupt):
+		// Reading it again gives the same: the catalog's clusters resync instead (cold start).
+		c.log.Error("the persisted registry cannot be read; starting without it", "err", err)
+		c.restoreAnswered()
+		return true
 	case err != nil:
-		c.log.Warn("cannot load the persisted registry yet; serving what peers and spokes send meanwhile", "err", err)
+		c.log.Warn("cannot load the persisted registry yet; xDS waits for it", "err", err)
 		return false
 	case !ok:
 		c.log.Info("no persisted registry yet; starting empty")
+		c.restoreAnswered()
 		return true
 	}
 	held, exact, err := c.state.restoreHeld(ctx, snap)
@@ -171,12 +183,15 @@ func (c *coordinator) restore(ctx context.Context) bool {
 	}
 	c.mu.Unlock()
 	c.metrics.snapshotRevision.Set(float64(snap.Revision))
+	c.restoreAnswered()
 	return true
 }
 
+func (c *coordinator) restoreAnswered() { c.restoredOnce.Do(func() { close(c.restoredCh) }) }
+
 // restoreLater retries restore until etcd answers (or ctx ends).
 func (c *coordinator) restoreLater(ctx context.Context) {
-	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
+	for wait := time.Second; ; wait = min(2*wait, 5*time.Second) { // xDS may wait for it
 		select {
 		case <-ctx.Done():
 			return
@@ -263,13 +278,17 @@ func (c *coordinator) lead(ctx context.Context) {
 			c.log.Info("no longer leading")
 		}()
 		if ctx.Err() != nil {
-			// Leading only to stop: the catalog's last write, nothing else.
+			// Leading only to stop: the catalog's last write and the registry's last save.
 			c.log.Info("leading as this replica stops: recording what the catalog lacks")
 			c.keepCatalog(term)
+			c.saveOnStop(term, heldState{}, false)
 			return
 		}
 		c.log.Info("leading: persisting the registry, keeping the catalog and collecting dead clusters")
-		c.leaderDuties(term)
+		held, saved := c.leaderDuties(term)
+		if ctx.Err() != nil {
+			c.saveOnStop(term, held, saved)
+		}
 	})
 	if err != nil && ctx.Err() == nil {
 		c.log.Error("leader election failed", "err", err)
@@ -317,7 +336,9 @@ func nextSave(start time.Time, took, interval time.Duration, ok bool) time.Time 
 	return start.Add(max(interval, snapshotDuty*took))
 }
 
-func (c *coordinator) leaderDuties(ctx context.Context) {
+// leaderDuties runs the leader's duties until its term ends, and returns
+// what the last snapshot it saved holds (saved false: none yet).
+func (c *coordinator) leaderDuties(ctx context.Context) (held heldState, saved bool) {
 	// The catalog is kept on a goroutine of its own: etcd writes there never
 	// delay a snapshot or a drop. It ends with the term, after its last write.
 	var catalog sync.WaitGroup
@@ -327,8 +348,8 @@ func (c *coordinator) leaderDuties(ctx context.Context) {
 	defer t.Stop()
 	// What was restored, when nothing else was held, is saved already.
 	c.mu.Lock()
-	held := c.saved.held
-	saved := held != heldState{}
+	held = c.saved.held
+	saved = held != heldState{}
 	c.mu.Unlock()
 	var next time.Time    // no save before then
 	var nextIPs time.Time // no freeing of clusterset IPs before then
@@ -350,9 +371,32 @@ func (c *coordinator) leaderDuties(ctx context.Context) {
 		}
 		select {
 		case <-ctx.Done():
-			return
+			return held, saved
 		case <-t.C:
 		}
+	}
+}
+
+// stopSaveTimeout bounds the last save of a stopping leader.
+const stopSaveTimeout = 10 * time.Second
+
+// saveOnStop saves the registry once more as a leader's term ends because
+// the replica stops, unless the last save holds it already. The servers
+// have stopped by then (see parts.stop), so no change comes after it: a
+// replica restarted from this snapshot serves what this one served last,
+// not a world up to a snapshot interval older. The write is fenced by the
+// term, which still leads until this returns.
+func (c *coordinator) saveOnStop(term context.Context, held heldState, saved bool) {
+	if c.noSaveOnStop.Load() || (saved && c.state.View().held() == held) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(term), stopSaveTimeout)
+	defer cancel()
+	if _, ok := c.persist(ctx); ok {
+		c.mu.Lock()
+		saved := c.saved
+		c.mu.Unlock()
+		c.log.Info("saved the registry as this replica stops", "revision", saved.Revision, "clusters", saved.Clusters)
 	}
 }
 

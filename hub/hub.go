@@ -220,7 +220,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 		return nil, err
 	}
 	// 7. Catalog: clusters seen before show up (disconnected) until their spokes return.
-	records := p.readCatalog(ctx)
+	records, catalogKnown := p.readCatalog(ctx)
 	// 8. Run: the state goroutine first, then the servers. Everything ends with ctx.
 	if err := p.runState(ctx, records); err != nil {
 		return nil, err
@@ -228,7 +228,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 	// 9. Warm start: serve the last persisted registry until live data
 	// replaces it. With etcd unreachable, it goes on trying in the background
 	// (it only ever fills in clusters older than what the hub holds).
-	restored := p.coord.restore(ctx)
+	restored := catalogKnown && p.coord.restore(ctx)
 	// 10. Coordination: etcd health, leadership, liveness.
 	p.coordinate(restored)
 	// 11. With peers: gossip and replication.
@@ -237,8 +237,10 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 			return nil, err
 		}
 	}
-	// 12. Serve: federation at once, xDS once the restored registry is translated, then admin.
-	if err := p.serve(ctx); err != nil {
+	// 12. Serve: federation at once, xDS once the restored registry is
+	// translated (and, after a start without the catalog or the snapshot, once
+	// both are read and the clusters they name are held), then admin.
+	if err := p.serve(ctx, catalogKnown && restored); err != nil {
 		return nil, err
 	}
 	p.log.Info("hub serving", "federation", p.fedLis.Addr(), "xds", p.xdsLis.Addr(), "admin", p.adminLis.Addr(), "etcd", p.endpoints)
@@ -303,8 +305,9 @@ type parts struct {
 	catalog       *replicas.Catalog
 	snapshots     *replicas.SnapshotStore
 	clustersetIPs *replicas.ClusterSetIPs  // nil without clusterset CIDRs
+	catalogKnown  bool                     // the catalog has been read (at start, or once etcd answered)
 	catalogRead   bool                     // the catalog was read at start, and names clusters
-	catalog0      []replicas.ClusterRecord // what the catalog named at start
+	catalog0      []replicas.ClusterRecord // what the catalog named when first read
 
 	// Metrics.
 	metricsReg  *prometheus.Registry
@@ -315,13 +318,13 @@ type parts struct {
 	xdsServer *xds.Server
 	tracer    *convergence.Tracer
 	gossipNow atomic.Pointer[replicas.Membership] // nil until gossip runs
-	// xdsServing: xDS is served; coldWaiting: how many clusters a cold start still waits for.
-	xdsServing  atomic.Bool
-	coldWaiting atomic.Int64
-	push        *pusher
-	imports     *importer
-	state       *state
-	coord       *coordinator
+	// xdsServing: xDS is served; withheld: why not yet (see withhold).
+	xdsServing atomic.Bool
+	withheld   atomic.Pointer[string]
+	push       *pusher
+	imports    *importer
+	state      *state
+	coord      *coordinator
 
 	// Servers and their listeners.
 	fedServer, xdsGRPC       *grpc.Server
@@ -331,6 +334,7 @@ type parts struct {
 
 	// What runs, and how it stops: nil, empty or false until started.
 	wg           sync.WaitGroup
+	coordWG      sync.WaitGroup // coordination's goroutines: they end before the state stops
 	stopState    context.CancelFunc
 	coordCtx     context.Context
 	stopCoord    context.CancelFunc
@@ -441,6 +445,7 @@ func (p *parts) buildState() {
 		leaderCfg: leaderConfig(cfg),
 		interval:  cfg.SnapshotInterval, liveness: cfg.Liveness, metrics: p.metrics, log: p.log.With("component", "coordination"),
 		clustersetIPs: p.clustersetIPs, ipHoldDown: cfg.ClustersetIPHoldDown,
+		restoredCh: make(chan struct{}),
 	}
 }
 
@@ -458,6 +463,7 @@ func (p *parts) buildServers() {
 		grpc.ConnectionTimeout(cfg.Connections.HandshakeTimeout),
 		grpc.MaxConcurrentStreams(uint32(cfg.Connections.MaxStreamsPerConnection)),
 		grpc.MaxRecvMsgSize(2*cfg.Federation.MaxMessageBytes), // a chunk, plus the removes that ride with it
+		maxHeaderList(cfg.Connections),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, MaxConnectionIdle: cfg.Connections.IdleTimeout}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.ChainStreamInterceptor(
@@ -505,6 +511,7 @@ func (p *parts) buildServers() {
 	p.xdsGRPC = grpc.NewServer(
 		grpc.Creds(p.xdsCreds),
 		grpc.ReadBufferSize(xdsReadBuffer),
+		maxHeaderList(cfg.Connections),
 		grpc.ConnectionTimeout(cfg.Connections.HandshakeTimeout),
 		grpc.MaxConcurrentStreams(uint32(cfg.Connections.MaxStreamsPerConnection)),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: cfg.Connections.IdleTimeout}),
@@ -519,7 +526,8 @@ func (p *parts) buildServers() {
 	// unreachable etcd degrades the hub but leaves it ready: it serves and replicates.
 	adm := &admin{pprof: cfg.Pprof, state: p.state, coord: p.coord, imports: p.imports, fed: hubFed, xds: p.xdsServer, tracer: p.tracer,
 		metrics: p.metricsReg, log: log.With("component", "admin"), ready: p.xdsReady, token: p.adminToken}
-	p.adminServer = &http.Server{Handler: adm.handler(), ReadHeaderTimeout: 10 * time.Second}
+	p.adminServer = &http.Server{Handler: adm.handler(), ReadHeaderTimeout: cfg.Connections.HandshakeTimeout,
+		IdleTimeout: cfg.Connections.AdminIdleTimeout, MaxHeaderBytes: cfg.Connections.MaxHeaderListBytes}
 }
 
 // listen opens every listener.
@@ -540,24 +548,27 @@ func (p *parts) listenOn(name, addr string) (net.Listener, error) {
 		return nil, fmt.Errorf("listen %s: %w", name, err)
 	}
 	p.cleanup = append(p.cleanup, func() { lis.Close() })
-	if name == "admin" {
-		return lis, nil
-	}
 	c := p.cfg.Connections
+	if name == "admin" {
+		return limits.Listener(lis, c.AdminMaxConnections, c.AdminMaxConnectionsPerPeer, p.refused(name)), nil
+	}
 	return limits.Listener(lis, c.MaxConnections, c.MaxConnectionsPerPeer, p.refused(name)), nil
 }
 
-// readCatalog returns the clusters in the catalog; with etcd unreachable, none.
-func (p *parts) readCatalog(ctx context.Context) []replicas.ClusterRecord {
-	listCtx, cancelList := context.WithTimeout(ctx, 10*time.Second)
+// readCatalog returns the clusters in the catalog; with etcd unreachable,
+// none, and false: xDS then waits until it can be read (see awaitCatalog).
+func (p *parts) readCatalog(ctx context.Context) ([]replicas.ClusterRecord, bool) {
+	listCtx, cancelList := context.WithTimeout(ctx, catalogReadTimeout)
 	records, err := p.catalog.List(listCtx)
 	cancelList()
 	if err != nil {
-		p.log.Warn("read cluster catalog", "err", err)
+		p.log.Warn("cannot read the cluster catalog; xDS waits until it can", "err", err)
+		p.withhold(withheldCatalog, catalogUnread(err))
+		return nil, false
 	}
-	p.catalogRead = err == nil && len(records) > 0 // an empty catalog may be a lost etcd
-	p.catalog0 = records
-	return records
+	p.catalogRead = len(records) > 0 // an empty catalog may be a lost etcd
+	p.catalog0, p.catalogKnown = records, true
+	return records, true
 }
 
 // runState starts the state goroutine and the pusher, which run until stop,
@@ -589,7 +600,7 @@ func (p *parts) runState(ctx context.Context, records []replicas.ClusterRecord) 
 func (p *parts) coordinate(restored bool) {
 	p.coordCtx, p.stopCoord = context.WithCancel(context.Background())
 	if !restored {
-		p.wg.Go(func() { p.coord.restoreLater(p.coordCtx) })
+		p.coordWG.Go(func() { p.coord.restoreLater(p.coordCtx) })
 	}
 	p.loop("credentials", p.watchCredentials)
 	p.loop("sessions", p.sessions.Run)
@@ -600,7 +611,7 @@ func (p *parts) coordinate(restored bool) {
 
 // loop runs fn for as long as coordination runs, again after it returns or panics.
 func (p *parts) loop(name string, fn func(context.Context)) {
-	p.wg.Go(func() { forever(p.coordCtx, p.log, name, fn) })
+	p.coordWG.Go(func() { forever(p.coordCtx, p.log, name, fn) })
 }
 
 // joinReplicas starts gossip with the peer replicas, and replication from
@@ -621,8 +632,8 @@ func (p *parts) joinReplicas() error {
 	}
 	p.gossipNow.Store(members)
 	replicator := replicas.NewReplicator(p.state, p.replCfg, p.peerCreds, p.log)
-	p.wg.Go(func() { replicator.Run(p.coordCtx) })
-	p.wg.Go(func() { <-members.Done() })
+	p.coordWG.Go(func() { replicator.Run(p.coordCtx) })
+	p.coordWG.Go(func() { <-members.Done() })
 	p.loop("membership", func(ctx context.Context) { p.coord.follow(ctx, members, replicator) })
 	return nil
 }
@@ -630,19 +641,18 @@ func (p *parts) joinReplicas() error {
 // serve serves federation at once, then xDS and admin once the restored
 // registry is translated: a client that reconnects to empty caches would be
 // told that every listener and cluster it knows is gone (its connection
-// waits in the backlog meanwhile).
-func (p *parts) serve(ctx context.Context) error {
+// waits in the backlog meanwhile). Without the catalog or the snapshot
+// (whole false: etcd did not answer), or with clusters the catalog names
+// that the state lacks, xDS waits on a goroutine of its own (see xdsgate.go).
+func (p *parts) serve(ctx context.Context, whole bool) error {
 	p.serveGRPC("federation", p.fedServer, p.fedLis)
-	missing := p.missingClusters()
-	if len(missing) == 0 || p.cfg.ColdStartWait <= 0 {
+	if whole && (len(p.missingClusters()) == 0 || p.cfg.ColdStartWait <= 0) {
 		if err := p.push.caughtUp(ctx); err != nil {
 			return err
 		}
 		p.serveXDS()
 	} else {
-		// No partial world: xDS waits for the clusters the catalog knows.
-		p.coldWaiting.Store(int64(len(missing)))
-		p.wg.Go(func() { p.serveXDSAfterColdStart(ctx, missing) })
+		p.wg.Go(func() { p.serveXDSWhenWhole(ctx) })
 	}
 	p.adminServing = true
 	p.run("admin", func() error { return p.adminServer.Serve(p.adminLis) })
@@ -653,6 +663,7 @@ func (p *parts) serve(ctx context.Context) error {
 func (p *parts) serveXDS() {
 	p.serveGRPC("xds", p.xdsGRPC, p.xdsLis)
 	p.xdsServing.Store(true)
+	p.withhold("", "")
 }
 
 func (p *parts) serveGRPC(name string, s *grpc.Server, lis net.Listener) {
@@ -674,19 +685,21 @@ func (p *parts) run(name string, serve func() error) {
 	})
 }
 
-// stop stops what started, in this order: coordination, the gRPC servers
-// together, admin, the state; waits for all of it; then releases what was
-// acquired (etcd, listeners) in reverse. It is the hub's shutdown, and
-// Start's cleanup when a step fails.
+// stop stops what started, in this order: the gRPC servers together (no
+// change comes in after), coordination (a leader saves the registry once
+// more as its term ends), admin, the state; waits for all of it; then
+// releases what was acquired (etcd, listeners) in reverse. It is the hub's
+// shutdown, and Start's cleanup when a step fails.
 func (p *parts) stop() {
-	if p.stopCoord != nil {
-		p.stopCoord()
-	}
 	p.servingMu.Lock()
 	p.stopping = true
 	serving := slices.Clone(p.serving)
 	p.servingMu.Unlock()
 	stopGRPC(serving...)
+	if p.stopCoord != nil {
+		p.stopCoord()
+	}
+	p.coordWG.Wait()
 	if p.adminServing {
 		shutdownCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_ = p.adminServer.Shutdown(shutdownCtx)

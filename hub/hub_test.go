@@ -273,6 +273,7 @@ func TestColdStartWaitsForTheCatalogsClusters(t *testing.T) {
 	if s := coordination(t, h).Snapshot; s.Clusters != 0 {
 		t.Fatalf("the snapshot holds %d clusters: the test proves nothing", s.Clusters)
 	}
+	h.NoSaveOnStop()
 	stop()
 
 	h, _ = startHub(t, dir, noSnapshots)

@@ -33,6 +33,7 @@ const (
 	metricTLSRefused        = "nave_tls_refused_handshakes_total"
 	metricLimitsRefused     = "nave_refused_total"
 	metricThrottled         = "nave_federation_throttled_updates_total"
+	metricXDSWithheld       = "nave_hub_xds_withheld"
 )
 
 type metrics struct {
@@ -55,6 +56,7 @@ type metrics struct {
 	tlsRefused      *prometheus.CounterVec
 	limitsRefused   *prometheus.CounterVec
 	throttled       *prometheus.CounterVec
+	xdsWithheld     *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -102,11 +104,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Help: "Connections and streams refused by a limit, by port (federation, xds) and reason (max_connections, max_connections_per_peer, max_streams_per_peer, no_first_message)."}, []string{"port", "reason"})
 	m.throttled = prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricThrottled,
 		Help: "Updates of a cluster that waited for its update rate (the spoke was slowed, not refused)."}, []string{"cluster"})
+	m.xdsWithheld = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: metricXDSWithheld,
+		Help: "1 while this replica withholds xDS, by reason: catalog (etcd has not answered the read of the cluster catalog), snapshot (nor the restore of the persisted registry), clusters (a cold start waits for clusters the catalog names). /readyz says the same."}, []string{"reason"})
 	m.etcdUp.Set(1)
 	m.members.Set(1)
 	reg.MustRegister(m.connected, m.clusterServices, m.clusterEndpoints, m.services, m.version, m.updates, m.resyncs,
 		m.clusterStale, m.clusterRestored, m.clusterDataAge, m.leader, m.etcdUp, m.members, m.snapshotRevision, m.snapshotBytes, m.snapshotSeconds, m.replication,
-		m.networkGateways, m.tlsRefused, m.limitsRefused, m.throttled)
+		m.networkGateways, m.tlsRefused, m.limitsRefused, m.throttled, m.xdsWithheld)
 	return m
 }
 

@@ -24,7 +24,7 @@ var (
 	ErrSnapshotSuperseded = errors.New("replicas: snapshot superseded")
 	// ErrSnapshotTooLarge: the encoded snapshot is larger than the store takes.
 	ErrSnapshotTooLarge = errors.New("replicas: snapshot too large")
-	// ErrSnapshotCorrupt: the stored snapshot does not match its pointer.
+	// ErrSnapshotCorrupt: the stored snapshot does not match its pointer, or cannot be decoded.
 	ErrSnapshotCorrupt = errors.New("replicas: stored snapshot corrupt")
 	// ErrNotLeader: a save made within a leader term (see LeaderFence) found
 	// that this replica no longer leads.
@@ -313,7 +313,7 @@ func (s *SnapshotStore) load(ctx context.Context) (registry.Snapshot, bool, erro
 	}
 	snap, err := DecodeSnapshot(b)
 	if err != nil {
-		return registry.Snapshot{}, false, fmt.Errorf("load snapshot %d: %w", p.Revision, err)
+		return registry.Snapshot{}, false, fmt.Errorf("load snapshot %d: %w: %w", p.Revision, ErrSnapshotCorrupt, err)
 	}
 	if snap.Revision != p.Revision {
 		return corrupt("it holds revision %d", snap.Revision)

@@ -110,6 +110,8 @@ func runHub(ctx context.Context, args []string) error {
 	fs.StringVar(&policies, "cluster-policies", "", "per-cluster policies overriding --cluster-policy, e.g. east=drop,west=keep")
 	fs.IntVar(&cfg.Connections.MaxConnections, "max-connections", cfg.Connections.MaxConnections, "connections each of the federation and xDS ports holds at most (0: no bound); more are closed on accept")
 	fs.IntVar(&cfg.Connections.MaxConnectionsPerPeer, "max-connections-per-peer", cfg.Connections.MaxConnectionsPerPeer, "connections one IP address may hold on each port (0: no bound)")
+	fs.IntVar(&cfg.Connections.AdminMaxConnections, "admin-max-connections", cfg.Connections.AdminMaxConnections, "connections the admin port holds at most (0: no bound); more are closed on accept")
+	fs.IntVar(&cfg.Connections.AdminMaxConnectionsPerPeer, "admin-max-connections-per-peer", cfg.Connections.AdminMaxConnectionsPerPeer, "admin connections one IP address may hold (0: no bound)")
 	fs.IntVar(&cfg.Connections.XDSStreamsPerPeer, "max-xds-streams-per-peer", cfg.Connections.XDSStreamsPerPeer, "xDS streams one IP address may hold (0: no bound)")
 	fs.IntVar(&cfg.Connections.MaxStreamsPerConnection, "max-streams-per-connection", cfg.Connections.MaxStreamsPerConnection, "concurrent streams of one HTTP/2 connection on the federation and xDS ports")
 	fs.Float64Var(&cfg.XDS.RequestsPerSecond, "xds-requests-per-second", cfg.XDS.RequestsPerSecond, "requests one xDS stream may make per second before it is slowed (0: no bound)")

@@ -19,6 +19,22 @@ import (
 // only (tls.ClientCertAuth: with a certificate its CA signed).
 func Start(t testing.TB, tls *transport.TLSInfo) (endpoint string, stop func()) {
 	t.Helper()
+	s := StartServer(t, tls)
+	return s.Endpoint, s.Stop
+}
+
+// Server is an etcd that can be stopped and started again on the same
+// ports and data: an etcd that is down for a while, not lost.
+type Server struct {
+	Endpoint string
+	cfg      *embed.Config
+	mu       sync.Mutex
+	etcd     *embed.Etcd // nil while stopped
+}
+
+// StartServer runs an etcd as Start does, until the test ends.
+func StartServer(t testing.TB, tls *transport.TLSInfo) *Server {
+	t.Helper()
 	dir := t.TempDir()
 	clientURL, peerURL := freeURL(t), freeURL(t)
 	cfg := embed.NewConfig()
@@ -34,20 +50,45 @@ func Start(t testing.TB, tls *transport.TLSInfo) (endpoint string, stop func()) 
 	// etcd logs through zap: keep it out of the test output.
 	cfg.LogLevel = "error"
 	cfg.LogOutputs = []string{filepath.Join(dir, "etcd.log")}
-	e, err := embed.StartEtcd(cfg)
+	s := &Server{Endpoint: clientURL.String(), cfg: cfg}
+	s.Restart(t)
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// Stop stops the etcd; its data stays for Restart. Stopping a stopped etcd does nothing.
+func (s *Server) Stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.etcd != nil {
+		s.etcd.Close()
+		s.etcd = nil
+	}
+}
+
+// Restart starts the etcd again on its ports and data, and returns once it
+// is ready. Restarting a running etcd does nothing.
+func (s *Server) Restart(t testing.TB) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.etcd != nil {
+		return
+	}
+	e, err := embed.StartEtcd(s.cfg)
 	if err != nil {
 		t.Fatalf("start etcd: %v", err)
 	}
-	stop = sync.OnceFunc(e.Close)
-	t.Cleanup(stop)
 	select {
 	case <-e.Server.ReadyNotify():
 	case err := <-e.Err():
+		e.Close()
 		t.Fatalf("etcd: %v", err)
 	case <-time.After(60 * time.Second):
+		e.Close()
 		t.Fatal("etcd not ready after 60s")
 	}
-	return clientURL.String(), stop
+	s.etcd = e
 }
 
 // freeURL is an http URL on a free loopback port (see nettest.FreeAddr).
