@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"math/rand/v2"
 	"runtime/debug"
 	"slices"
 	"strconv"
@@ -19,6 +18,7 @@ import (
 
 	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/imports"
+	"github.com/navemesh/nave/internal/backoff"
 	"github.com/navemesh/nave/registry"
 )
 
@@ -38,6 +38,11 @@ type SpokeConfig struct {
 	DigestInterval time.Duration
 	// MinBackoff and MaxBackoff bound the exponential, jittered reconnect delay.
 	MinBackoff, MaxBackoff time.Duration
+	// HubAddr is the hub's address (the connection's gRPC target), whose
+	// port is probed while waiting to reconnect: the next session starts as
+	// soon as the hub answers again, not when a delay that grew while it was
+	// away ends. Empty probes nothing.
+	HubAddr string
 	// HealthyAfter is how long a session must last before the backoff resets.
 	HealthyAfter time.Duration
 	// OnReport, if not nil, is told what there is to report about the desired
@@ -111,6 +116,9 @@ type SessionStatus struct {
 type Publisher struct {
 	cfg    SpokeConfig
 	client fedv1.FederationClient
+	// conn is the connection to the hub when it can be told to connect at
+	// once (a *grpc.ClientConn), for when the hub answers again; else nil.
+	conn   backoff.Conn
 	log    *slog.Logger
 	status func(SessionStatus)
 
@@ -177,8 +185,9 @@ func NewPublisher(cfg SpokeConfig, conn grpc.ClientConnInterface, log *slog.Logg
 	if status == nil {
 		status = func(SessionStatus) {}
 	}
+	redial, _ := conn.(backoff.Conn)
 	return &Publisher{
-		cfg: cfg, client: fedv1.NewFederationClient(conn), status: status,
+		cfg: cfg, client: fedv1.NewFederationClient(conn), conn: redial, status: status,
 		log:         log.With("component", "publisher"),
 		ackedHashes: map[registry.ServiceKey]registry.Hash{},
 		rejected:    map[registry.ServiceKey]registry.Hash{},
@@ -209,7 +218,7 @@ func (p *Publisher) Run(ctx context.Context, desired <-chan State) error {
 			return nil
 		}
 	}
-	backoff := p.cfg.MinBackoff
+	retry := backoff.New(backoff.Config{Min: p.cfg.MinBackoff, Max: p.cfg.MaxBackoff, Target: p.cfg.HubAddr, Conn: p.conn})
 	for {
 		started := time.Now()
 		err := p.safeSession(ctx, desired)
@@ -218,28 +227,28 @@ func (p *Publisher) Run(ctx context.Context, desired <-chan State) error {
 			return nil
 		}
 		if time.Since(started) > p.cfg.HealthyAfter {
-			backoff = p.cfg.MinBackoff
+			retry.Reset()
 		}
-		// Full jitter: sleep a random time up to the current backoff.
-		wait := time.Duration(rand.Int64N(int64(backoff)) + 1)
+		wait := retry.Next()
 		p.log.Warn("hub session ended; reconnecting", "err", err, "in", wait.Round(time.Millisecond))
-		backoff = min(2*backoff, p.cfg.MaxBackoff)
-		if !p.wait(ctx, wait, desired) {
+		if !p.wait(ctx, retry, wait, desired) {
 			return nil
 		}
 	}
 }
 
-// wait sleeps for d, keeping up with new states meanwhile; false when ctx ended.
-func (p *Publisher) wait(ctx context.Context, d time.Duration, desired <-chan State) bool {
-	timer := time.NewTimer(d)
-	defer timer.Stop()
+// wait waits d, or until the hub answers again (see backoff.Backoff.Start),
+// keeping up with new states meanwhile; false when ctx ended.
+func (p *Publisher) wait(ctx context.Context, retry *backoff.Backoff, d time.Duration, desired <-chan State) bool {
+	w := retry.Start(ctx, d)
+	defer w.Stop()
 	for {
 		select {
-		case <-ctx.Done():
-			return false
-		case <-timer.C:
-			return true
+		case <-w.Done():
+			if w.Answered() {
+				p.log.Info("hub answers again; reconnecting now")
+			}
+			return ctx.Err() == nil
 		case st := <-desired:
 			p.desired = st
 			p.updateReports()

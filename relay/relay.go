@@ -103,7 +103,8 @@ type Config struct {
 	// endpoints for, for every local client but a gateway.
 	Node *core.Node
 	// BackoffMin and BackoffMax bound the delay between upstream
-	// reconnection attempts; it doubles on each failure, with jitter.
+	// reconnection attempts; it doubles on each failure, with jitter. The
+	// hub's port is probed meanwhile: a delay ends once it answers again.
 	BackoffMin, BackoffMax time.Duration
 	// RetainUnwanted is how long a resource no local client wants any more
 	// stays in the caches (it leaves the upstream subscription at once). A

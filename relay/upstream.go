@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"runtime/debug"
 	"time"
 
@@ -20,10 +19,11 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
+	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/navemesh/nave/internal/backoff"
 	"github.com/navemesh/nave/internal/xdstype"
 )
 
@@ -31,10 +31,11 @@ import (
 // use), shared by the upstream streams of every view.
 func dial(cfg Config) (*grpc.ClientConn, error) {
 	// The connection's own backoff follows BackoffMin and BackoffMax (grpc's
-	// default starts at 1 s and grows to 120 s); the caller's options come
-	// after, so they may override it.
+	// default starts at 1 s and grows to 120 s), and is reset when the hub's
+	// port answers again (see view.run); the caller's options come after,
+	// so they may override it.
 	opts := append([]grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
-		Backoff: backoff.Config{BaseDelay: cfg.BackoffMin, Multiplier: 2, Jitter: 0.2, MaxDelay: cfg.BackoffMax},
+		Backoff: grpcbackoff.Config{BaseDelay: cfg.BackoffMin, Multiplier: 2, Jitter: 0.2, MaxDelay: cfg.BackoffMax},
 		// Give a slow connection (a TLS handshake far away) time to complete.
 		MinConnectTimeout: max(cfg.BackoffMax, minConnectTimeout),
 	}),
@@ -51,13 +52,17 @@ func dial(cfg Config) (*grpc.ClientConn, error) {
 }
 
 // run keeps the view's ADS stream to the hub until ctx ends, reconnecting
-// with jittered exponential backoff. The view's local streams end when it
-// returns.
+// with jittered exponential backoff, or as soon as the hub's port answers
+// again. The view's local streams end when it returns.
 func (v *view) run(ctx context.Context) {
 	defer v.stopLocal()
 	client := discovery.NewAggregatedDiscoveryServiceClient(v.conn)
 	held := newHeldState()
-	delay := v.cfg.BackoffMin
+	bc := backoff.Config{Min: v.cfg.BackoffMin, Max: v.cfg.BackoffMax, Target: v.cfg.Upstream}
+	if v.conn != nil {
+		bc.Conn = v.conn
+	}
+	retry := backoff.New(bc)
 	failures := 0
 	for {
 		// No stream while no local client asks for anything: the hub ends a
@@ -78,26 +83,28 @@ func (v *view) run(ctx context.Context) {
 			return
 		}
 		if served {
-			delay, failures = v.cfg.BackoffMin, 0
+			retry.Reset()
+			failures = 0
 		}
 		failures++
 		v.metrics.reconnects.Inc()
-		// Jitter over the upper half: never a burst of relays at once, never much sooner than planned.
-		wait := delay/2 + rand.N(delay/2+1)
+		wait := retry.Next()
 		// Warn when the hub goes away and now and then while it stays away, not on every attempt.
 		level := slog.LevelDebug
 		if failures&(failures-1) == 0 {
 			level = slog.LevelWarn
 		}
 		v.log.Log(ctx, level, "upstream stream ended; serving the last good state", "upstream", v.cfg.Upstream, "err", err, "attempt", failures, "retry in", wait)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		// The wait ends early once the hub's port answers again.
+		w := retry.Start(ctx, wait)
+		<-w.Done()
+		w.Stop()
+		if ctx.Err() != nil {
 			return
-		case <-t.C:
 		}
-		delay = min(delay*2, v.cfg.BackoffMax)
+		if w.Answered() {
+			v.log.Info("upstream answers again; reconnecting now", "upstream", v.cfg.Upstream)
+		}
 	}
 }
 
@@ -207,7 +214,8 @@ func (v *view) session(ctx context.Context, client discovery.AggregatedDiscovery
 	// Not WaitForReady: while the hub is unreachable each attempt fails at
 	// once, so the failure (a refused connection, a bad certificate) is
 	// logged; the connection's backoff follows BackoffMin and BackoffMax
-	// (see dial), so the hub's return is noticed within about BackoffMax.
+	// (see dial), and run resets it when the hub's port answers again, so
+	// the hub's return is noticed within about a probe interval.
 	stream, err := client.StreamAggregatedResources(ctx)
 	if err != nil {
 		return false, fmt.Errorf("open stream: %w", err)

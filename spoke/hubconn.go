@@ -9,12 +9,17 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/identity"
 )
+
+// minConnectTimeout is the least time a connection attempt to the hub is
+// given (grpc's default): a TLS handshake far away may be slow.
+const minConnectTimeout = 20 * time.Second
 
 // credentialsReload is how often the spoke's credential files are checked for changes.
 const credentialsReload = time.Second
@@ -37,9 +42,18 @@ func hubDialOptions(ctx context.Context, cfg Config, log *slog.Logger) ([]grpc.D
 		transport = store.ClientCreds(cfg.HubServerName, nil)
 		reloads = append(reloads, store.Reload)
 	}
+	f := cfg.Federation
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(transport),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		// The connection's own backoff follows the publisher's bounds, not
+		// grpc's default (1 s growing to 120 s): while it backs off, every
+		// session attempt fails at once. The publisher resets it when the
+		// hub's port answers again (see federation.SpokeConfig.HubAddr).
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: max(f.MinBackoff, time.Millisecond), Multiplier: 2, Jitter: 0.2, MaxDelay: max(f.MaxBackoff, f.MinBackoff, time.Millisecond)},
+			MinConnectTimeout: minConnectTimeout,
+		}),
 	}
 	if cfg.TokenFile != "" {
 		tok := &tokenFile{path: cfg.TokenFile, allowInsecure: cfg.HubCAFile == ""}

@@ -139,6 +139,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	fc := cfg.Federation
 	fc.Cluster, fc.Network = cfg.Cluster, cfg.Network
+	// The publisher probes the hub's port while it waits to reconnect.
+	fc.HubAddr = cfg.HubAddr
 	// Where each change began, from the source to the update that carries it (the hub traces it).
 	fc.Origins = federation.NewOrigins()
 	switch s := src.(type) {
