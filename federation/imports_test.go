@@ -90,7 +90,9 @@ func importSpoke(t *testing.T, h *testHub, namespaces ...string) (*publisher, *P
 
 func awaitImports(t *testing.T, states <-chan ImportState, what string, cond func(ImportState) bool) ImportState {
 	t.Helper()
-	timeout := time.After(10 * time.Second)
+	// Generous: a failure is a hang, and the big import takes seconds to
+	// decode and check under -race on a busy machine (10 s was not enough).
+	timeout := time.After(time.Minute)
 	for {
 		select {
 		case s := <-states:
