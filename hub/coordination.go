@@ -66,7 +66,7 @@ type heldState struct {
 func heldOf(version uint64, clusters []registry.SnapshotCluster) heldState {
 	var b strings.Builder
 	for _, c := range clusters {
-		fmt.Fprintf(&b, "%q %q %d %d %v;", c.Cluster, c.Network, c.Epoch, c.Version, c.Gateways)
+		fmt.Fprintf(&b, "%q %q %d %d %v %v;", c.Cluster, c.Network, c.Epoch, c.Version, c.Gateways, c.Resolved)
 	}
 	return heldState{version: version, stamps: b.String()}
 }
@@ -76,7 +76,8 @@ func (v *View) held() heldState {
 	var clusters []registry.SnapshotCluster
 	for _, id := range slices.Sorted(maps.Keys(v.Clusters)) {
 		if c := v.Clusters[id]; c.Epoch != 0 || c.Version != 0 {
-			clusters = append(clusters, registry.SnapshotCluster{Cluster: id, Network: c.Network, Gateways: c.Gateways, Epoch: c.Epoch, Version: c.Version})
+			clusters = append(clusters, registry.SnapshotCluster{Cluster: id, Network: c.Network, Gateways: c.Gateways, Epoch: c.Epoch, Version: c.Version,
+				Resolved: resolvedOf(c.Gateways, v.resolved)})
 		}
 	}
 	return heldOf(v.Registry.Version(), clusters)

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/navemesh/nave/federation"
@@ -170,6 +171,45 @@ type resolvedName struct {
 	at    time.Time
 }
 
+// resolvedOf is what the DNS names among gws resolved to, sorted by name:
+// what a snapshot keeps of a cluster's gateways, so that a restarted hub
+// hands them out at once, and still when DNS fails.
+func resolvedOf(gws []registry.Gateway, resolved map[string][]netip.Addr) []registry.ResolvedName {
+	var out []registry.ResolvedName
+	for _, g := range gws {
+		if _, ip := g.IP(); ip || len(resolved[g.Address]) == 0 ||
+			slices.ContainsFunc(out, func(r registry.ResolvedName) bool { return r.Name == g.Address }) {
+			continue
+		}
+		out = append(out, registry.ResolvedName{Name: g.Address, Addresses: resolved[g.Address]})
+	}
+	slices.SortFunc(out, func(a, b registry.ResolvedName) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// restoreResolved adds what a snapshot's clusters' gateway names resolved
+// to, for the names not resolved since. Called by run's goroutine.
+func (s *state) restoreResolved(snap registry.Snapshot) {
+	var m map[string][]netip.Addr
+	for _, sc := range snap.Clusters {
+		for _, r := range sc.Resolved {
+			if _, ok := s.resolved[r.Name]; ok {
+				continue
+			}
+			if m == nil {
+				m = maps.Clone(s.resolved) // views share the map: never written in place
+				if m == nil {
+					m = map[string][]netip.Addr{}
+				}
+			}
+			m[r.Name] = r.Addresses
+		}
+	}
+	if m != nil {
+		s.resolved = m
+	}
+}
+
 // gatewayNames returns the DNS names of the gateways the view's clusters announce.
 func (v *View) gatewayNames() []string {
 	var out []string
@@ -191,7 +231,8 @@ func (s *state) resolveGatewayNames(ctx context.Context, lookup func(context.Con
 	tick := time.NewTicker(min(time.Second, ttl))
 	defer tick.Stop()
 	for {
-		names := s.View().gatewayNames()
+		v := s.View()
+		names := v.gatewayNames()
 		changed := false
 		for name := range resolved {
 			if !slices.Contains(names, name) {
@@ -206,7 +247,10 @@ func (s *state) resolveGatewayNames(ctx context.Context, lookup func(context.Con
 			lctx, cancel := context.WithTimeout(ctx, gatewayNameTimeout)
 			addrs, err := lookup(lctx, name)
 			cancel()
-			r := resolved[name]
+			r, ok := resolved[name]
+			if !ok {
+				r.addrs = v.resolved[name] // restored from a snapshot: kept while DNS fails
+			}
 			r.at = time.Now()
 			if err != nil || len(addrs) == 0 {
 				s.log.Warn("cannot resolve a gateway's name; keeping what it resolved to before", "name", name, "err", err, "kept", r.addrs)
@@ -229,6 +273,14 @@ func (s *state) resolveGatewayNames(ctx context.Context, lookup func(context.Con
 				}
 			}
 			_ = s.do(ctx, func() {
+				// A snapshot restored meanwhile may have added names this
+				// loop has not seen yet: they stay until it has.
+				current := s.View().gatewayNames()
+				for name, addrs := range s.resolved {
+					if _, seen := resolved[name]; !seen && slices.Contains(current, name) {
+						m[name] = addrs
+					}
+				}
 				s.resolved = m
 				s.publish(registry.Diff{})
 			})

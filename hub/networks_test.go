@@ -276,3 +276,66 @@ func TestDroppedClusterSeriesAreDeleted(t *testing.T) {
 		}
 	}
 }
+
+// What a gateway's DNS name resolved to travels with the cluster's data in
+// the snapshot: a restarted hub hands the gateway out from its first push,
+// and keeps it while DNS fails (it never resolved the name itself).
+func TestResolvedGatewayNamesSurviveARestart(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	start := func(pub Publisher) *state {
+		s := newState("hub-test", DefaultLiveness(), pub, registry.DefaultLimits(), nil, slog.New(slog.DiscardHandler))
+		go s.run(ctx)
+		t.Cleanup(func() { cancel(); <-s.done })
+		return s
+	}
+	before := start(&topologies{})
+	if _, err := before.Begin(ctx, federation.Session{Cluster: "west", Network: "net-b", Epoch: 1, Started: time.Now(),
+		Gateways: []registry.Gateway{{Address: "localhost", Port: 15444}}, GatewaysKnown: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := before.Apply(ctx, 1, 1, registry.Change{Cluster: "west", Replace: true}); err != nil {
+		t.Fatal(err)
+	}
+	go before.resolveGatewayNames(ctx, func(ctx context.Context, host string) ([]netip.Addr, error) {
+		return []netip.Addr{netip.MustParseAddr("192.0.2.7")}, nil
+	}, time.Hour)
+	var snap registry.Snapshot
+	for deadline := time.Now().Add(10 * time.Second); len(snap.Clusters) == 0 || len(snap.Clusters[0].Resolved) == 0; time.Sleep(10 * time.Millisecond) {
+		var err error
+		if snap, _, err = before.snapshot(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the snapshot never held localhost's resolution: %+v", snap)
+		}
+	}
+	b, err := replicas.EncodeSnapshot(snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap, err = replicas.DecodeSnapshot(b); err != nil {
+		t.Fatal(err)
+	}
+
+	pub := &topologies{}
+	after := start(pub)
+	if _, _, err := after.restoreHeld(ctx, snap); err != nil {
+		t.Fatal(err)
+	}
+	want := registry.Gateway{Address: "192.0.2.7", Port: 15444}
+	if got, _ := pub.last(); !slices.Contains(got.Gateways["net-b"], want) {
+		t.Fatalf("net-b gateways once restored: %v, want %v (the name's last resolution)", got.Gateways["net-b"], want)
+	}
+	var lookups atomic.Int32
+	go after.resolveGatewayNames(ctx, func(ctx context.Context, host string) ([]netip.Addr, error) {
+		lookups.Add(1)
+		return nil, errors.New("DNS is down")
+	}, 20*time.Millisecond)
+	for lookups.Load() < 3 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got, _ := pub.last(); !slices.Contains(got.Gateways["net-b"], want) {
+		t.Errorf("net-b gateways after failed lookups: %v, want %v kept", got.Gateways["net-b"], want)
+	}
+}

@@ -213,6 +213,7 @@ func (s *state) restoreHeld(ctx context.Context, snap registry.Snapshot) (held h
 			s.replicaChanged(sc.Cluster)
 			mergeDiff(changed, diff)
 		}
+		s.restoreResolved(snap)
 		all := registry.Diff{Version: s.reg.Version()}
 		for _, k := range slices.SortedFunc(maps.Keys(changed), registry.ServiceKey.Compare) {
 			all.Services = append(all.Services, changed[k])
@@ -237,7 +238,8 @@ func (s *state) snapshot(ctx context.Context) (registry.Snapshot, uint64, error)
 			if c.Epoch == 0 && c.Version == 0 {
 				continue
 			}
-			sc := registry.SnapshotCluster{Cluster: id, Network: c.Network, Gateways: c.Gateways, Epoch: c.Epoch, Version: c.Version}
+			sc := registry.SnapshotCluster{Cluster: id, Network: c.Network, Gateways: c.Gateways, Epoch: c.Epoch, Version: c.Version,
+				Resolved: resolvedOf(c.Gateways, s.resolved)}
 			for _, k := range slices.SortedFunc(maps.Keys(shards), registry.ServiceKey.Compare) {
 				sc.Shards = append(sc.Shards, shards[k])
 			}

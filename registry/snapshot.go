@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net/netip"
 	"slices"
 	"time"
 )
@@ -36,6 +37,41 @@ type SnapshotCluster struct {
 	Epoch    uint64    `json:"epoch"`
 	Version  uint64    `json:"version"`
 	Shards   []*Shard  `json:"shards,omitempty"`
+	// Resolved is what the hub last resolved the gateways known by a DNS
+	// name to (names among Gateways' addresses, sorted): a restarted hub
+	// hands them out until a newer answer comes, even while DNS fails.
+	Resolved []ResolvedName `json:"resolved,omitempty"`
+}
+
+// ResolvedName is the addresses a gateway's DNS name resolved to.
+type ResolvedName struct {
+	Name      string       `json:"name"`
+	Addresses []netip.Addr `json:"addresses"`
+}
+
+// MaxResolvedAddresses bounds the addresses kept of one gateway name.
+const MaxResolvedAddresses = 64
+
+// checkResolved refuses resolutions of names that are not among gws, and
+// addresses no client could be handed.
+func checkResolved(resolved []ResolvedName, gws []Gateway) error {
+	for i, r := range resolved {
+		if i > 0 && resolved[i-1].Name >= r.Name {
+			return fmt.Errorf("%w: resolved gateway names not sorted or repeated at %q", ErrInvalid, r.Name)
+		}
+		if !slices.ContainsFunc(gws, func(g Gateway) bool { _, ip := g.IP(); return !ip && g.Address == r.Name }) {
+			return fmt.Errorf("%w: %q resolved, but it is no gateway name of the cluster", ErrInvalid, r.Name)
+		}
+		if len(r.Addresses) == 0 || len(r.Addresses) > MaxResolvedAddresses {
+			return fmt.Errorf("%w: gateway name %q resolved to %d addresses, want 1 to %d", ErrInvalid, r.Name, len(r.Addresses), MaxResolvedAddresses)
+		}
+		for _, a := range r.Addresses {
+			if !a.IsValid() || a.IsUnspecified() || a.IsMulticast() || a.Zone() != "" || a == netip.AddrFrom4([4]byte{255, 255, 255, 255}) {
+				return fmt.Errorf("%w: gateway name %q resolved to %v, no address to hand out", ErrInvalid, r.Name, a)
+			}
+		}
+	}
+	return nil
 }
 
 // Change is the registry change that restores the cluster: its full state.
@@ -239,6 +275,9 @@ func CheckSnapshot(s *Snapshot, lim Limits) error {
 		}
 		clusters[c.Cluster] = true
 		if _, err := NormalizeGateways(c.Gateways); err != nil {
+			return fmt.Errorf("cluster %s: %w", c.Cluster, err)
+		}
+		if err := checkResolved(c.Resolved, c.Gateways); err != nil {
 			return fmt.Errorf("cluster %s: %w", c.Cluster, err)
 		}
 		if len(c.Shards) > lim.MaxServicesPerCluster {

@@ -2,6 +2,7 @@ package replicas
 
 import (
 	"fmt"
+	"net/netip"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -42,6 +43,13 @@ func EncodeSnapshot(s registry.Snapshot) ([]byte, error) {
 			Stamp: &fedv1.Stamp{Epoch: c.Epoch, Version: c.Version}, Shards: make([]*fedv1.Shard, len(c.Shards))}
 		for j, sh := range c.Shards {
 			pc.Shards[j] = federation.ShardToProto(sh)
+		}
+		for _, r := range c.Resolved {
+			pr := &fedv1.ResolvedName{Name: r.Name, Addresses: make([]string, len(r.Addresses))}
+			for j, a := range r.Addresses {
+				pr.Addresses[j] = a.String()
+			}
+			pc.Resolved = append(pc.Resolved, pr)
 		}
 		pb.Clusters[i] = pc
 	}
@@ -95,6 +103,9 @@ func DecodeSnapshot(b []byte) (registry.Snapshot, error) {
 			return registry.Snapshot{}, fmt.Errorf("%w: cluster %s: %w", registry.ErrBadSnapshot, id, err)
 		}
 		c.Gateways = gws
+		if c.Resolved, err = resolvedFromProto(pc.GetResolved()); err != nil {
+			return registry.Snapshot{}, fmt.Errorf("%w: cluster %s: %w", registry.ErrBadSnapshot, id, err)
+		}
 		if len(pc.GetShards()) > lim.MaxServicesPerCluster {
 			return registry.Snapshot{}, fmt.Errorf("%w: %w: cluster %s: %d services, more than the limit of %d",
 				registry.ErrBadSnapshot, registry.ErrInvalid, id, len(pc.GetShards()), lim.MaxServicesPerCluster)
@@ -114,6 +125,30 @@ func DecodeSnapshot(b []byte) (registry.Snapshot, error) {
 		return registry.Snapshot{}, fmt.Errorf("%w: %w", registry.ErrBadSnapshot, err)
 	}
 	return s, nil
+}
+
+// resolvedFromProto decodes a cluster's resolved gateway names; what they
+// may hold is checked with the rest (registry.CheckSnapshot).
+func resolvedFromProto(prs []*fedv1.ResolvedName) ([]registry.ResolvedName, error) {
+	if len(prs) > registry.MaxGateways {
+		return nil, fmt.Errorf("%w: %d resolved gateway names, more than %d", registry.ErrInvalid, len(prs), registry.MaxGateways)
+	}
+	var out []registry.ResolvedName
+	for _, pr := range prs {
+		if len(pr.GetAddresses()) > registry.MaxResolvedAddresses {
+			return nil, fmt.Errorf("%w: gateway name %q resolved to %d addresses, more than %d", registry.ErrInvalid, pr.GetName(), len(pr.GetAddresses()), registry.MaxResolvedAddresses)
+		}
+		r := registry.ResolvedName{Name: pr.GetName(), Addresses: make([]netip.Addr, len(pr.GetAddresses()))}
+		for i, a := range pr.GetAddresses() {
+			addr, err := netip.ParseAddr(a)
+			if err != nil {
+				return nil, fmt.Errorf("%w: gateway name %q resolved to %q: %v", registry.ErrInvalid, r.Name, a, err)
+			}
+			r.Addresses[i] = addr
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }
 
 // Field numbers countSnapshot walks: Snapshot.clusters, SnapshotCluster.shards,

@@ -2888,8 +2888,11 @@ type SnapshotCluster struct {
 	Network string                 `protobuf:"bytes,2,opt,name=network,proto3" json:"network,omitempty"`
 	Stamp   *Stamp                 `protobuf:"bytes,3,opt,name=stamp,proto3" json:"stamp,omitempty"`
 	// shards are sorted by service; a cluster may hold none (known, empty).
-	Shards        []*Shard          `protobuf:"bytes,4,rep,name=shards,proto3" json:"shards,omitempty"`
-	Gateways      []*NetworkGateway `protobuf:"bytes,5,rep,name=gateways,proto3" json:"gateways,omitempty"`
+	Shards   []*Shard          `protobuf:"bytes,4,rep,name=shards,proto3" json:"shards,omitempty"`
+	Gateways []*NetworkGateway `protobuf:"bytes,5,rep,name=gateways,proto3" json:"gateways,omitempty"`
+	// resolved is what the hub last resolved the gateways known by a DNS name
+	// to (sorted by name): a restarted hub hands them out until a newer answer.
+	Resolved      []*ResolvedName `protobuf:"bytes,6,rep,name=resolved,proto3" json:"resolved,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2955,6 +2958,66 @@ func (x *SnapshotCluster) GetShards() []*Shard {
 func (x *SnapshotCluster) GetGateways() []*NetworkGateway {
 	if x != nil {
 		return x.Gateways
+	}
+	return nil
+}
+
+func (x *SnapshotCluster) GetResolved() []*ResolvedName {
+	if x != nil {
+		return x.Resolved
+	}
+	return nil
+}
+
+// ResolvedName is the addresses a gateway's DNS name resolved to.
+type ResolvedName struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Addresses     []string               `protobuf:"bytes,2,rep,name=addresses,proto3" json:"addresses,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResolvedName) Reset() {
+	*x = ResolvedName{}
+	mi := &file_federation_v1_federation_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResolvedName) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResolvedName) ProtoMessage() {}
+
+func (x *ResolvedName) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResolvedName.ProtoReflect.Descriptor instead.
+func (*ResolvedName) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *ResolvedName) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ResolvedName) GetAddresses() []string {
+	if x != nil {
+		return x.Addresses
 	}
 	return nil
 }
@@ -3190,13 +3253,17 @@ const file_federation_v1_federation_proto_rawDesc = "" +
 	"\bSnapshot\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x12&\n" +
 	"\x0ftaken_unix_nano\x18\x02 \x01(\x03R\rtakenUnixNano\x12?\n" +
-	"\bclusters\x18\x03 \x03(\v2#.nave.federation.v1.SnapshotClusterR\bclusters\"\xe9\x01\n" +
+	"\bclusters\x18\x03 \x03(\v2#.nave.federation.v1.SnapshotClusterR\bclusters\"\xa7\x02\n" +
 	"\x0fSnapshotCluster\x12\x18\n" +
 	"\acluster\x18\x01 \x01(\tR\acluster\x12\x18\n" +
 	"\anetwork\x18\x02 \x01(\tR\anetwork\x12/\n" +
 	"\x05stamp\x18\x03 \x01(\v2\x19.nave.federation.v1.StampR\x05stamp\x121\n" +
 	"\x06shards\x18\x04 \x03(\v2\x19.nave.federation.v1.ShardR\x06shards\x12>\n" +
-	"\bgateways\x18\x05 \x03(\v2\".nave.federation.v1.NetworkGatewayR\bgateways2]\n" +
+	"\bgateways\x18\x05 \x03(\v2\".nave.federation.v1.NetworkGatewayR\bgateways\x12<\n" +
+	"\bresolved\x18\x06 \x03(\v2 .nave.federation.v1.ResolvedNameR\bresolved\"@\n" +
+	"\fResolvedName\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
+	"\taddresses\x18\x02 \x03(\tR\taddresses2]\n" +
 	"\n" +
 	"Federation\x12O\n" +
 	"\aPublish\x12 .nave.federation.v1.SpokeMessage\x1a\x1e.nave.federation.v1.HubMessage(\x010\x012f\n" +
@@ -3215,7 +3282,7 @@ func file_federation_v1_federation_proto_rawDescGZIP() []byte {
 	return file_federation_v1_federation_proto_rawDescData
 }
 
-var file_federation_v1_federation_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_federation_v1_federation_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_federation_v1_federation_proto_goTypes = []any{
 	(*ReplicaRequest)(nil),    // 0: nave.federation.v1.ReplicaRequest
 	(*ReplicaMessage)(nil),    // 1: nave.federation.v1.ReplicaMessage
@@ -3255,8 +3322,9 @@ var file_federation_v1_federation_proto_goTypes = []any{
 	(*Locality)(nil),          // 35: nave.federation.v1.Locality
 	(*Snapshot)(nil),          // 36: nave.federation.v1.Snapshot
 	(*SnapshotCluster)(nil),   // 37: nave.federation.v1.SnapshotCluster
-	nil,                       // 38: nave.federation.v1.ServiceProperties.LabelsEntry
-	nil,                       // 39: nave.federation.v1.ServiceProperties.AnnotationsEntry
+	(*ResolvedName)(nil),      // 38: nave.federation.v1.ResolvedName
+	nil,                       // 39: nave.federation.v1.ServiceProperties.LabelsEntry
+	nil,                       // 40: nave.federation.v1.ServiceProperties.AnnotationsEntry
 }
 var file_federation_v1_federation_proto_depIdxs = []int32{
 	2,  // 0: nave.federation.v1.ReplicaRequest.hello:type_name -> nave.federation.v1.ReplicaHello
@@ -3310,23 +3378,24 @@ var file_federation_v1_federation_proto_depIdxs = []int32{
 	32, // 48: nave.federation.v1.Shard.ports:type_name -> nave.federation.v1.ServicePort
 	33, // 49: nave.federation.v1.Shard.endpoints:type_name -> nave.federation.v1.Endpoint
 	31, // 50: nave.federation.v1.Shard.properties:type_name -> nave.federation.v1.ServiceProperties
-	38, // 51: nave.federation.v1.ServiceProperties.labels:type_name -> nave.federation.v1.ServiceProperties.LabelsEntry
-	39, // 52: nave.federation.v1.ServiceProperties.annotations:type_name -> nave.federation.v1.ServiceProperties.AnnotationsEntry
+	39, // 51: nave.federation.v1.ServiceProperties.labels:type_name -> nave.federation.v1.ServiceProperties.LabelsEntry
+	40, // 52: nave.federation.v1.ServiceProperties.annotations:type_name -> nave.federation.v1.ServiceProperties.AnnotationsEntry
 	34, // 53: nave.federation.v1.Endpoint.ports:type_name -> nave.federation.v1.EndpointPort
 	35, // 54: nave.federation.v1.Endpoint.locality:type_name -> nave.federation.v1.Locality
 	37, // 55: nave.federation.v1.Snapshot.clusters:type_name -> nave.federation.v1.SnapshotCluster
 	4,  // 56: nave.federation.v1.SnapshotCluster.stamp:type_name -> nave.federation.v1.Stamp
 	30, // 57: nave.federation.v1.SnapshotCluster.shards:type_name -> nave.federation.v1.Shard
 	13, // 58: nave.federation.v1.SnapshotCluster.gateways:type_name -> nave.federation.v1.NetworkGateway
-	9,  // 59: nave.federation.v1.Federation.Publish:input_type -> nave.federation.v1.SpokeMessage
-	0,  // 60: nave.federation.v1.Replication.Subscribe:input_type -> nave.federation.v1.ReplicaRequest
-	10, // 61: nave.federation.v1.Federation.Publish:output_type -> nave.federation.v1.HubMessage
-	1,  // 62: nave.federation.v1.Replication.Subscribe:output_type -> nave.federation.v1.ReplicaMessage
-	61, // [61:63] is the sub-list for method output_type
-	59, // [59:61] is the sub-list for method input_type
-	59, // [59:59] is the sub-list for extension type_name
-	59, // [59:59] is the sub-list for extension extendee
-	0,  // [0:59] is the sub-list for field type_name
+	38, // 59: nave.federation.v1.SnapshotCluster.resolved:type_name -> nave.federation.v1.ResolvedName
+	9,  // 60: nave.federation.v1.Federation.Publish:input_type -> nave.federation.v1.SpokeMessage
+	0,  // 61: nave.federation.v1.Replication.Subscribe:input_type -> nave.federation.v1.ReplicaRequest
+	10, // 62: nave.federation.v1.Federation.Publish:output_type -> nave.federation.v1.HubMessage
+	1,  // 63: nave.federation.v1.Replication.Subscribe:output_type -> nave.federation.v1.ReplicaMessage
+	62, // [62:64] is the sub-list for method output_type
+	60, // [60:62] is the sub-list for method input_type
+	60, // [60:60] is the sub-list for extension type_name
+	60, // [60:60] is the sub-list for extension extendee
+	0,  // [0:60] is the sub-list for field type_name
 }
 
 func init() { file_federation_v1_federation_proto_init() }
@@ -3367,7 +3436,7 @@ func file_federation_v1_federation_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_federation_v1_federation_proto_rawDesc), len(file_federation_v1_federation_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   40,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
