@@ -15,6 +15,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -58,6 +59,13 @@ type DirSource struct {
 	opts BuildOptions
 	poll time.Duration
 	log  *slog.Logger
+
+	// The Services last read (Run's goroutine writes them), for the
+	// gateways they offer (OnGateways).
+	servicesMu   sync.Mutex
+	services     []*corev1.Service
+	servicesRead bool
+	gateways     gatewayServices
 }
 
 // DefaultStartupGrace is DirSource.StartupGrace unless changed.
@@ -86,13 +94,43 @@ func NewDirSource(dir string, opts BuildOptions, poll time.Duration, log *slog.L
 	if log == nil {
 		log = slog.Default()
 	}
+	log = log.With("component", "dirsource", "dir", dir)
 	return &DirSource{
 		StartupGrace: DefaultStartupGrace,
 		dir:          dir,
 		opts:         opts,
 		poll:         poll,
-		log:          log.With("component", "dirsource", "dir", dir),
+		log:          log,
+		gateways:     gatewayServices{log: log},
 	}
+}
+
+// OnGateways makes the source tell f the gateways that the Services of its
+// manifests labelled for network offer, now (once it has read its
+// manifests) and whenever they change, until the next call replaces f
+// (nil: nobody). f must not block.
+func (d *DirSource) OnGateways(network registry.Network, f func([]registry.Gateway)) {
+	d.gateways.set(network, f)
+	d.offerGateways()
+}
+
+// offerGateways tells the gateways of the Services last read, if any were.
+func (d *DirSource) offerGateways() {
+	d.servicesMu.Lock()
+	svcs, read := d.services, d.servicesRead
+	d.servicesMu.Unlock()
+	if !read {
+		return
+	}
+	d.gateways.offer(func(network registry.Network) []*corev1.Service {
+		var out []*corev1.Service
+		for _, svc := range svcs {
+			if svc.Labels[NetworkGatewayLabel] == string(network) {
+				out = append(out, svc)
+			}
+		}
+		return out
+	})
 }
 
 // Name identifies the source in logs and status.
@@ -384,6 +422,10 @@ func (w *dirWatch) build() State {
 		all.EndpointSlices = append(all.EndpointSlices, o.EndpointSlices...)
 		all.Nodes = append(all.Nodes, o.Nodes...)
 	}
+	w.src.servicesMu.Lock()
+	w.src.services, w.src.servicesRead = all.Services, true
+	w.src.servicesMu.Unlock()
+	w.src.offerGateways()
 	state, invalid, errs := BuildShards(all, w.src.opts)
 	for _, k := range slices.SortedFunc(maps.Keys(invalid), registry.ServiceKey.Compare) {
 		if last := w.published[k]; last != nil {

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -14,9 +15,10 @@ import (
 )
 
 // A cluster announces the east-west gateways of its network: those given by
-// --network-gateway, and, from a kube source, every Service labelled
-// NetworkGatewayLabel with the cluster's network as its value (its load
-// balancer's IPs or hostnames, or its external IPs, at the gateway port).
+// --network-gateway, and every Service of its source (a cluster's, or a
+// directory's manifests) labelled NetworkGatewayLabel with the cluster's
+// network as its value (its load balancer's IPs or hostnames, or its
+// external IPs, at the gateway port).
 const (
 	NetworkGatewayLabel = "topology.nave.io/network-gateway"
 	// NetworkGatewayPortAnnotation names the gateway Service's port (a name
@@ -88,14 +90,68 @@ func isGatewayService(obj any) bool {
 	return ok && svc.Labels[NetworkGatewayLabel] != ""
 }
 
+// gatewayServices turns a source's Services labelled as gateways into the
+// gateways its network announces, and tells them, when they change, to the
+// function a source's OnGateways set. A kube source and a directory source
+// each hold one; it is safe for concurrent use.
+type gatewayServices struct {
+	log     *slog.Logger
+	mu      sync.Mutex
+	network registry.Network
+	tell    func([]registry.Gateway) // nil: nobody
+	last    []registry.Gateway
+	told    bool
+}
+
+// set replaces who is told (nil: nobody) and for which network; the next
+// offer is told whatever it holds.
+func (g *gatewayServices) set(network registry.Network, f func([]registry.Gateway)) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.network, g.tell, g.last, g.told = network, f, nil, false
+}
+
+// offer tells the gateways that the Services labelled for the network
+// among svcs offer, unless they were told already. list returns the
+// Services labelled for a network.
+func (g *gatewayServices) offer(list func(registry.Network) []*corev1.Service) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.tell == nil {
+		return
+	}
+	svcs := list(g.network)
+	slices.SortFunc(svcs, func(a, b *corev1.Service) int {
+		return cmp.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+	})
+	var gws []registry.Gateway
+	for _, svc := range svcs {
+		offered, problem := serviceGateways(svc)
+		if problem != "" {
+			g.log.Info("gateway Service offers no gateway", "service", svc.Namespace+"/"+svc.Name, "network", g.network, "reason", problem)
+			continue
+		}
+		gws = append(gws, offered...)
+	}
+	gws, err := registry.NormalizeGateways(gws)
+	if err != nil {
+		g.log.Warn("gateway Services offer too many gateways; announcing none of them", "err", err)
+		gws = nil
+	}
+	if g.told && slices.Equal(gws, g.last) {
+		return
+	}
+	g.last, g.told = gws, true
+	g.log.Info("network gateways", "network", g.network, "gateways", gws)
+	g.tell(gws)
+}
+
 // OnGateways makes the source tell f the gateways that the Services
 // labelled for network offer, now (once its caches have synced) and
 // whenever they change, until the next call replaces f (nil: nobody). f
 // must not block.
 func (k *KubeSource) OnGateways(network registry.Network, f func([]registry.Gateway)) {
-	k.gwMu.Lock()
-	k.gwNetwork, k.onGateways, k.gwLast, k.gwTold = network, f, nil, false
-	k.gwMu.Unlock()
+	k.gateways.set(network, f)
 	k.gatewaysChanged()
 }
 
@@ -106,50 +162,33 @@ func (k *KubeSource) gatewaysChanged() {
 	default:
 		return // told once the caches have synced
 	}
-	k.gwMu.Lock()
-	defer k.gwMu.Unlock()
-	if k.onGateways == nil {
-		return
-	}
-	sel := labels.SelectorFromSet(labels.Set{NetworkGatewayLabel: string(k.gwNetwork)})
-	list, _ := k.services.List(sel)
-	slices.SortFunc(list, func(a, b *corev1.Service) int {
-		return cmp.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+	k.gateways.offer(func(network registry.Network) []*corev1.Service {
+		list, _ := k.services.List(labels.SelectorFromSet(labels.Set{NetworkGatewayLabel: string(network)}))
+		return list
 	})
-	var gws []registry.Gateway
-	for _, svc := range list {
-		offered, problem := serviceGateways(svc)
-		if problem != "" {
-			k.log.Info("gateway Service offers no gateway", "service", svc.Namespace+"/"+svc.Name, "network", k.gwNetwork, "reason", problem)
-			continue
-		}
-		gws = append(gws, offered...)
-	}
-	gws, err := registry.NormalizeGateways(gws)
-	if err != nil {
-		k.log.Warn("gateway Services offer too many gateways; announcing none of them", "err", err)
-		gws = nil
-	}
-	if k.gwTold && slices.Equal(gws, k.gwLast) {
-		return
-	}
-	k.gwLast, k.gwTold = gws, true
-	k.log.Info("network gateways", "network", k.gwNetwork, "gateways", gws)
-	k.onGateways(gws)
+}
+
+// gatewaySource is a source whose Services may announce gateways.
+type gatewaySource interface {
+	OnGateways(network registry.Network, f func([]registry.Gateway))
 }
 
 // announceGateways makes pub announce the network's gateways: the configured
-// ones, and with a kube source those its gateway Services offer (known once
-// its caches have synced; until then the hub keeps what it holds).
-func announceGateways(cfg Config, kube *KubeSource, pub *federation.Publisher, log *slog.Logger) {
+// ones, and those the source's gateway Services offer (a kube source's once
+// its caches have synced, a directory source's once it has read its
+// manifests; until then the hub keeps what it holds). It returns what stops
+// the announcements.
+func announceGateways(cfg Config, src Source, pub *federation.Publisher, log *slog.Logger) (stop func()) {
 	set := func(found []registry.Gateway) {
 		if err := pub.SetGateways(append(slices.Clone(cfg.NetworkGateways), found...)); err != nil {
 			log.Warn("cannot announce the network's gateways", "err", err)
 		}
 	}
-	if kube == nil || cfg.Network == "" {
+	gs, ok := src.(gatewaySource)
+	if !ok || cfg.Network == "" {
 		set(nil)
-		return
+		return func() {}
 	}
-	kube.OnGateways(cfg.Network, set)
+	gs.OnGateways(cfg.Network, set)
+	return func() { gs.OnGateways("", nil) }
 }

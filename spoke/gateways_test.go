@@ -126,3 +126,67 @@ func TestKubeSourceFindsGatewayServices(t *testing.T) {
 	}
 	awaitGateways("the label removed", nil)
 }
+
+// A directory source mirrors a cluster: its Services labelled as gateways of
+// the network are announced, as a kube source's are, and follow its edits.
+func TestDirSourceFindsGatewayServices(t *testing.T) {
+	var mu sync.Mutex
+	var told [][]registry.Gateway
+	h := startDirSourceWith(t, copyTestdata(t), func(d *DirSource) {
+		d.OnGateways("net-east", func(gws []registry.Gateway) {
+			mu.Lock()
+			defer mu.Unlock()
+			told = append(told, gws)
+		})
+	}, nil)
+	h.write("gateway.yaml", `apiVersion: v1
+kind: Service
+metadata:
+  name: eastwest
+  namespace: nave-system
+  labels: {topology.nave.io/network-gateway: net-east}
+spec:
+  ports: [{name: tls, port: 15443}, {name: h2, port: 15444}]
+  externalIPs: [192.0.2.7]
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: other-network
+  namespace: nave-system
+  labels: {topology.nave.io/network-gateway: net-west}
+spec:
+  ports: [{name: h2, port: 15444}]
+  externalIPs: [198.51.100.9]
+`)
+	await := func(what string, want []registry.Gateway) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			mu.Lock()
+			var last []registry.Gateway
+			n := len(told)
+			if n > 0 {
+				last = told[n-1]
+			}
+			mu.Unlock()
+			if n > 0 && slices.Equal(last, want) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: told %v, want %v", what, last, want)
+			}
+		}
+	}
+	go func() { // the harness's states channel is unbuffered: drain it
+		for {
+			select {
+			case <-h.states:
+			case <-t.Context().Done():
+				return
+			}
+		}
+	}()
+	await("the gateway Service of net-east", []registry.Gateway{{Address: "192.0.2.7", Port: DefaultGatewayPort}})
+	h.edit("gateway.yaml", "labels: {topology.nave.io/network-gateway: net-east}", "labels: {}")
+	await("the label removed", nil)
+}

@@ -97,12 +97,8 @@ type KubeSource struct {
 	// onNamespaces is told the cluster's namespaces (OnNamespaces); guarded by nsMu.
 	nsMu         sync.Mutex
 	onNamespaces func([]string)
-	// The network gateways (OnGateways); guarded by gwMu.
-	gwMu       sync.Mutex
-	gwNetwork  registry.Network
-	onGateways func([]registry.Gateway)
-	gwLast     []registry.Gateway
-	gwTold     bool
+	// The network gateways its Services offer (OnGateways).
+	gateways gatewayServices
 	exports    atomic.Pointer[exportWatch] // nil until the ServiceExport informer has synced
 	synced     chan struct{}               // closed once the first state is published
 	nodesLive  atomic.Bool                 // node events matter: the initial build is done
@@ -135,11 +131,13 @@ func NewKubeSource(client *kubeclient.Client, opts BuildOptions, filter Namespac
 	rl := func() workqueue.TypedRateLimiter[registry.ServiceKey] {
 		return workqueue.DefaultTypedControllerRateLimiter[registry.ServiceKey]()
 	}
+	log = log.With("component", "kubesource")
 	return &KubeSource{
 		ExportsRecheck: DefaultExportsRecheck,
 		client:         client, opts: opts, filter: filter,
 		synced:      make(chan struct{}),
-		log:         log.With("component", "kubesource"),
+		log:         log,
+		gateways:    gatewayServices{log: log},
 		problems:    map[registry.ServiceKey]string{},
 		queue:       workqueue.NewTypedRateLimitingQueueWithConfig(rl(), workqueue.TypedRateLimitingQueueConfig[registry.ServiceKey]{Name: "services"}),
 		statusQueue: workqueue.NewTypedRateLimitingQueueWithConfig(rl(), workqueue.TypedRateLimitingQueueConfig[registry.ServiceKey]{Name: "serviceexport-status"}),

@@ -34,7 +34,7 @@ type Config struct {
 	Cluster registry.ClusterID
 	Network registry.Network
 	// NetworkGateways are east-west gateways of the network to announce
-	// besides those a kube source finds (Services labelled NetworkGatewayLabel).
+	// besides those the source's Services labelled NetworkGatewayLabel offer.
 	NetworkGateways []registry.Gateway
 	// HubAddr is the hub's federation address (host:port).
 	HubAddr string
@@ -85,9 +85,8 @@ type Config struct {
 
 // DefaultConfig returns the configuration `nave spoke` starts with.
 func DefaultConfig() Config {
-	host, _ := os.Hostname()
 	f := federation.DefaultSpokeConfig()
-	f.SpokeID = host
+	f.SpokeID = DefaultSpokeID()
 	return Config{
 		PollInterval: 500 * time.Millisecond, Federation: f,
 		KubeQPS: 20, KubeBurst: 40,
@@ -96,6 +95,22 @@ func DefaultConfig() Config {
 		GiveUpAfter:    5,
 		Imports:        true, ImportsQPS: 50, ImportsBurst: 100,
 	}
+}
+
+// DefaultSpokeID names this spoke process when --spoke-id is not given: the
+// pod's name in a pod (POD_NAME, from the downward API), else the host name
+// and the process ID. The ID is the hub's name for the session and the
+// Lease holder's identity, so two spokes must not share it (the host name
+// alone is shared by every spoke on one machine).
+func DefaultSpokeID() string {
+	if pod := os.Getenv("POD_NAME"); pod != "" {
+		return pod
+	}
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "spoke"
+	}
+	return fmt.Sprintf("%s-%d", host, os.Getpid())
 }
 
 // Run runs a spoke until ctx ends: its source feeds the publisher, which keeps
@@ -204,10 +219,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			kube.OnNamespaces(pub.SetNamespaces)
 			defer kube.OnNamespaces(nil)
 		}
-		announceGateways(cfg, kube, pub, log)
-		if kube != nil {
-			defer kube.OnGateways("", nil)
-		}
+		defer announceGateways(cfg, src, pub, log)()
 		_ = pub.Run(ctx, states) // returns once ctx ends
 		if err := context.Cause(ctx); errors.Is(err, errHubUnreachable) {
 			return err
@@ -233,7 +245,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 	}()
 	defer func() { cancel(); <-adminDone }()
-	log.Info("spoke running", "source", src.Name(), "hub", cfg.HubAddr)
+	log.Info("spoke running", "source", src.Name(), "hub", cfg.HubAddr, "spoke", cfg.Federation.SpokeID)
 	var leadErr error
 	if kube != nil && cfg.LeaderElection.Enabled {
 		// Only a replica with synced caches competes: a cold one must not take
