@@ -98,11 +98,11 @@ type KubeSource struct {
 	nsMu         sync.Mutex
 	onNamespaces func([]string)
 	// The network gateways its Services offer (OnGateways).
-	gateways gatewayServices
-	exports    atomic.Pointer[exportWatch] // nil until the ServiceExport informer has synced
-	synced     chan struct{}               // closed once the first state is published
-	nodesLive  atomic.Bool                 // node events matter: the initial build is done
-	queue      workqueue.TypedRateLimitingInterface[registry.ServiceKey]
+	gateways  gatewayServices
+	exports   atomic.Pointer[exportWatch] // nil until the ServiceExport informer has synced
+	synced    chan struct{}               // closed once the first state is published
+	nodesLive atomic.Bool                 // node events matter: the initial build is done
+	queue     workqueue.TypedRateLimitingInterface[registry.ServiceKey]
 
 	// status is what the ServiceExport conditions are made of; guarded by statusMu.
 	statusMu     sync.Mutex
