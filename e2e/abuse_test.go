@@ -188,6 +188,10 @@ func TestAbuseOversizedRequests(t *testing.T) {
 	}{
 		{"100,000 names", &discovery.DiscoveryRequest{Node: &core.Node{Id: "many"}, TypeUrl: resource.ListenerType, ResourceNames: names}, codes.ResourceExhausted},
 		{"1 MB of node metadata", &discovery.DiscoveryRequest{Node: &core.Node{Id: "fat", Metadata: big}, TypeUrl: resource.ListenerType}, codes.InvalidArgument},
+		{"a node ID of 1 MiB", &discovery.DiscoveryRequest{Node: &core.Node{Id: strings.Repeat("i", 1<<20)}, TypeUrl: resource.ListenerType}, codes.InvalidArgument},
+		{"a zone of 1 MiB", &discovery.DiscoveryRequest{Node: &core.Node{Id: "far", Locality: &core.Locality{Region: "r1", Zone: strings.Repeat("z", 1<<20)}},
+			TypeUrl: resource.EndpointType, ResourceNames: []string{"outbound|8080||echo.default.svc.clusterset.local"}}, codes.InvalidArgument},
+		{"a user agent of 1 MiB", &discovery.DiscoveryRequest{Node: &core.Node{Id: "agent", UserAgentName: strings.Repeat("u", 1<<20)}, TypeUrl: resource.ListenerType}, codes.InvalidArgument},
 	} {
 		st, err := ads.StreamAggregatedResources(a.ctx)
 		if err == nil {
@@ -197,10 +201,19 @@ func TestAbuseOversizedRequests(t *testing.T) {
 			_, err = st.Recv()
 		}
 		if status.Code(err) != c.code {
-			t.Errorf("%s: %v, want %v", c.what, err, c.code)
+			t.Errorf("%s: %.300v, want %v", c.what, err, c.code)
 		}
 	}
 	a.converges("oversized requests")
+	a.metricAtLeast(t, `nave_xds_refused_requests_total{reason="node_field_too_large"}`, 3)
+	// None of them is kept: the sync status knows only the legitimate client.
+	var info hub.ClientsInfo
+	a.getJSON(t, "/debug/clients", &info)
+	for _, c := range info.Clients {
+		if c.NodeID != "legit" {
+			t.Errorf("/debug/clients lists %.40q", c.NodeID)
+		}
+	}
 }
 
 func TestAbuseClientThatNACKsForever(t *testing.T) {

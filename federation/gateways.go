@@ -99,7 +99,7 @@ func (h *HubServer) sessionGateways(sess *Session, hello *fedv1.Hello) {
 	}
 	gws, err := GatewaysFromProto(hello.GetGateways().GetGateways())
 	if err != nil {
-		h.log.Warn("spoke announced invalid gateways; keeping the ones held", "cluster", sess.Cluster, "err", err)
+		h.refusals.Warn(refusedGateways, "spoke announced invalid gateways; keeping the ones held", "cluster", sess.Cluster, "err", err)
 		return
 	}
 	sess.Gateways, sess.GatewaysKnown = gws, true
@@ -109,7 +109,7 @@ func (h *HubServer) sessionGateways(sess *Session, hello *fedv1.Hello) {
 func (s *hubSession) gateways(ctx context.Context, m *fedv1.NetworkGateways) error {
 	gws, err := GatewaysFromProto(m.GetGateways())
 	if err != nil {
-		s.log.Warn("spoke announced invalid gateways; keeping the ones held", "err", err)
+		s.h.refusals.Warn(refusedGateways, "spoke announced invalid gateways; keeping the ones held", "cluster", s.cluster, "epoch", s.epoch, "err", err)
 		return nil
 	}
 	err = s.h.store.SetGateways(ctx, s.cluster, s.epoch, gws)

@@ -14,14 +14,22 @@ import (
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
 	fedv1 "github.com/navemesh/nave/federation/v1"
+	"github.com/navemesh/nave/limits"
 	"github.com/navemesh/nave/registry"
 )
 
 // ErrSuperseded marks an update from a session whose epoch is no longer the cluster's newest.
 var ErrSuperseded = errors.New("federation: session superseded by a newer epoch")
+
+// Reasons the hub refuses what a spoke sends, for its rate-limited log.
+const (
+	refusedHello    = "hello"
+	refusedUpdate   = "update"
+	refusedGateways = "gateways"
+	refusedDigest   = "digest_mismatch"
+)
 
 // ErrOverLimit marks a change that would make a cluster hold more than its limits allow.
 var ErrOverLimit = errors.New("federation: over the cluster's limits")
@@ -177,13 +185,16 @@ type HubConfig struct {
 	// MaxMessageBytes is announced to spokes as their chunk budget; the gRPC
 	// server's receive limit must be above it (a shard alone may reach it).
 	MaxMessageBytes int
-	// MaxFullStateBytes bounds the chunks of one full state buffered until its last chunk.
+	// MaxFullStateBytes bounds what the chunks of one full state hold,
+	// decoded (registry.Shard.HeldBytes), while they are buffered until its
+	// last chunk. The default holds the largest cluster the default limits
+	// admit (500,000 endpoints, about 120 MB) twice over.
 	MaxFullStateBytes int
 	// HelloTimeout bounds the wait for a new stream's Hello.
 	HelloTimeout time.Duration
-	// UpdatesPerSecond and UpdateBurst bound how fast one cluster's updates
-	// are applied (0: no bound). A spoke beyond them is slowed, not
-	// refused: the hub takes its next update only when the rate allows,
+	// UpdatesPerSecond and UpdateBurst bound how fast one cluster's updates,
+	// digests and gateway announcements are taken, together (0: no bound).
+	// A spoke beyond them is slowed, not refused: the hub takes its next update only when the rate allows,
 	// so the spoke coalesces its changes meanwhile and nothing queues.
 	UpdatesPerSecond float64
 	UpdateBurst      int
@@ -211,7 +222,7 @@ type HubMetrics struct {
 	// Update reports an applied or refused update; result is "ack", "nack" (bad input) or "error" (the hub's own trouble).
 	Update func(cluster registry.ClusterID, full bool, result string)
 	Resync func(cluster registry.ClusterID, reason string)
-	// Throttled reports an update that waited for the cluster's update rate.
+	// Throttled reports an update (digest, announcement) that waited for the cluster's update rate.
 	Throttled func(cluster registry.ClusterID)
 }
 
@@ -223,6 +234,8 @@ type HubServer struct {
 	epochs  EpochIssuer
 	metrics HubMetrics
 	log     *slog.Logger
+	// refusals logs what spokes send that the hub refuses, rate-limited per reason.
+	refusals *limits.RefusalLog
 
 	sessionsMu sync.Mutex
 	sessions   map[registry.ClusterID]*liveSession // the newest session per cluster
@@ -240,11 +253,13 @@ type liveSession struct {
 
 // NewHubServer returns a hub server that applies what spokes send to store.
 func NewHubServer(cfg HubConfig, store Store, epochs EpochIssuer, metrics HubMetrics, log *slog.Logger) *HubServer {
-	return &HubServer{
+	h := &HubServer{
 		cfg: cfg, store: store, epochs: epochs, metrics: metrics,
 		log:      log.With("component", "federation"),
 		sessions: map[registry.ClusterID]*liveSession{}, importStatus: map[registry.ClusterID]ImportStatus{},
 	}
+	h.refusals = limits.NewRefusalLog(h.log, 0, 0)
+	return h
 }
 
 // ServeImports makes the hub send imports from src to every spoke that takes
@@ -261,10 +276,13 @@ func (h *HubServer) Publish(stream fedv1.Federation_PublishServer) error {
 	if err != nil {
 		return err
 	}
-	cluster := registry.ClusterID(hello.GetClusterId())
-	if err := registry.ValidateClusterID(cluster); err != nil {
-		return status.Errorf(codes.InvalidArgument, "hello: %v", err)
+	// Checked before anything of the hello is kept: the catalog, every
+	// replica and the operator's tools hold what a session names.
+	if err := ValidateHello(hello); err != nil {
+		h.refusals.Warn(refusedHello, "refused a spoke's hello", "remote", PeerAddr(ctx), "err", err)
+		return status.Error(codes.InvalidArgument, err.Error())
 	}
+	cluster := registry.ClusterID(hello.GetClusterId())
 	if authed, ok := authenticatedCluster(ctx); ok && authed != cluster {
 		return status.Errorf(codes.PermissionDenied, "credential of cluster %q cannot publish for cluster %q", authed, cluster)
 	}
@@ -285,12 +303,19 @@ func (h *HubServer) Publish(stream fedv1.Federation_PublishServer) error {
 	// Fence first, then read what the hub holds: an older session of the
 	// cluster can no longer change it between that read and the resume decision.
 	if err := h.supersede(cluster, epoch, cancel); err != nil {
+		log.Info("spoke session superseded by a newer one before it began")
 		return status.Error(codes.Aborted, err.Error())
 	}
 	defer h.release(cluster, epoch)
 	defer h.store.End(sess) // even when Begin fails: it may have begun before it failed
 	held, err := h.store.Begin(ctx, sess)
+	if cause := context.Cause(ctx); err != nil && errors.Is(cause, ErrSuperseded) {
+		// A newer session ended this one while it began: Begin saw only
+		// its context cancelled.
+		err = cause
+	}
 	if errors.Is(err, ErrSuperseded) {
+		log.Info("spoke session superseded by a newer one while it began")
 		return status.Error(codes.Aborted, err.Error())
 	}
 	if err != nil {
@@ -337,9 +362,37 @@ func (h *HubServer) Publish(stream fedv1.Federation_PublishServer) error {
 		log.Info("spoke went away")
 		return status.Error(codes.Canceled, "spoke went away")
 	default:
-		log.Warn("spoke session failed", "err", err)
+		log.Warn("spoke session failed", "err", limits.Truncate(err.Error()))
 		return err
 	}
+}
+
+// Bounds of a hello's strings, checked before anything of the session is
+// kept: the catalog (one etcd write for every cluster), every replica and
+// the operator's tools hold them.
+const (
+	MaxSpokeIDBytes    = 256
+	MaxSpokeBuildBytes = 256
+)
+
+// ValidateHello checks what a session's hello names: the cluster ID (a
+// DNS label), the network (empty, or a label value of at most 63
+// characters), the spoke's ID and build (at most MaxSpokeIDBytes and
+// MaxSpokeBuildBytes). The error never repeats an over-long value.
+func ValidateHello(hello *fedv1.Hello) error {
+	if err := registry.ValidateClusterID(registry.ClusterID(hello.GetClusterId())); err != nil {
+		return fmt.Errorf("hello: %w", err)
+	}
+	if err := registry.ValidateNetwork(registry.Network(hello.GetNetwork())); err != nil {
+		return fmt.Errorf("hello: %w", err)
+	}
+	if n := len(hello.GetSpokeId()); n > MaxSpokeIDBytes {
+		return fmt.Errorf("hello: spoke_id is %d bytes; at most %d", n, MaxSpokeIDBytes)
+	}
+	if n := len(hello.GetSpokeBuild()); n > MaxSpokeBuildBytes {
+		return fmt.Errorf("hello: spoke_build is %d bytes; at most %d", n, MaxSpokeBuildBytes)
+	}
+	return nil
 }
 
 func (h *HubServer) recvHello(ctx context.Context, msgs <-chan *fedv1.SpokeMessage, errc <-chan error) (*fedv1.Hello, error) {
@@ -452,8 +505,17 @@ func (s *hubSession) run(ctx context.Context, msgs <-chan *fedv1.SpokeMessage, e
 				}
 				err = s.update(ctx, k.Update, received)
 			case *fedv1.SpokeMessage_Digest:
+				// Digests and announcements share the update rate: a flood of
+				// them slows its spoke, not the hub (each may cost a resync
+				// or a topology rebuild).
+				if err := s.throttle(ctx); err != nil {
+					return err
+				}
 				err = s.digest(ctx, k.Digest)
 			case *fedv1.SpokeMessage_Gateways:
+				if err := s.throttle(ctx); err != nil {
+					return err
+				}
 				err = s.gateways(ctx, k.Gateways)
 			case *fedv1.SpokeMessage_Namespaces, *fedv1.SpokeMessage_ImportAck, *fedv1.SpokeMessage_ImportNack, *fedv1.SpokeMessage_ImportsWritten:
 				if s.imports == nil {
@@ -470,7 +532,8 @@ func (s *hubSession) run(ctx context.Context, msgs <-chan *fedv1.SpokeMessage, e
 	}
 }
 
-// throttle waits until the cluster's update rate allows another update.
+// throttle waits until the cluster's update rate allows another update,
+// digest or gateway announcement.
 func (s *hubSession) throttle(ctx context.Context) error {
 	if s.rate == nil || s.rate.Allow() {
 		return nil
@@ -524,7 +587,8 @@ func (s *hubSession) update(ctx context.Context, u *fedv1.Update, received time.
 	}
 	switch {
 	case errors.As(err, &rj):
-		s.log.Warn("update rejected", "version", u.GetVersion(), "nonce", u.GetNonce(), "reason", rj.Error())
+		s.h.refusals.Warn(refusedUpdate, "update rejected", "cluster", s.cluster, "epoch", s.epoch,
+			"version", u.GetVersion(), "nonce", u.GetNonce(), "reason", rj.Error())
 		return s.send(&fedv1.HubMessage{Kind: &fedv1.HubMessage_Nack{Nack: &fedv1.Nack{
 			Nonce: u.GetNonce(), Version: u.GetVersion(), Rejections: rj,
 		}}})
@@ -616,10 +680,12 @@ func (s *hubSession) apply(ctx context.Context, u *fedv1.Update) (digest registr
 		if s.full == nil {
 			s.full, s.fullVersion, s.fullRetain, s.fullBytes = map[registry.ServiceKey]*registry.Shard{}, v, nil, 0
 		}
-		s.fullBytes += proto.Size(u)
+		for _, sh := range upserts {
+			s.fullBytes += sh.HeldBytes() // what the buffer holds, 10 to 16 times the wire's bytes
+		}
 		if s.fullBytes > s.h.cfg.MaxFullStateBytes {
 			s.full, s.spoiled = nil, v
-			return digest, false, reject(nil, "full state is larger than %d bytes", s.h.cfg.MaxFullStateBytes)
+			return digest, false, reject(nil, "full state would hold more than %d bytes decoded", s.h.cfg.MaxFullStateBytes)
 		}
 		if room := lim.MaxServicesPerCluster - len(s.full); len(upserts) > room {
 			// Name the services past the limit: the spoke holds those back and sends the rest again.
@@ -721,8 +787,8 @@ func (s *hubSession) digest(ctx context.Context, d *fedv1.Digest) error {
 	if held.Digest.String() == d.GetDigest() {
 		return nil
 	}
-	reason := fmt.Sprintf("digest mismatch at version %d: spoke %s, hub %s", s.version, d.GetDigest(), held.Digest)
-	s.log.Warn("asking spoke for a resync", "reason", reason)
+	reason := fmt.Sprintf("digest mismatch at version %d: spoke %s, hub %s", s.version, limits.Truncate(d.GetDigest()), held.Digest)
+	s.h.refusals.Warn(refusedDigest, "asking spoke for a resync", "cluster", s.cluster, "epoch", s.epoch, "reason", reason)
 	if s.h.metrics.Resync != nil {
 		s.h.metrics.Resync(s.cluster, "digest")
 	}

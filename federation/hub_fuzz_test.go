@@ -81,6 +81,8 @@ func FuzzHubSession(f *testing.F) {
 		Gateways: &fedv1.NetworkGateways{Gateways: []*fedv1.NetworkGateway{{Address: "192.0.2.10", Port: 15443}}},
 	}}})
 	spoke(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Hello{Hello: &fedv1.Hello{ClusterId: "East_1", AckedDigest: "XYZ"}}})
+	spoke(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Hello{Hello: &fedv1.Hello{ClusterId: "east", Network: "net/1",
+		SpokeId: strings.Repeat("s", MaxSpokeIDBytes+1), SpokeBuild: strings.Repeat("b", MaxSpokeBuildBytes+1)}}})
 	spoke(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Update{Update: &fedv1.Update{
 		Nonce: "1", Version: 1, FullState: true, LastChunk: true, Upserts: upserts(shards[0], shards[1]),
 		Retain: []*fedv1.ServiceKey{key("shop", "cart")}}}})
@@ -146,11 +148,19 @@ func FuzzHubSession(f *testing.F) {
 	})
 }
 
-// fuzzHello checks a hello as Publish does: the cluster ID, the gateways and the acked state.
+// fuzzHello checks a hello as Publish does: its strings, the gateways and
+// the acked state. A hello ValidateHello accepts is within every bound;
+// the error of one it refuses never repeats a long value.
 func fuzzHello(t *testing.T, h *HubServer, hello *fedv1.Hello) {
 	cluster := registry.ClusterID(hello.GetClusterId())
-	if registry.ValidateClusterID(cluster) != nil {
+	if err := ValidateHello(hello); err != nil {
+		if len(err.Error()) > 400 { // at most a 63-byte value, quoted, and the words around it
+			t.Fatalf("the refusal repeats the hello (%d bytes): %.400s", len(err.Error()), err)
+		}
 		return // Publish refuses the session
+	}
+	if len(hello.GetSpokeId()) > MaxSpokeIDBytes || len(hello.GetSpokeBuild()) > MaxSpokeBuildBytes || len(hello.GetNetwork()) > 63 {
+		t.Fatalf("a hello over its bounds was accepted: %d, %d, %d bytes", len(hello.GetSpokeId()), len(hello.GetSpokeBuild()), len(hello.GetNetwork()))
 	}
 	sess := Session{Cluster: cluster}
 	h.sessionGateways(&sess, hello)

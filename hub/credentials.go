@@ -16,6 +16,7 @@ import (
 
 	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/identity"
+	"github.com/navemesh/nave/limits"
 	"github.com/navemesh/nave/xds"
 )
 
@@ -186,11 +187,12 @@ func (p *parts) loadXDSTLS() (err error) {
 
 // refusedHandshake counts and logs a client certificate refused on port.
 func (p *parts) refusedHandshake(port string) func(string, error) {
+	logged := limits.NewRefusalLog(p.log, 0, 0) // a handshake flood logs a few lines a minute
 	return func(reason string, err error) {
 		if p.metrics != nil {
 			p.metrics.tlsRefused.WithLabelValues(port, reason).Inc()
 		}
-		p.log.Warn("refused a client certificate", "port", port, "reason", reason, "err", err)
+		logged.Warn(reason, "refused a client certificate", "port", port, "reason", reason, "err", err)
 	}
 }
 

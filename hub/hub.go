@@ -761,9 +761,13 @@ func (c catalogEpochs) NextEpoch(ctx context.Context, cluster registry.ClusterID
 }
 
 // grpcLogger adapts slog for go-grpc-middleware's logging interceptor.
+// grpcLogger logs each finished call; refused ones (InvalidArgument and the
+// like) a few a minute per code, every peer-supplied value cut short (see
+// limits.RefusalLog.FinishedCall).
 func grpcLogger(l *slog.Logger) logging.Logger {
+	r := limits.NewRefusalLog(l, 0, 0)
 	return logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
-		l.Log(ctx, slog.Level(lvl), msg, fields...)
+		r.FinishedCall(ctx, slog.Level(lvl), msg, fields...)
 	})
 }
 

@@ -21,8 +21,11 @@ type ServerOptions struct {
 	// handshake (it then authenticates otherwise, with a token). A client
 	// that presents one is verified all the same.
 	ClientCertOptional bool
-	// Refused is told about every client certificate refused at the
-	// handshake, with Reason's label (nil: nobody is told).
+	// Refused is told about every handshake refused for its client
+	// certificate (none where one is required, "no_client_certificate",
+	// included), with Reason's label (nil: nobody is told). It is called
+	// once per refused handshake: a caller that logs must rate-limit (see
+	// limits.RefusalLog).
 	Refused func(reason string, err error)
 }
 
@@ -45,10 +48,11 @@ func (s *Store) ServerConfig(opts ServerOptions) *tls.Config {
 	if s.Material().Roots == nil {
 		return cfg
 	}
-	cfg.ClientAuth = tls.RequireAnyClientCert
-	if opts.ClientCertOptional {
-		cfg.ClientAuth = tls.RequestClientCert
-	}
+	// Requested, never required of crypto/tls: a client that presents
+	// none would be refused inside the handshake, before VerifyConnection,
+	// so nobody would count or log it. VerifyConnection refuses it
+	// (ErrNoClientCert) where a certificate is required.
+	cfg.ClientAuth = tls.RequestClientCert
 	// VerifyConnection sees the chain the connection keeps (PeerChain):
 	// Verify remembers it, so the connection's streams need not verify it again.
 	cfg.VerifyConnection = func(cs tls.ConnectionState) error {

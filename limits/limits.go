@@ -1,7 +1,8 @@
 // Package limits bounds what one peer may take of a server: connections
-// per port and per address, streams per peer, and how long a new stream
-// may stay silent. Every refusal is counted by its reason, and a refused
-// stream gets a gRPC status saying why.
+// per port and per address, streams per peer, how long a new stream may
+// stay silent, and how much of the log its refusals take (RefusalLog,
+// Truncate). Every refusal is counted by its reason, and a refused stream
+// gets a gRPC status saying why.
 package limits
 
 import (

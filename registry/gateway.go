@@ -52,19 +52,22 @@ func ParseGateway(s string) (Gateway, error) {
 	return g, g.Validate()
 }
 
-// Validate checks the address (an IP address without zone, or a DNS name)
-// and the port (1 to 65535).
+// Validate checks the address (a unicast IP address without zone, as
+// endpoints' are, or a DNS name) and the port (1 to 65535).
 func (g Gateway) Validate() error {
+	if len(g.Address) > 253 { // not quoted: a peer's megabytes would travel on in the error
+		return fmt.Errorf("%w: gateway address of %d bytes is neither an IP address nor a DNS name", ErrInvalid, len(g.Address))
+	}
 	if g.Port < 1 || g.Port > 65535 {
 		return fmt.Errorf("%w: gateway %s: port %d is not from 1 to 65535", ErrInvalid, g, g.Port)
 	}
 	if a, err := netip.ParseAddr(g.Address); err == nil {
-		if a.Zone() != "" || a.IsUnspecified() {
+		if !unicast(a) {
 			return fmt.Errorf("%w: gateway %s: address %q cannot be dialled from another network", ErrInvalid, g, g.Address)
 		}
 		return nil
 	}
-	if len(g.Address) == 0 || len(g.Address) > 253 || !dnsSubdomain(g.Address) {
+	if len(g.Address) == 0 || !dnsSubdomain(g.Address) {
 		return fmt.Errorf("%w: gateway %s: %q is neither an IP address nor a DNS name", ErrInvalid, g, g.Address)
 	}
 	return nil

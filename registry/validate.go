@@ -3,6 +3,7 @@ package registry
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"strconv"
 	"strings"
 )
@@ -101,8 +102,24 @@ func isAlnum(c byte) bool { return isLowerAlnum(c) || c >= 'A' && c <= 'Z' }
 
 // ValidateClusterID checks that id is a DNS label.
 func ValidateClusterID(id ClusterID) error {
-	if len(id) == 0 || len(id) > 63 || !dnsLabel(string(id)) {
+	if len(id) > 63 { // not quoted: a peer's megabytes would travel on in the error
+		return fmt.Errorf("%w: cluster ID of %d bytes is not a DNS label (at most 63)", ErrInvalid, len(id))
+	}
+	if len(id) == 0 || !dnsLabel(string(id)) {
 		return fmt.Errorf("%w: cluster ID %q is not a DNS label", ErrInvalid, id)
+	}
+	return nil
+}
+
+// ValidateNetwork checks that n is empty (no network) or a Kubernetes
+// label value of at most 63 characters: spokes select their network's
+// gateways by a label of that value.
+func ValidateNetwork(n Network) error {
+	if len(n) > 63 {
+		return fmt.Errorf("%w: network of %d bytes is not a label value (at most 63)", ErrInvalid, len(n))
+	}
+	if !labelValue(string(n)) {
+		return fmt.Errorf("%w: network %q is not a label value", ErrInvalid, n)
 	}
 	return nil
 }
@@ -199,6 +216,20 @@ func (s *Shard) Validate(lim Limits) error {
 	return nil
 }
 
+// broadcast is IPv4's limited broadcast address.
+var broadcast = netip.AddrFrom4([4]byte{255, 255, 255, 255})
+
+// unicast reports whether a is an address one host can be dialled at:
+// valid, without zone, neither unspecified, multicast nor the limited
+// broadcast (an IPv4-mapped IPv6 address counts as its IPv4 address).
+func unicast(a netip.Addr) bool {
+	if !a.IsValid() || a.Zone() != "" {
+		return false
+	}
+	a = a.Unmap()
+	return !a.IsUnspecified() && !a.IsMulticast() && a != broadcast
+}
+
 // Validate checks one endpoint on its own (Shard.Validate also checks that
 // no address appears twice in a shard). A source can use it to leave out one
 // bad endpoint rather than lose the whole service.
@@ -210,7 +241,7 @@ func (e *Endpoint) Validate(lim Limits) error {
 		return fmt.Errorf("%d addresses, more than the limit of %d", len(e.Addresses), lim.MaxAddressesPerEndpoint)
 	}
 	for _, a := range e.Addresses {
-		if !a.IsValid() || a.IsUnspecified() || a.IsMulticast() || a.Zone() != "" {
+		if !unicast(a) {
 			return fmt.Errorf("address %q is not a unicast IP", a)
 		}
 	}

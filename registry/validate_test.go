@@ -109,6 +109,11 @@ func TestShardValidate(t *testing.T) {
 		{name: "multicast IPv4", change: func(s *Shard) { s.Endpoints[0].Addresses = ips("224.0.0.1") }, want: "unicast"},
 		{name: "multicast IPv6", change: func(s *Shard) { s.Endpoints[0].Addresses = ips("ff02::1") }, want: "unicast"},
 		{name: "IPv6 with zone", change: func(s *Shard) { s.Endpoints[0].Addresses = ips("fe80::1%eth0") }, want: "unicast"},
+		{name: "IPv4 limited broadcast", change: func(s *Shard) { s.Endpoints[0].Addresses = ips("255.255.255.255") }, want: "unicast"},
+		{name: "IPv4-mapped broadcast", change: func(s *Shard) { s.Endpoints[0].Addresses = ips("::ffff:255.255.255.255") }, want: "unicast"},
+		{name: "IPv4-mapped unspecified", change: func(s *Shard) { s.Endpoints[0].Addresses = ips("::ffff:0.0.0.0") }, want: "unicast"},
+		{name: "IPv4-mapped multicast", change: func(s *Shard) { s.Endpoints[0].Addresses = ips("::ffff:239.1.2.3") }, want: "unicast"},
+		{name: "valid subnet broadcast-looking address", change: func(s *Shard) { s.Endpoints[0].Addresses = ips("10.0.0.255") }},
 		{name: "duplicate address across endpoints", change: func(s *Shard) {
 			s.Endpoints[1].Addresses = ips("fd00::2", "10.0.0.1")
 		}, want: "duplicate endpoint address 10.0.0.1"},

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/navemesh/nave/internal/xdstype"
+	"github.com/navemesh/nave/xds"
 )
 
 // viewFor returns the view a local stream (ctx is its) whose first request
@@ -98,6 +99,10 @@ func (g *gatewayViews) acquire(ctx context.Context, node *core.Node) (*view, fun
 		return nil, nil, status.Error(codes.InvalidArgument, "relay: a gateway's node needs an ID")
 	}
 	upstream := behindRelay(node, g.r.cfg.Node)
+	if field, size := xds.OversizedNodeField(upstream); field != "" {
+		// The hub would refuse it, and the view would ask again forever.
+		return nil, nil, status.Errorf(codes.InvalidArgument, "relay: the gateway's node %s is %d bytes; at most %d", field, size, xds.MaxNodeFieldBytes)
+	}
 	if size := proto.Size(upstream.GetMetadata()); size > maxGatewayMetadata {
 		return nil, nil, status.Errorf(codes.InvalidArgument, "relay: the gateway's node metadata is %d bytes; at most %d", size, maxGatewayMetadata)
 	}

@@ -226,6 +226,10 @@ func TestRelayServesAGatewayWithoutTheHub(t *testing.T) {
 	if err := openRawNode(ctx, t, relayAddr, large, resource.ListenerType).end(ctx, t); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("a gateway with too much metadata: stream ended with %v, want InvalidArgument", err)
 	}
+	longID := ingressNode(strings.Repeat("g", xds.MaxNodeFieldBytes+1), 8080)
+	if err := openRawNode(ctx, t, relayAddr, longID, resource.ListenerType).end(ctx, t); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("a gateway whose node ID the hub would refuse: stream ended with %v, want InvalidArgument", err)
+	}
 	_, _, noGateways := startRelay(t, h.addr, loc("r1", "z1"), func(c *Config) { c.MaxGateways = 0 })
 	if err := openRawNode(ctx, t, noGateways, ingressNode("gw-1", 8080), resource.ListenerType).end(ctx, t); status.Code(err) != codes.FailedPrecondition {
 		t.Errorf("a gateway at a relay serving none: stream ended with %v, want FailedPrecondition", err)

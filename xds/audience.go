@@ -7,7 +7,6 @@ import (
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
-	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
 	"github.com/navemesh/nave/registry"
 )
@@ -31,8 +30,10 @@ type Audience interface {
 }
 
 // MaxAudienceGroups bounds how many groups of an audience get resources of
-// their own (their nodes choose their group, so this bounds memory). Nodes
-// of further groups are served nothing, and a warning says so.
+// their own (their nodes choose their group, so this bounds memory). At
+// the bound a new group takes the place of the least recently used idle
+// one; when every group is held by open streams, a stream of a new group
+// is refused (ResourceExhausted). See groups.go.
 const MaxAudienceGroups = 256
 
 // view is one audience group's caches.
@@ -62,43 +63,38 @@ func (s *Server) clientFor(node *core.Node) Client {
 	return clientOf(node, t)
 }
 
-// viewFor returns the caches of a node's audience group, creating and
-// filling them on first use, and whether the node belongs to an audience
-// (nil caches for a group beyond MaxAudienceGroups).
+// viewFor returns the caches of a node's audience group, and whether the
+// node belongs to an audience: the group its stream holds (see
+// holdGroups); for a node of no open stream (tests), the group's, made
+// idle if the table admits it. Nil caches: the node may not have a group,
+// and is served nothing (never the proxyless resources).
 func (s *Server) viewFor(node *core.Node) (*view, bool) {
 	key, _, ok := s.classify(node)
 	if !ok {
 		return nil, false
 	}
+	if h := s.heldFor(node); h != nil {
+		if h.view == nil {
+			return nil, true
+		}
+		return h.view.view, true
+	}
 	if v := (*s.views.Load())[key]; v != nil {
 		return v, true
 	}
-	s.stateMu.Lock()
-	defer s.stateMu.Unlock()
-	views := *s.views.Load()
-	if v := views[key]; v != nil {
-		return v, true
-	}
-	if len(views) >= MaxAudienceGroups {
-		if now, last := time.Now().UnixNano(), s.overLimitWarned.Load(); now-last > int64(time.Minute) && s.overLimitWarned.CompareAndSwap(last, now) {
-			s.log.Warn("too many gateway groups; serving new ones nothing", "group", key, "limit", MaxAudienceGroups)
-		}
+	vk := groupKey{gateway: true, view: key}
+	if vk.keyBytes() > MaxGroupKeyBytes || s.restrictionOf(node) != nil {
 		return nil, true
 	}
-	prefix := s.cfg.VersionPrefix + "gw-" + key + "-"
-	v := &view{key: key,
-		lds: newResourceCache(resource.ListenerType, prefix+"lds-", s.log, nil, nil),
-		rds: newResourceCache(resource.RouteType, prefix+"rds-", s.log, nil, nil),
-		cds: newResourceCache(resource.ClusterType, prefix+"cds-", s.log, nil, nil),
+	s.stateMu.Lock()
+	defer s.stateMu.Unlock()
+	e, err := s.take(vk, "")
+	if err != nil {
+		return nil, true
 	}
-	if s.built {
-		s.buildView(v, time.Now())
-	}
-	next := maps.Clone(views)
-	next[key] = v
-	s.views.Store(&next)
-	s.log.Info("new gateway group", "group", key)
-	return v, true
+	s.drop(e, "")
+	s.publishGroupMetrics()
+	return e.view, true
 }
 
 // rebuildViews rebuilds every audience group's resources. Called with stateMu held.

@@ -14,6 +14,8 @@ import (
 	cache "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/navemesh/nave/limits"
 )
 
 // resourceCache is one LinearCache (one type, one audience) plus what we
@@ -220,7 +222,7 @@ func (d *dispatchCache) cacheFor(typeURL string, node *core.Node) *resourceCache
 // unknownType leaves a watch for a type Nave does not serve (secrets, runtime,
 // ...) open and unanswered: an error would end the whole ADS stream.
 func (d *dispatchCache) unknownType(typeURL string) func() {
-	d.log.Debug("watch for a type Nave does not serve", "type", typeURL)
+	d.log.Debug("watch for a type Nave does not serve", "type", limits.Truncate(typeURL))
 	return func() {}
 }
 
@@ -236,11 +238,20 @@ func (f logFuncs) Infof(format string, args ...any)  { f.log(slog.LevelDebug, fo
 func (f logFuncs) Warnf(format string, args ...any)  { f.log(slog.LevelWarn, format, args...) }
 func (f logFuncs) Errorf(format string, args ...any) { f.log(slog.LevelError, format, args...) }
 
+// log formats what go-control-plane logs, its strings (type URLs, node
+// IDs: the clients') cut short.
 func (f logFuncs) log(level slog.Level, format string, args ...any) {
 	if !f.l.Enabled(context.Background(), level) {
 		return
 	}
-	f.l.Log(context.Background(), level, fmt.Sprintf(format, args...))
+	cut := make([]any, len(args)) // args may be the caller's slice
+	for i, a := range args {
+		if s, ok := a.(string); ok {
+			a = limits.Truncate(s)
+		}
+		cut[i] = a
+	}
+	f.l.Log(context.Background(), level, fmt.Sprintf(format, cut...))
 }
 
 // pushStamp is when the Update that produced a cache version started.

@@ -88,7 +88,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: MetricLocalityGroups, Help: "Locality groups with their own EDS cache.",
 		}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: MetricRefusedRequests, Help: "xDS requests refused and their streams ended, by reason (too_many_names, metadata_too_large).",
+			Name: MetricRefusedRequests, Help: "xDS requests refused and their streams ended, by reason (too_many_names, metadata_too_large, node_field_too_large).",
 		}, []string{"reason"}),
 		denied: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: MetricDeniedResources, Help: "Resources clients asked for that their identity may not receive (they get nothing of them), by type.",
@@ -97,7 +97,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: MetricThrottledRequests, Help: "xDS requests that waited for their stream's request rate (the client was slowed, not refused).",
 		}),
 	}
-	for _, r := range []string{reasonTooManyNames, reasonMetadataTooLarge} {
+	for _, r := range []string{reasonTooManyNames, reasonMetadataTooLarge, reasonNodeFieldTooLarge} {
 		m.refused.WithLabelValues(r)
 	}
 	for _, t := range []string{typeLDS, typeRDS, typeCDS, typeEDS} {

@@ -78,19 +78,6 @@ type gatewayAddr struct {
 	wire []byte
 }
 
-// unknownNetwork stands, beyond MaxLocalityGroups, for every network no
-// cluster is on: its clients reach every network through its gateways.
-const unknownNetwork registry.Network = "nave.invalid/unknown-network"
-
-// knows reports whether a cluster is on network n.
-func (t *topology) knows(n registry.Network) bool {
-	for _, cn := range t.clusters {
-		if cn == n {
-			return true
-		}
-	}
-	return false
-}
 
 func newTopology(n registry.Networks) *topology {
 	t := &topology{clusters: maps.Clone(n.Clusters), gateways: map[registry.Network][]gatewayAddr{}}

@@ -128,7 +128,7 @@ func (s *Server) restrictRequest(key streamKey, node **core.Node, typeURL string
 	}
 	s.metrics.denied.WithLabelValues(typeLabel(typeURL)).Add(float64(len(denied)))
 	if first {
-		s.log.Warn("a client asked for resources its identity may not receive; it gets nothing of them",
+		s.refusals.Warn(logDenied, "a client asked for resources its identity may not receive; it gets nothing of them",
 			"identity", r.who, "node", (*node).GetId(), "type", typeLabel(typeURL), "denied", len(denied), "example", denied[0])
 	}
 }

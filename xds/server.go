@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/navemesh/nave/limits"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/syncstatus"
 )
@@ -39,8 +40,9 @@ type Config struct {
 	// that replica's counters for the ones it acknowledged.
 	VersionPrefix string
 	// MaxLocalityGroups bounds how many locality groups get their own EDS cache
-	// (clients choose their locality, so this bounds memory). Clients of further
-	// groups are served the default group: every endpoint at priority 0.
+	// (clients choose their locality, so this bounds memory). At the bound a new
+	// group replaces the least recently used idle one; when every group is
+	// held by an open stream, the new stream is refused (ResourceExhausted).
 	MaxLocalityGroups int
 	// Audience, if not nil, serves gateways resources of their own (see Audience).
 	Audience Audience
@@ -81,6 +83,9 @@ type Server struct {
 	log     *slog.Logger
 	metrics *metrics
 	xds     serverv3.Server
+	// refusals logs what clients send that the server refuses (and their
+	// NACKs), rate-limited per reason, every string of theirs cut short.
+	refusals *limits.RefusalLog
 
 	// The shared caches. Their staged state is guarded by stateMu.
 	lds, rds, cds *resourceCache
@@ -92,9 +97,6 @@ type Server struct {
 	topo atomic.Pointer[topology]
 	// views maps an audience group to its caches; copy-on-write under stateMu.
 	views atomic.Pointer[map[string]*view]
-
-	// overLimitWarned is when (unix ns) the last too-many-groups warning was logged.
-	overLimitWarned atomic.Int64
 
 	// stateMu guards what was last translated: Update holds it, and so does the
 	// creation of a locality group's EDS cache.
@@ -120,6 +122,8 @@ type Server struct {
 	restrict restrictions
 	throttle *throttle
 	names    *nameTable
+	// table bounds the locality and gateway groups (groups.go).
+	table *groupTable
 }
 
 // streamKey names a stream: sotw and delta streams are numbered separately.
@@ -148,6 +152,7 @@ func NewServer(cfg Config, log *slog.Logger, reg prometheus.Registerer) *Server 
 	s := &Server{
 		cfg:       cfg,
 		log:       log,
+		refusals:  limits.NewRefusalLog(log, 0, 0),
 		metrics:   newMetrics(reg),
 		ports:     map[registry.ServiceKey][]registry.ServicePort{},
 		endpoints: map[string]*portEndpoints{},
@@ -163,6 +168,7 @@ func NewServer(cfg Config, log *slog.Logger, reg prometheus.Registerer) *Server 
 	s.groups.Store(&map[Client]*resourceCache{})
 	s.topo.Store(newTopology(registry.Networks{}))
 	s.views.Store(&map[string]*view{})
+	s.table = newGroupTable(reg)
 	s.dispatch = &dispatchCache{lds: s.lds, rds: s.rds, cds: s.cds, eds: s.edsCache, view: s.viewFor, restriction: s.restrictionOf, log: log}
 	// The streams end when the gRPC server stops; nothing else needs to end them.
 	s.xds = serverv3.NewServer(context.Background(), s.dispatch, s.callbacks(), sotw.WithLogger(cacheLogger(log)))
@@ -389,54 +395,6 @@ func (s *Server) flush(c *resourceCache, start time.Time) {
 	s.pushMu.Unlock()
 }
 
-// edsCache returns the EDS cache of a node's Client (locality group and
-// network), creating and filling it on first use.
-func (s *Server) edsCache(node *core.Node) *resourceCache {
-	group := s.clientFor(node)
-	if c := (*s.groups.Load())[group]; c != nil {
-		return c
-	}
-	s.stateMu.Lock()
-	defer s.stateMu.Unlock()
-	groups := *s.groups.Load()
-	if c := groups[group]; c != nil {
-		return c
-	}
-	if len(groups) >= s.cfg.MaxLocalityGroups {
-		// Clients choose their locality: warn at most once a minute, not per request.
-		if now, last := time.Now().UnixNano(), s.overLimitWarned.Load(); now-last > int64(time.Minute) && s.overLimitWarned.CompareAndSwap(last, now) {
-			s.log.Warn("too many locality groups; serving clients of new groups the default group",
-				"region", group.Locality.Region, "zone", group.Locality.Zone, "network", group.Network, "limit", s.cfg.MaxLocalityGroups)
-		}
-		// Still on its network: never another network's unroutable addresses.
-		group = Client{Network: group.Network, NetworkOnly: group.NetworkOnly}
-		if c := groups[group]; c != nil {
-			return c
-		}
-		if group.Network != "" && !s.topo.Load().knows(group.Network) {
-			// Clients name their network too: one group for every network no
-			// cluster is on, or each new name would cost a group beyond the bound.
-			group.Network = unknownNetwork
-			if c := groups[group]; c != nil {
-				return c
-			}
-		}
-	}
-	initial := make(map[string]types.Resource, len(s.endpoints))
-	sums := make(map[string]uint64, len(s.endpoints))
-	t := s.topo.Load()
-	for name, pe := range s.endpoints {
-		initial[name], sums[name] = pe.forClient(group, t)
-	}
-	c := newResourceCache(resource.EndpointType, s.cfg.VersionPrefix+edsPrefix(group), s.log, initial, sums)
-	next := maps.Clone(groups)
-	next[group] = c
-	s.groups.Store(&next)
-	s.metrics.groups.Set(float64(len(next)))
-	s.log.Info("new locality group", "region", group.Locality.Region, "zone", group.Locality.Zone, "network", group.Network, "assignments", len(initial))
-	return c
-}
-
 func (s *Server) callbacks() serverv3.CallbackFuncs {
 	return serverv3.CallbackFuncs{
 		StreamOpenFunc: func(ctx context.Context, id int64, typeURL string) error {
@@ -448,6 +406,7 @@ func (s *Server) callbacks() serverv3.CallbackFuncs {
 			s.metrics.connected.Dec()
 			s.forgetStream(false, id)
 			s.closeStream(streamKey{false, id})
+			s.releaseGroups(streamKey{false, id})
 		},
 		DeltaStreamOpenFunc: func(ctx context.Context, id int64, typeURL string) error {
 			s.metrics.connected.Inc()
@@ -458,6 +417,7 @@ func (s *Server) callbacks() serverv3.CallbackFuncs {
 			s.metrics.connected.Dec()
 			s.forgetStream(true, id)
 			s.closeStream(streamKey{true, id})
+			s.releaseGroups(streamKey{true, id})
 		},
 		StreamRequestFunc: func(id int64, req *discovery.DiscoveryRequest) error {
 			if err := s.admit(req.GetNode(), len(req.GetResourceNames())); err != nil {
@@ -469,6 +429,9 @@ func (s *Server) callbacks() serverv3.CallbackFuncs {
 			}
 			if s.cfg.Restrict != nil {
 				s.restrictRequest(streamKey{false, id}, &req.Node, req.GetTypeUrl(), req.GetResourceNames())
+			}
+			if err := s.holdGroups(streamKey{false, id}, &req.Node); err != nil {
+				return err
 			}
 			if a := s.status.Request(id, req); a.Nonce != "" && s.cfg.Tracer != nil {
 				s.cfg.Tracer.Answered(syncstatus.Stream{ID: id}, a.TypeURL, a.Nonce, a.ACK)
@@ -486,6 +449,9 @@ func (s *Server) callbacks() serverv3.CallbackFuncs {
 			}
 			if s.cfg.Restrict != nil {
 				s.restrictRequest(streamKey{true, id}, &req.Node, req.GetTypeUrl(), req.GetResourceNamesSubscribe())
+			}
+			if err := s.holdGroups(streamKey{true, id}, &req.Node); err != nil {
+				return err
 			}
 			if a := s.status.DeltaRequest(id, req); a.Nonce != "" && s.cfg.Tracer != nil {
 				s.cfg.Tracer.Answered(syncstatus.Stream{Delta: true, ID: id}, a.TypeURL, a.Nonce, a.ACK)
@@ -518,7 +484,8 @@ func (s *Server) onRequest(delta bool, id int64, typeURL string, node *core.Node
 		if !s.throttle.logNACK(streamKey{delta, id}, now) {
 			return
 		}
-		s.log.Warn("client rejected a response (NACK)", "type", typeLabel(typeURL), "node", node.GetId(),
+		// Every string here is the client's: the log cuts them short.
+		s.refusals.Warn(logNACK, "client rejected a response (NACK)", "type", typeLabel(typeURL), "node", node.GetId(),
 			"locality", node.GetLocality().String(), "nonce", nonce, "delta", delta, "detail", nackDetail)
 	}
 }
@@ -549,28 +516,79 @@ func (s *Server) forgetStream(delta bool, id int64) {
 
 // Reasons a request is refused.
 const (
-	reasonTooManyNames     = "too_many_names"
-	reasonMetadataTooLarge = "metadata_too_large"
+	reasonTooManyNames      = "too_many_names"
+	reasonMetadataTooLarge  = "metadata_too_large"
+	reasonNodeFieldTooLarge = "node_field_too_large"
 )
 
-// admit refuses a request that names more resources than MaxResourceNames
-// or carries a node whose metadata is larger than MaxNodeMetadataBytes: the
-// stream ends with a status saying why, and the refusal is counted. A
-// client holds what it was sent before.
+// Reasons the server logs what clients send, besides refusals, rate-limited.
+const (
+	logNACK   = "nack"
+	logDenied = "denied"
+)
+
+// MaxNodeFieldBytes bounds each string of a client's node that the
+// server keeps, shows or groups clients by: its ID and cluster, its
+// locality's region, zone and sub-zone, its user agent's name and
+// version, and the NETWORK and CLUSTER_ID of its metadata. It leaves room
+// for a node agent's ID ("nave-node~" and a 253-byte node name) and
+// Istio's sidecar IDs.
+const MaxNodeFieldBytes = 512
+
+// admit refuses a request that names more resources than MaxResourceNames,
+// or carries a node with a string longer than MaxNodeFieldBytes or
+// metadata larger than MaxNodeMetadataBytes: the stream ends with a status
+// saying why, before anything of the node is kept, and the refusal is
+// counted (and logged, rate-limited). A client holds what it was sent before.
 func (s *Server) admit(node *core.Node, names int) error {
 	if names > s.cfg.MaxResourceNames {
 		s.metrics.refused.WithLabelValues(reasonTooManyNames).Inc()
-		s.log.Warn("refused an xDS request naming too many resources", "node", node.GetId(), "names", names, "limit", s.cfg.MaxResourceNames)
+		s.refusals.Warn(reasonTooManyNames, "refused an xDS request naming too many resources", "node", node.GetId(), "names", names, "limit", s.cfg.MaxResourceNames)
 		return status.Errorf(codes.ResourceExhausted, "the request names %d resources; at most %d per request", names, s.cfg.MaxResourceNames)
+	}
+	if field, size := OversizedNodeField(node); field != "" {
+		s.metrics.refused.WithLabelValues(reasonNodeFieldTooLarge).Inc()
+		s.refusals.Warn(reasonNodeFieldTooLarge, "refused an xDS request whose node has a string too long", "node", node.GetId(),
+			"field", field, "bytes", size, "limit", MaxNodeFieldBytes)
+		return status.Errorf(codes.InvalidArgument, "the node's %s is %d bytes; at most %d", field, size, MaxNodeFieldBytes)
 	}
 	if md := node.GetMetadata(); md != nil {
 		if size := proto.Size(md); size > s.cfg.MaxNodeMetadataBytes {
 			s.metrics.refused.WithLabelValues(reasonMetadataTooLarge).Inc()
-			s.log.Warn("refused an xDS request whose node metadata is too large", "node", node.GetId(), "bytes", size, "limit", s.cfg.MaxNodeMetadataBytes)
+			s.refusals.Warn(reasonMetadataTooLarge, "refused an xDS request whose node metadata is too large", "node", node.GetId(), "bytes", size, "limit", s.cfg.MaxNodeMetadataBytes)
 			return status.Errorf(codes.InvalidArgument, "the node's metadata is %d bytes; at most %d", size, s.cfg.MaxNodeMetadataBytes)
 		}
 	}
 	return nil
+}
+
+// OversizedNodeField names the first of node's strings (see
+// MaxNodeFieldBytes) longer than MaxNodeFieldBytes, and its size; "" when
+// none is.
+func OversizedNodeField(node *core.Node) (string, int) {
+	if node == nil {
+		return "", 0
+	}
+	l, md := node.GetLocality(), node.GetMetadata().GetFields()
+	for _, f := range [...]struct {
+		name  string
+		value string
+	}{
+		{"id", node.GetId()},
+		{"cluster", node.GetCluster()},
+		{"locality region", l.GetRegion()},
+		{"locality zone", l.GetZone()},
+		{"locality sub_zone", l.GetSubZone()},
+		{"user_agent_name", node.GetUserAgentName()},
+		{"user_agent_version", node.GetUserAgentVersion()},
+		{"metadata " + MetadataNetwork, md[MetadataNetwork].GetStringValue()},
+		{"metadata " + MetadataCluster, md[MetadataCluster].GetStringValue()},
+	} {
+		if len(f.value) > MaxNodeFieldBytes {
+			return f.name, len(f.value)
+		}
+	}
+	return "", 0
 }
 
 // edsPrefix is the version prefix of a locality group's EDS cache: unique
