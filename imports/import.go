@@ -32,7 +32,8 @@ type Import struct {
 	IPs []netip.Addr
 	// Properties are the merged properties the import mirrors.
 	Properties registry.Properties
-	// Sources are the exporting clusters, sorted by cluster ID.
+	// Sources are the exporting clusters that serve at least one of Ports
+	// (or declare none, for a Headless import), sorted by cluster ID.
 	Sources []Source
 }
 
@@ -156,10 +157,13 @@ func Wanted(key registry.ServiceKey, hasNamespace func(namespace string) bool) b
 // states no families, the first of each family in the order given); a
 // Headless import has none. IPv4-mapped IPv6 addresses count as IPv4.
 //
-// Each exporting cluster becomes a Source. Its endpoints are split by IP
-// family; addresses the API server would refuse are left out and returned
-// as Skipped, and an endpoint left with no address is dropped. Endpoints
-// that serve none of the cluster's ports are dropped from a ClusterSetIP
+// Each exporting cluster becomes a Source, except one that serves none of
+// the import's ports (all of its ports lost a conflict; a cluster declaring
+// no ports is kept only in a Headless import): it has nothing to serve, and
+// the winners' endpoints flow on without it. A source's endpoints are split
+// by IP family; addresses the API server would refuse are left out and
+// returned as Skipped, and an endpoint left with no address is dropped.
+// Endpoints that serve none of the cluster's ports are dropped from a ClusterSetIP
 // import (nothing could reach them) but kept for a Headless one (headless
 // DNS names pods, whatever their ports). Equal services give equal imports,
 // whatever the order of their shards, ports, endpoints and addresses.
@@ -184,6 +188,14 @@ func Build(svc *registry.Service, stale func(registry.ClusterID) bool, ips []net
 	imp.Sources = make([]Source, 0, len(shards))
 	var skipped []Skipped
 	for _, sh := range shards {
+		if !servesAny(imp, sh) && (len(sh.Ports) > 0 || !imp.Headless) {
+			// Every port of the cluster lost a conflict (another
+			// protocol or number under a name the import gives another
+			// port), or a port-less headless export lost the type to a
+			// ClusterSetIP one: the cluster contributes nothing, and a
+			// ClusterSetIP source with no ports is one spokes refuse.
+			continue
+		}
 		src := buildSource(imp, sh, &skipped)
 		if stale != nil {
 			src.Stale = stale(sh.Cluster)
@@ -252,6 +264,17 @@ func familyOf(a netip.Addr) registry.IPFamily {
 		return registry.IPv4
 	}
 	return registry.IPv6
+}
+
+// servesAny reports whether the cluster's shard declares any of the import's
+// ports (by number and protocol).
+func servesAny(imp *Import, sh *registry.Shard) bool {
+	for _, p := range imp.Ports {
+		if _, ok := sh.Port(p.Port, p.Protocol); ok {
+			return true
+		}
+	}
+	return false
 }
 
 // servedPort is one of the import's ports and the name the source cluster gives it.

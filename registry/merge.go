@@ -28,7 +28,8 @@ type Service struct {
 
 // Conflict reports a property two clusters export differently. Following
 // the Kubernetes MCS rules, the oldest export wins (ties go to the lower
-// cluster ID); the loser's value is ignored for that property.
+// cluster ID); the loser's value is ignored for that property. The one
+// exception is a port-set conflict (see IsPortSet): the ports are the union.
 type Conflict struct {
 	Kind     ConflictKind `json:"kind"`
 	Property string       `json:"property"`
@@ -38,6 +39,9 @@ type Conflict struct {
 }
 
 func (c Conflict) String() string {
+	if c.IsPortSet() {
+		return fmt.Sprintf("%s: %s (the import serves the union of %s's and %s's)", c.Property, c.Reason, c.Winner, c.Loser)
+	}
 	return fmt.Sprintf("%s: %s (kept %s's, ignored %s's)", c.Property, c.Reason, c.Winner, c.Loser)
 }
 
@@ -90,6 +94,7 @@ func merge(k ServiceKey, shards []*Shard) *Service {
 	slices.SortFunc(svc.Ports, func(a, b ServicePort) int {
 		return cmp.Or(cmp.Compare(a.Port, b.Port), cmp.Compare(a.Protocol, b.Protocol))
 	})
+	mergePortSets(svc, byAge)
 	mergeProperties(svc, byAge)
 	return svc
 }

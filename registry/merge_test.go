@@ -62,7 +62,8 @@ func TestMerge(t *testing.T) {
 				exported("west", 0, false, tcp("http", 80), tcp("grpc", 9090)),
 				exported("east", hour, false, tcp("http", 80), ServicePort{Name: "https", Port: 443, Protocol: ProtocolTCP, AppProtocol: "https"}),
 			},
-			ports: []ServicePort{tcp("http", 80), {Name: "https", Port: 443, Protocol: ProtocolTCP, AppProtocol: "https"}, tcp("grpc", 9090)},
+			ports:     []ServicePort{tcp("http", 80), {Name: "https", Port: 443, Protocol: ProtocolTCP, AppProtocol: "https"}, tcp("grpc", 9090)},
+			conflicts: []wantConflict{{"ports", "west", "east"}}, // different port sets conflict (upstream conformance)
 		},
 		{
 			name: "53/TCP and 53/UDP coexist",
@@ -70,7 +71,8 @@ func TestMerge(t *testing.T) {
 				exported("east", 0, false, tcp("dns-tcp", 53)),
 				exported("west", 0, false, udp("dns-udp", 53), tcp("dns-tcp", 53)),
 			},
-			ports: []ServicePort{tcp("dns-tcp", 53), udp("dns-udp", 53)},
+			ports:     []ServicePort{tcp("dns-tcp", 53), udp("dns-udp", 53)},
+			conflicts: []wantConflict{{"ports", "east", "west"}},
 		},
 		{
 			name: "same number, other name: the older export wins",
@@ -166,6 +168,7 @@ func TestMerge(t *testing.T) {
 				{"port 80/TCP", "a", "b"},
 				{"type", "a", "c"},
 				{`port name "admin"`, "b", "c"},
+				{"ports", "a", "b"}, // b's 9901 is only in b
 			},
 		},
 	}
@@ -211,6 +214,9 @@ func checkNothingSilent(t *testing.T, svc *Service) {
 	t.Helper()
 	lost := map[ClusterID]int{}
 	for _, c := range svc.Conflicts {
+		if c.IsPortSet() { // nothing of the loser is dropped: the ports are the union
+			continue
+		}
 		lost[c.Loser]++
 		if c.Winner == c.Loser {
 			t.Errorf("conflict %+v has the same winner and loser", c)
@@ -270,7 +276,7 @@ func TestServiceEndpoints(t *testing.T) {
 	r, _ := mustApply(t, New(), upsert("east", east))
 	r, _ = mustApply(t, r, upsert("west", west))
 	svc := r.Service(keyWeb)
-	if len(svc.Conflicts) != 1 || svc.Conflicts[0].Loser != "west" {
+	if len(svc.Conflicts) != 2 || svc.Conflicts[0].Loser != "west" || !svc.Conflicts[1].IsPortSet() {
 		t.Fatalf("fixture: conflicts %+v", svc.Conflicts)
 	}
 

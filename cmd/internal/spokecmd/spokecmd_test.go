@@ -1,8 +1,12 @@
 package spokecmd
 
 import (
+	"fmt"
+	"os"
 	"strings"
 	"testing"
+
+	"github.com/navemesh/nave/spoke"
 )
 
 // Flags that cannot work are refused with a message naming them, before
@@ -26,5 +30,19 @@ func TestRunRefusesFlagsThatCannotWork(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("nave spoke %s: %v, want an error with %q", strings.Join(tc.args, " "), err, tc.want)
 		}
+	}
+}
+
+// Spokes started without --spoke-id must not all be named for the machine.
+func TestDefaultSpokeIDIsPerProcess(t *testing.T) {
+	t.Setenv("POD_NAME", "nave-spoke-5c9d-x2k4q")
+	if got := spoke.DefaultConfig().Federation.SpokeID; got != "nave-spoke-5c9d-x2k4q" {
+		t.Errorf("in a pod: spoke ID %q, want the pod's name", got)
+	}
+	t.Setenv("POD_NAME", "")
+	host, _ := os.Hostname()
+	got := spoke.DefaultConfig().Federation.SpokeID
+	if got == host || !strings.HasSuffix(got, fmt.Sprintf("-%d", os.Getpid())) {
+		t.Errorf("outside a pod: spoke ID %q, want the host name %q and this process's ID", got, host)
 	}
 }
