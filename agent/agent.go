@@ -3,7 +3,7 @@
 // network and locality; ADS to the hub), serves Envoy its certificates over
 // SDS from watched files, supervises Envoy (hot restart on changes, restart
 // after crashes within a budget, drain on shutdown) and answers readiness
-// probes from Envoy's admin API.
+// probes for the Envoy that holds the listeners (see Serving).
 package agent
 
 import (
@@ -134,7 +134,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	defer wg.Wait() // after stopServing, below
 	serveCtx, stopServing := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopServing()
-	ready := NewReadiness(cfg.AdminPort)
+	supervisor := NewSupervisor(ec, bootstrapJSON, base)
+	ready := NewReadiness(cfg.AdminPort, supervisor) // the Envoy serving, through hot restarts
 	status := &http.Server{Handler: ready.Handler(), ReadHeaderTimeout: 5 * time.Second}
 	wg.Go(func() {
 		defer recoverLog(log, "SDS server")
@@ -162,7 +163,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// 5. Envoy, until ctx ends.
 	log.Info("starting Envoy", "hub", cfg.Hub.Addr, "network", cfg.Node.Network, "cluster_id", cfg.Node.ClusterID,
 		"admin", fmt.Sprintf("127.0.0.1:%d", cfg.AdminPort), "secrets", len(cfg.Secrets))
-	return NewSupervisor(ec, bootstrapJSON, base).Run(ctx)
+	return supervisor.Run(ctx)
 }
 
 func recoverLog(log *slog.Logger, what string) {

@@ -79,6 +79,9 @@ func TestRunServesAGateway(t *testing.T) {
 	if got := flagValue(filter(evs, "start")[1].Args, "--restart-epoch"); got != "1" {
 		t.Errorf("after the CA changed: epoch %s, want 1", got)
 	}
+	// The new Envoy takes the admin address over from its parent (the drain
+	// below goes to whichever holds it).
+	rec.await(t, "epoch 1 holding the admin", epochEvent("admin", 1))
 
 	// Shutdown: not ready at once, drained, then stopped; Run returns nil.
 	cancel()

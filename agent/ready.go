@@ -22,7 +22,9 @@ const (
 	// and clusters from it; from then on, Envoy is LIVE (fail-static: a hub
 	// outage must not take a configured gateway out of its Service, as the
 	// hub keeps serving a lost cluster's endpoints); 503 with the reason
-	// otherwise, and while the agent shuts down.
+	// otherwise, and while the agent shuts down. "Envoy" is the one that
+	// holds the listeners: during a hot restart, the parent until the new
+	// Envoy is LIVE, and the parent again when the new one is abandoned.
 	ReadyPath = "/healthz/ready"
 	// LivePath answers 200 while the agent runs.
 	LivePath = "/healthz/live"
@@ -40,20 +42,49 @@ const (
 // statsFilter asks /stats for exactly those stats.
 var statsFilter = "^(" + strings.Join([]string{regexp.QuoteMeta(connectedStat), regexp.QuoteMeta(ldsStat), regexp.QuoteMeta(cdsStat)}, "|") + ")$"
 
-// Readiness decides whether the gateway is ready, from Envoy's admin API.
+// ServingEnvoy says which Envoy holds the gateway's listeners (the
+// Supervisor does). Serving must not block: probes call it.
+type ServingEnvoy interface {
+	Serving() Serving
+}
+
+// Serving is which Envoy holds the gateway's listeners.
+type Serving struct {
+	// Known: an Envoy seen LIVE holds them, the one of Epoch. Not known
+	// before the first hot restart (the only Envoy's admin API says), and
+	// after the one that held them exited or is being stopped.
+	Known bool
+	Epoch int
+	// AdminHandedOver: a newer Envoy has started since, and shut this
+	// one's admin API down, as Envoy's new epoch does when it starts; the
+	// admin address answers for the newer one, or nothing if it was
+	// abandoned. This one serves on, LIVE as it was seen: an Envoy leaves
+	// LIVE only to drain, which a parent does once its new Envoy is LIVE,
+	// and that one is then the one serving.
+	AdminHandedOver bool
+	// Generation changes whenever the rest does.
+	Generation uint64
+}
+
+// Readiness decides whether the gateway is ready, from Envoy's admin API
+// and, during and after hot restarts, from which Envoy serves.
 type Readiness struct {
 	admin    string // http://127.0.0.1:PORT
+	serving  ServingEnvoy
 	client   *http.Client
 	draining atomic.Bool
 	// configured: the gateway has been ready once (connected and configured).
 	configured atomic.Bool
 }
 
-// NewReadiness asks the Envoy whose admin API is on 127.0.0.1:adminPort.
-func NewReadiness(adminPort int) *Readiness {
+// NewReadiness asks the Envoy whose admin API is on 127.0.0.1:adminPort;
+// serving (nil: none, a single Envoy that is never hot restarted) says
+// which Envoy holds the listeners.
+func NewReadiness(adminPort int, serving ServingEnvoy) *Readiness {
 	return &Readiness{
-		admin:  fmt.Sprintf("http://127.0.0.1:%d", adminPort),
-		client: &http.Client{Timeout: time.Second},
+		admin:   fmt.Sprintf("http://127.0.0.1:%d", adminPort),
+		serving: serving,
+		client:  &http.Client{Timeout: time.Second},
 	}
 }
 
@@ -66,6 +97,27 @@ func (r *Readiness) Check(ctx context.Context) error {
 	if r.draining.Load() {
 		return errors.New("the gateway is draining: it is shutting down")
 	}
+	if r.serving == nil {
+		return r.checkAdmin(ctx)
+	}
+	// A hot restart may start while the admin API is asked: an answer is
+	// taken only if which Envoy serves did not change meanwhile.
+	for {
+		before := r.serving.Serving()
+		if before.Known && before.AdminHandedOver {
+			// Its admin API is gone; the admin address is a newer Envoy's
+			// (initialising) or nobody's (abandoned).
+			return nil
+		}
+		err := r.checkAdmin(ctx)
+		if r.serving.Serving().Generation == before.Generation || ctx.Err() != nil {
+			return err
+		}
+	}
+}
+
+// checkAdmin asks the Envoy holding the admin address.
+func (r *Readiness) checkAdmin(ctx context.Context) error {
 	status, body, err := r.get(ctx, "/ready")
 	if err != nil {
 		return fmt.Errorf("the admin API of Envoy does not answer (is Envoy running?): %w", err)

@@ -57,7 +57,7 @@ func TestReadinessFollowsEnvoy(t *testing.T) {
 	connected := filepath.Join(t.TempDir(), "connected")
 	t.Setenv("FAKEENVOY_CONNECTED_FILE", connected)
 	s, _, _ := testSupervisor(t, nil)
-	ready := NewReadiness(s.cfg.AdminPort)
+	ready := NewReadiness(s.cfg.AdminPort, s)
 	base := serveStatus(t, ready)
 
 	// Before Envoy is up: not ready, and the agent says why; live all along.
@@ -83,7 +83,7 @@ func TestReadinessFollowsEnvoy(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	// A gateway never configured is not ready without the hub.
-	fresh := serveStatus(t, NewReadiness(s.cfg.AdminPort))
+	fresh := serveStatus(t, NewReadiness(s.cfg.AdminPort, s))
 	if code, body := get(t, fresh, ReadyPath); code != http.StatusServiceUnavailable || !strings.Contains(body, "not connected to the hub") {
 		t.Errorf("never configured, disconnected: %d %q, want 503 saying why", code, body)
 	}
@@ -136,7 +136,7 @@ func TestReadinessReadsEnvoysAnswers(t *testing.T) {
 			srv := &http.Server{Handler: mux}
 			go srv.Serve(lis)
 			defer srv.Close()
-			r := NewReadiness(lis.Addr().(*net.TCPAddr).Port)
+			r := NewReadiness(lis.Addr().(*net.TCPAddr).Port, nil)
 			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 			defer cancel()
 			err = r.Check(ctx)

@@ -58,7 +58,8 @@ type SupervisorConfig struct {
 	// ChildReadyTimeout is how long the new Envoy of a hot restart has to
 	// turn LIVE (it waits for its configuration from the hub without a
 	// timeout of its own): one that does not is stopped, its parent serves
-	// on, and the hot restart is tried again later.
+	// on (and is the one readiness reports on, though the new Envoy shut
+	// its admin API down), and the hot restart is tried again later.
 	ChildReadyTimeout time.Duration
 	// Restarts is the budget of restarts after crashes.
 	Restarts RestartBudget
@@ -116,6 +117,17 @@ var ErrRestartBudget = errors.New("agent: Envoy keeps crashing; restart budget s
 // ParentShutdown. The supervisor only reaps it, and sends it SIGTERM if it
 // is still there ParentGrace later.
 //
+// Only one hot restart is under way at a time: a change while the new
+// Envoy initialises waits until it is LIVE (or abandoned); a third epoch
+// would shut the initialising one's admin API down before it was seen LIVE.
+//
+// Which Envoy serves: Envoy's new epoch asks its parent to shut its admin
+// API down as it starts (server.cc, sendParentAdminShutdownRequest), long
+// before it holds the listeners, and the parent never gets it back, even
+// when the new epoch is abandoned. So the admin address tells whose state it
+// is only while no newer epoch has started; the supervisor tracks the Envoy
+// that holds the listeners (Serving) for readiness to follow.
+//
 // Crash: when the newest Envoy exits, the supervisor stops any parent still
 // running and starts again at epoch 0: hot restart needs a live parent
 // to take the listeners from (the crashed one was the parent-to-be), and
@@ -145,8 +157,24 @@ type Supervisor struct {
 	// never turned LIVE); hotFailures counts them since the last change.
 	hotRetry    *time.Timer
 	hotFailures int
-	exits       chan *envoyProc
-	stopped     chan struct{} // closed when Run returns
+	// hotPending: a hot restart was asked for while the new Envoy of the
+	// last one still initialised; it is started once that one is LIVE.
+	hotPending bool
+	exits      chan *envoyProc
+	// lives gets each new Envoy of a hot restart that turned LIVE (from watchChild).
+	lives   chan *envoyProc
+	stopped chan struct{} // closed when Run returns
+
+	// servingMu guards serving, adminHandedOver and servingGen, written by
+	// Run's goroutine and read by readiness probes (Serving).
+	servingMu sync.Mutex
+	// serving is the Envoy known to hold the listeners: the newest one seen
+	// LIVE, nil when none is known (none yet, or it exited).
+	serving *envoyProc
+	// adminHandedOver: a newer Envoy was started since serving was, and
+	// shut serving's admin down (Envoy does so whether or not it then turns LIVE).
+	adminHandedOver bool
+	servingGen      uint64 // counts changes of the two above
 }
 
 // NewSupervisor returns a supervisor that will run Envoy with bootstrap.
@@ -165,6 +193,7 @@ func NewSupervisor(cfg SupervisorConfig, bootstrap []byte, log *slog.Logger) *Su
 		bootstrap: bootstrap,
 		procs:     map[int]*envoyProc{},
 		exits:     make(chan *envoyProc),
+		lives:     make(chan *envoyProc),
 		stopped:   make(chan struct{}),
 	}
 }
@@ -240,8 +269,9 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer stopWatch()
+	baseline := sumFiles(s.cfg.WatchFiles) // now, not when the goroutine gets to run
 	wg.Go(func() {
-		watchFiles(watchCtx, s.cfg.Watch, s.cfg.WatchFiles, nil, s.log, func() {
+		watchFiles(watchCtx, s.cfg.Watch, s.cfg.WatchFiles, &baseline, s.log, func() {
 			select {
 			case changed <- struct{}{}:
 			default:
@@ -273,6 +303,8 @@ func (s *Supervisor) Run(ctx context.Context) (err error) {
 			if err := s.exited(p); err != nil {
 				return err
 			}
+		case p := <-s.lives:
+			s.childLive(p)
 		case <-retry:
 			s.retry = nil
 		case <-hotRetryC(s.hotRetry):
@@ -360,16 +392,37 @@ func (s *Supervisor) restart(reason string) {
 const maxEnvoys = 3
 
 // hotRestart starts the next epoch beside the running Envoy. Until the new
-// one is LIVE the parent is untouched; if it never gets there, the parent
-// serves on and the hot restart is tried again later (see retryHot).
+// one is LIVE the parent keeps the listeners (only its admin API goes); if
+// it never gets there, the parent serves on and the hot restart is tried
+// again later (see retryHot). While the new Envoy of an earlier hot restart
+// still initialises, the hot restart waits for it (hotPending).
 func (s *Supervisor) hotRestart() {
 	parent := s.latest
+	serving, _ := s.servingProc()
+	if parent.parent != nil && serving != parent {
+		s.log.Info("a hot restart waits until the new Envoy of the last one is LIVE", "epoch", parent.epoch)
+		s.hotPending = true
+		return
+	}
+	s.hotPending = false
 	if len(s.procs) >= maxEnvoys {
 		s.retryHot(fmt.Errorf("%d Envoys still running (older ones draining)", len(s.procs)))
 		return
 	}
+	// The parent's admin API is still its own: ask it once whether it is
+	// LIVE (an Envoy started as epoch 0 has not been seen LIVE by the
+	// supervisor yet), as it is about to be shut down.
+	if serving != parent && s.isLive(parent.epoch) {
+		s.setServing(parent, false)
+	}
+	if serving, _ = s.servingProc(); serving == parent {
+		s.setServing(parent, true) // before the child can ask for the admin
+	}
 	child, err := s.start(parent.epoch + 1)
 	if err != nil {
+		if serving == parent {
+			s.setServing(parent, false) // no child ran: the admin is still the parent's
+		}
 		s.retryHot(err)
 		return
 	}
@@ -377,9 +430,63 @@ func (s *Supervisor) hotRestart() {
 	go s.watchChild(child, parent)
 }
 
+// childLive takes the new Envoy of a hot restart, seen LIVE, as the one
+// that serves, and starts a hot restart that waited for it.
+func (s *Supervisor) childLive(child *envoyProc) {
+	if s.procs[child.epoch] != child || child.stopping.Load() {
+		return // gone or going already
+	}
+	s.setServing(child, false)
+	if s.hotPending && s.latest == child {
+		s.hotRestart()
+	}
+}
+
+// Serving says which Envoy holds the gateway's listeners, for readiness
+// (it implements ServingEnvoy). It does not block.
+func (s *Supervisor) Serving() Serving {
+	s.servingMu.Lock()
+	defer s.servingMu.Unlock()
+	out := Serving{Generation: s.servingGen}
+	if p := s.serving; p != nil && !p.stopping.Load() {
+		out.Known, out.Epoch, out.AdminHandedOver = true, p.epoch, s.adminHandedOver
+	}
+	return out
+}
+
+// servingProc is the Envoy known to serve and whether its admin was handed over.
+func (s *Supervisor) servingProc() (*envoyProc, bool) {
+	s.servingMu.Lock()
+	defer s.servingMu.Unlock()
+	return s.serving, s.adminHandedOver
+}
+
+// setServing records p (nil: none known) as the Envoy that serves. Only Run's goroutine calls it.
+func (s *Supervisor) setServing(p *envoyProc, adminHandedOver bool) {
+	s.servingMu.Lock()
+	defer s.servingMu.Unlock()
+	if s.serving == p && s.adminHandedOver == adminHandedOver {
+		return
+	}
+	if p != s.serving {
+		s.log.Info("the Envoy serving the listeners changed", "epoch", epochOf(p))
+	}
+	s.serving, s.adminHandedOver = p, adminHandedOver
+	s.servingGen++
+}
+
+// epochOf is p's epoch, -1 for none.
+func epochOf(p *envoyProc) int {
+	if p == nil {
+		return -1
+	}
+	return p.epoch
+}
+
 // watchChild waits until the new Envoy of a hot restart is LIVE, then arms
-// its parent's reap timer; it stops a child that does not get there in
-// ChildReadyTimeout (its exit then ends the attempt).
+// its parent's reap timer and hands it to Run (lives); it stops a child
+// that does not get there in ChildReadyTimeout (its exit then ends the
+// attempt).
 func (s *Supervisor) watchChild(child, parent *envoyProc) {
 	deadline := time.Now().Add(s.cfg.ChildReadyTimeout)
 	tick := time.NewTicker(200 * time.Millisecond)
@@ -391,6 +498,10 @@ func (s *Supervisor) watchChild(child, parent *envoyProc) {
 				s.log.Warn("Envoy parent still running after its shutdown time; stopping it", "epoch", parent.epoch, "after", reapAfter)
 				parent.terminate(s.log, s.cfg.StopTimeout)
 			}))
+			select {
+			case s.lives <- child:
+			case <-s.stopped:
+			}
 			return
 		}
 		if time.Now().After(deadline) {
@@ -524,6 +635,9 @@ func (s *Supervisor) args(bootstrap string, epoch int) []string {
 func (s *Supervisor) exited(p *envoyProc) error {
 	delete(s.procs, p.epoch)
 	p.stopReap()
+	if serving, _ := s.servingProc(); serving == p {
+		s.setServing(nil, false)
+	}
 	if err := os.Remove(p.bootstrap); err != nil && !errors.Is(err, os.ErrNotExist) {
 		s.log.Debug("cannot remove an old bootstrap", "file", p.bootstrap, "error", err)
 	}
@@ -533,13 +647,16 @@ func (s *Supervisor) exited(p *envoyProc) error {
 		return nil
 	}
 	if parent := p.parent; parent != nil && s.procs[parent.epoch] == parent && !parent.stopping.Load() {
-		// A hot restart that did not take: the parent still serves.
+		// A hot restart that did not take: the parent still serves (with
+		// its admin API shut down by the child; see Serving). A hot restart
+		// that waited for this one is retried with it.
 		s.latest = parent
+		s.hotPending = false
 		parent.stopReap()
 		s.retryHot(fmt.Errorf("the new Envoy (epoch %d) exited: %s after %v", p.epoch, exitStatus(p.err), ran))
 		return nil
 	}
-	s.latest = nil
+	s.latest, s.hotPending = nil, false
 	s.log.Error("Envoy exited unexpectedly", "epoch", p.epoch, "status", exitStatus(p.err), "ran", ran)
 	if ran >= s.cfg.Restarts.HealthyAfter && s.cfg.Restarts.HealthyAfter > 0 {
 		s.spent = 0
@@ -628,6 +745,7 @@ func (s *Supervisor) stopAll() {
 		delete(s.procs, p.epoch)
 	}
 	s.latest = nil
+	s.setServing(nil, false)
 }
 
 // terminate sends SIGTERM once, and SIGKILL if the process is still there after timeout.

@@ -7,13 +7,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -381,7 +384,7 @@ func TestSupervisorDrainsBeforeStopping(t *testing.T) {
 	s, rec, _ := testSupervisor(t, func(c *SupervisorConfig) { c.DrainDuration = 300 * time.Millisecond })
 	cancel, wait := runSupervisor(t, s)
 	rec.await(t, "Envoy", count("start", 1))
-	ready := NewReadiness(s.cfg.AdminPort)
+	ready := NewReadiness(s.cfg.AdminPort, s)
 	awaitReady(t, ready)
 
 	stopAt := time.Now()
@@ -508,6 +511,146 @@ func TestHotRestartThatNeverGoesLiveIsAbandoned(t *testing.T) {
 	for _, e := range filter(evs, "signal") {
 		if e.PID == first.PID {
 			t.Fatalf("the serving parent got %s though its child never turned LIVE:\n%s", e.Signal, dump(evs))
+		}
+	}
+	cancel()
+	if err := wait(); err != nil {
+		t.Fatalf("Run = %v, want nil", err)
+	}
+}
+
+// readinessPoller polls the status server's ReadyPath until stopped, and
+// keeps every answer that was not 200.
+type readinessPoller struct {
+	polls      atomic.Int64
+	stop, done chan struct{}
+	failuresMu sync.Mutex // guards failures
+	failures   []string
+}
+
+func pollReadiness(base string) *readinessPoller {
+	p := &readinessPoller{stop: make(chan struct{}), done: make(chan struct{})}
+	client := &http.Client{Timeout: 10 * time.Second}
+	go func() {
+		defer close(p.done)
+		for {
+			select {
+			case <-p.stop:
+				return
+			default:
+			}
+			resp, err := client.Get(base + ReadyPath)
+			var answer string
+			if err != nil {
+				answer = err.Error()
+			} else {
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					answer = fmt.Sprintf("%d %s", resp.StatusCode, bytes.TrimSpace(body))
+				}
+			}
+			if answer != "" {
+				p.failuresMu.Lock()
+				p.failures = append(p.failures, answer)
+				p.failuresMu.Unlock()
+			}
+			p.polls.Add(1)
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	return p
+}
+
+// awaitPolls waits until n more polls were answered.
+func (p *readinessPoller) awaitPolls(t testing.TB, n int64) {
+	t.Helper()
+	want := p.polls.Load() + n
+	deadline := time.Now().Add(15 * time.Second)
+	for p.polls.Load() < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("the status server answered %d polls in 15s, want %d", p.polls.Load(), want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// finish stops polling and returns the polls and the answers that were not 200.
+func (p *readinessPoller) finish() (int64, []string) {
+	close(p.stop)
+	<-p.done
+	p.failuresMu.Lock()
+	defer p.failuresMu.Unlock()
+	return p.polls.Load(), p.failures
+}
+
+// epochEvent is a test for an event of kind by the Envoy of epoch.
+func epochEvent(kind string, epoch int) func([]event) bool {
+	return func(evs []event) bool {
+		return slices.ContainsFunc(filter(evs, kind), func(e event) bool { return e.Epoch == epoch })
+	}
+}
+
+// While a hot restart's new Envoy initialises, it holds the admin address
+// (Envoy's child shuts its parent's admin down as it starts) but the parent
+// serves the listeners: the gateway stays ready throughout, and after.
+func TestReadinessHoldsThroughAHotRestart(t *testing.T) {
+	gate := filepath.Join(t.TempDir(), "live-gate")
+	writeFile(t, gate, []byte("0"))
+	t.Setenv("FAKEENVOY_LIVE_GATE", gate)
+	s, rec, _ := testSupervisor(t, nil)
+	base := serveStatus(t, NewReadiness(s.cfg.AdminPort, s))
+	cancel, wait := runSupervisor(t, s)
+	awaitStatus(t, base, ReadyPath, http.StatusOK)
+
+	poller := pollReadiness(base)
+	s.Update(testBootstrap(t, s.cfg.AdminPort, "v2"))
+	// The child took the admin over and initialises: the status server is
+	// asked a good many times meanwhile.
+	rec.await(t, "epoch 1 holding the admin", epochEvent("admin", 1))
+	if !epochEvent("admin-shutdown", 0)(rec.events(t)) {
+		t.Fatalf("epoch 1 bound the admin address without shutting its parent's down:\n%s", dump(rec.events(t)))
+	}
+	poller.awaitPolls(t, 20)
+	if epochEvent("live", 1)(rec.events(t)) {
+		t.Fatal("epoch 1 turned LIVE before the test let it")
+	}
+	// It turns LIVE and takes over; the status server is asked on.
+	writeFile(t, gate, []byte("1"))
+	rec.await(t, "epoch 1 LIVE", epochEvent("live", 1))
+	poller.awaitPolls(t, 20)
+	polls, failures := poller.finish()
+	if len(failures) > 0 {
+		t.Fatalf("%s answered other than 200 to %d of %d polls during the hot restart, first %q",
+			ReadyPath, len(failures), polls, failures[0])
+	}
+	cancel()
+	if err := wait(); err != nil {
+		t.Fatalf("Run = %v, want nil", err)
+	}
+}
+
+// A hot restart whose new Envoy never turns LIVE (the hub unreachable during
+// a certificate rotation, say) is abandoned after ChildReadyTimeout: its
+// parent, whose admin the child had shut down, serves on, and the gateway
+// is ready again.
+func TestReadinessReturnsAfterAnAbandonedHotRestart(t *testing.T) {
+	t.Setenv("FAKEENVOY_NOT_LIVE_EPOCH", "1")
+	s, rec, _ := testSupervisor(t, func(c *SupervisorConfig) { c.ChildReadyTimeout = 500 * time.Millisecond })
+	base := serveStatus(t, NewReadiness(s.cfg.AdminPort, s))
+	cancel, wait := runSupervisor(t, s)
+	first := rec.await(t, "epoch 0 started", count("start", 1))[0]
+	awaitStatus(t, base, ReadyPath, http.StatusOK)
+
+	s.Update(testBootstrap(t, s.cfg.AdminPort, "v2"))
+	evs := rec.await(t, "the stuck epoch 1 abandoned", epochEvent("exit", 1))
+	if !epochEvent("admin-shutdown", 0)(evs) {
+		t.Fatalf("epoch 1 did not shut its parent's admin down:\n%s", dump(evs))
+	}
+	awaitStatus(t, base, ReadyPath, http.StatusOK)
+	for _, e := range filter(rec.events(t), "signal") {
+		if e.PID == first.PID {
+			t.Fatalf("the serving parent got %s though its child never turned LIVE", e.Signal)
 		}
 	}
 	cancel()
