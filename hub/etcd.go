@@ -16,6 +16,8 @@ import (
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 )
 
 // startEmbeddedEtcd runs a single-node etcd whose data lives in dir, listening
@@ -124,12 +126,22 @@ func (e EtcdTLS) clientConfig() (*tls.Config, error) {
 	return cfg, nil
 }
 
+// etcdRedialMax bounds the wait between attempts to reach an etcd that went away.
+const etcdRedialMax = 2 * time.Second
+
 func newEtcdClient(endpoints []string, tlsCfg *tls.Config) (*clientv3.Client, error) {
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   endpoints,
 		DialTimeout: 5 * time.Second,
 		Logger:      nil,
 		TLS:         tlsCfg,
+		// grpc's own backoff grows to 2 minutes while etcd is away: a hub
+		// that withholds xDS until etcd answers (see xdsgate.go) would wait
+		// that long after etcd returned. Within 2 s instead.
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 250 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: etcdRedialMax},
+			MinConnectTimeout: 5 * time.Second,
+		})},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("etcd client for %v: %w", endpoints, err)
