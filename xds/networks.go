@@ -78,7 +78,6 @@ type gatewayAddr struct {
 	wire []byte
 }
 
-
 func newTopology(n registry.Networks) *topology {
 	t := &topology{clusters: maps.Clone(n.Clusters), gateways: map[registry.Network][]gatewayAddr{}}
 	if t.clusters == nil {
