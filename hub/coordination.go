@@ -340,6 +340,14 @@ func nextSave(start time.Time, took, interval time.Duration, ok bool) time.Time 
 // leaderDuties runs the leader's duties until its term ends, and returns
 // what the last snapshot it saved holds (saved false: none yet).
 func (c *coordinator) leaderDuties(ctx context.Context) (held heldState, saved bool) {
+	// Nothing is saved, kept or dropped before this replica holds what was
+	// persisted: a snapshot of less (etcd was away at start) would replace
+	// the whole one, under a newer revision.
+	select {
+	case <-c.restoredCh:
+	case <-ctx.Done():
+		return heldState{}, false
+	}
 	// The catalog is kept on a goroutine of its own: etcd writes there never
 	// delay a snapshot or a drop. It ends with the term, after its last write.
 	var catalog sync.WaitGroup
@@ -388,6 +396,11 @@ const stopSaveTimeout = 10 * time.Second
 // not a world up to a snapshot interval older. The write is fenced by the
 // term, which still leads until this returns.
 func (c *coordinator) saveOnStop(term context.Context, held heldState, saved bool) {
+	select {
+	case <-c.restoredCh:
+	default:
+		return // it holds less than what was persisted: saving would lose the rest
+	}
 	if c.noSaveOnStop.Load() || (saved && c.state.View().held() == held) {
 		return
 	}

@@ -171,6 +171,21 @@ type resolvedName struct {
 	at    time.Time
 }
 
+// handOut is what of a lookup's addresses clients can be handed: unicast
+// ones, unmapped, sorted, each once, at most registry.MaxResolvedAddresses
+// (what a snapshot keeps of a name).
+func handOut(addrs []netip.Addr) []netip.Addr {
+	out := make([]netip.Addr, 0, len(addrs))
+	for _, a := range addrs {
+		if a = a.Unmap(); registry.Unicast(a) {
+			out = append(out, a)
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	out = slices.Compact(out)
+	return out[:min(len(out), registry.MaxResolvedAddresses)]
+}
+
 // resolvedOf is what the DNS names among gws resolved to, sorted by name:
 // what a snapshot keeps of a cluster's gateways, so that a restarted hub
 // hands them out at once, and still when DNS fails.
@@ -188,12 +203,19 @@ func resolvedOf(gws []registry.Gateway, resolved map[string][]netip.Addr) []regi
 }
 
 // restoreResolved adds what a snapshot's clusters' gateway names resolved
-// to, for the names not resolved since. Called by run's goroutine.
+// to, for the names still announced and not resolved since. Called by
+// run's goroutine, after the snapshot's clusters are held.
 func (s *state) restoreResolved(snap registry.Snapshot) {
 	var m map[string][]netip.Addr
+	names := map[string]bool{}
+	for _, c := range s.clusters {
+		for _, g := range c.Gateways {
+			names[g.Address] = true
+		}
+	}
 	for _, sc := range snap.Clusters {
 		for _, r := range sc.Resolved {
-			if _, ok := s.resolved[r.Name]; ok {
+			if _, ok := s.resolved[r.Name]; ok || !names[r.Name] {
 				continue
 			}
 			if m == nil {
@@ -254,12 +276,9 @@ func (s *state) resolveGatewayNames(ctx context.Context, lookup func(context.Con
 			r.at = time.Now()
 			if err != nil || len(addrs) == 0 {
 				s.log.Warn("cannot resolve a gateway's name; keeping what it resolved to before", "name", name, "err", err, "kept", r.addrs)
+			} else if addrs = handOut(addrs); len(addrs) == 0 {
+				s.log.Warn("a gateway's name resolves to no address a client could be handed; keeping what it resolved to before", "name", name, "kept", r.addrs)
 			} else {
-				for i := range addrs {
-					addrs[i] = addrs[i].Unmap()
-				}
-				slices.SortFunc(addrs, netip.Addr.Compare)
-				addrs = slices.Compact(addrs)
 				changed = changed || !slices.Equal(addrs, r.addrs)
 				r.addrs = addrs
 			}
@@ -274,10 +293,11 @@ func (s *state) resolveGatewayNames(ctx context.Context, lookup func(context.Con
 			}
 			_ = s.do(ctx, func() {
 				// A snapshot restored meanwhile may have added names this
-				// loop has not seen yet: they stay until it has.
+				// loop holds no answer for (not seen yet, or DNS failing since
+				// it first looked): they stay until it has one.
 				current := s.View().gatewayNames()
 				for name, addrs := range s.resolved {
-					if _, seen := resolved[name]; !seen && slices.Contains(current, name) {
+					if len(m[name]) == 0 && slices.Contains(current, name) {
 						m[name] = addrs
 					}
 				}

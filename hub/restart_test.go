@@ -46,6 +46,10 @@ func TestARestartWithEtcdDownServesNothingUntilEtcdAnswers(t *testing.T) {
 		code, _ := get(t, admin+"/readyz")
 		return code == http.StatusOK
 	})
+	// Leading again, it saved nothing of less than the snapshot it restored.
+	if s := coordination(t, h).Snapshot; s.Clusters != 1 {
+		t.Errorf("the snapshot once etcd answered: %+v, want east still in it", s)
+	}
 	if _, body := get(t, admin+"/metrics"); !strings.Contains(body, `nave_hub_xds_withheld{reason="catalog"} 0`) {
 		t.Errorf("/metrics once serving still says xDS is withheld for the catalog")
 	}

@@ -62,7 +62,7 @@ func (g Gateway) Validate() error {
 		return fmt.Errorf("%w: gateway %s: port %d is not from 1 to 65535", ErrInvalid, g, g.Port)
 	}
 	if a, err := netip.ParseAddr(g.Address); err == nil {
-		if !unicast(a) {
+		if !Unicast(a) {
 			return fmt.Errorf("%w: gateway %s: address %q cannot be dialled from another network", ErrInvalid, g, g.Address)
 		}
 		return nil

@@ -66,7 +66,7 @@ func checkResolved(resolved []ResolvedName, gws []Gateway) error {
 			return fmt.Errorf("%w: gateway name %q resolved to %d addresses, want 1 to %d", ErrInvalid, r.Name, len(r.Addresses), MaxResolvedAddresses)
 		}
 		for _, a := range r.Addresses {
-			if !a.IsValid() || a.IsUnspecified() || a.IsMulticast() || a.Zone() != "" || a == netip.AddrFrom4([4]byte{255, 255, 255, 255}) {
+			if !Unicast(a) {
 				return fmt.Errorf("%w: gateway name %q resolved to %v, no address to hand out", ErrInvalid, r.Name, a)
 			}
 		}

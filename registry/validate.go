@@ -219,10 +219,10 @@ func (s *Shard) Validate(lim Limits) error {
 // broadcast is IPv4's limited broadcast address.
 var broadcast = netip.AddrFrom4([4]byte{255, 255, 255, 255})
 
-// unicast reports whether a is an address one host can be dialled at:
+// Unicast reports whether a is an address one host can be dialled at:
 // valid, without zone, neither unspecified, multicast nor the limited
 // broadcast (an IPv4-mapped IPv6 address counts as its IPv4 address).
-func unicast(a netip.Addr) bool {
+func Unicast(a netip.Addr) bool {
 	if !a.IsValid() || a.Zone() != "" {
 		return false
 	}
@@ -241,7 +241,7 @@ func (e *Endpoint) Validate(lim Limits) error {
 		return fmt.Errorf("%d addresses, more than the limit of %d", len(e.Addresses), lim.MaxAddressesPerEndpoint)
 	}
 	for _, a := range e.Addresses {
-		if !unicast(a) {
+		if !Unicast(a) {
 			return fmt.Errorf("address %q is not a unicast IP", a)
 		}
 	}

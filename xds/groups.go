@@ -188,15 +188,17 @@ func (s *Server) holdGroups(key streamKey, node **core.Node) error {
 	switch {
 	case *node == nil && old != nil:
 		*node = old.node
-		t.mu.Unlock()
-		return nil
 	case *node == nil:
 		*node = &core.Node{}
-	case old != nil && old.node == *node:
-		t.mu.Unlock()
-		return nil
 	}
 	t.mu.Unlock()
+	if old != nil && old.node == *node {
+		// The same node: the same groups, unless the topology moved its
+		// cluster to another network (then the groups of the new one).
+		if eds, _, _ := s.groupKeys(*node); eds == old.eds.key {
+			return nil
+		}
+	}
 
 	allow, who, restricted := s.streamIdentity(key)
 	s.stateMu.Lock()
@@ -263,18 +265,26 @@ func (s *Server) streamIdentity(key streamKey) (Restriction, string, bool) {
 	return r.allow, r.who, r.allow != nil
 }
 
-// acquire takes a reference on node's groups for a stream of identity who
-// (allow: its Restriction), making them if the table admits them. Called
-// with stateMu held.
-func (s *Server) acquire(node *core.Node, allow Restriction, who string, restricted bool) (*heldGroups, error) {
-	s.expireGroups()
+// groupKeys returns the key of node's locality group, and for a gateway
+// its view's key: they follow the network topology (a node naming only its
+// cluster is on that cluster's network), so a stream's may change while
+// its node does not.
+func (s *Server) groupKeys(node *core.Node) (eds groupKey, viewKey string, gateway bool) {
 	viewKey, client, gateway := s.classify(node)
 	if !gateway {
 		client = clientOf(node, s.topo.Load())
 	} else if client.Network == "" {
 		client.Network = clientOf(node, s.topo.Load()).Network
 	}
-	eds := groupKey{client: client}
+	return groupKey{client: client}, viewKey, gateway
+}
+
+// acquire takes a reference on node's groups for a stream of identity who
+// (allow: its Restriction), making them if the table admits them. Called
+// with stateMu held.
+func (s *Server) acquire(node *core.Node, allow Restriction, who string, restricted bool) (*heldGroups, error) {
+	s.expireGroups()
+	eds, viewKey, gateway := s.groupKeys(node)
 	if n := eds.keyBytes(); n > MaxGroupKeyBytes {
 		return nil, s.refuse(eds, boundKeyTooLong, codes.InvalidArgument,
 			"the node's locality group (region, zone and network) is %d bytes; at most %d", n, MaxGroupKeyBytes)

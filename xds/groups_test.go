@@ -382,3 +382,45 @@ func TestOneIdentityHoldsItsShareOfLocalityGroups(t *testing.T) {
 		stop()
 	}
 }
+
+// A stream's locality group follows the topology: a client that names only
+// its cluster joins that cluster's network's group once the network is
+// known, on its next request (its node, sent once, does not change).
+func TestAStreamsGroupFollowsItsClustersNetwork(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, addr := startGroupsXDS(t, DefaultConfig(), newFakeClock())
+	ads := dialADS(ctx, t, addr)
+	stream, err := ads.StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := nodeAt(loc("r1", "z1"), "")
+	node.Metadata = &structpb.Struct{Fields: map[string]*structpb.Value{MetadataCluster: structpb.NewStringValue("east")}}
+	req := &discovery.DiscoveryRequest{Node: node, TypeUrl: resource.EndpointType, ResourceNames: []string{ClusterName(echo, 8080)}}
+	if err := stream.Send(req); err != nil {
+		t.Fatal(err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	heldNetwork := func() registry.Network {
+		s.table.mu.Lock()
+		defer s.table.mu.Unlock()
+		for _, h := range s.table.streams {
+			return h.eds.key.client.Network
+		}
+		return "none"
+	}
+	if n := heldNetwork(); n != "" {
+		t.Fatalf("before its cluster's network is known the stream holds the group of network %q", n)
+	}
+	s.SetNetworks(registry.Networks{Clusters: map[registry.ClusterID]registry.Network{"east": "net-a", "west": "net-b"}})
+	// The ACK carries no node: the stream's own is taken, and its group again.
+	if err := stream.Send(&discovery.DiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNames: req.ResourceNames,
+		VersionInfo: first.GetVersionInfo(), ResponseNonce: first.GetNonce()}); err != nil {
+		t.Fatal(err)
+	}
+	await(ctx, t, "the stream in net-a's group", func() bool { return heldNetwork() == "net-a" })
+}

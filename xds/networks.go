@@ -27,7 +27,10 @@ import (
 // that distance, split between the network's gateways. Failover stays
 // locality-aware: when a network's nearest endpoints fail, its gateway moves
 // to the next tier where the network still has healthy endpoints. The
-// gateway itself chooses among its network's endpoints.
+// gateway itself chooses among its network's endpoints. A gateway in front of
+// several networks goes where the nearest of them needs it, at that network's
+// tier (see place): a farther network neither pulls it out of the client's
+// zone nor adds its endpoints' weight there.
 
 // Node metadata keys a client uses to say where it is (Istio's names, so its
 // proxies and bootstraps work unchanged).
@@ -163,8 +166,17 @@ type splitPlan struct {
 	count       uint32 // priorities used
 	unreachable []UnreachableNetwork
 	// scratch space, kept between uses of a pooled plan
-	tiers  []int8
-	remote []registry.Network
+	tiers   []int8
+	remote  []registry.Network
+	nearest []remoteNearest
+}
+
+// remoteNearest is where another network's nearest healthy endpoints are: the
+// first served locality at that tier, and how many the network has there.
+type remoteNearest struct {
+	network registry.Network
+	anchor  int
+	behind  uint32
 }
 
 // plans recycles plans: forClient runs for every client group on every
@@ -207,6 +219,8 @@ func planSplit(client Client, localities []registry.Locality, counts [][]network
 		}
 		return 0
 	}
+	nearest := p.nearest[:0]
+	defer func() { p.nearest = nearest }()
 	for _, network := range remote {
 		// The nearest tier where the network has healthy endpoints, its first
 		// locality there, and how many endpoints the network has at that tier.
@@ -221,8 +235,7 @@ func planSplit(client Client, localities []registry.Locality, counts [][]network
 				behind += h
 			}
 		}
-		gws := t.gateways[network]
-		if len(gws) == 0 {
+		if len(t.gateways[network]) == 0 {
 			var n uint32
 			for i := range localities {
 				n += healthy(i, network)
@@ -230,7 +243,16 @@ func planSplit(client Client, localities []registry.Locality, counts [][]network
 			p.unreachable = append(p.unreachable, UnreachableNetwork{Network: network, Endpoints: n})
 			continue
 		}
-		p.place(network, best, localities[best], gws, behind)
+		nearest = append(nearest, remoteNearest{network: network, anchor: best, behind: behind})
+	}
+	// Nearest tier first, so that a gateway in front of several networks is
+	// placed for the nearest of them (see place).
+	for tr := range int8(tierCount) {
+		for _, r := range nearest {
+			if tiers[r.anchor] == tr {
+				p.place(r.network, r.anchor, localities[r.anchor], t.gateways[r.network], r.behind)
+			}
+		}
 	}
 	// Priorities: the tiers that still hold a locality, contiguous from 0.
 	var used [tierCount]bool
@@ -256,25 +278,56 @@ func planSplit(client Client, localities []registry.Locality, counts [][]network
 }
 
 // place hands out a network's gateways, standing in for behind healthy
-// endpoints at the served locality anchor: in a gateway locality of its own,
-// or, for a gateway already handed out for another network (one gateway in
-// front of several networks), in that one, whose weight grows.
+// endpoints at the served locality anchor. Networks are placed nearest tier
+// first, and an assignment may name a gateway only once (grpc-go rejects an
+// address twice, in any two localities, whatever their priorities), so a
+// gateway in front of several networks (one address announced by each) goes
+// where the nearest of them puts it:
+//   - the gateways not yet handed out go into a gateway locality of the
+//     network's own, at its own tier, with the weight of behind;
+//   - if there are none, and one is in a gateway locality at this same tier
+//     (another network's, equally near), that locality stands for both: its
+//     weight, and that gateway's, grow by behind;
+//   - otherwise each of them is already handed out nearer, for a nearer
+//     network: they reach this network too, but its endpoints are farther
+//     and add no weight there, nor may they pull the nearer network's
+//     locality out to their tier.
 func (p *splitPlan) place(network registry.Network, anchor int, at registry.Locality, gws []gatewayAddr, behind uint32) {
+	g := gatewayLocality{anchor: anchor, weight: behind,
+		locality: registry.Locality{Region: at.Region, Zone: at.Zone, Subzone: gatewaySubzone(network)}}
+	same, entry := -1, -1 // a gateway of this network already handed out at this tier
 	for _, gw := range gws {
-		for i := range p.gateways {
-			if slices.ContainsFunc(p.gateways[i].gateways, func(e gatewayEntry) bool { return e.addr == gw.addr }) {
-				p.gateways[i].weight += behind
-				return
+		held, e := p.holding(gw.addr)
+		switch {
+		case held < 0:
+			g.gateways = append(g.gateways, gatewayEntry{network: network, addr: gw.addr, wire: gw.wire})
+		case same < 0 && p.tiers[p.gateways[held].anchor] == p.tiers[anchor]:
+			same, entry = held, e
+		}
+	}
+	switch {
+	case len(g.gateways) > 0:
+		share := (behind + uint32(len(g.gateways)) - 1) / uint32(len(g.gateways)) // >= 1: behind >= 1
+		for i := range g.gateways {
+			g.gateways[i].weight = share
+		}
+		p.gateways = append(p.gateways, g)
+	case same >= 0:
+		p.gateways[same].weight += behind
+		p.gateways[same].gateways[entry].weight += behind
+	}
+}
+
+// holding is the gateway locality (and its entry) that holds addr, or -1.
+func (p *splitPlan) holding(addr netip.AddrPort) (int, int) {
+	for i, g := range p.gateways {
+		for j, e := range g.gateways {
+			if e.addr == addr {
+				return i, j
 			}
 		}
 	}
-	g := gatewayLocality{anchor: anchor, weight: behind,
-		locality: registry.Locality{Region: at.Region, Zone: at.Zone, Subzone: gatewaySubzone(network)}}
-	share := (behind + uint32(len(gws)) - 1) / uint32(len(gws)) // >= 1: behind >= 1
-	for _, gw := range gws {
-		g.gateways = append(g.gateways, gatewayEntry{network: network, addr: gw.addr, wire: gw.wire, weight: share})
-	}
-	p.gateways = append(p.gateways, g)
+	return -1, -1
 }
 
 // reset empties the plan for n served localities, keeping its memory.

@@ -206,3 +206,85 @@ func TestNetworkNamesDoNotEscapeTheGroupBound(t *testing.T) {
 		t.Fatalf("%d locality groups; the bound is 4, plus one for unknown networks and one per known network", n)
 	}
 }
+
+// layout lists, per priority, each locality as "zone subzone weight:
+// address/weight ...", locality weights included (a gateway's share of
+// traffic is its locality's weight).
+func layout(a Assignment) [][]string {
+	var out [][]string
+	for _, p := range a.Priorities {
+		var tier []string
+		for _, l := range p.Localities {
+			s := strings.TrimSpace(l.Locality.Zone+" "+l.Locality.Subzone) + " " + itoa(l.Weight) + ":"
+			for _, e := range l.Endpoints {
+				s += " " + e.Address.String() + "/" + itoa(e.Weight)
+			}
+			tier = append(tier, s)
+		}
+		out = append(out, tier)
+	}
+	return out
+}
+
+// One gateway in front of two networks (issue 27): an address may appear
+// only once in an assignment (grpc-go NACKs it twice, in any two localities,
+// whatever their priorities), so it goes where the nearer network needs it,
+// at that network's own tier, with the weight of that network's endpoints
+// there. The farther network is not pulled nearer (its endpoints add no
+// weight there) nor does it drag the nearer one away; its own gateways that
+// no nearer network took stand at its own tier. Networks sharing a gateway
+// at one tier share one gateway locality, whose weight is their sum.
+func TestSplitHorizonGatewaySharedByNetworks(t *testing.T) {
+	port := tcp("grpc", 8080)
+	const g, k = "192.0.2.30", "192.0.2.31"
+	gw := registry.Gateway{Address: "192.0.2.30", Port: 15444}
+	other := registry.Gateway{Address: "192.0.2.31", Port: 15444}
+	client := Client{Network: "net-a", Locality: loc("r1", "z1")}
+	for _, tc := range []struct {
+		name      string
+		near, far registry.Network // near: a pod in the client's zone; far: two pods at farAt
+		farAt     registry.Locality
+		farGws    []registry.Gateway
+		want      [][]string
+	}{
+		{"the far network sorts first", "net-near", "net-far", loc("r2", "z3"), []registry.Gateway{gw},
+			[][]string{{"z1 gateway/net-near 1: " + g + "/1"}, {"z2 1: 10.0.0.2/1"}}},
+		{"the near network sorts first", "net-b", "net-c", loc("r2", "z3"), []registry.Gateway{gw},
+			[][]string{{"z1 gateway/net-b 1: " + g + "/1"}, {"z2 1: 10.0.0.2/1"}}},
+		{"the far network has a gateway of its own too", "net-near", "net-far", loc("r2", "z3"), []registry.Gateway{gw, other},
+			[][]string{{"z1 gateway/net-near 1: " + g + "/1"}, {"z2 1: 10.0.0.2/1"}, {"z3 gateway/net-far 2: " + k + "/2"}}},
+		{"both at one tier", "net-near", "net-far", loc("r1", "z1"), []registry.Gateway{gw},
+			[][]string{{"z1 gateway/net-far 3: " + g + "/3"}, {"z2 1: 10.0.0.2/1"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			nets := registry.Networks{
+				Clusters: map[registry.ClusterID]registry.Network{"a1": "net-a", "near": tc.near, "far": tc.far},
+				Gateways: map[registry.Network][]registry.Gateway{tc.near: {gw}, tc.far: tc.farGws},
+			}
+			r, _ := apply(t, registry.New(),
+				// The client's network: one pod, in the next zone.
+				shard("a1", echo, []registry.ServicePort{port}, ep("10.0.0.2", loc("r1", "z2"), ready, eport("grpc", 9090))),
+				shard("near", echo, []registry.ServicePort{port}, ep("10.1.0.1", loc("r1", "z1"), ready, eport("grpc", 9090))),
+				shard("far", echo, []registry.ServicePort{port},
+					ep("10.2.0.1", tc.farAt, ready, eport("grpc", 9090)),
+					ep("10.2.0.2", tc.farAt, ready, eport("grpc", 9090))))
+			svc := r.Service(echo)
+			a := AssignFor(svc, port, client, nets)
+			if got := layout(a); !slices.EqualFunc(got, tc.want, slices.Equal) {
+				t.Errorf("got %q\nwant %q", got, tc.want)
+			}
+			if err := Validate(ClusterLoadAssignment(a)); err != nil {
+				t.Error(err)
+			}
+			topo := newTopology(nets)
+			pe, err := newPortEndpoints(svc, port, nil, topo)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cla, _ := pe.forClient(client, topo)
+			if got, want := decoded(t, cla), ClusterLoadAssignment(a); !proto.Equal(got, want) {
+				t.Errorf("fast path\n%v\nwant\n%v", got, want)
+			}
+		})
+	}
+}
