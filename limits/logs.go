@@ -63,6 +63,7 @@ type refusals struct {
 	level      slog.Level
 	msg        string // the message of the last refusal not logged
 	summarised bool   // a summary is scheduled
+	gen        uint64 // which interval's account this is (a summary scheduled for an older one does nothing)
 }
 
 // NewRefusalLog returns a RefusalLog writing to log, at most burst lines
@@ -115,7 +116,7 @@ func (r *RefusalLog) admit(reason string, level slog.Level, msg string) bool {
 			s := *a
 			summary = &s
 		}
-		*a = refusals{since: now}
+		*a = refusals{since: now, gen: a.gen + 1}
 	}
 	ok := a.logged < r.burst
 	if ok {
@@ -125,7 +126,8 @@ func (r *RefusalLog) admit(reason string, level slog.Level, msg string) bool {
 		a.level, a.msg = level, msg
 		if !a.summarised {
 			a.summarised = true
-			r.afterFunc(a.since.Add(r.every).Sub(now), func() { r.summarise(reason) })
+			gen := a.gen
+			r.afterFunc(a.since.Add(r.every).Sub(now), func() { r.summarise(reason, gen) })
 		}
 	}
 	r.mu.Unlock()
@@ -135,11 +137,12 @@ func (r *RefusalLog) admit(reason string, level slog.Level, msg string) bool {
 	return ok
 }
 
-// summarise logs the refusals for reason not logged in the interval.
-func (r *RefusalLog) summarise(reason string) {
+// summarise logs the refusals for reason not logged in interval gen (an
+// interval that ended before, summed up as the next began, is not again).
+func (r *RefusalLog) summarise(reason string, gen uint64) {
 	r.mu.Lock()
 	a := r.byReason[reason]
-	if a == nil || a.unlogged == 0 {
+	if a == nil || a.gen != gen || a.unlogged == 0 {
 		r.mu.Unlock()
 		return
 	}

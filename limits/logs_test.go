@@ -222,3 +222,35 @@ func TestFinishedCall(t *testing.T) {
 		t.Errorf("the lines take %d bytes: peer strings were not cut", out.size())
 	}
 }
+
+// A summary scheduled for an interval that was summed up already, inline as
+// the next began, does nothing: each interval is summed up once, at its end.
+func TestRefusalLogSumsUpEachIntervalOnce(t *testing.T) {
+	out, log := newLogLines()
+	r := NewRefusalLog(log, time.Minute, 1)
+	clock := &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	clock.install(r)
+	refuse := func(after time.Duration) {
+		clock.now = clock.now.Add(after)
+		r.Warn("bad", "refused")
+	}
+	refuse(0)           // logged
+	refuse(time.Second) // counted; its summary is scheduled for the minute's end
+	stale := clock.scheduled
+	clock.scheduled = nil
+	refuse(time.Minute) // a new interval: the last one is summed up now, this one logged
+	refuse(time.Second) // counted in the new interval
+	if n := out.count("not logged one by one"); n != 1 {
+		t.Fatalf("%d summaries once the second interval began, want 1", n)
+	}
+	for _, f := range stale {
+		f() // the first interval's timer fires late
+	}
+	if n := out.count("not logged one by one"); n != 1 {
+		t.Errorf("%d summaries after the first interval's timer fired, want still 1 (the second interval is not over)", n)
+	}
+	clock.runScheduled() // the second interval's end
+	if n := out.count("not logged one by one"); n != 2 {
+		t.Errorf("%d summaries after the second interval ended, want 2", n)
+	}
+}
