@@ -547,18 +547,18 @@ func TestReconnectResumesWithoutFullState(t *testing.T) {
 func TestNewestSessionWinsARace(t *testing.T) {
 	h := startHub(t, DefaultHubConfig())
 	newer := false
-	if err := h.srv.supersede("east", 8, func(error) { newer = true }); err != nil {
+	if err := h.srv.supersede("east", 8, func(error) { newer = true }, nil); err != nil {
 		t.Fatal(err)
 	}
 	// The older session arrives late: it is refused, and the newer one lives on.
-	if err := h.srv.supersede("east", 7, func(error) {}); !errors.Is(err, ErrSuperseded) {
+	if err := h.srv.supersede("east", 7, func(error) {}, nil); !errors.Is(err, ErrSuperseded) {
 		t.Fatalf("late older session: %v, want ErrSuperseded", err)
 	}
 	if newer {
 		t.Fatal("the newer session was cancelled by an older one")
 	}
 	h.srv.release("east", 7)
-	if err := h.srv.supersede("east", 9, func(error) {}); err != nil || !newer {
+	if err := h.srv.supersede("east", 9, func(error) {}, nil); err != nil || !newer {
 		t.Fatalf("a newest session must end epoch 8: err %v, cancelled %v", err, newer)
 	}
 }

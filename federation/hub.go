@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/navemesh/nave/exportpolicy"
 	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/limits"
 	"github.com/navemesh/nave/registry"
@@ -202,6 +204,12 @@ type HubConfig struct {
 	// the changes it carries began (see fedv1.ChangeOrigin) and the spoke's
 	// estimate of its one-way delay to the hub (0: none). It must not block.
 	Origins func(cluster registry.ClusterID, link time.Duration, origins []ReceivedOrigin)
+	// ExportAllowed, if not nil, says whether cluster may export into
+	// namespace (the hub's export policy): an update that exports a service
+	// elsewhere is NACKed for that service, with a reason that begins
+	// "ExportNotPermitted:" (see exportpolicy.Refusal), and nothing of it is
+	// applied. nil: every cluster may export everywhere. It must not block.
+	ExportAllowed func(cluster registry.ClusterID, namespace string) bool
 }
 
 // DefaultHubConfig returns limits that fit large clusters and bound memory.
@@ -244,11 +252,25 @@ type HubServer struct {
 	imports      ImportSource
 	importsMu    sync.Mutex
 	importStatus map[registry.ClusterID]ImportStatus
+
+	// refused holds, per cluster, the exports its live session sent that
+	// the export policy refused and that the session has not sent (or
+	// removed) since, with the reason: what /debug shows of them.
+	refusedMu sync.Mutex
+	refused   map[registry.ClusterID]refusedExports
 }
 
 type liveSession struct {
 	epoch  uint64
 	cancel context.CancelCauseFunc
+	// resync asks the session to ask its spoke for a full state (the reason).
+	resync chan string
+}
+
+// refusedExports are the exports one session's spoke sent that the policy refused.
+type refusedExports struct {
+	epoch    uint64
+	services map[registry.ServiceKey]string
 }
 
 // NewHubServer returns a hub server that applies what spokes send to store.
@@ -257,6 +279,7 @@ func NewHubServer(cfg HubConfig, store Store, epochs EpochIssuer, metrics HubMet
 		cfg: cfg, store: store, epochs: epochs, metrics: metrics,
 		log:      log.With("component", "federation"),
 		sessions: map[registry.ClusterID]*liveSession{}, importStatus: map[registry.ClusterID]ImportStatus{},
+		refused: map[registry.ClusterID]refusedExports{},
 	}
 	h.refusals = limits.NewRefusalLog(h.log, 0, 0)
 	return h
@@ -302,7 +325,8 @@ func (h *HubServer) Publish(stream fedv1.Federation_PublishServer) error {
 	log := h.log.With("cluster", cluster, "epoch", epoch, "spoke", sess.SpokeID)
 	// Fence first, then read what the hub holds: an older session of the
 	// cluster can no longer change it between that read and the resume decision.
-	if err := h.supersede(cluster, epoch, cancel); err != nil {
+	resync := make(chan string, 1)
+	if err := h.supersede(cluster, epoch, cancel, resync); err != nil {
 		log.Info("spoke session superseded by a newer one before it began")
 		return status.Error(codes.Aborted, err.Error())
 	}
@@ -333,7 +357,7 @@ func (h *HubServer) Publish(stream fedv1.Federation_PublishServer) error {
 
 	// Versions are ordered within a spoke process: a resumed session continues
 	// them, a new one (perhaps a restarted spoke) may start again from 1.
-	s := &hubSession{h: h, cluster: cluster, epoch: epoch, log: log, stream: stream,
+	s := &hubSession{h: h, cluster: cluster, epoch: epoch, log: log, stream: stream, resync: resync,
 		wantConflicts: slices.Contains(hello.GetCapabilities(), CapabilityServiceConflicts)}
 	if h.cfg.UpdatesPerSecond > 0 {
 		s.rate = rate.NewLimiter(rate.Limit(h.cfg.UpdatesPerSecond), max(1, h.cfg.UpdateBurst))
@@ -416,7 +440,7 @@ func (h *HubServer) recvHello(ctx context.Context, msgs <-chan *fedv1.SpokeMessa
 // supersede makes (cluster, epoch) the cluster's live session and ends an
 // older one. It fails when a newer session has already begun (two spokes of
 // one cluster racing): the newest epoch always wins.
-func (h *HubServer) supersede(cluster registry.ClusterID, epoch uint64, cancel context.CancelCauseFunc) error {
+func (h *HubServer) supersede(cluster registry.ClusterID, epoch uint64, cancel context.CancelCauseFunc, resync chan string) error {
 	h.sessionsMu.Lock()
 	defer h.sessionsMu.Unlock()
 	if old := h.sessions[cluster]; old != nil {
@@ -425,16 +449,78 @@ func (h *HubServer) supersede(cluster registry.ClusterID, epoch uint64, cancel c
 		}
 		old.cancel(fmt.Errorf("%w (epoch %d > %d)", ErrSuperseded, epoch, old.epoch))
 	}
-	h.sessions[cluster] = &liveSession{epoch: epoch, cancel: cancel}
+	h.sessions[cluster] = &liveSession{epoch: epoch, cancel: cancel, resync: resync}
 	return nil
 }
 
 func (h *HubServer) release(cluster registry.ClusterID, epoch uint64) {
 	h.sessionsMu.Lock()
-	defer h.sessionsMu.Unlock()
 	if s := h.sessions[cluster]; s != nil && s.epoch == epoch {
 		delete(h.sessions, cluster)
 	}
+	h.sessionsMu.Unlock()
+	h.refusedMu.Lock()
+	defer h.refusedMu.Unlock()
+	if r, ok := h.refused[cluster]; ok && r.epoch == epoch {
+		delete(h.refused, cluster)
+	}
+}
+
+// Resync asks the live session of every cluster that concerns for a full
+// state from its spoke, saying why. The export policy's reload calls it
+// for the clusters whose grant changed: a spoke sends again what the hub
+// refused before (now perhaps permitted), and stops sending what the new
+// policy refuses. It never blocks: a session already asked is not asked twice.
+func (h *HubServer) Resync(concerns func(registry.ClusterID) bool, reason string) {
+	h.sessionsMu.Lock()
+	defer h.sessionsMu.Unlock()
+	for cluster, s := range h.sessions {
+		if concerns(cluster) {
+			select {
+			case s.resync <- reason:
+			default:
+			}
+		}
+	}
+}
+
+// RefusedExports returns the services the export policy refused of each
+// cluster's live session (and that it has not sent or removed since), with
+// the reasons. The maps returned are copies.
+func (h *HubServer) RefusedExports() map[registry.ClusterID]map[registry.ServiceKey]string {
+	h.refusedMu.Lock()
+	defer h.refusedMu.Unlock()
+	out := make(map[registry.ClusterID]map[registry.ServiceKey]string, len(h.refused))
+	for id, r := range h.refused {
+		if len(r.services) > 0 {
+			out[id] = maps.Clone(r.services)
+		}
+	}
+	return out
+}
+
+// noteRefused records the exports of rj the policy refused (with the
+// session's epoch), and forgets those the session has since sent and had
+// applied (settled).
+func (h *HubServer) noteRefused(cluster registry.ClusterID, epoch uint64, rj rejection, settled []registry.ServiceKey) {
+	h.refusedMu.Lock()
+	defer h.refusedMu.Unlock()
+	r := h.refused[cluster]
+	if r.epoch != epoch {
+		if r.epoch > epoch {
+			return // a newer session speaks for the cluster
+		}
+		r = refusedExports{epoch: epoch, services: map[registry.ServiceKey]string{}}
+	}
+	for _, k := range settled {
+		delete(r.services, k)
+	}
+	for _, x := range rj {
+		if x.GetService() != nil && strings.HasPrefix(x.GetReason(), exportpolicy.ReasonNotPermitted+":") {
+			r.services[KeyFromProto(x.GetService())] = x.GetReason()
+		}
+	}
+	h.refused[cluster] = r
 }
 
 // hubSession is one stream's state, owned by the stream's goroutine.
@@ -470,6 +556,8 @@ type hubSession struct {
 	imports *hubImports
 	// rate bounds how fast updates are applied (nil: no bound).
 	rate *rate.Limiter
+	// resync receives the hub's requests to ask the spoke for a full state.
+	resync <-chan string
 }
 
 // importsChanged is closed once the hub's import set changes (nil: never).
@@ -493,6 +581,14 @@ func (s *hubSession) run(ctx context.Context, msgs <-chan *fedv1.SpokeMessage, e
 			}
 		case <-s.importsChanged():
 			if err := s.imports.next(); err != nil {
+				return err
+			}
+		case reason := <-s.resync:
+			s.log.Info("asking spoke for a resync", "reason", reason)
+			if s.h.metrics.Resync != nil {
+				s.h.metrics.Resync(s.cluster, "export_policy")
+			}
+			if err := s.send(&fedv1.HubMessage{Kind: &fedv1.HubMessage_Resync{Resync: &fedv1.ResyncRequest{Reason: reason}}}); err != nil {
 				return err
 			}
 		case m := <-msgs:
@@ -587,6 +683,7 @@ func (s *hubSession) update(ctx context.Context, u *fedv1.Update, received time.
 	}
 	switch {
 	case errors.As(err, &rj):
+		s.h.noteRefused(s.cluster, s.epoch, rj, nil)
 		s.h.refusals.Warn(refusedUpdate, "update rejected", "cluster", s.cluster, "epoch", s.epoch,
 			"version", u.GetVersion(), "nonce", u.GetNonce(), "reason", rj.Error())
 		return s.send(&fedv1.HubMessage{Kind: &fedv1.HubMessage_Nack{Nack: &fedv1.Nack{
@@ -727,6 +824,11 @@ func (s *hubSession) apply(ctx context.Context, u *fedv1.Update) (digest registr
 		return digest, false, status.Errorf(codes.Unavailable, "apply update: %v", err)
 	}
 	s.version = v
+	settled := slices.Clone(change.Removes)
+	for _, sh := range change.Upserts {
+		settled = append(settled, sh.Service)
+	}
+	s.h.noteRefused(s.cluster, s.epoch, nil, settled)
 	return digest, true, nil
 }
 
@@ -753,6 +855,9 @@ func (s *hubSession) decode(u *fedv1.Update) (upserts []*registry.Shard, removes
 			rj = append(rj, reject(nil, "%v", err)...)
 		case again(sh.Service):
 			rj = append(rj, reject(&sh.Service, "service %s appears twice", sh.Service)...)
+		case !s.exportAllowed(sh.Service):
+			// Before anything of it is applied: it reaches no client and no import.
+			rj = append(rj, reject(&sh.Service, "%s", exportpolicy.Refusal(s.cluster, sh.Service.Namespace))...)
 		default:
 			upserts = append(upserts, sh)
 		}
@@ -773,7 +878,14 @@ func (s *hubSession) decode(u *fedv1.Update) (upserts []*registry.Shard, removes
 	}
 	removes = keys(u.GetRemoves(), "remove", "service %s is both upserted and removed")
 	retain = keys(u.GetRetain(), "retain", "service %s is both sent and retained")
+	// The hub holds no form of a service the policy refuses: nothing to retain.
+	retain = slices.DeleteFunc(retain, func(k registry.ServiceKey) bool { return !s.exportAllowed(k) })
 	return upserts, removes, retain, rj
+}
+
+// exportAllowed reports whether the export policy lets the cluster export k.
+func (s *hubSession) exportAllowed(k registry.ServiceKey) bool {
+	return s.h.cfg.ExportAllowed == nil || s.h.cfg.ExportAllowed(s.cluster, k.Namespace)
 }
 
 func (s *hubSession) digest(ctx context.Context, d *fedv1.Digest) error {

@@ -8,6 +8,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/navemesh/nave/exportpolicy"
 	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/imports"
 	"github.com/navemesh/nave/internal/backoff"
@@ -143,6 +145,11 @@ type Publisher struct {
 	// rejected holds the hash of each shard the hub refused; it is not sent
 	// again until it changes, and the last accepted form stays published.
 	rejected map[registry.ServiceKey]registry.Hash
+	// unpermitted holds the services the hub's export policy refused: no
+	// form of them is published (the hub holds none), whatever their shard.
+	// Forgotten with each session and each resync the hub asks for: its
+	// policy may have changed (the hub asks for a resync when it does).
+	unpermitted map[registry.ServiceKey]bool
 	// refusals holds why each desired service's current form is not what
 	// the hub holds (the hub's reason, or too large): kept until the hub
 	// acknowledges the desired form, or the service leaves the desired state.
@@ -191,6 +198,7 @@ func NewPublisher(cfg SpokeConfig, conn grpc.ClientConnInterface, log *slog.Logg
 		log:         log.With("component", "publisher"),
 		ackedHashes: map[registry.ServiceKey]registry.Hash{},
 		rejected:    map[registry.ServiceKey]registry.Hash{},
+		unpermitted: map[registry.ServiceKey]bool{},
 		tooBig:      map[registry.ServiceKey]registry.Hash{},
 		refusals:    map[registry.ServiceKey]string{},
 		imports: &ImportState{Imports: map[registry.ServiceKey]*imports.Import{}, Removed: map[registry.ServiceKey]bool{},
@@ -317,6 +325,7 @@ func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
 	}
 	p.sessionEpoch = welcome.GetEpoch()
 	clear(p.tooBig)
+	clear(p.unpermitted)
 	s := &spokeSession{p: p, stream: stream, epoch: welcome.GetEpoch(), resumed: welcome.GetResume(), gwLast: gws, gwSent: gwKnown,
 		gwTaken: slices.Contains(welcome.GetCapabilities(), CapabilityGateways)}
 	var nsChanged <-chan struct{}
@@ -410,7 +419,7 @@ func (s *spokeSession) report() { s.p.report(true, s.resumed, s.synced) }
 // report tells the status callback where the session stands.
 func (p *Publisher) report(connected, resumed, synced bool) {
 	p.status(SessionStatus{Connected: connected, Resumed: resumed, Synced: synced, Epoch: p.sessionEpoch,
-		AckedVersion: p.ackedVersion, Services: len(p.acked), Rejected: len(p.rejected) + len(p.tooBig)})
+		AckedVersion: p.ackedVersion, Services: len(p.acked), Rejected: len(p.rejected) + len(p.tooBig) + len(p.unpermitted)})
 }
 
 // sendNext sends the full state, if the session needs one, or the delta
@@ -456,6 +465,7 @@ func (s *spokeSession) handle(m *fedv1.HubMessage) error {
 	case *fedv1.HubMessage_Resync:
 		s.p.log.Warn("hub asked for a resync", "reason", k.Resync.GetReason())
 		s.needFull = true
+		clear(s.p.unpermitted) // the full state tries them again
 		return nil
 	case *fedv1.HubMessage_Ack:
 		u, err := s.answered(k.Ack.GetNonce())
@@ -557,8 +567,12 @@ func (p *Publisher) rejectedBy(u pending, n *fedv1.Nack) error {
 		if r.GetService() == nil || !ok {
 			return fmt.Errorf("hub rejected update %d: %s", u.version, r.GetReason())
 		}
-		p.rejected[k] = s.Hash()
 		p.refusals[k] = r.GetReason()
+		if strings.HasPrefix(r.GetReason(), exportpolicy.ReasonNotPermitted+":") {
+			p.unpermitted[k] = true // nor its last accepted form: the delta removes it
+			continue
+		}
+		p.rejected[k] = s.Hash()
 	}
 	return nil
 }
@@ -588,7 +602,7 @@ func (p *Publisher) conflictsFrom(m *fedv1.ServiceConflicts) {
 func (p *Publisher) updateReports() {
 	for k := range p.refusals {
 		s, ok := p.desired[k]
-		if old := p.acked[k]; !ok || s == nil || (old != nil && (old == s || old.Equal(s))) {
+		if old := p.acked[k]; !ok || s == nil || (!p.unpermitted[k] && old != nil && (old == s || old.Equal(s))) {
 			// Gone, withheld by the spoke itself, or the hub holds the desired form.
 			delete(p.refusals, k)
 		}
@@ -656,6 +670,9 @@ func (p *Publisher) applyAcked(u pending) {
 func (p *Publisher) publishable() (st State, withheld []registry.ServiceKey) {
 	st = make(State, len(p.desired))
 	for k, s := range p.desired {
+		if p.unpermitted[k] {
+			continue // neither sent nor retained: the hub must hold no form of it
+		}
 		if s != nil {
 			if h, ok := p.rejected[k]; ok {
 				if s.Hash() == h {
@@ -681,6 +698,11 @@ func (p *Publisher) publishable() (st State, withheld []registry.ServiceKey) {
 	for k := range p.rejected {
 		if _, ok := p.desired[k]; !ok {
 			delete(p.rejected, k)
+		}
+	}
+	for k := range p.unpermitted {
+		if _, ok := p.desired[k]; !ok {
+			delete(p.unpermitted, k)
 		}
 	}
 	return st, withheld

@@ -153,7 +153,20 @@ func (a *admin) handler() http.Handler {
 		a.json(w, a.coord.status())
 	})
 	mux.HandleFunc("GET /debug/clusters", func(w http.ResponseWriter, _ *http.Request) {
-		a.json(w, a.state.View().clustersSorted())
+		clusters := a.state.View().clustersSorted()
+		var refused map[registry.ClusterID]map[registry.ServiceKey]string
+		if a.fed != nil {
+			refused = a.fed.RefusedExports()
+		}
+		for i := range clusters {
+			for k, reason := range refused[clusters[i].Cluster] {
+				if clusters[i].RefusedExports == nil {
+					clusters[i].RefusedExports = map[string]string{}
+				}
+				clusters[i].RefusedExports[k.String()] = reason
+			}
+		}
+		a.json(w, clusters)
 	})
 	mux.HandleFunc("GET /debug/networks", func(w http.ResponseWriter, _ *http.Request) {
 		a.json(w, a.state.View().Networks())

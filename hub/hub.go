@@ -32,6 +32,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/navemesh/nave/convergence"
+	"github.com/navemesh/nave/exportpolicy"
 	"github.com/navemesh/nave/federation"
 	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/gateways"
@@ -104,6 +105,9 @@ type Config struct {
 	// CA (mTLS). XDSPolicyFile (with mTLS) restricts what each client
 	// identity may receive to some namespaces (see identity.Policy).
 	XDSTLSCertFile, XDSTLSKeyFile, XDSClientCAFile, XDSPolicyFile string
+	// ExportPolicyFile says which clusters may export into which namespaces
+	// (see exportpolicy.Policy); empty: every cluster everywhere.
+	ExportPolicyFile string
 	// Connections bounds each port's connections and each peer's share of them.
 	Connections ConnectionLimits
 	// Liveness: when a cluster without a live spoke turns stale, and its policy.
@@ -205,6 +209,10 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 	if err := p.loadCredentials(); err != nil {
 		return nil, err
 	}
+	// 1b. The export policy: which clusters may export into which namespaces.
+	if err := p.loadExportPolicy(); err != nil {
+		return nil, err
+	}
 	// 2. etcd: external, or embedded in the data dir.
 	if err := p.connectEtcd(ctx); err != nil {
 		return nil, err
@@ -292,6 +300,7 @@ type parts struct {
 	fedCerts, peerCerts *identity.Store           // nil without TLS on the federation port
 	xdsCerts            *identity.Store           // nil without TLS on the xDS port
 	policy              *identity.PolicyFile
+	exportPolicy        *exportpolicy.File // nil: every cluster may export everywhere
 	sessions            *identity.Sessions
 	conns               *identity.Conns // the TLS connections, by client certificate
 	adminToken          *adminToken     // nil: the admin API is open
@@ -328,6 +337,7 @@ type parts struct {
 
 	// Servers and their listeners.
 	fedServer, xdsGRPC       *grpc.Server
+	hubFed                   *federation.HubServer
 	replCfg                  replicas.ReplicationConfig
 	adminServer              *http.Server
 	fedLis, xdsLis, adminLis net.Listener
@@ -440,6 +450,7 @@ func (p *parts) buildState() {
 	p.push = newPusher(p.xdsServer, p.log)
 	p.state = newState(cfg.ID, cfg.Liveness, publishers{p.push, p.imports}, cfg.Federation.Limits, onChange, p.log)
 	p.state.tracer = p.tracer
+	p.state.exportAllowed = p.exportAllowed()
 	p.coord = &coordinator{
 		id: cfg.ID, state: p.state, etcd: p.etcd, catalog: p.catalog, snapshots: p.snapshots,
 		leaderCfg: leaderConfig(cfg),
@@ -486,9 +497,10 @@ func (p *parts) buildServers() {
 		}
 		p.tracer.Origins(cluster, link, origins)
 	}
-	hubFed := federation.NewHubServer(fc, sessions, catalogEpochs{catalog: p.catalog}, p.metrics.federationHooks(), log)
-	hubFed.ServeImports(p.imports)
-	fedv1.RegisterFederationServer(p.fedServer, hubFed)
+	fc.ExportAllowed = p.exportAllowed()
+	p.hubFed = federation.NewHubServer(fc, sessions, catalogEpochs{catalog: p.catalog}, p.metrics.federationHooks(), log)
+	p.hubFed.ServeImports(p.imports)
+	fedv1.RegisterFederationServer(p.fedServer, p.hubFed)
 	// Replicas replicate over the federation port, authenticated by the peer token.
 	p.replCfg = cfg.Replication
 	p.replCfg.ReplicaID, p.replCfg.MaxMessageBytes, p.replCfg.PeerToken = cfg.ID, cfg.Federation.MaxMessageBytes, p.peerToken()
@@ -524,7 +536,7 @@ func (p *parts) buildServers() {
 	// Ready once started: every listener is up, the state runs and holds the
 	// persisted registry (so a full restart never serves an empty one). An
 	// unreachable etcd degrades the hub but leaves it ready: it serves and replicates.
-	adm := &admin{pprof: cfg.Pprof, state: p.state, coord: p.coord, imports: p.imports, fed: hubFed, xds: p.xdsServer, tracer: p.tracer,
+	adm := &admin{pprof: cfg.Pprof, state: p.state, coord: p.coord, imports: p.imports, fed: p.hubFed, xds: p.xdsServer, tracer: p.tracer,
 		metrics: p.metricsReg, log: log.With("component", "admin"), ready: p.xdsReady, token: p.adminToken}
 	p.adminServer = &http.Server{Handler: adm.handler(), ReadHeaderTimeout: cfg.Connections.HandshakeTimeout,
 		IdleTimeout: cfg.Connections.AdminIdleTimeout, MaxHeaderBytes: cfg.Connections.MaxHeaderListBytes}
@@ -603,6 +615,9 @@ func (p *parts) coordinate(restored bool) {
 		p.coordWG.Go(func() { p.coord.restoreLater(p.coordCtx) })
 	}
 	p.loop("credentials", p.watchCredentials)
+	if p.exportPolicy != nil {
+		p.loop("export-policy", p.watchExportPolicy)
+	}
 	p.loop("sessions", p.sessions.Run)
 	p.loop("etcd-health", p.coord.watchEtcd)
 	p.loop("leader", p.coord.lead)

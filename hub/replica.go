@@ -112,7 +112,7 @@ func (s *state) ApplyReplica(ctx context.Context, from string, u replicas.Update
 		}
 		ch := u.Change
 		ch.Cluster = u.Cluster
-		next, diff := s.reg.Apply(ch)
+		next, diff := s.reg.Apply(s.permitted(ch)) // a peer under an older policy (each replica reads the file)
 		if sum := next.Cluster(u.Cluster); sum.Services > s.limits.MaxServicesPerCluster || sum.Endpoints > s.limits.MaxEndpointsPerCluster {
 			applyErr = fmt.Errorf("replica of cluster %s from %s would hold %d services and %d endpoints: over the limits", u.Cluster, from, sum.Services, sum.Endpoints)
 			return
@@ -199,7 +199,7 @@ func (s *state) restoreHeld(ctx context.Context, snap registry.Snapshot) (held h
 			}
 			prev := s.reg
 			var diff registry.Diff
-			s.reg, diff = s.reg.Apply(registry.Change{Cluster: sc.Cluster, Replace: true, Upserts: sc.Shards})
+			s.reg, diff = s.reg.Apply(s.permitted(registry.Change{Cluster: sc.Cluster, Replace: true, Upserts: sc.Shards}))
 			s.trackConflicts(prev, diff)
 			s.maxEpoch[sc.Cluster] = max(s.maxEpoch[sc.Cluster], sc.Epoch)
 			sum := s.reg.Cluster(sc.Cluster)

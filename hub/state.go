@@ -68,6 +68,10 @@ type ClusterStatus struct {
 	Stale bool `json:"stale,omitempty"`
 	// Dropped: its drop policy removed the stale cluster's endpoints.
 	Dropped bool `json:"dropped,omitempty"`
+	// RefusedExports are the services (namespace/name) the export policy
+	// refused of the cluster's live session here, with the reasons
+	// (/debug/clusters fills it in).
+	RefusedExports map[string]string `json:"refusedExports,omitempty"`
 
 	// liveSeen: LiveAt is when this replica last saw a live spoke serve the
 	// cluster, not a time it started the cluster's timer from or read from
@@ -103,11 +107,15 @@ type state struct {
 	publisher Publisher
 	// tracer, if not nil, traces every change a spoke or a replica sends
 	// from its application here to the clients (set before the state runs).
-	tracer   *convergence.Tracer
-	limits   registry.Limits
-	onChange func(View)
-	ops      chan func()
-	done     chan struct{} // closed when run returns
+	tracer *convergence.Tracer
+	// exportAllowed, if not nil, is the export policy (set before the
+	// state runs): no change from a spoke, a peer or a snapshot makes the
+	// state hold an export it refuses (see permitted).
+	exportAllowed func(cluster registry.ClusterID, namespace string) bool
+	limits        registry.Limits
+	onChange      func(View)
+	ops           chan func()
+	done          chan struct{} // closed when run returns
 	// started is when this replica started: every cluster's grace before it
 	// turns stale starts over then (a restart is no sign of a dead spoke),
 	// while its drop timer goes on from its LiveAt.
@@ -265,7 +273,7 @@ func (s *state) Apply(ctx context.Context, epoch, version uint64, ch registry.Ch
 			applyErr = fmt.Errorf("%w: update of epoch %d, newest is %d", federation.ErrSuperseded, epoch, max)
 			return
 		}
-		next, diff := s.reg.Apply(ch)
+		next, diff := s.reg.Apply(s.permitted(ch)) // the federation edge refused them already, under the policy of its time
 		sum := next.Cluster(ch.Cluster)
 		if sum.Services > s.limits.MaxServicesPerCluster || sum.Endpoints > s.limits.MaxEndpointsPerCluster {
 			applyErr = &federation.LimitError{

@@ -17,12 +17,14 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/navemesh/nave/exportpolicy"
 	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/registry"
 )
 
 // The ServiceExport conditions a spoke writes, and their reasons (the
-// Kubernetes MCS API's; InvalidService and RefusedByHub are Nave's own).
+// Kubernetes MCS API's; InvalidService, RefusedByHub and ExportNotPermitted
+// are Nave's own).
 const (
 	// ConditionValid says whether the export is valid and the hub took it.
 	ConditionValid = "Valid"
@@ -38,6 +40,7 @@ const (
 	ReasonInvalidServiceType = "InvalidServiceType"
 	ReasonInvalidService     = "InvalidService"
 	ReasonRefusedByHub       = "RefusedByHub"
+	ReasonExportNotPermitted = exportpolicy.ReasonNotPermitted
 	ReasonExported           = "Exported"
 	ReasonFailed             = "Failed"
 	ReasonNoConflicts        = "NoConflicts"
@@ -177,6 +180,9 @@ func (k *KubeSource) conditions(key registry.ServiceKey) []exportCondition {
 	case problem != "":
 		invalid(ReasonInvalidService, "%s", problem)
 	case !known:
+	case strings.HasPrefix(report.Refused, exportpolicy.ReasonNotPermitted+":"):
+		// The hub's export policy does not let this cluster export into the namespace.
+		invalid(ReasonExportNotPermitted, "%s", report.Refused)
 	case report.Refused != "":
 		invalid(ReasonRefusedByHub, "%s", report.Refused)
 	default:

@@ -355,6 +355,12 @@ func TestKubeSource(t *testing.T) {
 		}
 		f.awaitCondition(db, ConditionReady, metav1.ConditionFalse, ReasonFailed)
 		f.awaitCondition(db, ConditionConflict, metav1.ConditionFalse, ReasonNoConflicts)
+		notPermitted := "ExportNotPermitted: the hub's export policy does not let cluster east export into namespace db"
+		kube.SetReports(federation.Reports{db: {Refused: notPermitted}})
+		if c := f.awaitCondition(db, ConditionValid, metav1.ConditionFalse, ReasonExportNotPermitted); c.Message != notPermitted {
+			t.Errorf("refusal message = %q", c.Message)
+		}
+		f.awaitCondition(db, ConditionReady, metav1.ConditionFalse, ReasonFailed)
 		kube.SetReports(nil)
 		f.awaitCondition(db, ConditionValid, metav1.ConditionTrue, ReasonValid)
 		f.awaitCondition(db, ConditionReady, metav1.ConditionTrue, ReasonExported)

@@ -101,6 +101,7 @@ func runHub(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.XDSTLSCertFile, "xds-tls-cert", "", "PEM certificate of the xDS server (with --xds-tls-key: clients connect over TLS)")
 	fs.StringVar(&cfg.XDSTLSKeyFile, "xds-tls-key", "", "PEM private key of the xDS server")
 	fs.StringVar(&cfg.XDSClientCAFile, "xds-client-ca", "", "PEM CA of the client certificates the xDS port requires (mTLS)")
+	fs.StringVar(&cfg.ExportPolicyFile, "export-policy", "", "YAML policy of the namespaces each cluster may export into, reloaded on change; without it every cluster may export everywhere")
 	fs.StringVar(&cfg.XDSPolicyFile, "xds-policy", "", "YAML policy of the namespaces each xDS client identity may receive (with --xds-client-ca); see deploy/README.md")
 	fs.StringVar(&cfg.PeerTokenFile, "peer-token-file", "", "file holding the tokens replicas share, one per line: the first is presented, each is accepted (rotation without a pause); reloaded when it changes; empty leaves replication open (development only)")
 	fs.StringVar(&cfg.AdminTokenFile, "admin-token-file", "", "file holding the bearer token the admin address requires for /debug/* and /metrics (re-read when it changes); /healthz and /readyz stay open; empty: the admin API is open (bind --admin-addr to localhost)")
