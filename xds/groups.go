@@ -202,24 +202,28 @@ func (s *Server) holdGroups(key streamKey, node **core.Node) error {
 
 	allow, who, restricted := s.streamIdentity(key)
 	s.stateMu.Lock()
+	if old != nil {
+		// What the stream held goes first: it counts no more against its
+		// identity's share (a stream moving to a new locality at its
+		// identity's bound is not refused for the group it leaves).
+		s.release(old)
+	}
 	held, err := s.acquire(*node, allow, who, restricted)
 	s.stateMu.Unlock()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if old != nil {
+		delete(t.streams, key)
+		if t.byNode[old.node] == old {
+			delete(t.byNode, old.node)
+		}
+	}
 	if err != nil {
-		return err
+		return err // the stream ends holding nothing
 	}
 	held.node = *node
-	t.mu.Lock()
-	if prev := t.streams[key]; prev != nil {
-		delete(t.byNode, prev.node)
-	}
 	t.streams[key] = held
 	t.byNode[held.node] = held
-	t.mu.Unlock()
-	if old != nil {
-		s.stateMu.Lock()
-		s.release(old)
-		s.stateMu.Unlock()
-	}
 	return nil
 }
 

@@ -424,3 +424,53 @@ func TestAStreamsGroupFollowsItsClustersNetwork(t *testing.T) {
 	}
 	await(ctx, t, "the stream in net-a's group", func() bool { return heldNetwork() == "net-a" })
 }
+
+// A stream that moves to a new locality at its identity's bound is not
+// refused for the group it leaves: it holds one group before and after.
+func TestAStreamMovesAtItsIdentitysBound(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg := DefaultConfig()
+	cfg.Restrict = func(context.Context) (Restriction, string, error) {
+		return func(ns string) bool { return ns == "default" }, "one-workload", nil
+	}
+	s, addr := startGroupsXDS(t, cfg, newFakeClock())
+	ads := dialADS(ctx, t, addr)
+	for i := range MaxGroupsPerIdentity - 1 {
+		_, stop, err := edsStream(ctx, t, ads, nodeAt(loc(fmt.Sprint("r-", i), "z"), ""))
+		if err != nil {
+			t.Fatalf("stream %d: %v", i, err)
+		}
+		defer stop()
+	}
+	stream, err := ads.StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := []string{ClusterName(echo, 8080)}
+	if err := stream.Send(&discovery.DiscoveryRequest{Node: nodeAt(loc("last", "z"), ""), TypeUrl: resource.EndpointType, ResourceNames: names}); err != nil {
+		t.Fatal(err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		t.Fatalf("the identity's last group: %v", err)
+	}
+	// The same stream, now elsewhere (a node may change on a stream).
+	if err := stream.Send(&discovery.DiscoveryRequest{Node: nodeAt(loc("moved", "z"), ""), TypeUrl: resource.EndpointType, ResourceNames: names,
+		VersionInfo: first.GetVersionInfo(), ResponseNonce: first.GetNonce()}); err != nil {
+		t.Fatal(err)
+	}
+	await(ctx, t, "the stream in its new group", func() bool {
+		s.table.mu.Lock()
+		defer s.table.mu.Unlock()
+		for _, h := range s.table.streams {
+			if h.eds.key.client.Locality.Region == "moved" {
+				return true
+			}
+		}
+		return false
+	})
+	if st := stateOf(s); st.held != MaxGroupsPerIdentity {
+		t.Errorf("the table holds %+v; want the identity's %d groups held", st, MaxGroupsPerIdentity)
+	}
+}
