@@ -250,6 +250,14 @@ func (c *coordinator) watchEtcd(ctx context.Context) {
 // keeps the cluster catalog and drops dead clusters whose policy says so.
 // Leadership ends the moment the etcd session does.
 func (c *coordinator) lead(ctx context.Context) {
+	// A replica that has not restored the persisted registry does not even
+	// campaign: as leader it could do none of its duties (see
+	// leaderDuties), and would keep a replica that has from doing them.
+	select {
+	case <-c.restoredCh:
+	case <-ctx.Done():
+		return
+	}
 	// A replica that stops as it is about to lead (no other replica does)
 	// leads for a moment first: its term's last catalog write records the
 	// clusters it holds (a hub that stops right after a spoke's hello has

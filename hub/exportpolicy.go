@@ -37,19 +37,23 @@ func (p *parts) exportAllowed() func(registry.ClusterID, string) bool {
 func (p *parts) watchExportPolicy(ctx context.Context) {
 	log := p.log.With("component", "export-policy")
 	prev := p.exportPolicy.Policy()
+	pending := false // a policy read that the state could not apply yet: tried again at the next tick
 	reload := func() (bool, error) {
 		changed, err := p.exportPolicy.Reload()
-		if !changed {
-			return false, err
+		if changed {
+			now := p.exportPolicy.Policy()
+			log.Info("reloaded the export policy", "rules", len(now.Rules))
+			p.hubFed.Resync(func(c registry.ClusterID) bool { return !prev.Same(now, c) }, "the hub's export policy changed")
+			prev, pending = now, true
 		}
-		now := p.exportPolicy.Policy()
-		log.Info("reloaded the export policy", "rules", len(now.Rules))
-		if err := p.state.enforceExportPolicy(ctx); err != nil {
-			log.Warn("cannot apply the export policy to the state yet", "err", err)
+		if pending {
+			if err := p.state.enforceExportPolicy(ctx); err != nil {
+				log.Warn("cannot apply the export policy to the state yet", "err", err)
+			} else {
+				pending = false
+			}
 		}
-		p.hubFed.Resync(func(c registry.ClusterID) bool { return !prev.Same(now, c) }, "the hub's export policy changed")
-		prev = now
-		return true, nil
+		return changed, err
 	}
 	identity.Watch(ctx, log, credentialsReload, nil, reload)
 }

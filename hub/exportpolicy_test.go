@@ -90,8 +90,10 @@ func TestExportPolicyAtTheHub(t *testing.T) {
 		}
 	}
 
-	// A version that does not load changes nothing; one that permits lets it in.
-	write("rules:\n")
+	// A version that does not load changes nothing (this one would permit
+	// west, were its unknown field taken for nothing); one that permits lets it in.
+	write(`rules: [{cluster: "*", namespaces: [default]}]` + "\nunknown: field\n")
+	time.Sleep(3 * time.Second) // a few reload ticks (one a second): the refusal below checks nothing if none came
 	if m := send(west, 4); m.GetNack() == nil {
 		t.Fatalf("west's export under a policy that did not load answered %v", m)
 	}

@@ -94,7 +94,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Help:    "Time the leader took to save a snapshot (encode and write); the next save waits at least ten times as long.",
 		Buckets: prometheus.ExponentialBuckets(0.005, 2, 12)})
 	m.replication = prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricReplication,
-		Help: "Hub-to-hub replication: updates sent (by kind), received (by result: applied, stale, mismatch, dropped, error) and resyncs asked (by reason)."}, []string{"direction", "result"})
+		Help: "Hub-to-hub replication: updates sent (by kind), received (by result: applied, partly_refused (without what the export policy refuses), stale, mismatch, dropped, error) and resyncs asked (by reason)."}, []string{"direction", "result"})
 	m.networkGateways = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: metricNetworkGateways,
 		Help: "Gateway addresses clients on other networks can be handed, per network a cluster names; 0: the network's endpoints reach no other network."}, []string{"network"})
 	m.networks = map[registry.Network]bool{}

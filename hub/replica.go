@@ -112,7 +112,8 @@ func (s *state) ApplyReplica(ctx context.Context, from string, u replicas.Update
 		}
 		ch := u.Change
 		ch.Cluster = u.Cluster
-		next, diff := s.reg.Apply(s.permitted(ch)) // a peer under an older policy (each replica reads the file)
+		permitted := s.permitted(ch) // a peer under an older or another policy (each replica reads its file)
+		next, diff := s.reg.Apply(permitted)
 		if sum := next.Cluster(u.Cluster); sum.Services > s.limits.MaxServicesPerCluster || sum.Endpoints > s.limits.MaxEndpointsPerCluster {
 			applyErr = fmt.Errorf("replica of cluster %s from %s would hold %d services and %d endpoints: over the limits", u.Cluster, from, sum.Services, sum.Endpoints)
 			return
@@ -135,6 +136,11 @@ func (s *state) ApplyReplica(ctx context.Context, from string, u replicas.Update
 		s.replicaChanged(u.Cluster)
 		s.trace(u.Cluster, diff, false)
 		s.publish(diff)
+		if len(permitted.Upserts) != len(ch.Upserts) {
+			// Held at the peer's stamp with another digest: the peer must not
+			// be asked for it again and again (its digest will differ).
+			applyErr = fmt.Errorf("%w: %d of %d services", replicas.ErrPartlyRefused, len(ch.Upserts)-len(permitted.Upserts), len(ch.Upserts))
+		}
 	})
 	if err != nil {
 		return err

@@ -96,6 +96,11 @@ var ErrStale = errors.New("replicas: the replica holds newer data")
 // replica holds: the replica asks the peer for a full state instead.
 var ErrBaseMismatch = errors.New("replicas: delta base is not what the replica holds")
 
+// ErrPartlyRefused marks an update applied without what this replica's
+// policy refuses (the export policy): it holds the update's stamp with
+// another digest than the peer, and asks for nothing again on that account.
+var ErrPartlyRefused = errors.New("replicas: applied without what this replica refuses")
+
 // ReplicationConfig configures both sides of hub-to-hub replication.
 type ReplicationConfig struct {
 	// ReplicaID names this replica to its peers; unique among them.
@@ -1027,6 +1032,10 @@ func (s *peerSession) update(ctx context.Context, u *fedv1.ReplicaUpdate) error 
 		log.Debug("applied an update from a peer", "upserts", len(in.upserts), "removes", len(in.removes))
 		hooks.applied(in.cluster, "applied")
 		delete(s.refused, in.cluster)
+	case errors.Is(err, ErrPartlyRefused):
+		log.Info("applied an update from a peer without what this replica refuses", "why", err)
+		hooks.applied(in.cluster, "partly_refused")
+		s.refused[in.cluster] = in.stamp // its digest differs here for good: no resync for it
 	case errors.Is(err, ErrStale):
 		log.Debug("ignored a stale update from a peer", "why", err)
 		hooks.applied(in.cluster, "stale")
@@ -1069,6 +1078,8 @@ func (s *peerSession) digests(m *fedv1.ReplicaDigests) error {
 		switch {
 		case ok && held.Stamp == d.stamp && held.Digest == d.digest:
 			delete(s.behind, d.cluster)
+		case ok && held.Stamp == d.stamp && s.refused[d.cluster] == d.stamp:
+			delete(s.behind, d.cluster) // applied without what this replica refuses: the digests differ
 		case ok && held.Stamp == d.stamp:
 			delete(s.behind, d.cluster)
 			why := fmt.Sprintf("same stamp %s, digest %s here and %s at the peer", d.stamp, held.Digest, d.digest)

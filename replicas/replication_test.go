@@ -71,6 +71,7 @@ func waitFor(t *testing.T, cond func() bool) {
 // follows: a full state over an older or equal stamp, a delta only over its
 // exact base, ErrStale and ErrBaseMismatch otherwise.
 type replStore struct {
+	refuse   map[registry.ServiceKey]bool // a policy's: applied without them, ErrPartlyRefused
 	mu       sync.Mutex
 	clusters map[registry.ClusterID]Cluster
 	changed  chan struct{}
@@ -118,15 +119,23 @@ func (s *replStore) ApplyReplica(_ context.Context, from string, u Update) error
 			delete(shards, k)
 		}
 	}
+	refused := 0
 	for _, sh := range u.Change.Upserts {
 		if sh.Cluster != u.Cluster {
 			return fmt.Errorf("shard of cluster %s in an update of %s", sh.Cluster, u.Cluster)
+		}
+		if s.refuse[sh.Service] {
+			refused++
+			continue
 		}
 		shards[sh.Service] = sh
 	}
 	s.applied = append(s.applied, u)
 	s.putLocked(u.Cluster, Cluster{Stamp: u.Stamp, Digest: registry.Digest(shards), Network: u.Network,
 		Shards: shards, Origin: u.Origin})
+	if refused > 0 {
+		return fmt.Errorf("%w: %d services", ErrPartlyRefused, refused)
+	}
 	return nil
 }
 
@@ -708,5 +717,56 @@ func TestReplicationDropsInvalidUpdatesWhole(t *testing.T) {
 	}
 	if got := b.hooks.count("applied", "east", "dropped"); got != 2 {
 		t.Errorf("b dropped %d updates, want 2", got)
+	}
+}
+
+// A replica whose policy refuses part of a peer's update holds the peer's
+// stamp with another digest: the peer's digests do not make it ask for the
+// cluster again and again (each answer would be refused the same way).
+func TestReplicationDoesNotResyncWhatItRefused(t *testing.T) {
+	svc, hostile := testShard("east", "svc", "10.0.0.1"), testShard("east", "hostile", "10.0.0.66")
+	held := registry.Digest(map[registry.ServiceKey]*registry.Shard{svc.Service: svc, hostile.Service: hostile})
+	update := func(cluster string, shards ...*registry.Shard) *fedv1.ReplicaMessage {
+		u := &fedv1.ReplicaUpdate{ClusterId: cluster, Stamp: stampToProto(Stamp{1, 1}), FullState: true, LastChunk: true}
+		for _, sh := range shards {
+			u.Upserts = append(u.Upserts, federation.ShardToProto(sh))
+		}
+		return &fedv1.ReplicaMessage{Kind: &fedv1.ReplicaMessage_Update{Update: u}}
+	}
+	digests := &fedv1.ReplicaMessage{Kind: &fedv1.ReplicaMessage_Digests{Digests: &fedv1.ReplicaDigests{
+		Clusters: []*fedv1.ClusterDigest{{ClusterId: "east", Stamp: stampToProto(Stamp{1, 1}), Digest: held.String()}}}}}
+	peer := &scriptedPeer{script: func(stream fedv1.Replication_SubscribeServer) error {
+		msgs := []*fedv1.ReplicaMessage{update("east", svc, hostile)}
+		for range 5 {
+			msgs = append(msgs, digests)
+		}
+		// West, last: once it is applied, every digest before it was taken.
+		msgs = append(msgs, update("west", testShard("west", "svc", "10.1.0.1")))
+		for _, m := range msgs {
+			if err := stream.Send(m); err != nil {
+				return err
+			}
+		}
+		<-stream.Context().Done()
+		return nil
+	}}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	fedv1.RegisterReplicationServer(g, peer)
+	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop)
+
+	b := startReplNode(t, "b", func(cfg *ReplicationConfig) { cfg.PeerToken = nil })
+	b.store.refuse = map[registry.ServiceKey]bool{hostile.Service: true}
+	b.rep.SetPeers(map[string]string{"p": lis.Addr().String()})
+	waitFor(t, func() bool { return len(b.store.appliedOf("west")) == 1 })
+	if got := b.hooks.count("applied", "east", "partly_refused"); got != 1 {
+		t.Errorf("east applied partly %d times, want once", got)
+	}
+	if got := b.hooks.count("resync", "east", "digest"); got != 0 {
+		t.Errorf("b asked %d times for east again after 5 digests, want never (each answer would be refused the same way)", got)
 	}
 }
