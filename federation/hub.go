@@ -349,7 +349,7 @@ func (h *HubServer) Publish(stream fedv1.Federation_PublishServer) error {
 
 	if err := stream.Send(&fedv1.HubMessage{Kind: &fedv1.HubMessage_Welcome{Welcome: &fedv1.Welcome{
 		Epoch: epoch, Resume: resume, HubId: h.cfg.HubID, MaxMessageBytes: uint32(h.cfg.MaxMessageBytes),
-		Capabilities: []string{CapabilityGateways},
+		Capabilities: h.welcomeCapabilities(),
 	}}}); err != nil {
 		return err
 	}
@@ -613,7 +613,8 @@ func (s *hubSession) run(ctx context.Context, msgs <-chan *fedv1.SpokeMessage, e
 					return err
 				}
 				err = s.gateways(ctx, k.Gateways)
-			case *fedv1.SpokeMessage_Namespaces, *fedv1.SpokeMessage_ImportAck, *fedv1.SpokeMessage_ImportNack, *fedv1.SpokeMessage_ImportsWritten:
+			case *fedv1.SpokeMessage_Namespaces, *fedv1.SpokeMessage_ImportAck, *fedv1.SpokeMessage_ImportNack, *fedv1.SpokeMessage_ImportsWritten,
+				*fedv1.SpokeMessage_ImportProblems:
 				if s.imports == nil {
 					return status.Errorf(codes.InvalidArgument, "%T without the %q capability", k, CapabilityImports)
 				}

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	fedv1 "github.com/navemesh/nave/federation/v1"
@@ -37,17 +39,23 @@ type ImportStatus struct {
 	// Authoritative: the spoke holds an authoritative full state (it may delete what the hub does not name).
 	Authoritative bool `json:"authoritative"`
 	// Refused names the services whose current form the spoke refused, with its reasons.
-	Refused   map[string]string `json:"refused,omitempty"`
-	UpdatedAt time.Time         `json:"updatedAt"`
+	Refused map[string]string `json:"refused,omitempty"`
+	// Blocked are the imports the spoke's cluster cannot hold because an
+	// object that is not Nave's holds a name they need (the spoke's last
+	// ImportProblems, of the imports the cluster should hold; at most
+	// maxListed, by service); BlockedCount is how many there are in all.
+	Blocked      []ImportProblem `json:"blocked,omitempty"`
+	BlockedCount int             `json:"blockedCount,omitempty"`
+	UpdatedAt    time.Time       `json:"updatedAt"`
 }
 
 // maxListed bounds the services an ImportStatus names.
 const maxListed = 100
 
 // Written says whether the spoke has written everything it acknowledged
-// and acknowledged everything the cluster should hold.
+// and acknowledged everything the cluster should hold, none of it blocked.
 func (s ImportStatus) Written() bool {
-	return s.Pending == 0 && len(s.Refused) == 0 && s.WrittenVersion >= s.AckedVersion && s.AckedVersion > 0
+	return s.Pending == 0 && len(s.Refused) == 0 && s.BlockedCount == 0 && s.WrittenVersion >= s.AckedVersion && s.AckedVersion > 0
 }
 
 // ImportStatuses returns the import stream of every session this hub serves.
@@ -100,6 +108,11 @@ type hubImports struct {
 	// state's retain list): a remove is sent for them once the hub has them no more.
 	retained map[registry.ServiceKey]bool
 	sentOnce bool
+	// problems is the spoke's last problem set (ImportProblems), of imports
+	// the cluster should hold or holds when it came; problemsOmitted counts
+	// those the spoke left out of it.
+	problems        []ImportProblem
+	problemsOmitted int
 }
 
 func newHubImports(s *hubSession, namespaces []string) *hubImports {
@@ -328,7 +341,36 @@ func (im *hubImports) report() {
 			st.Refused[k.String()] = why
 		}
 	}
+	for _, p := range im.problems {
+		if want[p.Service] != nil {
+			if st.BlockedCount++; len(st.Blocked) < maxListed {
+				st.Blocked = append(st.Blocked, p)
+			}
+		}
+	}
+	st.BlockedCount += im.problemsOmitted
 	im.s.h.setImportStatus(st)
+}
+
+// setProblems takes the spoke's problem set. Only problems of imports the
+// cluster should hold or holds are kept: a set is bounded by its imports.
+func (im *hubImports) setProblems(m *fedv1.ImportProblems) error {
+	ps, err := importProblemsFromProto(m)
+	if err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	want := im.want()
+	kept := ps[:0]
+	for _, p := range ps {
+		if want[p.Service] != nil || im.acked[p.Service] != nil {
+			kept = append(kept, p)
+		}
+	}
+	im.problems = slices.Clip(kept)
+	im.problemsOmitted = min(int(m.GetOmitted()), max(len(want), len(im.acked)))
+	im.s.log.Debug("spoke reports imports it cannot write", "blocked", len(kept)+im.problemsOmitted)
+	im.report()
+	return nil
 }
 
 // handle takes one of the spoke's import-stream messages.
@@ -341,6 +383,8 @@ func (im *hubImports) handle(m *fedv1.SpokeMessage) error {
 		return im.ack(k.ImportAck)
 	case *fedv1.SpokeMessage_ImportNack:
 		return im.nack(k.ImportNack)
+	case *fedv1.SpokeMessage_ImportProblems:
+		return im.setProblems(k.ImportProblems)
 	case *fedv1.SpokeMessage_ImportsWritten:
 		if v := k.ImportsWritten.GetVersion(); v <= im.version && v > im.written {
 			im.written = v
@@ -349,4 +393,14 @@ func (im *hubImports) handle(m *fedv1.SpokeMessage) error {
 		return nil
 	}
 	return fmt.Errorf("unexpected %T", m.GetKind())
+}
+
+// welcomeCapabilities are what the hub's welcome announces: import problems
+// only when it serves imports.
+func (h *HubServer) welcomeCapabilities() []string {
+	caps := []string{CapabilityGateways}
+	if h.imports != nil {
+		caps = append(caps, CapabilityImportProblems)
+	}
+	return caps
 }

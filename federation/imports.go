@@ -3,11 +3,13 @@ package federation
 import (
 	"fmt"
 	"net/netip"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
 
 	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/imports"
+	"github.com/navemesh/nave/limits"
 	"github.com/navemesh/nave/registry"
 )
 
@@ -15,6 +17,85 @@ import (
 // it takes the import stream: the hub then sends it the imports its cluster
 // must hold (ImportUpdate), for the namespaces the hello names.
 const CapabilityImports = "imports"
+
+// CapabilityImportProblems is the hub capability (in its welcome) of taking
+// ImportProblems messages on the import stream: an older hub would end the
+// session on one, so a spoke sends them only to a hub that announces it.
+const CapabilityImportProblems = "import-problems"
+
+// Reasons of an ImportProblem: an object that is not Nave's (a user's own)
+// holds a name the import's objects need.
+const (
+	ReasonBlockedByServiceImport = "BlockedByServiceImport"
+	ReasonBlockedByService       = "BlockedByService"
+	ReasonBlockedByEndpointSlice = "BlockedByEndpointSlice"
+)
+
+// ImportProblem is an import the spoke's cluster cannot hold as the hub sent it.
+type ImportProblem struct {
+	Service registry.ServiceKey `json:"service"`
+	// Reason is a CamelCase word (see ReasonBlockedByServiceImport).
+	Reason string `json:"reason"`
+	// Message names the object in the way, for operators.
+	Message string `json:"message,omitempty"`
+}
+
+// Bounds of an ImportProblems message: the problems it carries (the first by
+// service; the rest are counted), and the bytes of each reason.
+const (
+	MaxImportProblems     = 1000
+	maxProblemReasonBytes = 64
+)
+
+// importProblemsToProto encodes a problem set (sorted by service, each
+// service once) for the wire, within MaxImportProblems and the string bounds.
+func importProblemsToProto(ps []ImportProblem) *fedv1.ImportProblems {
+	out := &fedv1.ImportProblems{}
+	if len(ps) > MaxImportProblems {
+		out.Omitted = uint32(len(ps) - MaxImportProblems)
+		ps = ps[:MaxImportProblems]
+	}
+	for _, p := range ps {
+		out.Problems = append(out.Problems, &fedv1.ImportProblem{Service: KeyToProto(p.Service),
+			Reason: truncateBytes(p.Reason, maxProblemReasonBytes), Message: truncateBytes(p.Message, limits.MaxLoggedBytes)})
+	}
+	return out
+}
+
+// importProblemsFromProto decodes and checks a problem set: at most
+// MaxImportProblems, valid service keys sorted and unique, a reason of at
+// most maxProblemReasonBytes; messages are truncated (limits.Truncate).
+func importProblemsFromProto(m *fedv1.ImportProblems) ([]ImportProblem, error) {
+	if n := len(m.GetProblems()); n > MaxImportProblems {
+		return nil, fmt.Errorf("%d import problems, at most %d", n, MaxImportProblems)
+	}
+	out := make([]ImportProblem, 0, len(m.GetProblems()))
+	for i, p := range m.GetProblems() {
+		k := KeyFromProto(p.GetService())
+		if err := registry.ValidateServiceKey(k); err != nil {
+			return nil, fmt.Errorf("import problem %d: %w", i, err)
+		}
+		if i > 0 && k.Compare(out[i-1].Service) <= 0 {
+			return nil, fmt.Errorf("import problems are not sorted and unique (%s after %s)", k, out[i-1].Service)
+		}
+		if r := p.GetReason(); r == "" || len(r) > maxProblemReasonBytes {
+			return nil, fmt.Errorf("import problem of %s: a reason of %d bytes (1 to %d)", k, len(r), maxProblemReasonBytes)
+		}
+		out = append(out, ImportProblem{Service: k, Reason: p.GetReason(), Message: limits.Truncate(p.GetMessage())})
+	}
+	return out, nil
+}
+
+// truncateBytes cuts s to at most n bytes, on a rune boundary.
+func truncateBytes(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
 
 // ImportSet is every import of the clusterset, as the hub holds it. It is
 // immutable: a new set replaces it.

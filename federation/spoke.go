@@ -178,6 +178,11 @@ type Publisher struct {
 	nsChanged chan struct{}
 	written   chan [2]uint64
 
+	// The imports the cluster cannot hold (ImportProblems).
+	problemsMu      sync.Mutex
+	problems        []ImportProblem
+	problemsChanged chan struct{}
+
 	// The gateways the cluster announces for its network (SetGateways).
 	gwMu      sync.Mutex
 	gws       []registry.Gateway
@@ -203,9 +208,10 @@ func NewPublisher(cfg SpokeConfig, conn grpc.ClientConnInterface, log *slog.Logg
 		refusals:    map[registry.ServiceKey]string{},
 		imports: &ImportState{Imports: map[registry.ServiceKey]*imports.Import{}, Removed: map[registry.ServiceKey]bool{},
 			Retained: map[registry.ServiceKey]bool{}},
-		nsChanged: make(chan struct{}, 1),
-		written:   make(chan [2]uint64, 1),
-		gwChanged: make(chan struct{}, 1),
+		nsChanged:       make(chan struct{}, 1),
+		written:         make(chan [2]uint64, 1),
+		problemsChanged: make(chan struct{}, 1),
+		gwChanged:       make(chan struct{}, 1),
 	}
 }
 
@@ -331,6 +337,7 @@ func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
 	var nsChanged <-chan struct{}
 	if p.cfg.OnImports != nil {
 		s.imports, nsChanged = &spokeImports{s: s}, p.nsChanged
+		s.imports.problemsTaken = slices.Contains(welcome.GetCapabilities(), CapabilityImportProblems)
 		// An earlier hub's authority is not this one's: until this hub's
 		// authoritative full state, nothing it does not name is deleted.
 		held := *p.imports
@@ -349,6 +356,11 @@ func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
 	ticker := time.NewTicker(p.cfg.DigestInterval)
 	defer ticker.Stop()
 	s.report()
+	if s.imports != nil {
+		if err := s.imports.sendProblems(); err != nil { // what an earlier session's writer found
+			return err
+		}
+	}
 	for {
 		if len(s.inflight) == 0 {
 			if err := s.sendNext(); err != nil {
@@ -377,6 +389,12 @@ func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
 		case <-p.gwChanged:
 			if err := s.sendGateways(); err != nil {
 				return err
+			}
+		case <-p.problemsChanged:
+			if s.imports != nil {
+				if err := s.imports.sendProblems(); err != nil {
+					return err
+				}
 			}
 		case w := <-p.written:
 			if s.imports != nil {

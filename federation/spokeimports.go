@@ -83,6 +83,29 @@ func (p *Publisher) ImportsWritten(epoch, version uint64) {
 	}
 }
 
+// ImportProblems tells the publisher the imports the cluster cannot hold
+// (the writer's report: the whole set each time, empty when none). Safe from
+// any goroutine, never blocks; the hub is told when its set changes, if it
+// takes them (CapabilityImportProblems).
+func (p *Publisher) ImportProblems(problems []ImportProblem) {
+	problems = slices.Clone(problems)
+	slices.SortFunc(problems, func(a, b ImportProblem) int { return a.Service.Compare(b.Service) })
+	problems = slices.CompactFunc(problems, func(a, b ImportProblem) bool { return a.Service == b.Service })
+	p.problemsMu.Lock()
+	p.problems = problems
+	p.problemsMu.Unlock()
+	select {
+	case p.problemsChanged <- struct{}{}:
+	default:
+	}
+}
+
+func (p *Publisher) importProblems() []ImportProblem {
+	p.problemsMu.Lock()
+	defer p.problemsMu.Unlock()
+	return p.problems
+}
+
 // spokeImports is the spoke end of one session's import stream, owned by Run's goroutine.
 type spokeImports struct {
 	s *spokeSession
@@ -92,6 +115,10 @@ type spokeImports struct {
 	acc *importChunks
 	// spoiled is a version one of whose chunks was refused: its later chunks are dropped unanswered.
 	spoiled uint64
+	// problemsTaken: the hub takes ImportProblems (CapabilityImportProblems);
+	// problemsSent is the set last sent in this session.
+	problemsTaken bool
+	problemsSent  []ImportProblem
 }
 
 // importChunks are the chunks of one update received so far.
@@ -231,6 +258,20 @@ func (si *spokeImports) sendWritten(w [2]uint64) error {
 		return nil
 	}
 	return si.s.send(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_ImportsWritten{ImportsWritten: &fedv1.ImportsWritten{Version: w[1]}}})
+}
+
+// sendProblems sends the writer's problem set when it differs from what the
+// session last sent, to a hub that takes it.
+func (si *spokeImports) sendProblems() error {
+	ps := si.s.p.importProblems()
+	if !si.problemsTaken || slices.Equal(ps, si.problemsSent) {
+		return nil
+	}
+	if err := si.s.send(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_ImportProblems{ImportProblems: importProblemsToProto(ps)}}); err != nil {
+		return err
+	}
+	si.problemsSent = ps
+	return nil
 }
 
 func (s *spokeSession) send(m *fedv1.SpokeMessage) error {

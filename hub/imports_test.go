@@ -80,6 +80,28 @@ func TestImportsReachEveryClusterWithStableIPs(t *testing.T) {
 		}
 		return false
 	})
+	// An import a user's own object blocks in east shows there, with its
+	// reason; east is not written until the spoke reports it cleared.
+	east.pub.ImportProblems([]federation.ImportProblem{{Service: apiKey, Reason: federation.ReasonBlockedByService,
+		Message: "Service derived-x exists and is not managed by Nave"}})
+	awaitDebugImports(t, h, "east's api blocked", func(info hub.ImportsInfo) bool {
+		for _, s := range info.Sessions {
+			if s.Cluster == "east" && !s.Written() && s.BlockedCount == 1 && len(s.Blocked) == 1 && s.Blocked[0].Service == apiKey &&
+				s.Blocked[0].Reason == federation.ReasonBlockedByService && s.Blocked[0].Message != "" {
+				return true
+			}
+		}
+		return false
+	})
+	east.pub.ImportProblems(nil)
+	awaitDebugImports(t, h, "east written again", func(info hub.ImportsInfo) bool {
+		for _, s := range info.Sessions {
+			if s.Cluster == "east" && s.Written() && s.BlockedCount == 0 {
+				return true
+			}
+		}
+		return false
+	})
 
 	// A cluster whose spoke is gone turns stale: its endpoints stay, marked so.
 	west.stop()

@@ -54,6 +54,16 @@ type ImportWriterConfig struct {
 	// its problem reported on its ServiceImport). It is called from the
 	// writer's goroutines, one call at a time, and must not block.
 	Written func(epoch, version uint64)
+	// Problems, if not nil, is told the imports the writer cannot write
+	// because an object that is not Nave's (a user's own ServiceImport,
+	// Service or EndpointSlice) holds a name they need: the whole set, each
+	// time it changes. It is called from the writer's goroutines, one call
+	// at a time, and must not block; the slice is the callee's.
+	Problems func([]federation.ImportProblem)
+	// BlockedRecheck is how often an import so blocked is written again:
+	// the writer watches only its own objects, so it does not see the
+	// user's go.
+	BlockedRecheck time.Duration
 	// Workers is how many imports are written at once.
 	Workers int
 	// ServiceCIDRSettle is how long after the writer made or changed
@@ -65,7 +75,7 @@ type ImportWriterConfig struct {
 
 // DefaultImportWriterConfig returns the configuration a spoke writes imports with.
 func DefaultImportWriterConfig(cluster registry.ClusterID) ImportWriterConfig {
-	return ImportWriterConfig{Cluster: cluster, Workers: 4, ServiceCIDRSettle: 10 * time.Second}
+	return ImportWriterConfig{Cluster: cluster, Workers: 4, ServiceCIDRSettle: 10 * time.Second, BlockedRecheck: 30 * time.Second}
 }
 
 // requestTimeout bounds one API request of the writer.
@@ -117,6 +127,9 @@ func NewImportWriter(client *kubeclient.Client, cfg ImportWriterConfig, log *slo
 	}
 	if cfg.ServiceCIDRSettle <= 0 {
 		cfg.ServiceCIDRSettle = def.ServiceCIDRSettle
+	}
+	if cfg.BlockedRecheck <= 0 {
+		cfg.BlockedRecheck = def.BlockedRecheck
 	}
 	return &ImportWriter{client: client, cfg: cfg, changed: make(chan struct{}, 1),
 		log: log.With("component", "import-writer", "cluster", cfg.Cluster)}
@@ -253,6 +266,7 @@ func (w *ImportWriter) Run(ctx context.Context) error {
 		"serviceCIDRs", api.serviceCIDRs)
 	r := &importRun{
 		w: w, log: w.log, api: api, written: newWrittenObjects(), dirty: map[registry.ServiceKey]uint64{},
+		problems: map[registry.ServiceKey]federation.ImportProblem{},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[registry.ServiceKey](),
 			workqueue.TypedRateLimitingQueueConfig[registry.ServiceKey]{Name: "serviceimports"}),
 	}
@@ -296,6 +310,9 @@ type importRun struct {
 	seq        uint64
 	target     *federation.ImportState // the state Written will be told of
 	reported   *federation.ImportState
+	// problems are the imports blocked by objects that are not Nave's, as
+	// of each one's last sync (see ImportWriterConfig.Problems).
+	problems map[registry.ServiceKey]federation.ImportProblem
 }
 
 func (r *importRun) run(ctx context.Context) error {
@@ -491,6 +508,7 @@ func (r *importRun) process(ctx context.Context, key registry.ServiceKey) {
 	if st == nil {
 		return
 	}
+	var problem *federation.ImportProblem
 	err := func() (err error) {
 		defer func() {
 			if p := recover(); p != nil {
@@ -498,7 +516,8 @@ func (r *importRun) process(ctx context.Context, key registry.ServiceKey) {
 				err = fmt.Errorf("panic: %v", p)
 			}
 		}()
-		return r.sync(ctx, key, st)
+		problem, err = r.sync(ctx, key, st)
+		return err
 	}()
 	switch {
 	case ctx.Err() != nil:
@@ -510,11 +529,35 @@ func (r *importRun) process(ctx context.Context, key registry.ServiceKey) {
 	}
 	r.queue.Forget(key)
 	r.progressMu.Lock()
+	r.setProblemLocked(key, problem)
 	if seq != 0 && r.dirty[key] == seq {
 		delete(r.dirty, key)
 		r.reportLocked()
 	}
 	r.progressMu.Unlock()
+	if problem != nil {
+		r.queue.AddAfter(key, r.w.cfg.BlockedRecheck) // the user's object may be gone by then
+	}
+}
+
+// setProblemLocked records what blocks an import (nil: nothing), and tells
+// Problems of the set when it changed.
+func (r *importRun) setProblemLocked(key registry.ServiceKey, p *federation.ImportProblem) {
+	old, had := r.problems[key]
+	switch {
+	case p == nil && !had, p != nil && had && old == *p:
+		return
+	case p == nil:
+		delete(r.problems, key)
+		r.log.Info("the import is no longer blocked", "service", key)
+	default:
+		r.problems[key] = *p
+		r.log.Warn("an object that is not Nave's blocks the import; reported to the hub", "service", key,
+			"reason", p.Reason, "objects", p.Message)
+	}
+	if f := r.w.cfg.Problems; f != nil {
+		f(slices.SortedFunc(maps.Values(r.problems), func(a, b federation.ImportProblem) int { return a.Service.Compare(b.Service) }))
+	}
 }
 
 // retryable tells a failed write worth retrying from one that cannot
@@ -535,9 +578,28 @@ func retryable(err error) bool {
 // syncResult is what one sync of an import found wrong.
 type syncResult struct {
 	clashes  []string         // objects it needs that are not Nave's
+	blocked  string           // the reason of the first clash (federation.ReasonBlockedBy...)
 	refusals []string         // objects the API server refused
 	ipCond   *exportCondition // the ClusterSetIP condition (ClusterSetIP imports)
 	retry    error            // the first error worth retrying
+}
+
+// clash records an object the import needs that is not Nave's, of a kind
+// and name; reason is the kind's (federation.ReasonBlockedBy...).
+func (s *syncResult) clash(reason, kind, name string) {
+	s.clashes = append(s.clashes, fmt.Sprintf("%s %s exists and is not managed by Nave (no label %s=%s)",
+		kind, name, ManagedByLabel, ManagedByValue))
+	if s.blocked == "" {
+		s.blocked = reason
+	}
+}
+
+// problem is what blocks the import; nil when nothing does.
+func (s *syncResult) problem(key registry.ServiceKey) *federation.ImportProblem {
+	if s.blocked == "" {
+		return nil
+	}
+	return &federation.ImportProblem{Service: key, Reason: s.blocked, Message: strings.Join(s.clashes, "; ")}
 }
 
 // failed records a failed write: retried when it may succeed later,
@@ -553,25 +615,26 @@ func (s *syncResult) failed(log *slog.Logger, key registry.ServiceKey, what stri
 	s.refusals = append(s.refusals, fmt.Sprintf("%s: %v", what, err))
 }
 
-// sync makes the cluster hold what st says of key.
-func (r *importRun) sync(ctx context.Context, key registry.ServiceKey, st *federation.ImportState) error {
+// sync makes the cluster hold what st says of key, and says what blocks
+// it (objects that are not Nave's holding names it needs; nil: nothing).
+func (r *importRun) sync(ctx context.Context, key registry.ServiceKey, st *federation.ImportState) (*federation.ImportProblem, error) {
 	imp := st.Imports[key]
 	si := r.serviceImport(key)
 	esList := r.slicesOf(key)
 	svcs := r.servicesOf(key)
 	if imp == nil {
 		if !st.Deletable(key) {
-			return nil // the hub may not know it all: keep it
+			return nil, nil // the hub may not know it all: keep it
 		}
-		return r.remove(ctx, key, si, esList, svcs)
+		return nil, r.remove(ctx, key, si, esList, svcs)
 	}
 	var res syncResult
 	if si == nil {
 		var proceed bool
 		var err error
-		si, proceed, err = r.createServiceImport(ctx, imp, svcs)
+		si, proceed, err = r.createServiceImport(ctx, imp, svcs, &res)
 		if err != nil || !proceed {
-			return err
+			return res.problem(key), err
 		}
 	}
 	owner := metav1.OwnerReference{APIVersion: r.api.imports.GroupVersion().String(), Kind: mcsv1beta1.ServiceImportKindName,
@@ -586,18 +649,18 @@ func (r *importRun) sync(ctx context.Context, key registry.ServiceKey, st *feder
 		ips, derived = r.ensureService(ctx, imp, owner, svcs, &res)
 	}
 	if res.retry != nil {
-		return res.retry
+		return nil, res.retry
 	}
 	si = r.patchServiceImport(ctx, si, imp, ips, &res)
 	if res.retry != nil {
-		return res.retry
+		return nil, res.retry
 	}
 	r.ensureSlices(ctx, imp, st, owner, derived, esList, &res)
 	if res.retry != nil {
-		return res.retry
+		return nil, res.retry
 	}
 	r.ensureStatus(ctx, si, imp, derived, &res)
-	return res.retry
+	return res.problem(key), res.retry
 }
 
 // The cached objects of an import, with the writer's own recent writes in place.
@@ -661,7 +724,7 @@ func (r *importRun) serviceImportClient(namespace string) dynamic.ResourceInterf
 // createServiceImport creates an import's ServiceImport. proceed is false
 // when the import cannot be written now, and need not be retried: its
 // namespace does not exist, or a ServiceImport of that name is not Nave's.
-func (r *importRun) createServiceImport(ctx context.Context, imp *imports.Import, svcs []*keptService) (si *keptServiceImport, proceed bool, err error) {
+func (r *importRun) createServiceImport(ctx context.Context, imp *imports.Import, svcs []*keptService, res *syncResult) (si *keptServiceImport, proceed bool, err error) {
 	key := imp.Service
 	// The IPs the derived Service will have: those it has, or the hub's.
 	ips := ipStrings(imp.IPs)
@@ -694,8 +757,9 @@ func (r *importRun) createServiceImport(ctx context.Context, imp *imports.Import
 		case gerr != nil:
 			return nil, false, fmt.Errorf("get ServiceImport %s: %w", key, gerr)
 		case !owned(got):
-			r.log.Warn("a ServiceImport that is not Nave's has the import's name; import not written",
+			r.log.Debug("a ServiceImport that is not Nave's has the import's name; import not written",
 				"service", key, "label", ManagedByLabel+"="+ManagedByValue)
+			res.clash(federation.ReasonBlockedByServiceImport, "ServiceImport", key.Name)
 			return nil, false, nil
 		}
 		si := leanServiceImport(got)
@@ -979,9 +1043,8 @@ func (r *importRun) createService(ctx context.Context, imp *imports.Import, desi
 	cancel()
 	switch {
 	case err == nil && !owned(got):
-		r.log.Warn("a Service that is not Nave's has the derived Service's name; left alone", "service", key, "derived", desired.Name)
-		res.clashes = append(res.clashes, fmt.Sprintf("Service %s exists and is not managed by Nave (no label %s=%s)",
-			desired.Name, ManagedByLabel, ManagedByValue))
+		r.log.Debug("a Service that is not Nave's has the derived Service's name; left alone", "service", key, "derived", desired.Name)
+		res.clash(federation.ReasonBlockedByService, "Service", desired.Name)
 		return nil
 	case err == nil:
 		r.written.put(kindService, key, got)
@@ -1024,9 +1087,8 @@ func (r *importRun) createService(ctx context.Context, imp *imports.Import, desi
 		case gerr != nil:
 			res.failed(r.log, key, "derived Service "+svc.Name, gerr)
 		case !owned(got):
-			r.log.Warn("a Service that is not Nave's has the derived Service's name; left alone", "service", key, "derived", svc.Name)
-			res.clashes = append(res.clashes, fmt.Sprintf("Service %s exists and is not managed by Nave (no label %s=%s)",
-				svc.Name, ManagedByLabel, ManagedByValue))
+			r.log.Debug("a Service that is not Nave's has the derived Service's name; left alone", "service", key, "derived", svc.Name)
+			res.clash(federation.ReasonBlockedByService, "Service", svc.Name)
 		default:
 			r.written.put(kindService, key, got)
 			res.failed(r.log, key, "derived Service "+svc.Name, err) // the cache is behind: retry
@@ -1115,9 +1177,8 @@ func (r *importRun) createSlice(ctx context.Context, key registry.ServiceKey, es
 		case gerr != nil:
 			res.failed(r.log, key, "EndpointSlice "+es.Name, gerr)
 		case !owned(got):
-			r.log.Warn("an EndpointSlice that is not Nave's has an imported slice's name; left alone", "service", key, "slice", es.Name)
-			res.clashes = append(res.clashes, fmt.Sprintf("EndpointSlice %s exists and is not managed by Nave (no label %s=%s)",
-				es.Name, ManagedByLabel, ManagedByValue))
+			r.log.Debug("an EndpointSlice that is not Nave's has an imported slice's name; left alone", "service", key, "slice", es.Name)
+			res.clash(federation.ReasonBlockedByEndpointSlice, "EndpointSlice", es.Name)
 		default:
 			r.written.put(kindEndpointSlice, key, got)
 			res.failed(r.log, key, "EndpointSlice "+es.Name, err) // the cache is behind: retry

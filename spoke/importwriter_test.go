@@ -61,6 +61,7 @@ func TestImportWriter(t *testing.T) {
 	t.Run("Removal", f.testRemoval)
 	t.Run("Authority", f.testAuthority)
 	t.Run("UserObjects", f.testUserObjects)
+	t.Run("BlockedReported", f.testBlockedReported)
 	t.Run("Drift", f.testDrift)
 }
 
@@ -73,9 +74,11 @@ type iwWriter struct {
 	version uint64
 	mu      sync.Mutex
 	written [2]uint64
-	wake    chan struct{}
-	reads   atomic.Int64 // GETs the writer sent of one ServiceImport, Service or EndpointSlice (not lists or watches)
-	stop    func()       // ends Run (leadership lost), and waits for it
+	// problems is the writer's last problem set (ImportWriterConfig.Problems).
+	problems []federation.ImportProblem
+	wake     chan struct{}
+	reads    atomic.Int64 // GETs the writer sent of one ServiceImport, Service or EndpointSlice (not lists or watches)
+	stop     func()       // ends Run (leadership lost), and waits for it
 }
 
 // tlog routes the writer's logs to the test's (shown on failure or with -v).
@@ -91,6 +94,16 @@ func (l tlog) Write(b []byte) (int, error) {
 func (f *iwFixture) start(t *testing.T, epoch uint64) *iwWriter {
 	h := &iwWriter{epoch: epoch, wake: make(chan struct{}, 1)}
 	cfg := DefaultImportWriterConfig("east")
+	cfg.BlockedRecheck = 100 * time.Millisecond
+	cfg.Problems = func(ps []federation.ImportProblem) {
+		h.mu.Lock()
+		h.problems = ps
+		h.mu.Unlock()
+		select {
+		case h.wake <- struct{}{}:
+		default:
+		}
+	}
 	cfg.Written = func(e, v uint64) {
 		h.mu.Lock()
 		h.written = [2]uint64{e, v}
@@ -982,6 +995,83 @@ func (f *iwFixture) testUserObjects(t *testing.T) {
 		if owned(&es) {
 			t.Errorf("slice %s is still there", name)
 		}
+	}
+}
+
+// awaitProblems waits until the writer's problem set is as cond wants.
+func (h *iwWriter) awaitProblems(t *testing.T, what string, cond func(map[registry.ServiceKey]federation.ImportProblem) bool) map[registry.ServiceKey]federation.ImportProblem {
+	t.Helper()
+	deadline := time.After(iwAwait)
+	for {
+		h.mu.Lock()
+		got := map[registry.ServiceKey]federation.ImportProblem{}
+		for _, p := range h.problems {
+			got[p.Service] = p
+		}
+		h.mu.Unlock()
+		if cond(got) {
+			return got
+		}
+		select {
+		case <-h.wake:
+		case <-deadline:
+			t.Fatalf("problems never %s: %+v", what, got)
+		}
+	}
+}
+
+// testBlockedReported: an import blocked by a user's own ServiceImport or
+// Service is reported (Problems) with the reason and the object; once the
+// user's object goes, the writer writes the import (it checks again, not
+// watching objects it does not own) and the problem clears.
+func (f *iwFixture) testBlockedReported(t *testing.T) {
+	ns := f.namespace(t, "iw-blocked")
+	ctx := context.Background()
+	web := iwImport(t, registry.ServiceKey{Namespace: ns, Name: "web"}, nil, iwShardSpec{cluster: "east", ports: iwHTTP, eps: iwEndpoints(15, 2)})
+	api := iwImport(t, registry.ServiceKey{Namespace: ns, Name: "api"}, nil, iwShardSpec{cluster: "east", ports: iwHTTP, eps: iwEndpoints(16, 2)})
+	apiDerived := imports.DerivedServiceName(api.Service)
+	userSI := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": iwServiceImports.GroupVersion().String(), "kind": "ServiceImport",
+		"metadata": map[string]any{"name": "web", "namespace": ns},
+		"spec":     map[string]any{"type": "ClusterSetIP", "ports": []any{map[string]any{"port": int64(80), "protocol": "TCP"}}},
+	}}
+	if _, err := f.c.Dynamic.Resource(iwServiceImports).Namespace(ns).Create(ctx, userSI, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	userSvc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: apiDerived, Namespace: ns},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "mine"}, Ports: []corev1.ServicePort{{Port: 8080}}}}
+	if _, err := f.c.Client.CoreV1().Services(ns).Create(ctx, userSvc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	h := f.start(t, 1)
+	h.set(t, true, nil, nil, web, api)
+	got := h.awaitProblems(t, "both blocked", func(m map[registry.ServiceKey]federation.ImportProblem) bool { return len(m) == 2 })
+	if p := got[web.Service]; p.Reason != federation.ReasonBlockedByServiceImport || !strings.Contains(p.Message, "ServiceImport web") {
+		t.Errorf("web's problem %+v", p)
+	}
+	if p := got[api.Service]; p.Reason != federation.ReasonBlockedByService || !strings.Contains(p.Message, "Service "+apiDerived) {
+		t.Errorf("api's problem %+v", p)
+	}
+
+	// The user's ServiceImport goes: web is written, its problem clears.
+	if err := f.c.Dynamic.Resource(iwServiceImports).Namespace(ns).Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.awaitProblems(t, "without web", func(m map[registry.ServiceKey]federation.ImportProblem) bool {
+		_, blocked := m[web.Service]
+		return !blocked && len(m) == 1
+	})
+	if si, ok := f.serviceImport(t, web.Service); !ok || !owned(si) {
+		t.Errorf("web's ServiceImport after the user's went: %v", si)
+	}
+	// The user's Service goes: api gets its derived Service, nothing is blocked.
+	if err := f.c.Client.CoreV1().Services(ns).Delete(ctx, apiDerived, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.awaitProblems(t, "empty", func(m map[registry.ServiceKey]federation.ImportProblem) bool { return len(m) == 0 })
+	if svc, ok := f.derivedService(t, api.Service); !ok || !owned(svc) {
+		t.Errorf("api's derived Service after the user's went: %v", svc)
 	}
 }
 

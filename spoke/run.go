@@ -191,6 +191,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			// The hub's imports go to the writer, which says how far it has written them.
 			writer := NewImportWriter(clients.importer, ImportWriterConfig{
 				Cluster: cfg.Cluster, Written: func(epoch, version uint64) { pub.ImportsWritten(epoch, version) },
+				Problems: func(ps []federation.ImportProblem) { pub.ImportProblems(ps) },
 			}, log)
 			tc.OnImports = writer.Set
 			wg.Go(func() {

@@ -33,13 +33,22 @@ func (c client) imports(cluster string) error {
 	}
 	fmt.Fprintf(c.out, "%d imports; the hub is %s\n\n", len(info.Imports), authority(info.Authoritative))
 	w := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "CLUSTER\tSHOULD HOLD\tACKED\tPENDING\tREFUSED\tWRITTEN\tVERSION (SENT/ACKED/WRITTEN)\tDELETES")
+	fmt.Fprintln(w, "CLUSTER\tSHOULD HOLD\tACKED\tPENDING\tREFUSED\tBLOCKED\tWRITTEN\tVERSION (SENT/ACKED/WRITTEN)\tDELETES")
 	for _, s := range info.Sessions {
-		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%s\t%d/%d/%d\t%s\n", s.Cluster, s.Imports, s.Acked, s.Pending, len(s.Refused),
-			yesNo(s.Written()), s.SentVersion, s.AckedVersion, s.WrittenVersion, deletes(s.Authoritative))
+		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%d/%d/%d\t%s\n", s.Cluster, s.Imports, s.Acked, s.Pending, len(s.Refused),
+			s.BlockedCount, yesNo(s.Written()), s.SentVersion, s.AckedVersion, s.WrittenVersion, deletes(s.Authoritative))
 	}
 	if err := w.Flush(); err != nil {
 		return err
+	}
+	// What blocks an import: a user's own object holding a name Nave would write.
+	for _, s := range info.Sessions {
+		for _, b := range s.Blocked {
+			fmt.Fprintf(c.out, "%s: %s blocked: %s: %s\n", s.Cluster, b.Service, b.Reason, b.Message)
+		}
+		if more := s.BlockedCount - len(s.Blocked); more > 0 {
+			fmt.Fprintf(c.out, "%s: %d more imports blocked\n", s.Cluster, more)
+		}
 	}
 	if len(info.Sessions) == 0 {
 		fmt.Fprintln(c.out, "(no spoke takes imports at any replica)")
@@ -54,8 +63,16 @@ func (c client) clusterImports(info hub.ImportsInfo, cluster string) error {
 		return fmt.Errorf("no spoke of cluster %q takes imports at any replica", cluster)
 	}
 	s := info.Sessions[i]
-	fmt.Fprintf(c.out, "cluster %s: %d imports of %d namespaces; %s; written: %s\n\n", cluster, s.Imports, s.Namespaces,
+	fmt.Fprintf(c.out, "cluster %s: %d imports of %d namespaces; %s; written: %s", cluster, s.Imports, s.Namespaces,
 		deletes(s.Authoritative), yesNo(s.Written()))
+	if s.BlockedCount > 0 {
+		fmt.Fprintf(c.out, "; %d blocked", s.BlockedCount)
+	}
+	fmt.Fprint(c.out, "\n\n")
+	blocked := map[string]federation.ImportProblem{}
+	for _, b := range s.Blocked {
+		blocked[b.Service.String()] = b
+	}
 	w := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "SERVICE\tTYPE\tIPS\tSOURCES\tSTATE")
 	for _, imp := range info.Imports {
@@ -76,6 +93,9 @@ func (c client) clusterImports(info hub.ImportsInfo, cluster string) error {
 			state = "refused: " + s.Refused[imp.Service.String()]
 		case slices.Contains(s.PendingServices, imp.Service.String()):
 			state = "pending"
+		case blocked[imp.Service.String()].Reason != "":
+			b := blocked[imp.Service.String()]
+			state = "blocked: " + b.Reason + ": " + b.Message
 		case s.WrittenVersion >= s.AckedVersion:
 			state = "written"
 		}

@@ -5,12 +5,15 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/hub"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/spoke"
@@ -278,5 +281,39 @@ func TestNavectlWithAnAdminToken(t *testing.T) {
 	t.Setenv("NAVE_HUB_TOKEN_FILE", tokenFile)
 	if got := navectl(t, "--hub", url, "networks"); !strings.Contains(got, "NETWORK") {
 		t.Errorf("with $NAVE_HUB_TOKEN_FILE:\n%s", got)
+	}
+}
+
+// navectl imports shows what blocks a cluster's imports (a user's own object
+// holding a name Nave would write): the cluster is not written, and the
+// import says why, in the summary and the cluster's list.
+func TestNavectlImportsShowsBlocked(t *testing.T) {
+	web := registry.ServiceKey{Namespace: "shop", Name: "web"}
+	info := hub.ImportsInfo{
+		Authoritative: true,
+		Imports:       []hub.ImportInfo{{Service: web, Type: "ClusterSetIP"}},
+		Sessions: []federation.ImportStatus{{Cluster: "east", Epoch: 1, Namespaces: 1, Imports: 1, Acked: 1,
+			NamespaceNames: []string{"shop"}, SentVersion: 2, AckedVersion: 2, WrittenVersion: 2, Authoritative: true,
+			BlockedCount: 1, Blocked: []federation.ImportProblem{{Service: web, Reason: federation.ReasonBlockedByServiceImport,
+				Message: "ServiceImport web exists and is not managed by Nave"}}}},
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/debug/imports" {
+			http.NotFound(w, r)
+			return
+		}
+		_ = json.NewEncoder(w).Encode(info)
+	}))
+	t.Cleanup(srv.Close)
+	out := navectl(t, "--hub", srv.URL, "imports")
+	if !strings.Contains(out, "BLOCKED") || !strings.Contains(out, "east: shop/web blocked: BlockedByServiceImport: ServiceImport web") {
+		t.Errorf("imports output:\n%s", out)
+	}
+	if fields := strings.Fields(strings.Split(out, "\n")[3]); len(fields) < 7 || fields[5] != "1" || fields[6] != "no" {
+		t.Errorf("east's row (blocked 1, written no): %v\n%s", fields, out)
+	}
+	out = navectl(t, "--hub", srv.URL, "imports", "east")
+	if !strings.Contains(out, "written: no; 1 blocked") || !strings.Contains(out, "blocked: BlockedByServiceImport: ServiceImport web") {
+		t.Errorf("imports east output:\n%s", out)
 	}
 }

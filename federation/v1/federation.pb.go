@@ -679,6 +679,7 @@ type SpokeMessage struct {
 	//	*SpokeMessage_ImportNack
 	//	*SpokeMessage_ImportsWritten
 	//	*SpokeMessage_Gateways
+	//	*SpokeMessage_ImportProblems
 	Kind          isSpokeMessage_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -793,6 +794,15 @@ func (x *SpokeMessage) GetGateways() *NetworkGateways {
 	return nil
 }
 
+func (x *SpokeMessage) GetImportProblems() *ImportProblems {
+	if x != nil {
+		if x, ok := x.Kind.(*SpokeMessage_ImportProblems); ok {
+			return x.ImportProblems
+		}
+	}
+	return nil
+}
+
 type isSpokeMessage_Kind interface {
 	isSpokeMessage_Kind()
 }
@@ -834,6 +844,13 @@ type SpokeMessage_Gateways struct {
 	Gateways *NetworkGateways `protobuf:"bytes,8,opt,name=gateways,proto3,oneof"`
 }
 
+type SpokeMessage_ImportProblems struct {
+	// The imports the spoke's cluster cannot hold because an object that is
+	// not Nave's holds a name Nave would write, whenever that set changes
+	// (only to a hub with the "import-problems" capability).
+	ImportProblems *ImportProblems `protobuf:"bytes,9,opt,name=import_problems,json=importProblems,proto3,oneof"`
+}
+
 func (*SpokeMessage_Hello) isSpokeMessage_Kind() {}
 
 func (*SpokeMessage_Update) isSpokeMessage_Kind() {}
@@ -849,6 +866,8 @@ func (*SpokeMessage_ImportNack) isSpokeMessage_Kind() {}
 func (*SpokeMessage_ImportsWritten) isSpokeMessage_Kind() {}
 
 func (*SpokeMessage_Gateways) isSpokeMessage_Kind() {}
+
+func (*SpokeMessage_ImportProblems) isSpokeMessage_Kind() {}
 
 type HubMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1601,6 +1620,126 @@ func (x *ImportsWritten) GetVersion() uint64 {
 	return 0
 }
 
+// ImportProblems is the whole set of imports the spoke's cluster cannot
+// hold as the hub sent them; each replaces the last (empty: none).
+type ImportProblems struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Problems []*ImportProblem       `protobuf:"bytes,1,rep,name=problems,proto3" json:"problems,omitempty"`
+	// omitted counts problems left out of this message (it carries at most
+	// 1000, the first by service).
+	Omitted       uint32 `protobuf:"varint,2,opt,name=omitted,proto3" json:"omitted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImportProblems) Reset() {
+	*x = ImportProblems{}
+	mi := &file_federation_v1_federation_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportProblems) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportProblems) ProtoMessage() {}
+
+func (x *ImportProblems) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportProblems.ProtoReflect.Descriptor instead.
+func (*ImportProblems) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ImportProblems) GetProblems() []*ImportProblem {
+	if x != nil {
+		return x.Problems
+	}
+	return nil
+}
+
+func (x *ImportProblems) GetOmitted() uint32 {
+	if x != nil {
+		return x.Omitted
+	}
+	return 0
+}
+
+// ImportProblem is one import the spoke's cluster cannot hold.
+type ImportProblem struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Service *ServiceKey            `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	// reason is a CamelCase word: "BlockedByServiceImport", "BlockedByService",
+	// "BlockedByEndpointSlice" (a user's own object holds the name).
+	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// message says which object, for operators.
+	Message       string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImportProblem) Reset() {
+	*x = ImportProblem{}
+	mi := &file_federation_v1_federation_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportProblem) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportProblem) ProtoMessage() {}
+
+func (x *ImportProblem) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportProblem.ProtoReflect.Descriptor instead.
+func (*ImportProblem) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *ImportProblem) GetService() *ServiceKey {
+	if x != nil {
+		return x.Service
+	}
+	return nil
+}
+
+func (x *ImportProblem) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ImportProblem) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 // Welcome accepts a session.
 type Welcome struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1614,7 +1753,8 @@ type Welcome struct {
 	// max_message_bytes bounds each Update the spoke sends.
 	MaxMessageBytes uint32 `protobuf:"varint,4,opt,name=max_message_bytes,json=maxMessageBytes,proto3" json:"max_message_bytes,omitempty"`
 	// capabilities the hub has that a spoke must not assume: "gateways" (it
-	// takes NetworkGateways messages after the hello).
+	// takes NetworkGateways messages after the hello), "import-problems" (it
+	// takes ImportProblems messages on the import stream).
 	Capabilities  []string `protobuf:"bytes,5,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1622,7 +1762,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_federation_v1_federation_proto_msgTypes[19]
+	mi := &file_federation_v1_federation_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1634,7 +1774,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[19]
+	mi := &file_federation_v1_federation_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1647,7 +1787,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{19}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Welcome) GetEpoch() uint64 {
@@ -1717,7 +1857,7 @@ type Update struct {
 
 func (x *Update) Reset() {
 	*x = Update{}
-	mi := &file_federation_v1_federation_proto_msgTypes[20]
+	mi := &file_federation_v1_federation_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1729,7 +1869,7 @@ func (x *Update) String() string {
 func (*Update) ProtoMessage() {}
 
 func (x *Update) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[20]
+	mi := &file_federation_v1_federation_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1742,7 +1882,7 @@ func (x *Update) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Update.ProtoReflect.Descriptor instead.
 func (*Update) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{20}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Update) GetNonce() string {
@@ -1828,7 +1968,7 @@ type ChangeOrigin struct {
 
 func (x *ChangeOrigin) Reset() {
 	*x = ChangeOrigin{}
-	mi := &file_federation_v1_federation_proto_msgTypes[21]
+	mi := &file_federation_v1_federation_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1840,7 +1980,7 @@ func (x *ChangeOrigin) String() string {
 func (*ChangeOrigin) ProtoMessage() {}
 
 func (x *ChangeOrigin) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[21]
+	mi := &file_federation_v1_federation_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1853,7 +1993,7 @@ func (x *ChangeOrigin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeOrigin.ProtoReflect.Descriptor instead.
 func (*ChangeOrigin) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{21}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ChangeOrigin) GetService() *ServiceKey {
@@ -1901,7 +2041,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_federation_v1_federation_proto_msgTypes[22]
+	mi := &file_federation_v1_federation_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1913,7 +2053,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[22]
+	mi := &file_federation_v1_federation_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1926,7 +2066,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{22}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Ack) GetNonce() string {
@@ -1969,7 +2109,7 @@ type Nack struct {
 
 func (x *Nack) Reset() {
 	*x = Nack{}
-	mi := &file_federation_v1_federation_proto_msgTypes[23]
+	mi := &file_federation_v1_federation_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1981,7 +2121,7 @@ func (x *Nack) String() string {
 func (*Nack) ProtoMessage() {}
 
 func (x *Nack) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[23]
+	mi := &file_federation_v1_federation_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1994,7 +2134,7 @@ func (x *Nack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Nack.ProtoReflect.Descriptor instead.
 func (*Nack) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{23}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Nack) GetNonce() string {
@@ -2029,7 +2169,7 @@ type Rejection struct {
 
 func (x *Rejection) Reset() {
 	*x = Rejection{}
-	mi := &file_federation_v1_federation_proto_msgTypes[24]
+	mi := &file_federation_v1_federation_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2041,7 +2181,7 @@ func (x *Rejection) String() string {
 func (*Rejection) ProtoMessage() {}
 
 func (x *Rejection) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[24]
+	mi := &file_federation_v1_federation_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2054,7 +2194,7 @@ func (x *Rejection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rejection.ProtoReflect.Descriptor instead.
 func (*Rejection) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{24}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Rejection) GetService() *ServiceKey {
@@ -2084,7 +2224,7 @@ type Digest struct {
 
 func (x *Digest) Reset() {
 	*x = Digest{}
-	mi := &file_federation_v1_federation_proto_msgTypes[25]
+	mi := &file_federation_v1_federation_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2096,7 +2236,7 @@ func (x *Digest) String() string {
 func (*Digest) ProtoMessage() {}
 
 func (x *Digest) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[25]
+	mi := &file_federation_v1_federation_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2109,7 +2249,7 @@ func (x *Digest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Digest.ProtoReflect.Descriptor instead.
 func (*Digest) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{25}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Digest) GetVersion() uint64 {
@@ -2143,7 +2283,7 @@ type ResyncRequest struct {
 
 func (x *ResyncRequest) Reset() {
 	*x = ResyncRequest{}
-	mi := &file_federation_v1_federation_proto_msgTypes[26]
+	mi := &file_federation_v1_federation_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2155,7 +2295,7 @@ func (x *ResyncRequest) String() string {
 func (*ResyncRequest) ProtoMessage() {}
 
 func (x *ResyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[26]
+	mi := &file_federation_v1_federation_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2168,7 +2308,7 @@ func (x *ResyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResyncRequest.ProtoReflect.Descriptor instead.
 func (*ResyncRequest) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{26}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ResyncRequest) GetReason() string {
@@ -2198,7 +2338,7 @@ type ServiceConflicts struct {
 
 func (x *ServiceConflicts) Reset() {
 	*x = ServiceConflicts{}
-	mi := &file_federation_v1_federation_proto_msgTypes[27]
+	mi := &file_federation_v1_federation_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2210,7 +2350,7 @@ func (x *ServiceConflicts) String() string {
 func (*ServiceConflicts) ProtoMessage() {}
 
 func (x *ServiceConflicts) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[27]
+	mi := &file_federation_v1_federation_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2223,7 +2363,7 @@ func (x *ServiceConflicts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceConflicts.ProtoReflect.Descriptor instead.
 func (*ServiceConflicts) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{27}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ServiceConflicts) GetServices() []*ServiceConflict {
@@ -2249,7 +2389,7 @@ type ServiceConflict struct {
 
 func (x *ServiceConflict) Reset() {
 	*x = ServiceConflict{}
-	mi := &file_federation_v1_federation_proto_msgTypes[28]
+	mi := &file_federation_v1_federation_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2261,7 +2401,7 @@ func (x *ServiceConflict) String() string {
 func (*ServiceConflict) ProtoMessage() {}
 
 func (x *ServiceConflict) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[28]
+	mi := &file_federation_v1_federation_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2274,7 +2414,7 @@ func (x *ServiceConflict) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceConflict.ProtoReflect.Descriptor instead.
 func (*ServiceConflict) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{28}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ServiceConflict) GetService() *ServiceKey {
@@ -2308,7 +2448,7 @@ type ServiceKey struct {
 
 func (x *ServiceKey) Reset() {
 	*x = ServiceKey{}
-	mi := &file_federation_v1_federation_proto_msgTypes[29]
+	mi := &file_federation_v1_federation_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2320,7 +2460,7 @@ func (x *ServiceKey) String() string {
 func (*ServiceKey) ProtoMessage() {}
 
 func (x *ServiceKey) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[29]
+	mi := &file_federation_v1_federation_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2333,7 +2473,7 @@ func (x *ServiceKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceKey.ProtoReflect.Descriptor instead.
 func (*ServiceKey) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{29}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ServiceKey) GetNamespace() string {
@@ -2369,7 +2509,7 @@ type Shard struct {
 
 func (x *Shard) Reset() {
 	*x = Shard{}
-	mi := &file_federation_v1_federation_proto_msgTypes[30]
+	mi := &file_federation_v1_federation_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2381,7 +2521,7 @@ func (x *Shard) String() string {
 func (*Shard) ProtoMessage() {}
 
 func (x *Shard) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[30]
+	mi := &file_federation_v1_federation_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2394,7 +2534,7 @@ func (x *Shard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shard.ProtoReflect.Descriptor instead.
 func (*Shard) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{30}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Shard) GetService() *ServiceKey {
@@ -2459,7 +2599,7 @@ type ServiceProperties struct {
 
 func (x *ServiceProperties) Reset() {
 	*x = ServiceProperties{}
-	mi := &file_federation_v1_federation_proto_msgTypes[31]
+	mi := &file_federation_v1_federation_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2471,7 +2611,7 @@ func (x *ServiceProperties) String() string {
 func (*ServiceProperties) ProtoMessage() {}
 
 func (x *ServiceProperties) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[31]
+	mi := &file_federation_v1_federation_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2484,7 +2624,7 @@ func (x *ServiceProperties) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceProperties.ProtoReflect.Descriptor instead.
 func (*ServiceProperties) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{31}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ServiceProperties) GetSessionAffinity() string {
@@ -2548,7 +2688,7 @@ type ServicePort struct {
 
 func (x *ServicePort) Reset() {
 	*x = ServicePort{}
-	mi := &file_federation_v1_federation_proto_msgTypes[32]
+	mi := &file_federation_v1_federation_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2560,7 +2700,7 @@ func (x *ServicePort) String() string {
 func (*ServicePort) ProtoMessage() {}
 
 func (x *ServicePort) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[32]
+	mi := &file_federation_v1_federation_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2573,7 +2713,7 @@ func (x *ServicePort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServicePort.ProtoReflect.Descriptor instead.
 func (*ServicePort) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{32}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ServicePort) GetName() string {
@@ -2620,7 +2760,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_federation_v1_federation_proto_msgTypes[33]
+	mi := &file_federation_v1_federation_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2632,7 +2772,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[33]
+	mi := &file_federation_v1_federation_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2645,7 +2785,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{33}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Endpoint) GetAddresses() []string {
@@ -2714,7 +2854,7 @@ type EndpointPort struct {
 
 func (x *EndpointPort) Reset() {
 	*x = EndpointPort{}
-	mi := &file_federation_v1_federation_proto_msgTypes[34]
+	mi := &file_federation_v1_federation_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2726,7 +2866,7 @@ func (x *EndpointPort) String() string {
 func (*EndpointPort) ProtoMessage() {}
 
 func (x *EndpointPort) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[34]
+	mi := &file_federation_v1_federation_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2739,7 +2879,7 @@ func (x *EndpointPort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointPort.ProtoReflect.Descriptor instead.
 func (*EndpointPort) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{34}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *EndpointPort) GetName() string {
@@ -2767,7 +2907,7 @@ type Locality struct {
 
 func (x *Locality) Reset() {
 	*x = Locality{}
-	mi := &file_federation_v1_federation_proto_msgTypes[35]
+	mi := &file_federation_v1_federation_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2779,7 +2919,7 @@ func (x *Locality) String() string {
 func (*Locality) ProtoMessage() {}
 
 func (x *Locality) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[35]
+	mi := &file_federation_v1_federation_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2792,7 +2932,7 @@ func (x *Locality) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Locality.ProtoReflect.Descriptor instead.
 func (*Locality) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{35}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Locality) GetRegion() string {
@@ -2833,7 +2973,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_federation_v1_federation_proto_msgTypes[36]
+	mi := &file_federation_v1_federation_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2845,7 +2985,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[36]
+	mi := &file_federation_v1_federation_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2858,7 +2998,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{36}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Snapshot) GetRevision() uint64 {
@@ -2899,7 +3039,7 @@ type SnapshotCluster struct {
 
 func (x *SnapshotCluster) Reset() {
 	*x = SnapshotCluster{}
-	mi := &file_federation_v1_federation_proto_msgTypes[37]
+	mi := &file_federation_v1_federation_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2911,7 +3051,7 @@ func (x *SnapshotCluster) String() string {
 func (*SnapshotCluster) ProtoMessage() {}
 
 func (x *SnapshotCluster) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[37]
+	mi := &file_federation_v1_federation_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2924,7 +3064,7 @@ func (x *SnapshotCluster) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotCluster.ProtoReflect.Descriptor instead.
 func (*SnapshotCluster) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{37}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *SnapshotCluster) GetCluster() string {
@@ -2980,7 +3120,7 @@ type ResolvedName struct {
 
 func (x *ResolvedName) Reset() {
 	*x = ResolvedName{}
-	mi := &file_federation_v1_federation_proto_msgTypes[38]
+	mi := &file_federation_v1_federation_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2992,7 +3132,7 @@ func (x *ResolvedName) String() string {
 func (*ResolvedName) ProtoMessage() {}
 
 func (x *ResolvedName) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[38]
+	mi := &file_federation_v1_federation_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3005,7 +3145,7 @@ func (x *ResolvedName) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolvedName.ProtoReflect.Descriptor instead.
 func (*ResolvedName) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{38}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ResolvedName) GetName() string {
@@ -3072,7 +3212,7 @@ const file_federation_v1_federation_proto_rawDesc = "" +
 	"\rReplicaResync\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\x01 \x01(\tR\tclusterId\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x80\x04\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xcf\x04\n" +
 	"\fSpokeMessage\x121\n" +
 	"\x05hello\x18\x01 \x01(\v2\x19.nave.federation.v1.HelloH\x00R\x05hello\x124\n" +
 	"\x06update\x18\x02 \x01(\v2\x1a.nave.federation.v1.UpdateH\x00R\x06update\x124\n" +
@@ -3085,7 +3225,8 @@ const file_federation_v1_federation_proto_rawDesc = "" +
 	"\vimport_nack\x18\x06 \x01(\v2\x18.nave.federation.v1.NackH\x00R\n" +
 	"importNack\x12M\n" +
 	"\x0fimports_written\x18\a \x01(\v2\".nave.federation.v1.ImportsWrittenH\x00R\x0eimportsWritten\x12A\n" +
-	"\bgateways\x18\b \x01(\v2#.nave.federation.v1.NetworkGatewaysH\x00R\bgatewaysB\x06\n" +
+	"\bgateways\x18\b \x01(\v2#.nave.federation.v1.NetworkGatewaysH\x00R\bgateways\x12M\n" +
+	"\x0fimport_problems\x18\t \x01(\v2\".nave.federation.v1.ImportProblemsH\x00R\x0eimportProblemsB\x06\n" +
 	"\x04kind\"\xeb\x02\n" +
 	"\n" +
 	"HubMessage\x127\n" +
@@ -3149,7 +3290,14 @@ const file_federation_v1_federation_proto_rawDesc = "" +
 	"\x05ports\x18\x03 \x03(\v2\x1f.nave.federation.v1.ServicePortR\x05ports\x12:\n" +
 	"\tendpoints\x18\x04 \x03(\v2\x1c.nave.federation.v1.EndpointR\tendpoints\"*\n" +
 	"\x0eImportsWritten\x12\x18\n" +
-	"\aversion\x18\x01 \x01(\x04R\aversion\"\x9e\x01\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion\"i\n" +
+	"\x0eImportProblems\x12=\n" +
+	"\bproblems\x18\x01 \x03(\v2!.nave.federation.v1.ImportProblemR\bproblems\x12\x18\n" +
+	"\aomitted\x18\x02 \x01(\rR\aomitted\"{\n" +
+	"\rImportProblem\x128\n" +
+	"\aservice\x18\x01 \x01(\v2\x1e.nave.federation.v1.ServiceKeyR\aservice\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"\x9e\x01\n" +
 	"\aWelcome\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x16\n" +
 	"\x06resume\x18\x02 \x01(\bR\x06resume\x12\x15\n" +
@@ -3282,7 +3430,7 @@ func file_federation_v1_federation_proto_rawDescGZIP() []byte {
 	return file_federation_v1_federation_proto_rawDescData
 }
 
-var file_federation_v1_federation_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
+var file_federation_v1_federation_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_federation_v1_federation_proto_goTypes = []any{
 	(*ReplicaRequest)(nil),    // 0: nave.federation.v1.ReplicaRequest
 	(*ReplicaMessage)(nil),    // 1: nave.federation.v1.ReplicaMessage
@@ -3303,28 +3451,30 @@ var file_federation_v1_federation_proto_goTypes = []any{
 	(*Import)(nil),            // 16: nave.federation.v1.Import
 	(*ImportSource)(nil),      // 17: nave.federation.v1.ImportSource
 	(*ImportsWritten)(nil),    // 18: nave.federation.v1.ImportsWritten
-	(*Welcome)(nil),           // 19: nave.federation.v1.Welcome
-	(*Update)(nil),            // 20: nave.federation.v1.Update
-	(*ChangeOrigin)(nil),      // 21: nave.federation.v1.ChangeOrigin
-	(*Ack)(nil),               // 22: nave.federation.v1.Ack
-	(*Nack)(nil),              // 23: nave.federation.v1.Nack
-	(*Rejection)(nil),         // 24: nave.federation.v1.Rejection
-	(*Digest)(nil),            // 25: nave.federation.v1.Digest
-	(*ResyncRequest)(nil),     // 26: nave.federation.v1.ResyncRequest
-	(*ServiceConflicts)(nil),  // 27: nave.federation.v1.ServiceConflicts
-	(*ServiceConflict)(nil),   // 28: nave.federation.v1.ServiceConflict
-	(*ServiceKey)(nil),        // 29: nave.federation.v1.ServiceKey
-	(*Shard)(nil),             // 30: nave.federation.v1.Shard
-	(*ServiceProperties)(nil), // 31: nave.federation.v1.ServiceProperties
-	(*ServicePort)(nil),       // 32: nave.federation.v1.ServicePort
-	(*Endpoint)(nil),          // 33: nave.federation.v1.Endpoint
-	(*EndpointPort)(nil),      // 34: nave.federation.v1.EndpointPort
-	(*Locality)(nil),          // 35: nave.federation.v1.Locality
-	(*Snapshot)(nil),          // 36: nave.federation.v1.Snapshot
-	(*SnapshotCluster)(nil),   // 37: nave.federation.v1.SnapshotCluster
-	(*ResolvedName)(nil),      // 38: nave.federation.v1.ResolvedName
-	nil,                       // 39: nave.federation.v1.ServiceProperties.LabelsEntry
-	nil,                       // 40: nave.federation.v1.ServiceProperties.AnnotationsEntry
+	(*ImportProblems)(nil),    // 19: nave.federation.v1.ImportProblems
+	(*ImportProblem)(nil),     // 20: nave.federation.v1.ImportProblem
+	(*Welcome)(nil),           // 21: nave.federation.v1.Welcome
+	(*Update)(nil),            // 22: nave.federation.v1.Update
+	(*ChangeOrigin)(nil),      // 23: nave.federation.v1.ChangeOrigin
+	(*Ack)(nil),               // 24: nave.federation.v1.Ack
+	(*Nack)(nil),              // 25: nave.federation.v1.Nack
+	(*Rejection)(nil),         // 26: nave.federation.v1.Rejection
+	(*Digest)(nil),            // 27: nave.federation.v1.Digest
+	(*ResyncRequest)(nil),     // 28: nave.federation.v1.ResyncRequest
+	(*ServiceConflicts)(nil),  // 29: nave.federation.v1.ServiceConflicts
+	(*ServiceConflict)(nil),   // 30: nave.federation.v1.ServiceConflict
+	(*ServiceKey)(nil),        // 31: nave.federation.v1.ServiceKey
+	(*Shard)(nil),             // 32: nave.federation.v1.Shard
+	(*ServiceProperties)(nil), // 33: nave.federation.v1.ServiceProperties
+	(*ServicePort)(nil),       // 34: nave.federation.v1.ServicePort
+	(*Endpoint)(nil),          // 35: nave.federation.v1.Endpoint
+	(*EndpointPort)(nil),      // 36: nave.federation.v1.EndpointPort
+	(*Locality)(nil),          // 37: nave.federation.v1.Locality
+	(*Snapshot)(nil),          // 38: nave.federation.v1.Snapshot
+	(*SnapshotCluster)(nil),   // 39: nave.federation.v1.SnapshotCluster
+	(*ResolvedName)(nil),      // 40: nave.federation.v1.ResolvedName
+	nil,                       // 41: nave.federation.v1.ServiceProperties.LabelsEntry
+	nil,                       // 42: nave.federation.v1.ServiceProperties.AnnotationsEntry
 }
 var file_federation_v1_federation_proto_depIdxs = []int32{
 	2,  // 0: nave.federation.v1.ReplicaRequest.hello:type_name -> nave.federation.v1.ReplicaHello
@@ -3335,67 +3485,70 @@ var file_federation_v1_federation_proto_depIdxs = []int32{
 	7,  // 5: nave.federation.v1.ReplicaHello.held:type_name -> nave.federation.v1.ClusterDigest
 	4,  // 6: nave.federation.v1.ReplicaUpdate.stamp:type_name -> nave.federation.v1.Stamp
 	4,  // 7: nave.federation.v1.ReplicaUpdate.base:type_name -> nave.federation.v1.Stamp
-	30, // 8: nave.federation.v1.ReplicaUpdate.upserts:type_name -> nave.federation.v1.Shard
-	29, // 9: nave.federation.v1.ReplicaUpdate.removes:type_name -> nave.federation.v1.ServiceKey
+	32, // 8: nave.federation.v1.ReplicaUpdate.upserts:type_name -> nave.federation.v1.Shard
+	31, // 9: nave.federation.v1.ReplicaUpdate.removes:type_name -> nave.federation.v1.ServiceKey
 	13, // 10: nave.federation.v1.ReplicaUpdate.gateways:type_name -> nave.federation.v1.NetworkGateway
 	7,  // 11: nave.federation.v1.ReplicaDigests.clusters:type_name -> nave.federation.v1.ClusterDigest
 	4,  // 12: nave.federation.v1.ClusterDigest.stamp:type_name -> nave.federation.v1.Stamp
 	11, // 13: nave.federation.v1.SpokeMessage.hello:type_name -> nave.federation.v1.Hello
-	20, // 14: nave.federation.v1.SpokeMessage.update:type_name -> nave.federation.v1.Update
-	25, // 15: nave.federation.v1.SpokeMessage.digest:type_name -> nave.federation.v1.Digest
+	22, // 14: nave.federation.v1.SpokeMessage.update:type_name -> nave.federation.v1.Update
+	27, // 15: nave.federation.v1.SpokeMessage.digest:type_name -> nave.federation.v1.Digest
 	14, // 16: nave.federation.v1.SpokeMessage.namespaces:type_name -> nave.federation.v1.Namespaces
-	22, // 17: nave.federation.v1.SpokeMessage.import_ack:type_name -> nave.federation.v1.Ack
-	23, // 18: nave.federation.v1.SpokeMessage.import_nack:type_name -> nave.federation.v1.Nack
+	24, // 17: nave.federation.v1.SpokeMessage.import_ack:type_name -> nave.federation.v1.Ack
+	25, // 18: nave.federation.v1.SpokeMessage.import_nack:type_name -> nave.federation.v1.Nack
 	18, // 19: nave.federation.v1.SpokeMessage.imports_written:type_name -> nave.federation.v1.ImportsWritten
 	12, // 20: nave.federation.v1.SpokeMessage.gateways:type_name -> nave.federation.v1.NetworkGateways
-	19, // 21: nave.federation.v1.HubMessage.welcome:type_name -> nave.federation.v1.Welcome
-	22, // 22: nave.federation.v1.HubMessage.ack:type_name -> nave.federation.v1.Ack
-	23, // 23: nave.federation.v1.HubMessage.nack:type_name -> nave.federation.v1.Nack
-	26, // 24: nave.federation.v1.HubMessage.resync:type_name -> nave.federation.v1.ResyncRequest
-	27, // 25: nave.federation.v1.HubMessage.conflicts:type_name -> nave.federation.v1.ServiceConflicts
-	15, // 26: nave.federation.v1.HubMessage.imports:type_name -> nave.federation.v1.ImportUpdate
-	12, // 27: nave.federation.v1.Hello.gateways:type_name -> nave.federation.v1.NetworkGateways
-	13, // 28: nave.federation.v1.NetworkGateways.gateways:type_name -> nave.federation.v1.NetworkGateway
-	16, // 29: nave.federation.v1.ImportUpdate.upserts:type_name -> nave.federation.v1.Import
-	29, // 30: nave.federation.v1.ImportUpdate.removes:type_name -> nave.federation.v1.ServiceKey
-	29, // 31: nave.federation.v1.ImportUpdate.retain:type_name -> nave.federation.v1.ServiceKey
-	29, // 32: nave.federation.v1.Import.service:type_name -> nave.federation.v1.ServiceKey
-	32, // 33: nave.federation.v1.Import.ports:type_name -> nave.federation.v1.ServicePort
-	31, // 34: nave.federation.v1.Import.properties:type_name -> nave.federation.v1.ServiceProperties
-	17, // 35: nave.federation.v1.Import.sources:type_name -> nave.federation.v1.ImportSource
-	32, // 36: nave.federation.v1.ImportSource.ports:type_name -> nave.federation.v1.ServicePort
-	33, // 37: nave.federation.v1.ImportSource.endpoints:type_name -> nave.federation.v1.Endpoint
-	30, // 38: nave.federation.v1.Update.upserts:type_name -> nave.federation.v1.Shard
-	29, // 39: nave.federation.v1.Update.removes:type_name -> nave.federation.v1.ServiceKey
-	29, // 40: nave.federation.v1.Update.retain:type_name -> nave.federation.v1.ServiceKey
-	21, // 41: nave.federation.v1.Update.origins:type_name -> nave.federation.v1.ChangeOrigin
-	29, // 42: nave.federation.v1.ChangeOrigin.service:type_name -> nave.federation.v1.ServiceKey
-	24, // 43: nave.federation.v1.Nack.rejections:type_name -> nave.federation.v1.Rejection
-	29, // 44: nave.federation.v1.Rejection.service:type_name -> nave.federation.v1.ServiceKey
-	28, // 45: nave.federation.v1.ServiceConflicts.services:type_name -> nave.federation.v1.ServiceConflict
-	29, // 46: nave.federation.v1.ServiceConflict.service:type_name -> nave.federation.v1.ServiceKey
-	29, // 47: nave.federation.v1.Shard.service:type_name -> nave.federation.v1.ServiceKey
-	32, // 48: nave.federation.v1.Shard.ports:type_name -> nave.federation.v1.ServicePort
-	33, // 49: nave.federation.v1.Shard.endpoints:type_name -> nave.federation.v1.Endpoint
-	31, // 50: nave.federation.v1.Shard.properties:type_name -> nave.federation.v1.ServiceProperties
-	39, // 51: nave.federation.v1.ServiceProperties.labels:type_name -> nave.federation.v1.ServiceProperties.LabelsEntry
-	40, // 52: nave.federation.v1.ServiceProperties.annotations:type_name -> nave.federation.v1.ServiceProperties.AnnotationsEntry
-	34, // 53: nave.federation.v1.Endpoint.ports:type_name -> nave.federation.v1.EndpointPort
-	35, // 54: nave.federation.v1.Endpoint.locality:type_name -> nave.federation.v1.Locality
-	37, // 55: nave.federation.v1.Snapshot.clusters:type_name -> nave.federation.v1.SnapshotCluster
-	4,  // 56: nave.federation.v1.SnapshotCluster.stamp:type_name -> nave.federation.v1.Stamp
-	30, // 57: nave.federation.v1.SnapshotCluster.shards:type_name -> nave.federation.v1.Shard
-	13, // 58: nave.federation.v1.SnapshotCluster.gateways:type_name -> nave.federation.v1.NetworkGateway
-	38, // 59: nave.federation.v1.SnapshotCluster.resolved:type_name -> nave.federation.v1.ResolvedName
-	9,  // 60: nave.federation.v1.Federation.Publish:input_type -> nave.federation.v1.SpokeMessage
-	0,  // 61: nave.federation.v1.Replication.Subscribe:input_type -> nave.federation.v1.ReplicaRequest
-	10, // 62: nave.federation.v1.Federation.Publish:output_type -> nave.federation.v1.HubMessage
-	1,  // 63: nave.federation.v1.Replication.Subscribe:output_type -> nave.federation.v1.ReplicaMessage
-	62, // [62:64] is the sub-list for method output_type
-	60, // [60:62] is the sub-list for method input_type
-	60, // [60:60] is the sub-list for extension type_name
-	60, // [60:60] is the sub-list for extension extendee
-	0,  // [0:60] is the sub-list for field type_name
+	19, // 21: nave.federation.v1.SpokeMessage.import_problems:type_name -> nave.federation.v1.ImportProblems
+	21, // 22: nave.federation.v1.HubMessage.welcome:type_name -> nave.federation.v1.Welcome
+	24, // 23: nave.federation.v1.HubMessage.ack:type_name -> nave.federation.v1.Ack
+	25, // 24: nave.federation.v1.HubMessage.nack:type_name -> nave.federation.v1.Nack
+	28, // 25: nave.federation.v1.HubMessage.resync:type_name -> nave.federation.v1.ResyncRequest
+	29, // 26: nave.federation.v1.HubMessage.conflicts:type_name -> nave.federation.v1.ServiceConflicts
+	15, // 27: nave.federation.v1.HubMessage.imports:type_name -> nave.federation.v1.ImportUpdate
+	12, // 28: nave.federation.v1.Hello.gateways:type_name -> nave.federation.v1.NetworkGateways
+	13, // 29: nave.federation.v1.NetworkGateways.gateways:type_name -> nave.federation.v1.NetworkGateway
+	16, // 30: nave.federation.v1.ImportUpdate.upserts:type_name -> nave.federation.v1.Import
+	31, // 31: nave.federation.v1.ImportUpdate.removes:type_name -> nave.federation.v1.ServiceKey
+	31, // 32: nave.federation.v1.ImportUpdate.retain:type_name -> nave.federation.v1.ServiceKey
+	31, // 33: nave.federation.v1.Import.service:type_name -> nave.federation.v1.ServiceKey
+	34, // 34: nave.federation.v1.Import.ports:type_name -> nave.federation.v1.ServicePort
+	33, // 35: nave.federation.v1.Import.properties:type_name -> nave.federation.v1.ServiceProperties
+	17, // 36: nave.federation.v1.Import.sources:type_name -> nave.federation.v1.ImportSource
+	34, // 37: nave.federation.v1.ImportSource.ports:type_name -> nave.federation.v1.ServicePort
+	35, // 38: nave.federation.v1.ImportSource.endpoints:type_name -> nave.federation.v1.Endpoint
+	20, // 39: nave.federation.v1.ImportProblems.problems:type_name -> nave.federation.v1.ImportProblem
+	31, // 40: nave.federation.v1.ImportProblem.service:type_name -> nave.federation.v1.ServiceKey
+	32, // 41: nave.federation.v1.Update.upserts:type_name -> nave.federation.v1.Shard
+	31, // 42: nave.federation.v1.Update.removes:type_name -> nave.federation.v1.ServiceKey
+	31, // 43: nave.federation.v1.Update.retain:type_name -> nave.federation.v1.ServiceKey
+	23, // 44: nave.federation.v1.Update.origins:type_name -> nave.federation.v1.ChangeOrigin
+	31, // 45: nave.federation.v1.ChangeOrigin.service:type_name -> nave.federation.v1.ServiceKey
+	26, // 46: nave.federation.v1.Nack.rejections:type_name -> nave.federation.v1.Rejection
+	31, // 47: nave.federation.v1.Rejection.service:type_name -> nave.federation.v1.ServiceKey
+	30, // 48: nave.federation.v1.ServiceConflicts.services:type_name -> nave.federation.v1.ServiceConflict
+	31, // 49: nave.federation.v1.ServiceConflict.service:type_name -> nave.federation.v1.ServiceKey
+	31, // 50: nave.federation.v1.Shard.service:type_name -> nave.federation.v1.ServiceKey
+	34, // 51: nave.federation.v1.Shard.ports:type_name -> nave.federation.v1.ServicePort
+	35, // 52: nave.federation.v1.Shard.endpoints:type_name -> nave.federation.v1.Endpoint
+	33, // 53: nave.federation.v1.Shard.properties:type_name -> nave.federation.v1.ServiceProperties
+	41, // 54: nave.federation.v1.ServiceProperties.labels:type_name -> nave.federation.v1.ServiceProperties.LabelsEntry
+	42, // 55: nave.federation.v1.ServiceProperties.annotations:type_name -> nave.federation.v1.ServiceProperties.AnnotationsEntry
+	36, // 56: nave.federation.v1.Endpoint.ports:type_name -> nave.federation.v1.EndpointPort
+	37, // 57: nave.federation.v1.Endpoint.locality:type_name -> nave.federation.v1.Locality
+	39, // 58: nave.federation.v1.Snapshot.clusters:type_name -> nave.federation.v1.SnapshotCluster
+	4,  // 59: nave.federation.v1.SnapshotCluster.stamp:type_name -> nave.federation.v1.Stamp
+	32, // 60: nave.federation.v1.SnapshotCluster.shards:type_name -> nave.federation.v1.Shard
+	13, // 61: nave.federation.v1.SnapshotCluster.gateways:type_name -> nave.federation.v1.NetworkGateway
+	40, // 62: nave.federation.v1.SnapshotCluster.resolved:type_name -> nave.federation.v1.ResolvedName
+	9,  // 63: nave.federation.v1.Federation.Publish:input_type -> nave.federation.v1.SpokeMessage
+	0,  // 64: nave.federation.v1.Replication.Subscribe:input_type -> nave.federation.v1.ReplicaRequest
+	10, // 65: nave.federation.v1.Federation.Publish:output_type -> nave.federation.v1.HubMessage
+	1,  // 66: nave.federation.v1.Replication.Subscribe:output_type -> nave.federation.v1.ReplicaMessage
+	65, // [65:67] is the sub-list for method output_type
+	63, // [63:65] is the sub-list for method input_type
+	63, // [63:63] is the sub-list for extension type_name
+	63, // [63:63] is the sub-list for extension extendee
+	0,  // [0:63] is the sub-list for field type_name
 }
 
 func init() { file_federation_v1_federation_proto_init() }
@@ -3421,6 +3574,7 @@ func file_federation_v1_federation_proto_init() {
 		(*SpokeMessage_ImportNack)(nil),
 		(*SpokeMessage_ImportsWritten)(nil),
 		(*SpokeMessage_Gateways)(nil),
+		(*SpokeMessage_ImportProblems)(nil),
 	}
 	file_federation_v1_federation_proto_msgTypes[10].OneofWrappers = []any{
 		(*HubMessage_Welcome)(nil),
@@ -3436,7 +3590,7 @@ func file_federation_v1_federation_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_federation_v1_federation_proto_rawDesc), len(file_federation_v1_federation_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   41,
+			NumMessages:   43,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
