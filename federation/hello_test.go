@@ -1,7 +1,6 @@
 package federation
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"log/slog"
@@ -16,26 +15,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	fedv1 "github.com/navemesh/nave/federation/v1"
+	"github.com/navemesh/nave/internal/logbuf"
 	"github.com/navemesh/nave/registry"
 )
-
-// syncBuffer is a log's output, written by the server's goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // countingEpochs is an EpochIssuer that counts the epochs it issued.
 type countingEpochs struct {
@@ -137,7 +119,7 @@ func fedString(c byte, n int) string { return strings.Repeat(string(c), n) }
 // What spokes send that the hub refuses is logged with every value cut
 // short, and a flood of refusals logs a few lines, not one per refusal.
 func TestRefusalsLogLittle(t *testing.T) {
-	var out syncBuffer
+	var out logbuf.Buffer
 	log := slog.New(slog.NewTextHandler(&out, nil))
 	store := newMemStore()
 	addr := startHubOver(t, DefaultHubConfig(), store, &counterEpochs{}, log)

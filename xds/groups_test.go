@@ -354,14 +354,20 @@ func TestGatewayGroupsAreAdmittedByThePolicy(t *testing.T) {
 
 // A restricted identity holds at most MaxGroupsPerIdentity locality
 // groups at once, whatever the table's bound.
-func TestOneIdentityHoldsItsShareOfLocalityGroups(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+// oneWorkload is a server under a policy granting every stream's identity,
+// one workload's, its namespace alone.
+func oneWorkload() Config {
 	cfg := DefaultConfig()
 	cfg.Restrict = func(context.Context) (Restriction, string, error) {
 		return func(ns string) bool { return ns == "default" }, "one-workload", nil
 	}
-	s, addr := startGroupsXDS(t, cfg, newFakeClock())
+	return cfg
+}
+
+func TestOneIdentityHoldsItsShareOfLocalityGroups(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s, addr := startGroupsXDS(t, oneWorkload(), newFakeClock())
 	ads := dialADS(ctx, t, addr)
 	var stops []context.CancelFunc
 	for i := range MaxGroupsPerIdentity {
@@ -430,11 +436,7 @@ func TestAStreamsGroupFollowsItsClustersNetwork(t *testing.T) {
 func TestAStreamMovesAtItsIdentitysBound(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cfg := DefaultConfig()
-	cfg.Restrict = func(context.Context) (Restriction, string, error) {
-		return func(ns string) bool { return ns == "default" }, "one-workload", nil
-	}
-	s, addr := startGroupsXDS(t, cfg, newFakeClock())
+	s, addr := startGroupsXDS(t, oneWorkload(), newFakeClock())
 	ads := dialADS(ctx, t, addr)
 	for i := range MaxGroupsPerIdentity - 1 {
 		_, stop, err := edsStream(ctx, t, ads, nodeAt(loc(fmt.Sprint("r-", i), "z"), ""))

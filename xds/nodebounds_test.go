@@ -1,13 +1,11 @@
 package xds
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,25 +18,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/navemesh/nave/internal/logbuf"
 )
-
-// syncBuffer is a log's output, written by the server's goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // startXDSLogging is startXDS logging to out.
 func startXDSLogging(t *testing.T, out io.Writer) (*Server, string) {
@@ -122,7 +104,7 @@ func TestOversizedNodeFieldsAreRefused(t *testing.T) {
 // Refusals and NACKs are logged with what the client sent cut short, and
 // a flood of them logs a few lines, not one each.
 func TestRefusalsLogLittle(t *testing.T) {
-	var out syncBuffer
+	var out logbuf.Buffer
 	s, addr := startXDSLogging(t, &out)
 	r, d := twoServices(t, ready)
 	s.Update(r, d)
