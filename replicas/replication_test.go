@@ -649,6 +649,20 @@ type scriptedPeer struct {
 	script func(stream fedv1.Replication_SubscribeServer) error
 }
 
+// serveScriptedPeer serves peer on a loopback port until the test ends, and returns its address.
+func serveScriptedPeer(t *testing.T, peer *scriptedPeer) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	fedv1.RegisterReplicationServer(g, peer)
+	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop)
+	return lis.Addr().String()
+}
+
 func (p *scriptedPeer) Subscribe(stream fedv1.Replication_SubscribeServer) error {
 	if _, err := stream.Recv(); err != nil {
 		return err
@@ -696,17 +710,9 @@ func TestReplicationDropsInvalidUpdatesWhole(t *testing.T) {
 		<-stream.Context().Done()
 		return nil
 	}}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer()
-	fedv1.RegisterReplicationServer(g, peer)
-	go func() { _ = g.Serve(lis) }()
-	t.Cleanup(g.Stop)
-
+	addr := serveScriptedPeer(t, peer)
 	b := startReplNode(t, "b", func(cfg *ReplicationConfig) { cfg.PeerToken = nil })
-	b.rep.SetPeers(map[string]string{"p": lis.Addr().String()})
+	b.rep.SetPeers(map[string]string{"p": addr})
 	waitFor(t, func() bool { return b.synced("p") })
 	if got := <-resynced; got != "east" {
 		t.Fatalf("resync of %q, want east", got)
@@ -750,18 +756,10 @@ func TestReplicationDoesNotResyncWhatItRefused(t *testing.T) {
 		<-stream.Context().Done()
 		return nil
 	}}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer()
-	fedv1.RegisterReplicationServer(g, peer)
-	go func() { _ = g.Serve(lis) }()
-	t.Cleanup(g.Stop)
-
+	addr := serveScriptedPeer(t, peer)
 	b := startReplNode(t, "b", func(cfg *ReplicationConfig) { cfg.PeerToken = nil })
 	b.store.refuse = map[registry.ServiceKey]bool{hostile.Service: true}
-	b.rep.SetPeers(map[string]string{"p": lis.Addr().String()})
+	b.rep.SetPeers(map[string]string{"p": addr})
 	waitFor(t, func() bool { return len(b.store.appliedOf("west")) == 1 })
 	if got := b.hooks.count("applied", "east", "partly_refused"); got != 1 {
 		t.Errorf("east applied partly %d times, want once", got)
