@@ -315,7 +315,6 @@ type parts struct {
 	snapshots     *replicas.SnapshotStore
 	clustersetIPs *replicas.ClusterSetIPs  // nil without clusterset CIDRs
 	catalogKnown  bool                     // the catalog has been read (at start, or once etcd answered)
-	catalogRead   bool                     // the catalog was read at start, and names clusters
 	catalog0      []replicas.ClusterRecord // what the catalog named when first read
 
 	// Metrics.
@@ -578,7 +577,6 @@ func (p *parts) readCatalog(ctx context.Context) ([]replicas.ClusterRecord, bool
 		p.withhold(withheldCatalog, catalogUnread(err))
 		return nil, false
 	}
-	p.catalogRead = len(records) > 0 // an empty catalog may be a lost etcd
 	p.catalog0, p.catalogKnown = records, true
 	return records, true
 }
@@ -602,8 +600,8 @@ func (p *parts) runState(ctx context.Context, records []replicas.ClusterRecord) 
 		return err
 	}
 	// The importer may trust the clusters the state now knows (see importer.authoritative).
-	p.imports.catalogRead.Store(p.catalogRead)
-	p.imports.observe(*p.state.View()) // authority may follow at once
+	p.imports.catalogRead.Store(len(p.catalog0) > 0) // an empty catalog may be a lost etcd
+	p.imports.observe(*p.state.View())               // authority may follow at once
 	return nil
 }
 

@@ -1,41 +1,26 @@
 package limits
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/navemesh/nave/internal/logbuf"
 )
 
 // logLines is a slog handler's output, one record a line.
-type logLines struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logLines) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
+type logLines struct{ logbuf.Buffer }
 
 func (l *logLines) lines() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Split(strings.TrimSuffix(l.buf.String(), "\n"), "\n")
+	return strings.Split(strings.TrimSuffix(l.String(), "\n"), "\n")
 }
 
-func (l *logLines) size() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Len()
-}
+func (l *logLines) size() int { return len(l.String()) }
 
 func (l *logLines) count(substr string) int {
 	n := 0
