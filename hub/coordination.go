@@ -477,7 +477,7 @@ func (c *coordinator) persist(ctx context.Context) (heldState, bool) {
 
 // collect drops the clusters whose drop policy is due, each under a new epoch.
 func (c *coordinator) collect(ctx context.Context) {
-	for _, id := range c.state.View().dropDue(c.liveness, time.Now()) {
+	for _, id := range c.state.View().dropDue(c.liveness, c.liveness.now()) {
 		epochCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		epoch, err := c.catalog.NextEpoch(epochCtx, id)
 		cancel()
@@ -576,7 +576,7 @@ func (k *catalogKeeper) syncOnce(ctx context.Context) error {
 			return err
 		}
 	}
-	now := time.Now()
+	now := k.state.liveness.now()
 	var writes []replicas.ClusterRecord
 	var errs []error
 	for _, id := range slices.Sorted(maps.Keys(v.Clusters)) {
@@ -727,7 +727,7 @@ type catalogFirst struct {
 func (s catalogFirst) Begin(ctx context.Context, sess federation.Session) (federation.Held, error) {
 	at := sess.Started
 	if at.IsZero() {
-		at = time.Now()
+		at = s.liveness.now()
 	}
 	at = at.UTC()
 	recordCtx, cancel := context.WithTimeout(ctx, etcdTimeout)

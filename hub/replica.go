@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"k8s.io/utils/clock"
 	"maps"
 	"slices"
 	"time"
@@ -36,6 +37,18 @@ type Liveness struct {
 	// DefaultPolicy applies to clusters without an entry in Policies.
 	DefaultPolicy Policy
 	Policies      map[registry.ClusterID]Policy
+	// Clock is what the grace and the drop timers are measured by, and
+	// when a spoke was last seen live (nil: the system's). Tests step a
+	// fake one instead of waiting.
+	Clock clock.PassiveClock
+}
+
+// now is the liveness clock's time.
+func (l Liveness) now() time.Time {
+	if l.Clock == nil {
+		return time.Now()
+	}
+	return l.Clock.Now()
 }
 
 // DefaultLiveness returns the hub's defaults: stale after 30s, kept
@@ -124,7 +137,7 @@ func (s *state) ApplyReplica(ctx context.Context, from string, u replicas.Update
 		s.maxEpoch[u.Cluster] = max(s.maxEpoch[u.Cluster], u.Stamp.Epoch)
 		s.superseded(u.Cluster, u.Stamp.Epoch)
 		sum := next.Cluster(u.Cluster)
-		c.Epoch, c.Version, c.Origin, c.Restored, c.LastUpdate = u.Stamp.Epoch, u.Stamp.Version, from, false, time.Now()
+		c.Epoch, c.Version, c.Origin, c.Restored, c.LastUpdate = u.Stamp.Epoch, u.Stamp.Version, from, false, s.liveness.now()
 		c.Digest, c.Services, c.Endpoints = sum.Digest, sum.Services, sum.Endpoints
 		// The origin's network and gateways come with its data (an update
 		// from a replica that predates networks names none: keep ours).
@@ -163,8 +176,8 @@ func (s *state) superseded(id registry.ClusterID, epoch uint64) {
 	if e, ok := s.session[id]; ok && e < epoch {
 		delete(s.session, id)
 		c := s.cluster(id)
-		c.Connected, c.LastSeen = false, time.Now()
-		s.checkLiveness(time.Now())
+		c.Connected, c.LastSeen = false, s.liveness.now()
+		s.checkLiveness(s.liveness.now())
 	}
 }
 
@@ -193,7 +206,7 @@ func (s *state) restoreHeld(ctx context.Context, snap registry.Snapshot) (held h
 				ok = false
 			}
 		}
-		now := time.Now()
+		now := s.liveness.now()
 		// One change for the whole snapshot: clients never see a registry
 		// restored in part, with some clusters' endpoints missing.
 		changed := map[registry.ServiceKey]registry.ServiceDiff{}
@@ -237,7 +250,7 @@ func (s *state) snapshot(ctx context.Context) (registry.Snapshot, uint64, error)
 	var version uint64
 	err := s.do(ctx, func() {
 		version = s.reg.Version()
-		snap.Taken = time.Now().UTC()
+		snap.Taken = time.Now().UTC() // the wall clock: a snapshot says when it was taken, not a liveness time
 		for _, id := range slices.Sorted(maps.Keys(s.clusters)) {
 			c := s.clusters[id]
 			shards := s.reg.ClusterShards(id)
@@ -260,13 +273,13 @@ func (s *state) snapshot(ctx context.Context) (registry.Snapshot, uint64, error)
 func (s *state) setHomes(ctx context.Context, homes map[registry.ClusterID]string) error {
 	return s.do(ctx, func() {
 		s.homes = homes
-		s.checkLiveness(time.Now())
+		s.checkLiveness(s.liveness.now())
 	})
 }
 
 // tick re-evaluates liveness (called every second or so).
 func (s *state) tick(ctx context.Context) error {
-	return s.do(ctx, func() { s.checkLiveness(time.Now()) })
+	return s.do(ctx, func() { s.checkLiveness(s.liveness.now()) })
 }
 
 // checkLiveness marks clusters live, or stale once no replica has had their
@@ -348,7 +361,7 @@ func (s *state) drop(ctx context.Context, id registry.ClusterID, epoch uint64) (
 		s.superseded(id, epoch)
 		c.Epoch, c.Version, c.Origin, c.Restored, c.Dropped = epoch, 0, s.self, false, true
 		c.Gateways = nil // a dead cluster vouches for no gateway
-		c.Digest, c.Services, c.Endpoints, c.LastUpdate = registry.ZeroHash, 0, 0, time.Now()
+		c.Digest, c.Services, c.Endpoints, c.LastUpdate = registry.ZeroHash, 0, 0, s.liveness.now()
 		s.log.Warn("dropped a dead cluster's endpoints (policy drop)", "cluster", id, "noSpokeSince", c.LiveAt, "epoch", epoch)
 		s.replicaChanged(id)
 		s.publish(diff)

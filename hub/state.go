@@ -159,7 +159,7 @@ func newState(self string, liveness Liveness, publisher Publisher, limits regist
 	s := &state{
 		self: self, liveness: liveness,
 		log: log.With("component", "state"), publisher: publisher, limits: limits, onChange: onChange,
-		ops: make(chan func()), done: make(chan struct{}), started: time.Now(), reg: registry.New(),
+		ops: make(chan func()), done: make(chan struct{}), started: liveness.now(), reg: registry.New(),
 		clusters: map[registry.ClusterID]*ClusterStatus{}, maxEpoch: map[registry.ClusterID]uint64{},
 		session:   map[registry.ClusterID]uint64{},
 		conflicts: map[registry.ClusterID]*clusterConflicts{},
@@ -287,7 +287,7 @@ func (s *state) Apply(ctx context.Context, epoch, version uint64, ch registry.Ch
 		s.reg = next
 		s.trackConflicts(prev, diff)
 		c := s.cluster(ch.Cluster)
-		c.Epoch, c.Version, c.LastUpdate = epoch, version, time.Now()
+		c.Epoch, c.Version, c.LastUpdate = epoch, version, s.liveness.now()
 		c.Digest, c.Services, c.Endpoints = sum.Digest, sum.Services, sum.Endpoints
 		c.Origin, c.Restored = s.self, false
 		digest = c.Digest
@@ -332,7 +332,7 @@ func (s *state) Begin(ctx context.Context, sess federation.Session) (federation.
 		s.session[sess.Cluster] = sess.Epoch
 		c := s.cluster(sess.Cluster)
 		c.Connected, c.Network, c.SpokeID, c.Build, c.Remote = true, sess.Network, sess.SpokeID, sess.Build, sess.RemoteIP
-		c.SessionStart, c.LastSeen = sess.Started, time.Now()
+		c.SessionStart, c.LastSeen = sess.Started, s.liveness.now()
 		held = federation.Held{Epoch: c.Epoch, Version: c.Version, Digest: s.reg.ClusterDigest(sess.Cluster)}
 		if sess.GatewaysKnown {
 			c.Gateways = sess.Gateways
@@ -348,10 +348,10 @@ func (s *state) Begin(ctx context.Context, sess federation.Session) (federation.
 			// Its data is the spoke's current state as of now: the cluster
 			// counts as held (an import set needs every cluster held to be
 			// authoritative, and a resumed session sends no update).
-			c.Epoch, c.Restored, c.Origin, c.LastUpdate = sess.Epoch, false, s.self, time.Now()
+			c.Epoch, c.Restored, c.Origin, c.LastUpdate = sess.Epoch, false, s.self, s.liveness.now()
 			s.replicaChanged(sess.Cluster)
 		}
-		s.checkLiveness(time.Now())
+		s.checkLiveness(s.liveness.now())
 		s.publish(registry.Diff{})
 	})
 	return held, errors.Join(err, beginErr)
@@ -378,7 +378,7 @@ func (s *state) End(sess federation.Session) {
 			// Only the newest local session speaks for the cluster's liveness:
 			// its spoke was live until now.
 			delete(s.session, sess.Cluster)
-			now := time.Now()
+			now := s.liveness.now()
 			c.Connected, c.LastSeen, c.LiveAt, c.liveSeen = false, now, now, true
 			s.checkLiveness(now)
 			s.publish(registry.Diff{})
@@ -416,7 +416,7 @@ func (s *state) adoptLiveAt(ctx context.Context, records []replicas.ClusterRecor
 			s.log.Info("cluster last live earlier than this replica knew, says the catalog", "cluster", r.Cluster, "liveAt", r.LiveAt)
 			c.LiveAt = r.LiveAt
 		}
-		s.checkLiveness(time.Now())
+		s.checkLiveness(s.liveness.now())
 	})
 }
 
