@@ -596,13 +596,13 @@ func (k *catalogKeeper) syncOnce(ctx context.Context) error {
 	}
 	if len(writes) > 0 {
 		writeCtx, cancel := context.WithTimeout(ctx, etcdTimeout)
-		n, err := k.catalog.RecordAll(writeCtx, writes)
+		written, err := k.catalog.RecordAll(writeCtx, writes)
 		cancel()
-		for _, r := range writes[:n] {
+		for _, r := range written {
 			k.held[r.Cluster] = r
 		}
-		if n > 0 {
-			k.log.Debug("recorded clusters in the catalog", "clusters", n)
+		if len(written) > 0 {
+			k.log.Debug("recorded clusters in the catalog", "clusters", len(written))
 		}
 		errs = append(errs, err)
 	}

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/navemesh/nave/registry"
@@ -156,38 +157,97 @@ func (c *Catalog) RecordNew(ctx context.Context, r ClusterRecord) (bool, error) 
 // a transaction of more than 128 operations (its default --max-txn-ops).
 const maxRecordsPerTxn = 64
 
+// maxTxnBytes bounds what one transaction carries: etcd refuses a request
+// of more than 1.5 MiB (its default --max-request-bytes).
+const maxTxnBytes = 512 << 10
+
+// MaxRecordBytes bounds one encoded record. Hellos bound what a record
+// holds (IDs, build and network of at most 256 bytes each, so a record is
+// about 1 KiB); a record beyond this is refused alone, never taking the
+// records written with it down.
+const MaxRecordBytes = 16 << 10
+
 // RecordAll stores the records as they are (FirstSeen included: a caller
 // that keeps it has read it, see List), in transactions of up to
-// maxRecordsPerTxn records. Under the context of a leader term (see
-// LeaderFence), each transaction writes only while that term's leadership
-// holds, and fails with ErrNotLeader otherwise. It returns how many records
-// it wrote, records[:n], also with an error.
-func (c *Catalog) RecordAll(ctx context.Context, records []ClusterRecord) (int, error) {
-	fence, fenced := LeaderFence(ctx)
-	done := 0
-	for batch := range slices.Chunk(records, maxRecordsPerTxn) {
-		ops := make([]clientv3.Op, 0, len(batch))
-		for _, r := range batch {
-			b, err := json.Marshal(r)
-			if err != nil {
-				return done, fmt.Errorf("encode catalog entry %s: %w", r.Cluster, err)
+// maxRecordsPerTxn records and maxTxnBytes. One record never stops
+// another's: a record that cannot be encoded or is over MaxRecordBytes is
+// left out, and a transaction etcd refuses as too large is written again
+// one record at a time; the error names each record left out. Under the
+// context of a leader term (see LeaderFence), each transaction writes only
+// while that term's leadership holds, and RecordAll stops with ErrNotLeader
+// otherwise; it stops too when etcd cannot be reached. It returns the
+// records it wrote, also with an error.
+func (c *Catalog) RecordAll(ctx context.Context, records []ClusterRecord) ([]ClusterRecord, error) {
+	var written []ClusterRecord
+	var errs []error
+	var batch []ClusterRecord
+	var ops []clientv3.Op
+	size := 0
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		defer func() { batch, ops, size = batch[:0], ops[:0], 0 }()
+		err := c.commit(ctx, ops)
+		if errors.Is(err, rpctypes.ErrRequestTooLarge) && len(batch) > 1 {
+			for i := range batch { // one at a time: the one too large fails alone
+				if err := c.commit(ctx, ops[i:i+1]); err != nil {
+					if !errors.Is(err, rpctypes.ErrRequestTooLarge) {
+						return err
+					}
+					errs = append(errs, fmt.Errorf("catalog entry %.64s: %w", batch[i].Cluster, err))
+					continue
+				}
+				written = append(written, batch[i])
 			}
-			ops = append(ops, clientv3.OpPut(c.prefix+"clusters/"+string(r.Cluster), string(b)))
+			return nil
 		}
-		txn := c.etcd.Txn(ctx)
-		if fenced {
-			txn = txn.If(fence)
-		}
-		resp, err := txn.Then(ops...).Commit()
 		if err != nil {
-			return done, fmt.Errorf("write %d catalog entries: %w", len(batch), err)
+			return fmt.Errorf("write %d catalog entries: %w", len(batch), err)
 		}
-		if !resp.Succeeded {
-			return done, fmt.Errorf("write %d catalog entries: %w", len(batch), ErrNotLeader)
-		}
-		done += len(batch)
+		written = append(written, batch...)
+		return nil
 	}
-	return done, nil
+	for _, r := range records {
+		b, err := json.Marshal(r)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("encode catalog entry %.64s: %w", r.Cluster, err))
+			continue
+		case len(b) > MaxRecordBytes:
+			errs = append(errs, fmt.Errorf("catalog entry %.64s: %d bytes encoded, more than %d", r.Cluster, len(b), MaxRecordBytes))
+			continue
+		}
+		if len(batch) == maxRecordsPerTxn || size+len(b) > maxTxnBytes {
+			if err := flush(); err != nil {
+				return written, errors.Join(append(errs, err)...)
+			}
+		}
+		batch = append(batch, r)
+		ops = append(ops, clientv3.OpPut(c.prefix+"clusters/"+string(r.Cluster), string(b)))
+		size += len(b)
+	}
+	if err := flush(); err != nil {
+		errs = append(errs, err)
+	}
+	return written, errors.Join(errs...)
+}
+
+// commit writes ops in one transaction, fenced by the leader term of ctx
+// if it has one.
+func (c *Catalog) commit(ctx context.Context, ops []clientv3.Op) error {
+	txn := c.etcd.Txn(ctx)
+	if fence, fenced := LeaderFence(ctx); fenced {
+		txn = txn.If(fence)
+	}
+	resp, err := txn.Then(ops...).Commit()
+	switch {
+	case err != nil:
+		return err
+	case !resp.Succeeded:
+		return ErrNotLeader
+	}
+	return nil
 }
 
 // List returns every cluster in the catalog, sorted by ID.

@@ -4,9 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/server/v3/embed"
+
+	"github.com/navemesh/nave/internal/etcdtest"
 	"github.com/navemesh/nave/registry"
 )
 
@@ -69,8 +74,8 @@ func TestCatalogRecordAllIsBatchedAndFenced(t *testing.T) {
 	for i := range 3*maxRecordsPerTxn + 1 { // more than one transaction holds
 		records = append(records, ClusterRecord{Cluster: registry.ClusterID(fmt.Sprintf("c%03d", i)), Epoch: 1, FirstSeen: now, LiveAt: now})
 	}
-	if n, err := cat.RecordAll(term, records); err != nil || n != len(records) {
-		t.Fatalf("RecordAll = %d, %v; want all %d", n, err, len(records))
+	if written, err := cat.RecordAll(term, records); err != nil || len(written) != len(records) {
+		t.Fatalf("RecordAll wrote %d, %v; want all %d", len(written), err, len(records))
 	}
 	list, err := cat.List(ctx)
 	if err != nil || len(list) != len(records) || !list[7].LiveAt.Equal(now) {
@@ -90,13 +95,56 @@ func TestCatalogRecordAllIsBatchedAndFenced(t *testing.T) {
 		t.Fatal(err)
 	}
 	late := []ClusterRecord{{Cluster: "late", Epoch: 1, FirstSeen: now}}
-	if n, err := cat.RecordAll(term, late); !errors.Is(err, ErrNotLeader) || n != 0 {
-		t.Errorf("RecordAll of a deposed leader = %d, %v; want ErrNotLeader", n, err)
+	if written, err := cat.RecordAll(term, late); !errors.Is(err, ErrNotLeader) || len(written) != 0 {
+		t.Errorf("RecordAll of a deposed leader wrote %d, %v; want ErrNotLeader", len(written), err)
 	}
 	if gone, err := cat.Forget(term, "c000", 2); !errors.Is(err, ErrNotLeader) || gone {
 		t.Errorf("Forget of a deposed leader = %v, %v; want ErrNotLeader", gone, err)
 	}
 	if list, _ := cat.List(ctx); len(list) != held || list[0].Cluster != "c000" {
 		t.Errorf("a deposed leader changed the catalog: %d records, want %d", len(list), held)
+	}
+}
+
+// One record never stops another's: a record over MaxRecordBytes, or one
+// etcd refuses as too large, is left out alone, and the records batched
+// with it are written (a 1.6 MiB spoke build once made the leader's whole
+// batched write fail, and other clusters' drop timers went unrecorded).
+func TestCatalogRecordAllWritesEveryRecordButTheOneTooLarge(t *testing.T) {
+	srv := etcdtest.StartTuned(t, nil, func(c *embed.Config) { c.MaxRequestBytes = 8 << 10 })
+	cat := NewCatalog(dialEtcd(t, srv.Endpoint), "/nave/")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	now := time.Now().UTC()
+	record := func(id string, build int) ClusterRecord {
+		return ClusterRecord{Cluster: registry.ClusterID(id), Epoch: 1, FirstSeen: now, LiveAt: now, Build: strings.Repeat("b", build)}
+	}
+	records := []ClusterRecord{
+		record("a", 10), record("b", 10),
+		record("big", 10<<10),    // under MaxRecordBytes, over etcd's 8 KiB request bound
+		record("huge", 1600<<10), // over MaxRecordBytes: never sent
+		record("c", 10), record("d", 10),
+	}
+	written, err := cat.RecordAll(ctx, records)
+	if err == nil || !strings.Contains(err.Error(), "catalog entry big") || !strings.Contains(err.Error(), "catalog entry huge") {
+		t.Errorf("RecordAll: %v; want errors naming big and huge", err)
+	}
+	var got []string
+	for _, r := range written {
+		got = append(got, string(r.Cluster))
+	}
+	if want := []string{"a", "b", "c", "d"}; !slices.Equal(got, want) {
+		t.Errorf("RecordAll wrote %v, want %v", got, want)
+	}
+	list, err := cat.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = got[:0]
+	for _, r := range list {
+		got = append(got, string(r.Cluster))
+	}
+	if want := []string{"a", "b", "c", "d"}; !slices.Equal(got, want) {
+		t.Errorf("the catalog holds %v, want %v", got, want)
 	}
 }

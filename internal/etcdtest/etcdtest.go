@@ -35,6 +35,13 @@ type Server struct {
 // StartServer runs an etcd as Start does, until the test ends.
 func StartServer(t testing.TB, tls *transport.TLSInfo) *Server {
 	t.Helper()
+	return StartTuned(t, tls, nil)
+}
+
+// StartTuned runs an etcd as StartServer does, with tune (when not nil)
+// changing its configuration first (a smaller --max-request-bytes, say).
+func StartTuned(t testing.TB, tls *transport.TLSInfo, tune func(*embed.Config)) *Server {
+	t.Helper()
 	dir := t.TempDir()
 	clientURL, peerURL := freeURL(t), freeURL(t)
 	cfg := embed.NewConfig()
@@ -50,6 +57,9 @@ func StartServer(t testing.TB, tls *transport.TLSInfo) *Server {
 	// etcd logs through zap: keep it out of the test output.
 	cfg.LogLevel = "error"
 	cfg.LogOutputs = []string{filepath.Join(dir, "etcd.log")}
+	if tune != nil {
+		tune(cfg)
+	}
 	s := &Server{Endpoint: clientURL.String(), cfg: cfg}
 	s.Restart(t)
 	t.Cleanup(s.Stop)
