@@ -549,20 +549,31 @@ func (p *parts) listen() (err error) {
 	if p.xdsLis, err = p.listenOn("xds", p.cfg.XDSAddr); err != nil {
 		return err
 	}
-	p.adminLis, err = p.listenOn("admin", p.cfg.AdminAddr)
-	return err
+	// At its bound, the admin port closes a connection without a request in
+	// progress for a new one: idle connections never keep a probe out.
+	raw, err := p.listenOn("admin", p.cfg.AdminAddr)
+	if err != nil {
+		return err
+	}
+	c := p.cfg.Connections
+	lis := limits.NewHTTPListener(raw, c.AdminMaxConnections, c.AdminMaxConnectionsPerPeer, p.refused("admin"))
+	p.adminServer.ConnState = lis.ConnState
+	p.adminLis = lis
+	return nil
 }
 
+// listenOn opens a listener on addr, bounded by the gRPC ports' limits
+// except for the admin port's (see listen).
 func (p *parts) listenOn(name, addr string) (net.Listener, error) {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", name, err)
 	}
 	p.cleanup = append(p.cleanup, func() { lis.Close() })
-	c := p.cfg.Connections
 	if name == "admin" {
-		return limits.Listener(lis, c.AdminMaxConnections, c.AdminMaxConnectionsPerPeer, p.refused(name)), nil
+		return lis, nil
 	}
+	c := p.cfg.Connections
 	return limits.Listener(lis, c.MaxConnections, c.MaxConnectionsPerPeer, p.refused(name)), nil
 }
 

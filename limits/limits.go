@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"net/http"
 	"net/netip"
 	"sync"
 	"time"
@@ -27,6 +28,9 @@ const (
 	ReasonConnectionsPerPeer = "max_connections_per_peer"
 	ReasonStreamsPerPeer     = "max_streams_per_peer"
 	ReasonSilent             = "no_first_message"
+	// ReasonEvictedIdle: a connection without a request in progress was
+	// closed to make room for a new one (see HTTPListener).
+	ReasonEvictedIdle = "evicted_idle"
 )
 
 // Refused is told about each refusal, with its reason.
@@ -41,14 +45,53 @@ func Listener(lis net.Listener, max, perPeer int, refused Refused) net.Listener 
 	return &listener{Listener: lis, max: max, perPeer: perPeer, refused: refused, byPeer: map[netip.Addr]int{}}
 }
 
+// HTTPListener is a Listener for an HTTP server whose ConnState is set to
+// the listener's ConnState. At the total bound, a new connection is not
+// refused while a connection without a request in progress is held: the
+// one of those that has waited longest (kept alive since its last
+// request, or accepted and silent since) is closed to make room for it,
+// and counted as ReasonEvictedIdle. So peers holding idle connections,
+// from however many addresses, never keep a health probe out; the
+// per-address bound still refuses.
+type HTTPListener struct{ *listener }
+
+// NewHTTPListener wraps lis as Listener does, for an HTTP server (see HTTPListener).
+func NewHTTPListener(lis net.Listener, max, perPeer int, refused Refused) HTTPListener {
+	l := Listener(lis, max, perPeer, refused).(*listener)
+	l.waiting = map[*conn]uint64{}
+	return HTTPListener{l}
+}
+
+// ConnState is the HTTP server's ConnState hook: it learns which
+// connections have no request in progress.
+func (l HTTPListener) ConnState(c net.Conn, st http.ConnState) {
+	lc, ok := c.(*conn)
+	if !ok {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch st {
+	case http.StateNew, http.StateIdle:
+		if !lc.closed {
+			l.seq++
+			l.waiting[lc] = l.seq
+		}
+	default:
+		delete(l.waiting, lc)
+	}
+}
+
 type listener struct {
 	net.Listener
 	max, perPeer int
 	refused      Refused
 
-	mu     sync.Mutex // guards what follows
-	open   int
-	byPeer map[netip.Addr]int
+	mu      sync.Mutex // guards what follows
+	open    int
+	byPeer  map[netip.Addr]int
+	waiting map[*conn]uint64 // HTTPListener: connections without a request in progress, by when they began to wait
+	seq     uint64
 }
 
 func (l *listener) Accept() (net.Conn, error) {
@@ -73,36 +116,66 @@ func (l *listener) Accept() (net.Conn, error) {
 
 func (l *listener) admit(addr netip.Addr) string {
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	var evicted *conn
+	defer func() {
+		l.mu.Unlock()
+		if evicted != nil {
+			if l.refused != nil {
+				l.refused(ReasonEvictedIdle)
+			}
+			evicted.Conn.Close() // its server sees the connection end
+		}
+	}()
 	switch {
-	case l.max > 0 && l.open >= l.max:
-		return ReasonConnections
 	case l.perPeer > 0 && l.byPeer[addr] >= l.perPeer:
 		return ReasonConnectionsPerPeer
+	case l.max > 0 && l.open >= l.max:
+		if evicted = l.longestWaiting(); evicted == nil {
+			return ReasonConnections
+		}
+		l.releaseLocked(evicted)
 	}
 	l.open++
 	l.byPeer[addr]++
 	return ""
 }
 
-func (l *listener) release(addr netip.Addr) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+// longestWaiting is the connection without a request in progress that has
+// waited longest, or nil. Called with mu held.
+func (l *listener) longestWaiting() *conn {
+	var oldest *conn
+	for c, since := range l.waiting {
+		if oldest == nil || since < l.waiting[oldest] {
+			oldest = c
+		}
+	}
+	return oldest
+}
+
+// releaseLocked lets c's place go, once. Called with mu held.
+func (l *listener) releaseLocked(c *conn) {
+	if c.closed {
+		return
+	}
+	c.closed = true
+	delete(l.waiting, c)
 	l.open--
-	if l.byPeer[addr]--; l.byPeer[addr] <= 0 {
-		delete(l.byPeer, addr)
+	if l.byPeer[c.addr]--; l.byPeer[c.addr] <= 0 {
+		delete(l.byPeer, c.addr)
 	}
 }
 
 type conn struct {
 	net.Conn
-	l    *listener
-	addr netip.Addr
-	once sync.Once
+	l      *listener
+	addr   netip.Addr
+	closed bool // its place is released; guarded by l.mu
 }
 
 func (c *conn) Close() error {
-	c.once.Do(func() { c.l.release(c.addr) })
+	c.l.mu.Lock()
+	c.l.releaseLocked(c)
+	c.l.mu.Unlock()
 	return c.Conn.Close()
 }
 

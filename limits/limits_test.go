@@ -1,9 +1,12 @@
 package limits_test
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -206,4 +209,100 @@ func TestFirstMessageWithin(t *testing.T) {
 	if c.get(limits.ReasonSilent) != 1 {
 		t.Fatalf("refusals %v", c)
 	}
+}
+
+// At its bound, an HTTP listener closes the connection that has waited
+// longest without a request in progress for a new one (a probe is never
+// kept out by idle connections, from however many addresses); with every
+// connection busy with a request, a new one is refused.
+func TestHTTPListenerMakesRoomByClosingAWaitingConnection(t *testing.T) {
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &counts{m: map[string]int{}}
+	lis := limits.NewHTTPListener(raw, 3, 0, c.refused)
+	busy, release, idled := make(chan struct{}, 10), make(chan struct{}), make(chan struct{}, 10)
+	connState := func(c net.Conn, st http.ConnState) {
+		lis.ConnState(c, st)
+		if st == http.StateIdle {
+			idled <- struct{}{}
+		}
+	}
+	srv := &http.Server{ConnState: connState, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/busy" {
+			busy <- struct{}{}
+			<-release
+		}
+		fmt.Fprint(w, "ok")
+	})}
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(func() { srv.Close() })
+
+	type client struct {
+		net.Conn
+		r *bufio.Reader
+	}
+	dial := func() client {
+		t.Helper()
+		conn, err := net.Dial("tcp", raw.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		return client{conn, bufio.NewReader(conn)}
+	}
+	get := func(cl client, path string) error {
+		if _, err := fmt.Fprintf(cl, "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", path); err != nil {
+			return err
+		}
+		resp, err := http.ReadResponse(cl.r, nil)
+		if err != nil {
+			return err
+		}
+		_, err = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return err
+	}
+
+	// Three kept-alive connections, idle after a request each, one after another.
+	var idle []client
+	for range 3 {
+		cl := dial()
+		if err := get(cl, "/"); err != nil {
+			t.Fatal(err)
+		}
+		<-idled
+		idle = append(idle, cl)
+	}
+	// A fourth is served: the one idle longest makes room.
+	probe := dial()
+	if err := get(probe, "/"); err != nil {
+		t.Fatalf("a new connection at the bound, with idle ones held: %v", err)
+	}
+	if _, err := idle[0].r.ReadByte(); err == nil {
+		t.Error("the connection idle longest is still open")
+	}
+	if err := get(idle[1], "/"); err != nil {
+		t.Errorf("the second idle connection was closed too: %v", err)
+	}
+	if n := c.get(limits.ReasonEvictedIdle); n != 1 {
+		t.Errorf("%d connections evicted (%v), want 1", n, c)
+	}
+
+	// Every connection busy with a request: a new one is refused.
+	for _, cl := range []client{idle[1], idle[2], probe} {
+		if _, err := fmt.Fprint(cl, "GET /busy HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		<-busy
+	}
+	late := dial()
+	if err := get(late, "/"); err == nil {
+		t.Error("a connection beyond the bound, with every held one busy, was served")
+	}
+	if n := c.get(limits.ReasonConnections); n != 1 {
+		t.Errorf("%d refused at the bound (%v), want 1", n, c)
+	}
+	close(release)
 }
