@@ -99,12 +99,20 @@ func Receive[T any](ctx context.Context, recv func() (T, error)) (msgs <-chan T,
 // state of 100,000 endpoints is about 5 MB).
 const maxQueuedBytes = 64 << 20
 
-// messageSize is a message's wire size (1 for what is not a protobuf message).
+// queuedMessageBytes is what a queued message counts beyond its wire size:
+// its structs, held however little it says (an empty digest is 2 bytes on
+// the wire and about 160 in memory). Without it, a peer sending empty
+// messages to a session that stops taking them (throttled) would queue
+// 80 times the budget.
+const queuedMessageBytes = 256
+
+// messageSize is what a queued message counts: its wire size plus
+// queuedMessageBytes.
 func messageSize(m any) int {
 	if pm, ok := m.(proto.Message); ok {
-		return proto.Size(pm)
+		return proto.Size(pm) + queuedMessageBytes
 	}
-	return 1
+	return queuedMessageBytes
 }
 
 // PeerAddr is the address of the client of a stream's context, or "".

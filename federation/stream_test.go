@@ -2,6 +2,7 @@ package federation
 
 import (
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -49,5 +50,42 @@ func TestReceiveReadsAheadWithinABudget(t *testing.T) {
 	}
 	if err := <-errc; !errors.Is(err, end) {
 		t.Errorf("errc = %v, want the stream's end", err)
+	}
+}
+
+// Empty messages count too: a flood of them queues at most the budget's
+// worth of queuedMessageBytes each (an empty digest is 2 bytes on the wire
+// and about 160 in memory; counted by wire size, 80 times the budget of
+// them would have queued).
+func TestReceiveBoundsEmptyMessages(t *testing.T) {
+	empty := &fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Digest{Digest: &fedv1.Digest{}}}
+	bound := maxQueuedBytes/messageSize(empty) + 2 // the budget, passed by one, and the one waiting to be taken
+	// What the queue holds must stay within the budget: an empty digest
+	// holds about 160 bytes.
+	held := maxQueuedBytes/160 + 2
+	var n atomic.Int64
+	over := make(chan struct{})
+	recv := func() (*fedv1.SpokeMessage, error) {
+		if n.Add(1) == int64(held+1) {
+			close(over)
+		}
+		return empty, nil
+	}
+	_, _ = Receive(t.Context(), recv)
+	// Nothing is taken: reading reaches the bound, then pauses.
+	for deadline := time.Now().Add(time.Minute); n.Load() < int64(bound); time.Sleep(time.Millisecond) {
+		select {
+		case <-over:
+			t.Fatalf("queued more than %d empty messages (%d bytes held, the budget is %d) before the loop took any", held, held*160, maxQueuedBytes)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("read %d empty messages ahead of a busy loop, want %d", n.Load(), bound)
+		}
+	}
+	select {
+	case <-over:
+		t.Fatalf("queued more than %d empty messages (%d bytes held, the budget is %d) before the loop took any", held, held*160, maxQueuedBytes)
+	case <-time.After(100 * time.Millisecond): // an observation window: nothing may happen
 	}
 }
