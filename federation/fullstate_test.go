@@ -1,6 +1,7 @@
 package federation
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net"
@@ -97,5 +98,61 @@ func TestDigestsAndAnnouncementsShareTheUpdateRate(t *testing.T) {
 				t.Errorf("%d announcements taken, more than the burst of %d", sets, cfg.UpdateBurst)
 			}
 		})
+	}
+}
+
+// The update rate is the cluster's, not its session's: a spoke that
+// reconnects (or a second credential holder of the cluster racing it)
+// gets no fresh burst.
+func TestAReconnectGetsNoFreshBurst(t *testing.T) {
+	cfg := DefaultHubConfig()
+	cfg.UpdatesPerSecond, cfg.UpdateBurst = 1e-9, 5
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var throttled atomic.Int32
+	store := newMemStore()
+	srv := NewHubServer(cfg, store, &counterEpochs{}, HubMetrics{Throttled: func(registry.ClusterID) { throttled.Add(1) }}, slog.New(slog.DiscardHandler))
+	g := grpc.NewServer(grpc.StreamInterceptor(AuthInterceptor(testTokens)))
+	fedv1.RegisterFederationServer(g, srv)
+	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop)
+	conn := dial(t, lis.Addr().String(), testTokens["east"])
+	announce := func(stream fedv1.Federation_PublishClient, n int) {
+		t.Helper()
+		for i := range n {
+			msg := &fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Gateways{Gateways: &fedv1.NetworkGateways{
+				Gateways: []*fedv1.NetworkGateway{{Address: fmt.Sprintf("192.0.2.%d", i%250+1), Port: 15443}}}}}
+			if err := stream.Send(msg); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	session := func(ctx context.Context) fedv1.Federation_PublishClient {
+		t.Helper()
+		stream, err := fedv1.NewFederationClient(conn).Publish(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := stream.Send(&fedv1.SpokeMessage{Kind: &fedv1.SpokeMessage_Hello{Hello: &fedv1.Hello{ClusterId: "east"}}}); err != nil {
+			t.Fatal(err)
+		}
+		if m, err := stream.Recv(); err != nil || m.GetWelcome() == nil {
+			t.Fatalf("hello answered %v, %v", m, err)
+		}
+		return stream
+	}
+
+	first, cancel := context.WithCancel(t.Context())
+	announce(session(first), cfg.UpdateBurst+1) // the burst, and one that waits
+	waitFor(t, func() bool { return throttled.Load() == 1 })
+	waitFor(t, func() bool { _, sets := store.gatewaysOf("east"); return sets == cfg.UpdateBurst })
+	cancel()
+
+	announce(session(t.Context()), 1)
+	waitFor(t, func() bool { return throttled.Load() == 2 })
+	if _, sets := store.gatewaysOf("east"); sets != cfg.UpdateBurst {
+		t.Errorf("%d announcements taken in all, want the first session's burst of %d only", sets, cfg.UpdateBurst)
 	}
 }

@@ -247,6 +247,10 @@ type HubServer struct {
 
 	sessionsMu sync.Mutex
 	sessions   map[registry.ClusterID]*liveSession // the newest session per cluster
+	// rates are the clusters' update rates, kept across their sessions (a
+	// reconnect gets no fresh burst): dropped once no session holds one and
+	// it has filled up again.
+	rates map[registry.ClusterID]*rate.Limiter
 
 	// imports, when set, feeds the import stream of spokes that take it.
 	imports      ImportSource
@@ -278,8 +282,9 @@ func NewHubServer(cfg HubConfig, store Store, epochs EpochIssuer, metrics HubMet
 	h := &HubServer{
 		cfg: cfg, store: store, epochs: epochs, metrics: metrics,
 		log:      log.With("component", "federation"),
-		sessions: map[registry.ClusterID]*liveSession{}, importStatus: map[registry.ClusterID]ImportStatus{},
-		refused: map[registry.ClusterID]refusedExports{},
+		sessions: map[registry.ClusterID]*liveSession{}, rates: map[registry.ClusterID]*rate.Limiter{},
+		importStatus: map[registry.ClusterID]ImportStatus{},
+		refused:      map[registry.ClusterID]refusedExports{},
 	}
 	h.refusals = limits.NewRefusalLog(h.log, 0, 0)
 	return h
@@ -359,9 +364,7 @@ func (h *HubServer) Publish(stream fedv1.Federation_PublishServer) error {
 	// them, a new one (perhaps a restarted spoke) may start again from 1.
 	s := &hubSession{h: h, cluster: cluster, epoch: epoch, log: log, stream: stream, resync: resync,
 		wantConflicts: slices.Contains(hello.GetCapabilities(), CapabilityServiceConflicts)}
-	if h.cfg.UpdatesPerSecond > 0 {
-		s.rate = rate.NewLimiter(rate.Limit(h.cfg.UpdatesPerSecond), max(1, h.cfg.UpdateBurst))
-	}
+	s.rate = h.rate(cluster)
 	if h.imports != nil && slices.Contains(hello.GetCapabilities(), CapabilityImports) {
 		s.imports = newHubImports(s, hello.GetNamespaces())
 		defer h.dropImportStatus(cluster, epoch)
@@ -451,6 +454,30 @@ func (h *HubServer) supersede(cluster registry.ClusterID, epoch uint64, cancel c
 	}
 	h.sessions[cluster] = &liveSession{epoch: epoch, cancel: cancel, resync: resync}
 	return nil
+}
+
+// rate returns the cluster's update rate (nil: none), shared by its
+// sessions, old and new: a spoke that reconnects gets no fresh burst.
+// Limiters no session holds are dropped once full again, as another
+// cluster's session begins.
+func (h *HubServer) rate(cluster registry.ClusterID) *rate.Limiter {
+	if h.cfg.UpdatesPerSecond <= 0 {
+		return nil
+	}
+	h.sessionsMu.Lock()
+	defer h.sessionsMu.Unlock()
+	now := time.Now()
+	for id, l := range h.rates {
+		if _, live := h.sessions[id]; !live && id != cluster && l.TokensAt(now) >= float64(l.Burst()) {
+			delete(h.rates, id)
+		}
+	}
+	l := h.rates[cluster]
+	if l == nil {
+		l = rate.NewLimiter(rate.Limit(h.cfg.UpdatesPerSecond), max(1, h.cfg.UpdateBurst))
+		h.rates[cluster] = l
+	}
+	return l
 }
 
 func (h *HubServer) release(cluster registry.ClusterID, epoch uint64) {
