@@ -106,7 +106,7 @@ func ValidateClusterID(id ClusterID) error {
 		return fmt.Errorf("%w: cluster ID of %d bytes is not a DNS label (at most 63)", ErrInvalid, len(id))
 	}
 	if len(id) == 0 || !dnsLabel(string(id)) {
-		return fmt.Errorf("%w: cluster ID %q is not a DNS label", ErrInvalid, id)
+		return fmt.Errorf("%w: cluster ID %s is not a DNS label", ErrInvalid, quoted(string(id)))
 	}
 	return nil
 }
@@ -119,7 +119,7 @@ func ValidateNetwork(n Network) error {
 		return fmt.Errorf("%w: network of %d bytes is not a label value (at most 63)", ErrInvalid, len(n))
 	}
 	if !labelValue(string(n)) {
-		return fmt.Errorf("%w: network %q is not a label value", ErrInvalid, n)
+		return fmt.Errorf("%w: network %s is not a label value", ErrInvalid, quoted(string(n)))
 	}
 	return nil
 }
@@ -134,10 +134,10 @@ func ValidateServiceKey(k ServiceKey) error {
 
 func serviceKeyProblem(k ServiceKey) string {
 	if len(k.Namespace) == 0 || len(k.Namespace) > 63 || !dnsLabel(k.Namespace) {
-		return fmt.Sprintf("namespace %q is not a DNS label", k.Namespace)
+		return fmt.Sprintf("namespace %s is not a DNS label", quoted(k.Namespace))
 	}
 	if len(k.Name) == 0 || len(k.Name) > 63 || !dns1035Label(k.Name) {
-		return fmt.Sprintf("name %q is not a DNS-1035 label", k.Name)
+		return fmt.Sprintf("name %s is not a DNS-1035 label", quoted(k.Name))
 	}
 	return ""
 }
@@ -152,7 +152,7 @@ func (s *Shard) Validate(lim Limits) error {
 		return bad("%s", problem)
 	}
 	if err := ValidateClusterID(s.Cluster); err != nil {
-		return bad("cluster ID %q is not a DNS label", s.Cluster)
+		return bad("cluster ID %s is not a DNS label", quoted(string(s.Cluster)))
 	}
 	if y := s.ExportedAt.UTC().Year(); y < 1 || y > 9999 {
 		return bad("export time %d (Unix seconds) is outside the years 1 to 9999", s.ExportedAt.Unix())
@@ -178,10 +178,10 @@ func (s *Shard) Validate(lim Limits) error {
 		switch p.Protocol {
 		case ProtocolTCP, ProtocolUDP, ProtocolSCTP:
 		default:
-			return bad("port %d: unknown protocol %q", p.Port, p.Protocol)
+			return bad("port %d: unknown protocol %s", p.Port, quoted(string(p.Protocol)))
 		}
 		if p.Name != "" && (len(p.Name) > 63 || !dnsLabel(p.Name)) {
-			return bad("port name %q is not a DNS label", p.Name)
+			return bad("port name %s is not a DNS label", quoted(p.Name))
 		}
 		if p.Name == "" && len(s.Ports) > 1 {
 			return bad("port %d has no name, but the service has several ports", p.Port)
@@ -190,7 +190,7 @@ func (s *Shard) Validate(lim Limits) error {
 			return bad("port %d: appProtocol longer than 253 characters", p.Port)
 		}
 		if names[p.Name] {
-			return bad("duplicate port name %q", p.Name)
+			return bad("duplicate port name %s", quoted(p.Name))
 		}
 		names[p.Name] = true
 		key := strconv.Itoa(int(p.Port)) + "/" + string(p.Protocol)
@@ -242,7 +242,7 @@ func (e *Endpoint) Validate(lim Limits) error {
 	}
 	for _, a := range e.Addresses {
 		if !Unicast(a) {
-			return fmt.Errorf("address %q is not a unicast IP", a)
+			return fmt.Errorf("address %s is not a unicast IP", quoted(a.String()))
 		}
 	}
 	for _, p := range e.Ports {
@@ -252,14 +252,26 @@ func (e *Endpoint) Validate(lim Limits) error {
 	}
 	for _, v := range []string{e.Locality.Region, e.Locality.Zone, e.Locality.Subzone} {
 		if len(v) > 63 || !labelValue(v) {
-			return fmt.Errorf("%s: locality value %q is not a label value", e.Addresses[0], v)
+			return fmt.Errorf("%s: locality value %s is not a label value", e.Addresses[0], quoted(v))
 		}
 	}
 	if e.NodeName != "" && (len(e.NodeName) > 253 || !dnsSubdomain(e.NodeName)) {
-		return fmt.Errorf("%s: node name %q is not a DNS subdomain", e.Addresses[0], e.NodeName)
+		return fmt.Errorf("%s: node name %s is not a DNS subdomain", e.Addresses[0], quoted(e.NodeName))
 	}
 	if e.Hostname != "" && (len(e.Hostname) > 63 || !dnsLabel(e.Hostname)) {
-		return fmt.Errorf("%s: hostname %q is not a DNS label", e.Addresses[0], e.Hostname)
+		return fmt.Errorf("%s: hostname %s is not a DNS label", e.Addresses[0], quoted(e.Hostname))
 	}
 	return nil
+}
+
+// maxQuoted bounds how much of an invalid value an error quotes: errors go
+// back to the peer that sent the value (NACKs) and into logs.
+const maxQuoted = 64
+
+// quoted quotes v, cut to maxQuoted bytes with its length when longer.
+func quoted(v string) string {
+	if len(v) <= maxQuoted {
+		return strconv.Quote(v)
+	}
+	return fmt.Sprintf("%s… (%d bytes)", strconv.Quote(strings.ToValidUTF8(v[:maxQuoted], "")), len(v))
 }
