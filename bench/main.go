@@ -9,6 +9,7 @@
 //	go run ./bench -scale large -mtls     # the same with mTLS on both of the hub's ports
 //	go run ./bench -storm                 # 100 spokes and 10,000 clients connect at once, then reconnect
 //	go run ./bench -relay                 # 10,000 clients straight to the hub vs behind 200 node-local relays
+//	go run ./bench -floods                # the hub's memory and an honest client's convergence under seven floods (floods.go)
 //	go run ./bench -h                     # every knob
 package main
 
@@ -125,6 +126,9 @@ type config struct {
 	relay           bool
 	relays          int
 	relayLocalConns int
+	// floods runs the flood mode (floods.go); floodOnly names the floods to run.
+	floods    bool
+	floodOnly string
 }
 
 func parseFlags(args []string) (config, error) {
@@ -167,6 +171,8 @@ func parseFlags(args []string) (config, error) {
 	fs.BoolVar(&cfg.relay, "relay", false, "node-local relays: the hub's streams and memory with the gRPC clients straight to it, then (a fresh hub, the same registry) behind -relays relays running in the bench process, and the latency a relay adds (sizes from -relay's scale; the size flags override)")
 	fs.IntVar(&cfg.relays, "relays", defaultRelays, "with -relay, how many relays (nodes) the gRPC clients are spread over")
 	fs.IntVar(&cfg.relayLocalConns, "relay-local-conns", defaultRelayLocalConns, "with -relay, how many connections each relay's clients share (one per client needs a file descriptor at both ends, in the bench process)")
+	fs.BoolVar(&cfg.floods, "floods", false, "flood mode: a fresh hub per flood (xDS localities, huge regions, node IDs and headers, idle admin connections, an oversized hello, gateway announcements) with an honest spoke and client; the hub's RSS and the client's convergence during each (see floods.go)")
+	fs.StringVar(&cfg.floodOnly, "flood-only", "", "with -floods, which floods to run, by letter (e.g. \"a,c\"; default all)")
 	fs.BoolVar(&cfg.mtls, "mtls", false, "mTLS on the hub's federation and xDS ports: spokes and clients present certificates of a CA the bench makes")
 	clientIDs := fs.Int("client-identities", 0, "with -mtls, how many SPIFFE IDs the clients' certificates spread over (default 1; -storm: 10, as the hub bounds streams per identity)")
 	fs.BoolVar(&cfg.delta, "delta", false, "ADS clients speak delta (incremental) xDS instead of state of the world")
@@ -316,7 +322,11 @@ func main() {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	err = run(ctx, cfg, os.Stdout)
+	if cfg.floods {
+		err = runFloods(ctx, cfg, os.Stdout)
+	} else {
+		err = run(ctx, cfg, os.Stdout)
+	}
 	stop()
 	if err != nil {
 		pprof.StopCPUProfile()
