@@ -4,11 +4,11 @@ import (
 	"context"
 	"maps"
 	"slices"
-	"time"
 
 	"github.com/navemesh/nave/exportpolicy"
 	"github.com/navemesh/nave/identity"
 	"github.com/navemesh/nave/registry"
+	"github.com/navemesh/nave/replicas"
 )
 
 // loadExportPolicy reads --export-policy, when set: which clusters may
@@ -103,24 +103,17 @@ func (s *state) enforceExportPolicy(ctx context.Context) error {
 			if len(refused) == 0 {
 				continue
 			}
-			prev := s.reg
-			var diff registry.Diff
-			s.reg, diff = s.reg.Apply(registry.Change{Cluster: id, Removes: refused})
-			s.trackConflicts(prev, diff)
 			c := s.clusters[id]
-			sum := s.reg.Cluster(id)
-			c.Digest, c.Services, c.Endpoints, c.LastUpdate = sum.Digest, sum.Services, sum.Endpoints, time.Now()
+			diff, _, err := s.commit(registry.Change{Cluster: id, Removes: refused}, replicas.Stamp{Epoch: c.Epoch, Version: c.Version},
+				func(c *ClusterStatus) { c.LastUpdate = s.liveness.now() })
+			if err != nil {
+				continue // removing is over no limit: not reached
+			}
 			s.log.Warn("removed exports the export policy now refuses", "cluster", id, "services", len(refused))
-			s.replicaChanged(id)
 			mergeDiff(changed, diff)
 		}
-		if len(changed) == 0 {
-			return
+		if len(changed) > 0 {
+			s.publishMerged(changed)
 		}
-		all := registry.Diff{Version: s.reg.Version()}
-		for _, k := range slices.SortedFunc(maps.Keys(changed), registry.ServiceKey.Compare) {
-			all.Services = append(all.Services, changed[k])
-		}
-		s.publish(all)
 	})
 }

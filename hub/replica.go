@@ -4,10 +4,11 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"k8s.io/utils/clock"
 	"maps"
 	"slices"
 	"time"
+
+	"k8s.io/utils/clock"
 
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/replicas"
@@ -125,35 +126,27 @@ func (s *state) ApplyReplica(ctx context.Context, from string, u replicas.Update
 		}
 		ch := u.Change
 		ch.Cluster = u.Cluster
-		permitted := s.permitted(ch) // a peer under an older or another policy (each replica reads its file)
-		next, diff := s.reg.Apply(permitted)
-		if sum := next.Cluster(u.Cluster); sum.Services > s.limits.MaxServicesPerCluster || sum.Endpoints > s.limits.MaxEndpointsPerCluster {
-			applyErr = fmt.Errorf("replica of cluster %s from %s would hold %d services and %d endpoints: over the limits", u.Cluster, from, sum.Services, sum.Endpoints)
+		// A peer under an older or another policy (each replica reads its file) may send what ours refuses.
+		diff, refused, err := s.commit(ch, u.Stamp, func(c *ClusterStatus) {
+			c.Origin, c.Restored, c.LastUpdate = from, false, s.liveness.now()
+			// The origin's network and gateways come with its data (an update
+			// from a replica that predates networks names none: keep ours).
+			if u.Network != "" || c.Network == "" {
+				c.Network = u.Network
+			}
+			c.Gateways = u.Gateways
+		})
+		if err != nil {
+			applyErr = fmt.Errorf("replica of cluster %s from %s: %w", u.Cluster, from, err)
 			return
 		}
-		prev := s.reg
-		s.reg = next
-		s.trackConflicts(prev, diff)
-		s.maxEpoch[u.Cluster] = max(s.maxEpoch[u.Cluster], u.Stamp.Epoch)
-		s.superseded(u.Cluster, u.Stamp.Epoch)
-		sum := next.Cluster(u.Cluster)
-		c.Epoch, c.Version, c.Origin, c.Restored, c.LastUpdate = u.Stamp.Epoch, u.Stamp.Version, from, false, s.liveness.now()
-		c.Digest, c.Services, c.Endpoints = sum.Digest, sum.Services, sum.Endpoints
-		// The origin's network and gateways come with its data (an update
-		// from a replica that predates networks names none: keep ours).
-		if u.Network != "" || c.Network == "" {
-			c.Network = u.Network
-		}
-		c.Gateways = u.Gateways
-		c.Dropped = isDrop(u.Stamp, sum.Services)
-		s.replicaChanged(u.Cluster)
-		s.trace(u.Cluster, diff, false)
-		s.publish(diff)
-		if len(permitted.Upserts) != len(ch.Upserts) {
+		if refused > 0 {
 			// Held at the peer's stamp with another digest: the peer must not
 			// be asked for it again and again (its digest will differ).
-			applyErr = fmt.Errorf("%w: %d of %d services", replicas.ErrPartlyRefused, len(ch.Upserts)-len(permitted.Upserts), len(ch.Upserts))
+			applyErr = fmt.Errorf("%w: %d of %d services", replicas.ErrPartlyRefused, refused, len(ch.Upserts))
 		}
+		s.trace(u.Cluster, diff, false)
+		s.publish(diff)
 	})
 	if err != nil {
 		return err
@@ -216,28 +209,24 @@ func (s *state) restoreHeld(ctx context.Context, snap registry.Snapshot) (held h
 				ok = false // held at this stamp or a newer one already
 				continue
 			}
-			prev := s.reg
-			var diff registry.Diff
-			s.reg, diff = s.reg.Apply(s.permitted(registry.Change{Cluster: sc.Cluster, Replace: true, Upserts: sc.Shards}))
-			s.trackConflicts(prev, diff)
-			s.maxEpoch[sc.Cluster] = max(s.maxEpoch[sc.Cluster], sc.Epoch)
-			sum := s.reg.Cluster(sc.Cluster)
-			c.Network, c.Gateways, c.Epoch, c.Version, c.Restored = sc.Network, sc.Gateways, sc.Epoch, sc.Version, true
-			c.Dropped = isDrop(replicas.Stamp{Epoch: sc.Epoch, Version: sc.Version}, sum.Services)
-			c.Digest, c.Services, c.Endpoints = sum.Digest, sum.Services, sum.Endpoints
-			if c.LiveAt.IsZero() {
-				// Neither seen live nor in the catalog: its timers start now (fail-static).
-				c.LiveAt = now
+			diff, _, err := s.commit(registry.Change{Cluster: sc.Cluster, Replace: true, Upserts: sc.Shards}, replicas.Stamp{Epoch: sc.Epoch, Version: sc.Version},
+				func(c *ClusterStatus) {
+					c.Network, c.Gateways, c.Restored = sc.Network, sc.Gateways, true
+					if c.LiveAt.IsZero() {
+						// Neither seen live nor in the catalog: its timers start now (fail-static).
+						c.LiveAt = now
+					}
+				})
+			if err != nil {
+				// Limits lowered since it was saved: its spoke's full state will be refused as much.
+				s.log.Warn("not restoring a cluster over its limits", "err", err)
+				ok = false
+				continue
 			}
-			s.replicaChanged(sc.Cluster)
 			mergeDiff(changed, diff)
 		}
 		s.restoreResolved(snap)
-		all := registry.Diff{Version: s.reg.Version()}
-		for _, k := range slices.SortedFunc(maps.Keys(changed), registry.ServiceKey.Compare) {
-			all.Services = append(all.Services, changed[k])
-		}
-		s.publish(all)
+		s.publishMerged(changed)
 		held = s.view.Load().held()
 		s.log.Info("restored the persisted registry", "revision", snap.Revision, "taken", snap.Taken, "clusters", len(snap.Clusters))
 	})
@@ -353,17 +342,14 @@ func (s *state) drop(ctx context.Context, id registry.ClusterID, epoch uint64) (
 		if c == nil || !c.Stale || epoch <= s.maxEpoch[id] {
 			return // came back, or someone newer spoke for it meanwhile
 		}
-		prev := s.reg
-		var diff registry.Diff
-		s.reg, diff = s.reg.Apply(registry.Change{Cluster: id, Replace: true})
-		s.trackConflicts(prev, diff)
-		s.maxEpoch[id] = epoch
-		s.superseded(id, epoch)
-		c.Epoch, c.Version, c.Origin, c.Restored, c.Dropped = epoch, 0, s.self, false, true
-		c.Gateways = nil // a dead cluster vouches for no gateway
-		c.Digest, c.Services, c.Endpoints, c.LastUpdate = registry.ZeroHash, 0, 0, s.liveness.now()
+		diff, _, err := s.commit(registry.Change{Cluster: id, Replace: true}, replicas.Stamp{Epoch: epoch}, func(c *ClusterStatus) {
+			c.Origin, c.Restored, c.LastUpdate = s.self, false, s.liveness.now()
+			c.Gateways = nil // a dead cluster vouches for no gateway
+		})
+		if err != nil {
+			return // an empty cluster is over no limit: not reached
+		}
 		s.log.Warn("dropped a dead cluster's endpoints (policy drop)", "cluster", id, "noSpokeSince", c.LiveAt, "epoch", epoch)
-		s.replicaChanged(id)
 		s.publish(diff)
 		dropped = true
 	})

@@ -273,25 +273,16 @@ func (s *state) Apply(ctx context.Context, epoch, version uint64, ch registry.Ch
 			applyErr = fmt.Errorf("%w: update of epoch %d, newest is %d", federation.ErrSuperseded, epoch, max)
 			return
 		}
-		next, diff := s.reg.Apply(s.permitted(ch)) // the federation edge refused them already, under the policy of its time
-		sum := next.Cluster(ch.Cluster)
-		if sum.Services > s.limits.MaxServicesPerCluster || sum.Endpoints > s.limits.MaxEndpointsPerCluster {
-			applyErr = &federation.LimitError{
-				Services: growing(s.reg.ClusterShards(ch.Cluster), ch.Upserts),
-				Reason: fmt.Sprintf("cluster %s would hold %d services and %d endpoints; the limits are %d and %d",
-					ch.Cluster, sum.Services, sum.Endpoints, s.limits.MaxServicesPerCluster, s.limits.MaxEndpointsPerCluster),
-			}
+		// The federation edge refused what the policy refuses already, under the policy of its time.
+		held := s.reg.ClusterShards(ch.Cluster)
+		diff, _, err := s.commit(ch, replicas.Stamp{Epoch: epoch, Version: version}, func(c *ClusterStatus) {
+			c.Origin, c.Restored, c.LastUpdate = s.self, false, s.liveness.now()
+			digest = c.Digest
+		})
+		if err != nil {
+			applyErr = &federation.LimitError{Services: growing(held, ch.Upserts), Reason: err.Error()}
 			return
 		}
-		prev := s.reg
-		s.reg = next
-		s.trackConflicts(prev, diff)
-		c := s.cluster(ch.Cluster)
-		c.Epoch, c.Version, c.LastUpdate = epoch, version, s.liveness.now()
-		c.Digest, c.Services, c.Endpoints = sum.Digest, sum.Services, sum.Endpoints
-		c.Origin, c.Restored = s.self, false
-		digest = c.Digest
-		s.replicaChanged(ch.Cluster)
 		if !diff.Empty() {
 			s.log.Debug("registry changed", "cluster", ch.Cluster, "version", diff.Version, "services", len(diff.Services))
 		}
