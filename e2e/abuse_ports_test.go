@@ -139,10 +139,10 @@ func TestAbuseHugeRequestHeaders(t *testing.T) {
 // (32) a connection is closed on accept and counted as
 // nave_refused_total{port="admin",reason="max_connections_per_peer"},
 // while /readyz answers a new connection from 127.0.0.1; at
-// AdminMaxConnections, a new connection closes the one that has waited
-// longest without a request ("evicted_idle"), so the port never holds more
-// than its total and idle connections never keep a health probe out. The
-// legitimate client converges throughout.
+// AdminMaxConnections, a new connection closes one without a request in
+// progress of the address holding the most ("evicted_idle"), so the port
+// never holds more than its total and idle connections never keep a health
+// probe out. The legitimate client converges throughout.
 func TestAbuseAdminConnectionCaps(t *testing.T) {
 	const total = 48
 	perPeer := hub.DefaultConnectionLimits().AdminMaxConnectionsPerPeer
@@ -170,7 +170,7 @@ func TestAbuseAdminConnectionCaps(t *testing.T) {
 	a.converges("one peer over its admin connections")
 
 	// A second address takes what is left of the port's total, and more:
-	// each connection past the total closes one kept alive longest.
+	// each connection past the total closes one of the address holding the most.
 	second, refused := open("127.0.0.3", perPeer)
 	if refused != 0 {
 		t.Fatalf("%d of a second peer's connections refused with idle ones held; want room made for each", refused)

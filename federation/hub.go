@@ -15,6 +15,7 @@ import (
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/utils/clock"
 
 	"github.com/navemesh/nave/exportpolicy"
 	fedv1 "github.com/navemesh/nave/federation/v1"
@@ -182,6 +183,9 @@ type EpochIssuer interface {
 // HubConfig configures the hub side of the federation protocol.
 type HubConfig struct {
 	HubID string
+	// Clock stamps when a session starts (nil: the system's); the hub
+	// passes its liveness clock, which the session's start feeds.
+	Clock clock.PassiveClock
 	// Limits bound each shard and each cluster.
 	Limits registry.Limits
 	// MaxMessageBytes is announced to spokes as their chunk budget; the gRPC
@@ -290,6 +294,14 @@ func NewHubServer(cfg HubConfig, store Store, epochs EpochIssuer, metrics HubMet
 	return h
 }
 
+// now is the time by the hub's clock.
+func (h *HubServer) now() time.Time {
+	if h.cfg.Clock == nil {
+		return time.Now()
+	}
+	return h.cfg.Clock.Now()
+}
+
 // ServeImports makes the hub send imports from src to every spoke that takes
 // the import stream. Call it before the server serves.
 func (h *HubServer) ServeImports(src ImportSource) { h.imports = src }
@@ -320,7 +332,7 @@ func (h *HubServer) Publish(stream fedv1.Federation_PublishServer) error {
 	}
 	sess := Session{
 		Cluster: cluster, Network: registry.Network(hello.GetNetwork()), SpokeID: hello.GetSpokeId(),
-		Build: hello.GetSpokeBuild(), Epoch: epoch, Started: time.Now(), RemoteIP: PeerAddr(ctx),
+		Build: hello.GetSpokeBuild(), Epoch: epoch, Started: h.now(), RemoteIP: PeerAddr(ctx),
 	}
 	h.sessionGateways(&sess, hello)
 	var acked registry.Hash

@@ -439,7 +439,7 @@ func (p *parts) buildState() {
 	}
 	p.imports = newImporter(p.clustersetIPs, cidrs, cfg.Liveness.StaleAfter, p.log)
 	onChange := func(v View) {
-		p.metrics.observe(v)
+		p.metrics.observe(v, cfg.Liveness.now())
 		p.imports.observe(v)
 		if g := p.gossipNow.Load(); g != nil {
 			g.UpdateSummaries() // never blocks; pushes at most once a second
@@ -497,6 +497,7 @@ func (p *parts) buildServers() {
 		p.tracer.Origins(cluster, link, origins)
 	}
 	fc.ExportAllowed = p.exportAllowed()
+	fc.Clock = cfg.Liveness.Clock // a session's start is a liveness time
 	p.hubFed = federation.NewHubServer(fc, sessions, catalogEpochs{catalog: p.catalog}, p.metrics.federationHooks(), log)
 	p.hubFed.ServeImports(p.imports)
 	fedv1.RegisterFederationServer(p.fedServer, p.hubFed)

@@ -115,7 +115,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 }
 
 // observe updates the gauges from a new view (called on the state goroutine; cheap).
-func (m *metrics) observe(v View) {
+func (m *metrics) observe(v View, now time.Time) {
 	connected := 0
 	for id, c := range v.Clusters {
 		if c.Connected {
@@ -129,7 +129,7 @@ func (m *metrics) observe(v View) {
 		m.clusterEndpoints.WithLabelValues(string(id)).Set(float64(c.Endpoints))
 		m.clusterStale.WithLabelValues(string(id)).Set(b2f(c.Stale))
 		m.clusterRestored.WithLabelValues(string(id)).Set(b2f(c.Restored))
-		m.clusterDataAge.WithLabelValues(string(id)).Set(c.DataAge(time.Now()).Seconds())
+		m.clusterDataAge.WithLabelValues(string(id)).Set(c.DataAge(now).Seconds())
 	}
 	m.connected.Set(float64(connected))
 	m.services.Set(float64(v.Registry.Len()))

@@ -238,7 +238,7 @@ func TestNetworkGatewaysMetric(t *testing.T) {
 		Clusters: map[registry.ClusterID]registry.Network{"east": "net-a", "west": "net-b", "north": "net-b"},
 		Gateways: map[registry.Network][]registry.Gateway{"net-a": {gwEast, gwName, {Address: "192.0.2.99", Port: 15444}}},
 	}}
-	m.observe(v)
+	m.observe(v, time.Now())
 	if got := testutil.ToFloat64(m.networkGateways.WithLabelValues("net-a")); got != 2 {
 		t.Errorf("net-a: %v usable gateways, want 2 (a name not yet resolved is not usable)", got)
 	}
@@ -246,7 +246,7 @@ func TestNetworkGatewaysMetric(t *testing.T) {
 		t.Errorf("net-b: %v, want 0", got)
 	}
 	v.Topology = registry.Networks{Clusters: map[registry.ClusterID]registry.Network{"east": "net-a"}}
-	m.observe(v)
+	m.observe(v, time.Now())
 	if n := testutil.CollectAndCount(m.networkGateways); n != 1 {
 		t.Errorf("%d series after net-b went, want 1", n)
 	}
@@ -257,14 +257,14 @@ func TestDroppedClusterSeriesAreDeleted(t *testing.T) {
 	m := newMetrics(prometheus.NewRegistry())
 	v := View{Registry: registry.New(), Clusters: map[registry.ClusterID]ClusterStatus{
 		"east": {Cluster: "east", Services: 3, Endpoints: 9}, "west": {Cluster: "west", Services: 1, Endpoints: 2}}}
-	m.observe(v)
+	m.observe(v, time.Now())
 	m.updates.WithLabelValues("east", "delta", "ack").Inc()
 	m.resyncs.WithLabelValues("east", "digest").Inc()
 	if n := testutil.CollectAndCount(m.clusterServices); n != 2 {
 		t.Fatalf("%d cluster_services series, want 2", n)
 	}
 	v.Clusters["east"] = ClusterStatus{Cluster: "east", Dropped: true, Stale: true}
-	m.observe(v)
+	m.observe(v, time.Now())
 	for name, c := range map[string]prometheus.Collector{"services": m.clusterServices, "endpoints": m.clusterEndpoints,
 		"stale": m.clusterStale, "restored": m.clusterRestored, "data age": m.clusterDataAge, "updates": m.updates, "resyncs": m.resyncs} {
 		want := 1

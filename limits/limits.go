@@ -47,12 +47,14 @@ func Listener(lis net.Listener, max, perPeer int, refused Refused) net.Listener 
 
 // HTTPListener is a Listener for an HTTP server whose ConnState is set to
 // the listener's ConnState. At the total bound, a new connection is not
-// refused while a connection without a request in progress is held: the
-// one of those that has waited longest (kept alive since its last
-// request, or accepted and silent since) is closed to make room for it,
-// and counted as ReasonEvictedIdle. So peers holding idle connections,
-// from however many addresses, never keep a health probe out; the
-// per-address bound still refuses.
+// refused while a connection without a request in progress is held (kept
+// alive since its last request, or accepted and silent since): one of
+// those is closed to make room for it, and counted as ReasonEvictedIdle.
+// It is taken from the address holding the most connections (the one
+// that has waited longest among its), so peers that fill the port from a
+// few addresses, or many, lose their own connections first, and a health
+// probe or a scraper, with a connection or two from its address, is
+// served. The per-address bound still refuses.
 type HTTPListener struct{ *listener }
 
 // NewHTTPListener wraps lis as Listener does, for an HTTP server (see HTTPListener).
@@ -127,10 +129,12 @@ func (l *listener) admit(addr netip.Addr) string {
 		}
 	}()
 	switch {
+	case l.waiting == nil && l.max > 0 && l.open >= l.max:
+		return ReasonConnections
 	case l.perPeer > 0 && l.byPeer[addr] >= l.perPeer:
 		return ReasonConnectionsPerPeer
 	case l.max > 0 && l.open >= l.max:
-		if evicted = l.longestWaiting(); evicted == nil {
+		if evicted = l.evictable(addr); evicted == nil {
 			return ReasonConnections
 		}
 		l.releaseLocked(evicted)
@@ -140,16 +144,28 @@ func (l *listener) admit(addr netip.Addr) string {
 	return ""
 }
 
-// longestWaiting is the connection without a request in progress that has
-// waited longest, or nil. Called with mu held.
-func (l *listener) longestWaiting() *conn {
-	var oldest *conn
+// evictable is the connection without a request in progress to close for
+// a new one from addr: of the address holding the most connections (addr's
+// count including the new one), the one that has waited longest; nil when
+// none waits, or when making room would leave addr holding more than the
+// address it takes from. Called with mu held.
+func (l *listener) evictable(addr netip.Addr) *conn {
+	held := func(a netip.Addr) int {
+		if a == addr {
+			return l.byPeer[a] + 1
+		}
+		return l.byPeer[a]
+	}
+	var pick *conn
 	for c, since := range l.waiting {
-		if oldest == nil || since < l.waiting[oldest] {
-			oldest = c
+		if pick == nil || held(c.addr) > held(pick.addr) || held(c.addr) == held(pick.addr) && since < l.waiting[pick] {
+			pick = c
 		}
 	}
-	return oldest
+	if pick == nil || pick.addr != addr && held(pick.addr) < held(addr) {
+		return nil
+	}
+	return pick
 }
 
 // releaseLocked lets c's place go, once. Called with mu held.

@@ -306,3 +306,67 @@ func TestHTTPListenerMakesRoomByClosingAWaitingConnection(t *testing.T) {
 	}
 	close(release)
 }
+
+// The connection closed for a new one is of the address holding the most:
+// a peer that fills the port loses its own connections, not one kept by a
+// peer with a single connection, however long that one has waited.
+func TestHTTPListenerEvictsFromTheAddressHoldingTheMost(t *testing.T) {
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &counts{m: map[string]int{}}
+	lis := limits.NewHTTPListener(raw, 3, 0, c.refused)
+	idled := make(chan struct{}, 10)
+	srv := &http.Server{ConnState: func(conn net.Conn, st http.ConnState) {
+		lis.ConnState(conn, st)
+		if st == http.StateIdle {
+			idled <- struct{}{}
+		}
+	}, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "ok") })}
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(func() { srv.Close() })
+	type client struct {
+		net.Conn
+		r *bufio.Reader
+	}
+	get := func(cl client) error {
+		if _, err := fmt.Fprint(cl, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			return err
+		}
+		resp, err := http.ReadResponse(cl.r, nil)
+		if err != nil {
+			return err
+		}
+		_, err = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		<-idled
+		return err
+	}
+	keptAlive := func(from string) client {
+		t.Helper()
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+		conn, err := d.Dial("tcp", raw.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		cl := client{conn, bufio.NewReader(conn)}
+		if err := get(cl); err != nil {
+			t.Fatalf("from %s: %v", from, err)
+		}
+		return cl
+	}
+	lone := keptAlive("127.0.0.2") // waits longest
+	heavy := []client{keptAlive("127.0.0.3"), keptAlive("127.0.0.3")}
+	keptAlive("127.0.0.4") // a probe: room is made
+	if _, err := heavy[0].r.ReadByte(); err == nil {
+		t.Error("the heavier address's older connection is still open")
+	}
+	if n := c.get(limits.ReasonEvictedIdle); n != 1 {
+		t.Fatalf("%d evicted (%v), want 1", n, c)
+	}
+	if err := get(lone); err != nil {
+		t.Errorf("the lone connection that waited longest was closed: %v", err)
+	}
+}

@@ -39,11 +39,11 @@ const MaxGateways = 64
 func ParseGateway(s string) (Gateway, error) {
 	host, port, err := net.SplitHostPort(s)
 	if err != nil {
-		return Gateway{}, fmt.Errorf("%w: gateway %q is not host:port: %v", ErrInvalid, s, err)
+		return Gateway{}, fmt.Errorf("%w: gateway %s is not host:port: %v", ErrInvalid, quoted(s), err)
 	}
 	n, err := strconv.ParseUint(port, 10, 16)
 	if err != nil {
-		return Gateway{}, fmt.Errorf("%w: gateway %q: port %q is not a number from 1 to 65535", ErrInvalid, s, port)
+		return Gateway{}, fmt.Errorf("%w: gateway %s: port %s is not a number from 1 to 65535", ErrInvalid, quoted(s), quoted(port))
 	}
 	g := Gateway{Address: host, Port: int32(n)}
 	if a, ok := g.IP(); ok {
@@ -63,12 +63,12 @@ func (g Gateway) Validate() error {
 	}
 	if a, err := netip.ParseAddr(g.Address); err == nil {
 		if !Unicast(a) {
-			return fmt.Errorf("%w: gateway %s: address %q cannot be dialled from another network", ErrInvalid, g, g.Address)
+			return fmt.Errorf("%w: gateway address %s cannot be dialled from another network", ErrInvalid, quoted(g.Address))
 		}
 		return nil
 	}
 	if len(g.Address) == 0 || !dnsSubdomain(g.Address) {
-		return fmt.Errorf("%w: gateway %s: %q is neither an IP address nor a DNS name", ErrInvalid, g, g.Address)
+		return fmt.Errorf("%w: gateway address %s is neither an IP address nor a DNS name", ErrInvalid, quoted(g.Address))
 	}
 	return nil
 }

@@ -31,7 +31,7 @@ func (h Hash) MarshalText() ([]byte, error) { return []byte(h.String()), nil }
 // UnmarshalText parses hex.
 func (h *Hash) UnmarshalText(b []byte) error {
 	if len(b) != 2*len(h) {
-		return fmt.Errorf("%w: digest %q is not %d hex digits", ErrInvalid, b, 2*len(h))
+		return fmt.Errorf("%w: digest %s is not %d hex digits", ErrInvalid, quoted(string(b)), 2*len(h))
 	}
 	_, err := hex.Decode(h[:], b)
 	return err

@@ -65,7 +65,7 @@ func (k ServiceKey) Compare(o ServiceKey) int {
 func ParseServiceKey(s string) (ServiceKey, error) {
 	ns, name, ok := strings.Cut(s, "/")
 	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
-		return ServiceKey{}, fmt.Errorf("%w: service %q is not namespace/name", ErrInvalid, s)
+		return ServiceKey{}, fmt.Errorf("%w: service %s is not namespace/name", ErrInvalid, quoted(s))
 	}
 	return ServiceKey{Namespace: ns, Name: name}, nil
 }

@@ -65,7 +65,7 @@ func (p *Properties) validate() string {
 	switch p.SessionAffinity {
 	case "", SessionAffinityClientIP:
 	default:
-		return fmt.Sprintf("unknown sessionAffinity %q", p.SessionAffinity)
+		return fmt.Sprintf("unknown sessionAffinity %s", quoted(string(p.SessionAffinity)))
 	}
 	if p.SessionAffinityTimeout < 0 || p.SessionAffinityTimeout > maxSessionAffinityTimeout {
 		return fmt.Sprintf("sessionAffinity timeout %d is out of range 0-%d", p.SessionAffinityTimeout, maxSessionAffinityTimeout)
@@ -76,17 +76,17 @@ func (p *Properties) validate() string {
 	switch p.InternalTrafficPolicy {
 	case "", InternalTrafficPolicyLocal:
 	default:
-		return fmt.Sprintf("unknown internalTrafficPolicy %q", p.InternalTrafficPolicy)
+		return fmt.Sprintf("unknown internalTrafficPolicy %s", quoted(string(p.InternalTrafficPolicy)))
 	}
 	if len(p.TrafficDistribution) > maxTrafficDistribution || !qualifiedName(p.TrafficDistribution) {
-		return fmt.Sprintf("trafficDistribution %q is not a qualified name", p.TrafficDistribution)
+		return fmt.Sprintf("trafficDistribution %s is not a qualified name", quoted(p.TrafficDistribution))
 	}
 	if len(p.IPFamilies) > 2 {
 		return fmt.Sprintf("%d IP families, at most 2", len(p.IPFamilies))
 	}
 	for i, f := range p.IPFamilies {
 		if f != IPv4 && f != IPv6 {
-			return fmt.Sprintf("unknown IP family %q", f)
+			return fmt.Sprintf("unknown IP family %s", quoted(string(f)))
 		}
 		if i > 0 && f == p.IPFamilies[0] {
 			return fmt.Sprintf("IP family %s twice", f)
@@ -96,10 +96,10 @@ func (p *Properties) validate() string {
 	for what, m := range map[string]map[string]string{"label": p.Labels, "annotation": p.Annotations} {
 		for k, v := range m {
 			if !metadataKey(k) {
-				return fmt.Sprintf("exported %s key %q is not a qualified name", what, k)
+				return fmt.Sprintf("exported %s key %s is not a qualified name", what, quoted(k))
 			}
 			if what == "label" && (len(v) > 63 || !labelValue(v)) {
-				return fmt.Sprintf("exported label %s has an invalid value %q", k, v)
+				return fmt.Sprintf("exported label %s has an invalid value %s", quoted(k), quoted(v))
 			}
 			size += len(k) + len(v)
 		}

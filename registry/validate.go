@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // ErrInvalid marks every validation failure.
@@ -268,10 +269,15 @@ func (e *Endpoint) Validate(lim Limits) error {
 // back to the peer that sent the value (NACKs) and into logs.
 const maxQuoted = 64
 
-// quoted quotes v, cut to maxQuoted bytes with its length when longer.
+// quoted quotes v (invalid UTF-8 escaped), cut to maxQuoted bytes, at a
+// character's start, with its length when longer.
 func quoted(v string) string {
 	if len(v) <= maxQuoted {
 		return strconv.Quote(v)
 	}
-	return fmt.Sprintf("%s… (%d bytes)", strconv.Quote(strings.ToValidUTF8(v[:maxQuoted], "")), len(v))
+	cut := maxQuoted
+	for i := 0; i < utf8.UTFMax-1 && cut > 0 && !utf8.RuneStart(v[cut]); i++ {
+		cut--
+	}
+	return fmt.Sprintf("%s… (%d bytes)", strconv.Quote(v[:cut]), len(v))
 }

@@ -254,3 +254,31 @@ func TestSyntaxesMatchTheirRegexps(t *testing.T) {
 		check(nil)
 	}
 }
+
+// An invalid value is quoted in an error at most maxQuoted bytes long, cut
+// at a character's start, with invalid bytes escaped (a 1 MiB name once
+// made a 2 MiB NACK).
+func TestQuotedIsBounded(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"web", `"web"`},
+		{strings.Repeat("a", 100), `"` + strings.Repeat("a", 64) + `"… (100 bytes)`},
+		{"\xff" + strings.Repeat("a", 100), `"\xff` + strings.Repeat("a", 63) + `"… (101 bytes)`},
+		{strings.Repeat("a", 63) + "€" + strings.Repeat("a", 10), `"` + strings.Repeat("a", 63) + `"… (76 bytes)`},
+	} {
+		if got := quoted(c.in); got != c.want {
+			t.Errorf("quoted(%.20q…) = %s, want %s", c.in, got, c.want)
+		}
+	}
+	s := validShard()
+	s.Properties.TrafficDistribution = strings.Repeat("x", 1<<20)
+	for what, err := range map[string]error{
+		"a 1 MiB namespace":           ValidateServiceKey(ServiceKey{Namespace: strings.Repeat("x", 1<<20), Name: "web"}),
+		"a 1 MiB trafficDistribution": s.Validate(DefaultLimits()),
+	} {
+		if err == nil {
+			t.Errorf("%s: valid", what)
+		} else if len(err.Error()) > 300 {
+			t.Errorf("%s: an error of %d bytes, want at most 300", what, len(err.Error()))
+		}
+	}
+}

@@ -189,7 +189,11 @@ func (c *Catalog) RecordAll(ctx context.Context, records []ClusterRecord) ([]Clu
 		}
 		defer func() { batch, ops, size = batch[:0], ops[:0], 0 }()
 		err := c.commit(ctx, ops)
-		if errors.Is(err, rpctypes.ErrRequestTooLarge) && len(batch) > 1 {
+		if errors.Is(err, rpctypes.ErrRequestTooLarge) && len(batch) == 1 {
+			errs = append(errs, fmt.Errorf("catalog entry %.64s: %w", batch[0].Cluster, err))
+			return nil
+		}
+		if errors.Is(err, rpctypes.ErrRequestTooLarge) {
 			for i := range batch { // one at a time: the one too large fails alone
 				if err := c.commit(ctx, ops[i:i+1]); err != nil {
 					if !errors.Is(err, rpctypes.ErrRequestTooLarge) {
@@ -209,7 +213,7 @@ func (c *Catalog) RecordAll(ctx context.Context, records []ClusterRecord) ([]Clu
 		return nil
 	}
 	for _, r := range records {
-		b, err := json.Marshal(r)
+		b, err := json.Marshal(r.bounded())
 		switch {
 		case err != nil:
 			errs = append(errs, fmt.Errorf("encode catalog entry %.64s: %w", r.Cluster, err))
@@ -231,6 +235,22 @@ func (c *Catalog) RecordAll(ctx context.Context, records []ClusterRecord) ([]Clu
 		errs = append(errs, err)
 	}
 	return written, errors.Join(errs...)
+}
+
+// maxRecordField bounds a record's spoke ID and build as a hello bounds
+// them: a record an older hub wrote from an unbounded hello is cut, not
+// left unwritten (its LiveAt would never be refreshed).
+const maxRecordField = 256
+
+// bounded returns r with its spoke ID and build cut to maxRecordField bytes.
+func (r ClusterRecord) bounded() ClusterRecord {
+	if len(r.SpokeID) > maxRecordField {
+		r.SpokeID = r.SpokeID[:maxRecordField]
+	}
+	if len(r.Build) > maxRecordField {
+		r.Build = r.Build[:maxRecordField]
+	}
+	return r
 }
 
 // commit writes ops in one transaction, fenced by the leader term of ctx

@@ -116,14 +116,16 @@ func TestCatalogRecordAllWritesEveryRecordButTheOneTooLarge(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	now := time.Now().UTC()
-	record := func(id string, build int) ClusterRecord {
-		return ClusterRecord{Cluster: registry.ClusterID(id), Epoch: 1, FirstSeen: now, LiveAt: now, Build: strings.Repeat("b", build)}
+	record := func(id string, network int) ClusterRecord {
+		return ClusterRecord{Cluster: registry.ClusterID(id), Epoch: 1, FirstSeen: now, LiveAt: now, Network: registry.Network(strings.Repeat("n", network))}
 	}
+	legacy := record("d", 0)
+	legacy.Build = strings.Repeat("b", 1600<<10) // an older hub's unbounded hello: cut, and written
 	records := []ClusterRecord{
 		record("a", 10), record("b", 10),
 		record("big", 10<<10),    // under MaxRecordBytes, over etcd's 8 KiB request bound
 		record("huge", 1600<<10), // over MaxRecordBytes: never sent
-		record("c", 10), record("d", 10),
+		record("c", 10), legacy,
 	}
 	written, err := cat.RecordAll(ctx, records)
 	if err == nil || !strings.Contains(err.Error(), "catalog entry big") || !strings.Contains(err.Error(), "catalog entry huge") {
@@ -143,6 +145,9 @@ func TestCatalogRecordAllWritesEveryRecordButTheOneTooLarge(t *testing.T) {
 	got = got[:0]
 	for _, r := range list {
 		got = append(got, string(r.Cluster))
+		if len(r.Build) > maxRecordField {
+			t.Errorf("the catalog holds %s with a build of %d bytes, want it cut to %d", r.Cluster, len(r.Build), maxRecordField)
+		}
 	}
 	if want := []string{"a", "b", "c", "d"}; !slices.Equal(got, want) {
 		t.Errorf("the catalog holds %v, want %v", got, want)
