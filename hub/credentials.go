@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -62,10 +61,6 @@ func (p *parts) loadTokens() (err error) {
 		log.Warn("no --tokens file and no --client-ca: any spoke may publish for any cluster (development only)")
 	}
 	p.gossip = len(cfg.Join) > 0 || cfg.GossipAddr != ""
-	if p.gossip && len(cfg.EtcdEndpoints) == 0 {
-		// Epochs fence a cluster's sessions across replicas only if every replica draws them from one etcd.
-		return errors.New("hub replicas (--join, --gossip-addr) need a shared etcd: set --etcd-endpoints")
-	}
 	if p.gossip && p.peerTokens == nil && cfg.ClientCAFile == "" {
 		log.Warn("no --peer-token-file and no --client-ca: any process may replicate with this hub (development only)")
 	}
@@ -101,9 +96,6 @@ func (p *parts) loadFederationTLS() (err error) {
 	cfg := p.cfg
 	p.fedCreds = insecure.NewCredentials()
 	if cfg.TLSCertFile == "" && cfg.TLSKeyFile == "" {
-		if cfg.ClientCAFile != "" {
-			return errors.New("--client-ca needs --tls-cert and --tls-key: client certificates travel over TLS")
-		}
 		if p.tokens != nil {
 			p.log.Warn("federation without TLS: spoke tokens travel in clear (set --tls-cert and --tls-key)")
 		}
@@ -128,9 +120,6 @@ func (p *parts) loadPeerTLS() (err error) {
 	p.peerCreds = insecure.NewCredentials()
 	if cfg.TLSCertFile == "" || !p.gossip {
 		return nil
-	}
-	if cfg.PeerCAFile == "" {
-		return errors.New("hub replicas whose federation port speaks TLS need --peer-ca: the CA that signed the replicas' certificates")
 	}
 	if p.peerCerts, err = identity.Load(identity.Files{Cert: cfg.TLSCertFile, Key: cfg.TLSKeyFile, CA: cfg.PeerCAFile}, p.log); err != nil {
 		return fmt.Errorf("peer TLS: %w", err)
@@ -161,13 +150,7 @@ func (p *parts) loadXDSTLS() (err error) {
 	cfg := p.cfg
 	p.xdsCreds = insecure.NewCredentials()
 	if cfg.XDSTLSCertFile == "" && cfg.XDSTLSKeyFile == "" {
-		if cfg.XDSClientCAFile != "" || cfg.XDSPolicyFile != "" {
-			return errors.New("--xds-client-ca and --xds-policy need --xds-tls-cert and --xds-tls-key")
-		}
 		return nil
-	}
-	if cfg.XDSPolicyFile != "" && cfg.XDSClientCAFile == "" {
-		return errors.New("--xds-policy needs --xds-client-ca: the policy is about client identities")
 	}
 	crl := cfg.CRLFile
 	if cfg.XDSClientCAFile == "" {

@@ -109,16 +109,11 @@ type EtcdTLS struct {
 
 func (e EtcdTLS) enabled() bool { return e != EtcdTLS{} }
 
-// clientConfig is the TLS configuration of the etcd client. etcd's
+// clientConfig is the TLS configuration of the etcd client (Config.Validate
+// has checked which files go together). etcd's
 // transport reads the certificate files at every handshake, so a renewed
 // client certificate is used without a restart.
 func (e EtcdTLS) clientConfig() (*tls.Config, error) {
-	if (e.CertFile == "") != (e.KeyFile == "") {
-		return nil, fmt.Errorf("etcd TLS: --etcd-cert and --etcd-key go together")
-	}
-	if e.CAFile == "" {
-		return nil, fmt.Errorf("etcd TLS: --etcd-ca is needed to trust etcd's certificate")
-	}
 	cfg, err := transport.TLSInfo{CertFile: e.CertFile, KeyFile: e.KeyFile, TrustedCAFile: e.CAFile}.ClientConfig()
 	if err != nil {
 		return nil, fmt.Errorf("etcd TLS: %w", err)

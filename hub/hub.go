@@ -199,6 +199,10 @@ func (h *Hub) View() *View { return h.state.View() }
 // Start brings a hub up and returns once every server listens. The hub stops
 // when ctx ends; Wait reports when it is done.
 func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error) {
+	// 0. The configuration, every problem at once, before anything starts.
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	p := &parts{cfg: startConfig(cfg), log: log.With("hub", cfg.ID)}
 	defer func() {
 		if err != nil {
@@ -371,9 +375,6 @@ func (p *parts) connectEtcd(ctx context.Context) error {
 	}
 	var tlsCfg *tls.Config
 	if p.cfg.EtcdTLS.enabled() {
-		if len(p.cfg.EtcdEndpoints) == 0 {
-			return errors.New("--etcd-ca, --etcd-cert and --etcd-key are for an external etcd (--etcd-endpoints)")
-		}
 		var err error
 		if tlsCfg, err = p.cfg.EtcdTLS.clientConfig(); err != nil {
 			return err
