@@ -25,6 +25,8 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
+	"github.com/fsnotify/fsnotify"
+
 	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/registry"
 )
@@ -43,6 +45,17 @@ type State = federation.State
 // Bad input never removes what was good: a file that stops decoding keeps its
 // previous objects, an invalid endpoint is left out of its service, and a
 // service that turns invalid keeps the last good shard published for it.
+//
+// It notices changes from the file system's events (fsnotify: inotify on
+// Linux): the files a burst of events names are read once the burst has
+// been quiet for 20ms, so an edit is published within a few tens of
+// milliseconds. A file is not read while writes to it come less than 20ms
+// apart; one rewritten in place by a writer that pauses for longer may be
+// read half written (and published, if that half decodes), so tools should
+// write a complete file and rename it into place, as a mounted ConfigMap's
+// updates do. An event for any other name (such as the ..data link a
+// ConfigMap volume swaps) re-reads every manifest. The directory is also
+// rescanned in full every poll interval (see NewDirSource).
 type DirSource struct {
 	// StartupGrace is how long the first publish waits for every manifest
 	// to decode once: a spoke restarting while a file is garbled would
@@ -59,6 +72,9 @@ type DirSource struct {
 	opts BuildOptions
 	poll time.Duration
 	log  *slog.Logger
+
+	quiet      time.Duration                     // watchQuiet (tests change it)
+	newWatcher func() (*fsnotify.Watcher, error) // fsnotify.NewWatcher (tests change it)
 
 	// The Services last read (Run's goroutine writes them), for the
 	// gateways they offer (OnGateways).
@@ -83,10 +99,27 @@ const racyWindow = 2 * time.Second
 // that rename a complete file into place are never seen half written.)
 const minSettle = 100 * time.Millisecond
 
-// NewDirSource returns a source for dir, polled every poll (a second when
-// poll is not positive). A changed file is read once its size and
-// modification time have held still for a poll interval (and at least
-// 100ms). A nil log means slog.Default().
+// watchQuiet is how long the files a burst of events names must go without
+// another event before they are read: a writer truncating and rewriting a
+// file, or copying it in chunks, is done by then unless it pauses.
+const watchQuiet = 20 * time.Millisecond
+
+// watchMaxDelay bounds how long a burst of events that does not end (a file
+// written to without pause) holds back the files of the burst that did go
+// quiet.
+const watchMaxDelay = 100 * time.Millisecond
+
+// NewDirSource returns a source for dir. It watches the directory for
+// changes and reads the files an event names once their events have been
+// quiet for 20ms (see DirSource). poll (a second when not positive) is how
+// often it also rescans the whole directory: a safety net for changes no
+// event tells of (events lost to an overflow of the kernel's queue, the
+// directory removed and created again, a file system that sends no events
+// such as a network one, a manifest that is a link to a file outside the
+// directory), and, when the directory cannot be watched (which is logged),
+// the only way changes are found, as polling. A change that only a rescan
+// finds is read once the file's size and modification time have held still
+// for a poll interval (and at least 100ms). A nil log means slog.Default().
 func NewDirSource(dir string, opts BuildOptions, poll time.Duration, log *slog.Logger) *DirSource {
 	if poll <= 0 {
 		poll = time.Second
@@ -101,6 +134,8 @@ func NewDirSource(dir string, opts BuildOptions, poll time.Duration, log *slog.L
 		opts:         opts,
 		poll:         poll,
 		log:          log,
+		quiet:        watchQuiet,
+		newWatcher:   fsnotify.NewWatcher,
 		gateways:     gatewayServices{log: log},
 	}
 }
@@ -155,16 +190,48 @@ func (d *DirSource) Run(ctx context.Context, publish func(State)) error {
 	}
 	w := &dirWatch{
 		src: d, files: map[string]*manifestFile{}, polled: map[string]polledStat{}, settle: max(d.poll, minSettle),
-		begun: time.Now(),
+		begun: time.Now(), dirPath: filepath.Clean(d.dir), pending: map[string]time.Time{},
 	}
+	// Watch before the first scan, so that no change after it goes unseen.
+	var events <-chan fsnotify.Event
+	var watchErrs <-chan error
+	if w.watch(); w.watcher != nil {
+		defer w.watcher.Close()
+		events, watchErrs = w.watcher.Events, w.watcher.Errors
+	}
+	w.pollOnce(ctx, publish)
 	ticker := time.NewTicker(d.poll)
 	defer ticker.Stop()
+	wake := time.NewTimer(time.Hour) // when the events seen are due
+	wake.Stop()
+	defer wake.Stop()
 	for {
-		w.pollOnce(ctx, publish)
 		select {
 		case <-ctx.Done():
 			return nil
+		case ev, ok := <-events:
+			if !ok { // closed only by Close
+				events = nil
+				continue
+			}
+			w.sawEvent(ev, time.Now())
+		case err, ok := <-watchErrs:
+			if !ok {
+				watchErrs = nil
+				continue
+			}
+			d.log.Warn("file events may have been missed; reading every manifest again", "error", err)
+			w.touchAll(time.Now())
 		case <-ticker.C:
+			w.rewatch()
+			w.pollOnce(ctx, publish)
+		case <-wake.C:
+			w.pollOnce(ctx, publish)
+		}
+		if at := w.nextWake(); at.IsZero() {
+			wake.Stop()
+		} else {
+			wake.Reset(time.Until(at))
 		}
 	}
 }
@@ -182,6 +249,142 @@ type dirWatch struct {
 	begun     time.Time // when Run started, for StartupGrace
 	heldBack  bool      // the first publish was held back (and that logged)
 	changedAt time.Time // the newest modification time of a file this poll read (for Origins)
+
+	// Watching the directory (watcher is nil when it cannot be: then Run polls).
+	dirPath  string // the directory, as event names start
+	watcher  *fsnotify.Watcher
+	watching bool        // the watcher watches the directory
+	watched  os.FileInfo // the directory watched, to tell when it is replaced
+	warned   bool        // that it cannot be watched was logged (since it last was)
+
+	// The events seen and not yet acted on: a file an event names is read
+	// (and one that is gone removed) once the burst of events is quiet, or,
+	// in a burst longer than watchMaxDelay, once the file's events are.
+	pending    map[string]time.Time // manifest name: its last event
+	allAt      time.Time            // the last event for another name (every manifest is read again), if any
+	lastEvent  time.Time            // the last event pending
+	burstStart time.Time            // since when events have been pending (or a scan left some)
+}
+
+// watch starts watching the directory; when no watcher can be had, Run polls.
+func (w *dirWatch) watch() {
+	watcher, err := w.src.newWatcher()
+	if err != nil {
+		w.src.log.Warn("cannot watch the directory for changes; polling it", "error", err, "poll", w.src.poll)
+		return
+	}
+	w.watcher = watcher
+	if w.rewatch() {
+		w.src.log.Debug("watching the directory for changes")
+	}
+}
+
+// rewatch makes sure that the directory is watched: again after it was
+// removed, renamed or replaced, and reports whether it started watching it
+// now. Until it can, the rescans are all there is (polling).
+func (w *dirWatch) rewatch() bool {
+	if w.watcher == nil {
+		return false
+	}
+	fi, err := os.Stat(w.src.dir)
+	if err != nil {
+		w.watching = false // the scan logs that it cannot be listed
+		return false
+	}
+	if w.watching && os.SameFile(fi, w.watched) && len(w.watcher.WatchList()) > 0 {
+		return false
+	}
+	again := w.watched != nil || w.warned
+	_ = w.watcher.Remove(w.src.dir) // what was watched before, if the watch is still there
+	if err := w.watcher.Add(w.src.dir); err != nil {
+		w.watching = false
+		if !w.warned {
+			w.warned = true
+			w.src.log.Warn("cannot watch the directory for changes; polling it", "error", err, "poll", w.src.poll)
+		}
+		return false
+	}
+	w.watching, w.watched, w.warned = true, fi, false
+	if again {
+		// What changed while it was not watched: every file is read once quiet.
+		w.src.log.Info("watching the directory for changes again")
+		w.touchAll(time.Now())
+	}
+	return true
+}
+
+// sawEvent notes an event of the directory's watch.
+func (w *dirWatch) sawEvent(ev fsnotify.Event, now time.Time) {
+	name := filepath.Clean(ev.Name)
+	if name == w.dirPath { // the directory itself
+		if ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename) {
+			w.watching = false // its watch is gone: the next rescan watches what is there then
+		}
+		return
+	}
+	if len(w.pending) == 0 && w.allAt.IsZero() {
+		w.burstStart = now
+	}
+	w.lastEvent = now
+	base := filepath.Base(name)
+	if filepath.Dir(name) != w.dirPath || strings.HasPrefix(base, ".") || !isManifest(base) {
+		// Not a manifest: perhaps what manifests link to (a ConfigMap's ..data).
+		w.allAt = now
+		return
+	}
+	w.pending[base] = now
+}
+
+// touchAll has every manifest read again once the events are quiet.
+func (w *dirWatch) touchAll(now time.Time) {
+	if len(w.pending) == 0 && w.allAt.IsZero() {
+		w.burstStart = now
+	}
+	w.lastEvent, w.allAt = now, now
+}
+
+// nextWake is when events pending are due, or zero with none.
+func (w *dirWatch) nextWake() time.Time {
+	if len(w.pending) == 0 && w.allAt.IsZero() {
+		return time.Time{}
+	}
+	at := w.lastEvent.Add(w.src.quiet)
+	if limit := w.burstStart.Add(watchMaxDelay); limit.Before(at) {
+		at = limit
+	}
+	return at
+}
+
+// dueEvents returns the manifests whose events are due now (the burst is
+// quiet, or has gone on too long and theirs are), and whether every manifest
+// is to be read again; the other manifests pending wait.
+func (w *dirWatch) dueEvents(now time.Time) (due map[string]bool, all bool) {
+	quiet := w.src.quiet
+	settled := now.Sub(w.lastEvent) >= quiet
+	overdue := now.Sub(w.burstStart) >= watchMaxDelay
+	due = make(map[string]bool, len(w.pending))
+	for name, at := range w.pending {
+		if settled || overdue && now.Sub(at) >= quiet {
+			due[name] = true
+		}
+	}
+	all = !w.allAt.IsZero() && (settled || overdue && now.Sub(w.allAt) >= quiet)
+	return due, all
+}
+
+// doneWith forgets the events a scan at now acted on.
+func (w *dirWatch) doneWith(due map[string]bool, all bool, now time.Time) {
+	for name := range due {
+		delete(w.pending, name)
+	}
+	if all {
+		w.allAt = time.Time{}
+	}
+	if len(w.pending) == 0 && w.allAt.IsZero() {
+		w.burstStart = time.Time{}
+	} else {
+		w.burstStart = now // what is left waits for its own quiet, or watchMaxDelay more
+	}
 }
 
 // polledStat is a file's stat and since when it has not changed.
@@ -268,9 +471,15 @@ func (w *dirWatch) sawChanges(state State) {
 	}
 }
 
-// scan stats every manifest, re-reads those that changed and reports whether any file's objects changed.
+// scan stats every manifest, re-reads those that changed and reports whether
+// any file's objects changed. A file whose events are due is read whatever
+// its stat; one whose events are not is left as it was (not read, not
+// removed) until they are.
 func (w *dirWatch) scan() (bool, error) {
 	log := w.src.log
+	now := time.Now()
+	due, allDue := w.dueEvents(now)
+	defer w.doneWith(due, allDue, now)
 	entries, err := os.ReadDir(w.src.dir)
 	if err != nil {
 		return false, fmt.Errorf("read %s: %w", w.src.dir, err)
@@ -284,6 +493,10 @@ func (w *dirWatch) scan() (bool, error) {
 		if strings.HasPrefix(name, ".") || !isManifest(name) {
 			continue
 		}
+		if _, ok := w.pending[name]; ok && !due[name] {
+			continue // still being written, renamed or removed (kept below)
+		}
+		forced := due[name] || allDue
 		path := filepath.Join(w.src.dir, name)
 		fi, err := os.Stat(path) // follows symlinks, as in a mounted ConfigMap
 		if errors.Is(err, os.ErrNotExist) {
@@ -309,13 +522,14 @@ func (w *dirWatch) scan() (bool, error) {
 		polledNow[name] = ps
 		f := w.files[name]
 		statChanged := f == nil || !st.same(f.stat)
-		if statChanged && w.scanned && now.Sub(ps.since) < w.settle {
+		if statChanged && w.scanned && !forced && now.Sub(ps.since) < w.settle {
 			// Perhaps still being written (truncated, half copied): read it once it
-			// has held still a while. Only the first scan trusts files at once.
+			// has held still a while. Only the first scan trusts files at once,
+			// and events, once quiet, tell when the writing is over.
 			continue
 		}
 		racy := f != nil && f.readAt.Sub(f.stat.modTime) < racyWindow
-		if !statChanged && !racy {
+		if !statChanged && !racy && !forced {
 			continue
 		}
 		data, readStat, err := readFile(path)
@@ -353,6 +567,16 @@ func (w *dirWatch) scan() (bool, error) {
 			"services", len(objs.Services), "endpointSlices", len(objs.EndpointSlices), "nodes", len(objs.Nodes))
 		f.objs, f.decoded = objs, true
 		changed = true
+	}
+	for name := range w.pending {
+		if !due[name] { // waiting for its events to be quiet: as it was
+			if ps, ok := w.polled[name]; ok {
+				polledNow[name] = ps
+			}
+			if w.files[name] != nil {
+				seen[name] = true
+			}
+		}
 	}
 	for name := range w.files {
 		if !seen[name] {
