@@ -63,7 +63,7 @@ func Run(ctx context.Context, args []string) error {
 	importsQPS := float64(cfg.ImportsQPS)
 	fs.Float64Var(&importsQPS, "imports-qps", importsQPS, "writes per second of the import writer to the Kubernetes API (a client of its own)")
 	fs.IntVar(&cfg.ImportsBurst, "imports-burst", cfg.ImportsBurst, "burst of the import writer's writes to the Kubernetes API")
-	fs.DurationVar(&cfg.PollInterval, "poll", cfg.PollInterval, "how often a dir source looks for changes")
+	fs.DurationVar(&cfg.PollInterval, "poll", cfg.PollInterval, "how often a dir source rescans its directory (it watches it for changes; it polls at this interval if it cannot)")
 	fs.StringVar(&cfg.AdminAddr, "admin-addr", "", "listen address for /healthz, /readyz and /metrics (HTTP); empty serves none")
 	fs.StringVar(&cfg.Federation.SpokeID, "spoke-id", cfg.Federation.SpokeID, "name of this spoke instance, unique among spokes ($POD_NAME in a pod, else hostname-PID)")
 	fs.DurationVar(&cfg.Federation.DigestInterval, "digest-interval", cfg.Federation.DigestInterval, "how often to compare digests with the hub")
