@@ -21,6 +21,7 @@ import (
 
 	"github.com/navemesh/nave/hub"
 	"github.com/navemesh/nave/imports"
+	"github.com/navemesh/nave/importwriter"
 	"github.com/navemesh/nave/internal/kubetest"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/spoke"
@@ -348,7 +349,7 @@ func TestImportsEndToEnd(t *testing.T) {
 		env.awaitImport(t, c, ns, "echo", "echo gone", func(v importView) bool {
 			owned := 0
 			for _, es := range v.slices {
-				if es.Labels[spoke.ManagedByLabel] == spoke.ManagedByValue {
+				if es.Labels[importwriter.ManagedByLabel] == importwriter.ManagedByValue {
 					owned++
 				}
 			}

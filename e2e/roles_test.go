@@ -46,7 +46,7 @@ const (
 // candidateWatches is what n spoke candidates watch on the API server: each
 // one's KubeSource informers (Services, EndpointSlices, Nodes, Namespaces,
 // ServiceExports), plus, when one of them leads, its import writer's
-// informers (spoke/importwriter.go importRun.run), which watch only the
+// informers (importwriter/importwriter.go importRun.run), which watch only the
 // objects labelled nave.io/managed-by=nave-spoke: Services, EndpointSlices
 // and ServiceImports. That writer is the one offset over n: it runs while a
 // spoke leads (--imports, on by default and in deploy/spoke/deployment.yaml).

@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/navemesh/nave/importwriter"
 	"github.com/navemesh/nave/registry"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -105,7 +106,7 @@ func TestCachedSlicesKeepTheirServiceNotTheirLabels(t *testing.T) {
 	}{
 		{"a service's", map[string]string{discoveryv1.LabelServiceName: "web", "app": "web"}, registry.ServiceKey{Namespace: "shop", Name: "web"}},
 		{"no service's", map[string]string{"app": "web"}, registry.ServiceKey{}},
-		{"the import writer's", map[string]string{discoveryv1.LabelServiceName: "web", ManagedByLabel: ManagedByValue}, registry.ServiceKey{}},
+		{"the import writer's", map[string]string{discoveryv1.LabelServiceName: "web", importwriter.ManagedByLabel: importwriter.ManagedByValue}, registry.ServiceKey{}},
 	} {
 		es := decodedSlice(3)
 		es.Namespace, es.Name, es.Labels = "shop", "web-1", tc.labels

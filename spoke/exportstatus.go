@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/navemesh/nave/exportpolicy"
 	"github.com/navemesh/nave/federation"
+	"github.com/navemesh/nave/internal/mcsstatus"
 	"github.com/navemesh/nave/registry"
 )
 
@@ -29,7 +29,7 @@ const (
 	// ConditionValid says whether the export is valid and the hub took it.
 	ConditionValid = "Valid"
 	// ConditionReady says whether the export is in the clusterset: the hub holds it.
-	ConditionReady = "Ready"
+	ConditionReady = mcsstatus.ConditionReady
 	// ConditionConflict says whether the export conflicts with another cluster's
 	// export of the service; its reason names the conflicting properties
 	// (PortConflict, TypeConflict, ...), several joined by commas.
@@ -50,14 +50,6 @@ const (
 
 // statusFieldManager owns the conditions the spoke writes.
 const statusFieldManager = "nave-spoke"
-
-// exportCondition is the part of a condition the spoke decides.
-type exportCondition struct {
-	Type    string
-	Status  metav1.ConditionStatus
-	Reason  string
-	Message string
-}
 
 // WriteStatus keeps the Valid and Conflict conditions of every ServiceExport
 // current until ctx ends: only the spoke that leads calls it, once the
@@ -120,7 +112,7 @@ func (k *KubeSource) writeStatus(ctx context.Context, key registry.ServiceKey) {
 		return
 	}
 	current, _, _ := unstructured.NestedSlice(export.Object, "status", "conditions")
-	conds, changed := mergeConditions(current, k.conditions(key), export.GetGeneration(), time.Now())
+	conds, changed := mcsstatus.MergeConditions(current, k.conditions(key), export.GetGeneration(), time.Now())
 	if !changed {
 		k.statusQueue.Forget(key)
 		return
@@ -151,24 +143,21 @@ func (k *KubeSource) writeStatus(ctx context.Context, key registry.ServiceKey) {
 	}
 }
 
-// maxConditionMessage bounds a condition's message (the API allows 32768 bytes).
-const maxConditionMessage = 4096
-
 // conditions returns what the Valid and Conflict conditions of a service's
 // export should say. What depends on the hub is left out (so left as it is)
 // until the current hub session has reported.
-func (k *KubeSource) conditions(key registry.ServiceKey) []exportCondition {
+func (k *KubeSource) conditions(key registry.ServiceKey) []mcsstatus.Condition {
 	k.statusMu.Lock()
 	problem, report, known := k.problems[key], k.reports[key], k.reportsKnown
 	k.statusMu.Unlock()
 
-	var out []exportCondition
+	var out []mcsstatus.Condition
 	// Ready follows Valid: the export is in the clusterset exactly when it is valid and the hub holds it.
 	invalid := func(reason, format string, args ...any) {
-		msg := truncate(fmt.Sprintf(format, args...))
+		msg := mcsstatus.Truncate(fmt.Sprintf(format, args...))
 		out = append(out,
-			exportCondition{Type: ConditionValid, Status: metav1.ConditionFalse, Reason: reason, Message: msg},
-			exportCondition{Type: ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonFailed, Message: msg})
+			mcsstatus.Condition{Type: ConditionValid, Status: metav1.ConditionFalse, Reason: reason, Message: msg},
+			mcsstatus.Condition{Type: ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonFailed, Message: msg})
 	}
 	svc, err := k.services.Services(key.Namespace).Get(key.Name)
 	switch {
@@ -187,18 +176,18 @@ func (k *KubeSource) conditions(key registry.ServiceKey) []exportCondition {
 		invalid(ReasonRefusedByHub, "%s", report.Refused)
 	default:
 		out = append(out,
-			exportCondition{Type: ConditionValid, Status: metav1.ConditionTrue, Reason: ReasonValid,
+			mcsstatus.Condition{Type: ConditionValid, Status: metav1.ConditionTrue, Reason: ReasonValid,
 				Message: "the service is valid for export"},
-			exportCondition{Type: ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonExported,
+			mcsstatus.Condition{Type: ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonExported,
 				Message: "the hub holds the export"})
 	}
 	switch {
 	case !known:
 	case len(report.Conflicts) > 0:
-		out = append(out, exportCondition{Type: ConditionConflict, Status: metav1.ConditionTrue,
-			Reason: conflictReason(report.Conflicts), Message: truncate(conflictMessage(report.Conflicts))})
+		out = append(out, mcsstatus.Condition{Type: ConditionConflict, Status: metav1.ConditionTrue,
+			Reason: conflictReason(report.Conflicts), Message: mcsstatus.Truncate(conflictMessage(report.Conflicts))})
 	default:
-		out = append(out, exportCondition{Type: ConditionConflict, Status: metav1.ConditionFalse, Reason: ReasonNoConflicts,
+		out = append(out, mcsstatus.Condition{Type: ConditionConflict, Status: metav1.ConditionFalse, Reason: ReasonNoConflicts,
 			Message: "no other cluster exports the service differently"})
 	}
 	return out
@@ -220,85 +209,4 @@ func conflictMessage(conflicts []federation.Explanation) string {
 		texts[i] = c.Text
 	}
 	return strings.Join(texts, "; ")
-}
-
-func truncate(msg string) string {
-	if len(msg) <= maxConditionMessage {
-		return msg
-	}
-	const more = "... (truncated)"
-	cut := maxConditionMessage - len(more)
-	for cut > 0 && !utf8.RuneStart(msg[cut]) {
-		cut--
-	}
-	return msg[:cut] + more
-}
-
-// mergeConditions returns the conditions list with want applied: conditions
-// of other types are kept, a condition whose content is unchanged keeps its
-// transition time, and changed reports whether anything differs. A
-// generation of 0 writes no observedGeneration (see ensureStatus).
-func mergeConditions(current []any, want []exportCondition, generation int64, now time.Time) (out []any, changed bool) {
-	out = make([]any, 0, len(current)+len(want))
-	byType := map[string]map[string]any{}
-	for _, c := range current {
-		m, ok := c.(map[string]any)
-		if !ok {
-			changed = true // garbage in our status: dropped
-			continue
-		}
-		typ, _ := m["type"].(string)
-		byType[typ] = m
-	}
-	for _, c := range current {
-		if m, ok := c.(map[string]any); ok && !isOurs(m["type"], want) {
-			out = append(out, m)
-		}
-	}
-	for _, w := range want {
-		old := byType[w.Type]
-		transition := now.UTC().Format(time.RFC3339)
-		if old != nil && old["status"] == string(w.Status) {
-			if t, ok := old["lastTransitionTime"].(string); ok && t != "" {
-				transition = t
-			}
-		}
-		c := map[string]any{
-			"type": w.Type, "status": string(w.Status), "reason": w.Reason, "message": w.Message,
-			"lastTransitionTime": transition,
-		}
-		if generation != 0 {
-			c["observedGeneration"] = generation
-		}
-		if old == nil || old["status"] != c["status"] || old["reason"] != c["reason"] ||
-			old["message"] != c["message"] || old["lastTransitionTime"] != c["lastTransitionTime"] ||
-			!sameGeneration(old["observedGeneration"], generation) {
-			changed = true
-		}
-		out = append(out, c)
-	}
-	return out, changed
-}
-
-func isOurs(typ any, want []exportCondition) bool {
-	for _, w := range want {
-		if typ == w.Type {
-			return true
-		}
-	}
-	return false
-}
-
-// sameGeneration compares a generation decoded from JSON (int64 or float64;
-// absent matches 0) with g.
-func sameGeneration(v any, g int64) bool {
-	switch n := v.(type) {
-	case nil:
-		return g == 0
-	case int64:
-		return n == g
-	case float64:
-		return n == float64(g)
-	}
-	return false
 }

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/navemesh/nave/federation"
+	"github.com/navemesh/nave/internal/kubeclient"
 	"github.com/navemesh/nave/registry"
 )
 
@@ -86,7 +87,7 @@ func gatewayPort(svc *corev1.Service) (int32, string) {
 
 // isGatewayService reports whether obj is a Service labelled as a network gateway.
 func isGatewayService(obj any) bool {
-	svc, ok := tombstone(obj).(*corev1.Service)
+	svc, ok := kubeclient.Tombstone(obj).(*corev1.Service)
 	return ok && svc.Labels[NetworkGatewayLabel] != ""
 }
 

@@ -25,6 +25,7 @@ import (
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 
 	"github.com/navemesh/nave/federation"
+	"github.com/navemesh/nave/importwriter"
 	"github.com/navemesh/nave/internal/kubeclient"
 	"github.com/navemesh/nave/registry"
 )
@@ -200,7 +201,7 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 	}
 
 	enqueueService := func(obj any) {
-		if svc, ok := tombstone(obj).(*corev1.Service); ok {
+		if svc, ok := kubeclient.Tombstone(obj).(*corev1.Service); ok {
 			key := registry.ServiceKey{Namespace: svc.Namespace, Name: svc.Name}
 			if k.nodesLive.Load() { // after the initial list: a change
 				k.Origins.Saw(key, svc.ResourceVersion, time.Time{})
@@ -212,7 +213,7 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 		}
 	}
 	enqueueSlice := func(obj any) {
-		if es, ok := tombstone(obj).(*cachedSlice); ok {
+		if es, ok := kubeclient.Tombstone(obj).(*cachedSlice); ok {
 			if key, ok := es.belongs(); ok {
 				if k.nodesLive.Load() {
 					k.Origins.Saw(key, es.ResourceVersion, time.Time{})
@@ -225,8 +226,8 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 	// slice has none): a change rebuilds the services with endpoints on it.
 	// Before the initial build, which reads every node, events are moot.
 	nodeChanged := func(old, cur any) {
-		o, ok1 := tombstone(old).(*corev1.Node)
-		c, ok2 := tombstone(cur).(*corev1.Node)
+		o, ok1 := kubeclient.Tombstone(old).(*corev1.Node)
+		c, ok2 := kubeclient.Tombstone(cur).(*corev1.Node)
 		if !k.nodesLive.Load() || ok1 && ok2 && maps.Equal(o.Labels, c.Labels) {
 			return // the status updates every node sends: nothing Nave reads
 		}
@@ -486,7 +487,7 @@ func (k *KubeSource) export(key registry.ServiceKey) *unstructured.Unstructured 
 // ServiceExport resource, and returns the preferred version it serves.
 func (k *KubeSource) serviceExportsInstalled() (schema.GroupVersionResource, bool, error) {
 	for _, gvr := range serviceExportVersions {
-		ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), kubeclient.RequestTimeout)
 		served, err := k.client.Resources(ctx, gvr.GroupVersion())
 		cancel()
 		if err != nil {
@@ -534,7 +535,7 @@ func (k *KubeSource) watchServiceExports(ctx context.Context, gvr schema.GroupVe
 		return fmt.Errorf("strip ServiceExports: %w", err)
 	}
 	onExport := func(obj any) {
-		if u, ok := tombstone(obj).(*unstructured.Unstructured); ok {
+		if u, ok := kubeclient.Tombstone(obj).(*unstructured.Unstructured); ok {
 			k.enqueue(registry.ServiceKey{Namespace: u.GetNamespace(), Name: u.GetName()})
 		}
 	}
@@ -624,14 +625,6 @@ func (k *KubeSource) forgetReports() {
 	k.reports, k.reportsKnown = nil, false
 }
 
-// tombstone unwraps the final state of an object whose deletion an informer missed.
-func tombstone(obj any) any {
-	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		return t.Obj
-	}
-	return obj
-}
-
 // strip is the informers' transform: it keeps only what Nave reads of each
 // object (and what a ServiceExport status update needs), so that the caches
 // of a large cluster stay small. It changes the object in place, as informer
@@ -643,7 +636,7 @@ func strip(obj any) (any, error) {
 		gateway := o.Labels[NetworkGatewayLabel] != ""
 		o.ManagedFields, o.OwnerReferences = nil, nil
 		o.Annotations = keepLabels(o.Annotations, NetworkGatewayPortAnnotation)
-		o.Labels = keptLabels.share(keepLabels(o.Labels, ExportLabel, ManagedByLabel, NetworkGatewayLabel))
+		o.Labels = keptLabels.share(keepLabels(o.Labels, ExportLabel, importwriter.ManagedByLabel, NetworkGatewayLabel))
 		spec := corev1.ServiceSpec{Type: o.Spec.Type, ClusterIP: o.Spec.ClusterIP, Ports: o.Spec.Ports,
 			SessionAffinity: o.Spec.SessionAffinity, SessionAffinityConfig: o.Spec.SessionAffinityConfig,
 			InternalTrafficPolicy: o.Spec.InternalTrafficPolicy, TrafficDistribution: o.Spec.TrafficDistribution,
@@ -694,5 +687,5 @@ func keepLabels(labels map[string]string, keep ...string) map[string]string {
 var labelsEverything = labels.Everything()
 
 // notImportedSelector selects the objects the import writer did not make:
-// those without ManagedByLabel=ManagedByValue.
-const notImportedSelector = ManagedByLabel + "!=" + ManagedByValue
+// those without importwriter.ManagedByLabel=importwriter.ManagedByValue.
+const notImportedSelector = importwriter.ManagedByLabel + "!=" + importwriter.ManagedByValue

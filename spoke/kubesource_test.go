@@ -21,8 +21,10 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/navemesh/nave/federation"
+	"github.com/navemesh/nave/importwriter"
 	"github.com/navemesh/nave/internal/kubeclient"
 	"github.com/navemesh/nave/internal/kubetest"
+	"github.com/navemesh/nave/internal/mcsstatus"
 	"github.com/navemesh/nave/internal/nettest"
 	"github.com/navemesh/nave/registry"
 )
@@ -81,23 +83,23 @@ func (f *kubeFixture) startSource(tune func(*Config, *KubeSource)) (*KubeSource,
 }
 
 // conditions returns a ServiceExport's conditions by type, and its resourceVersion.
-func (f *kubeFixture) conditions(k registry.ServiceKey) (map[string]exportCondition, string) {
+func (f *kubeFixture) conditions(k registry.ServiceKey) (map[string]mcsstatus.Condition, string) {
 	u, err := f.cluster.Dynamic.Resource(f.exports).Namespace(k.Namespace).Get(f.t.Context(), k.Name, metav1.GetOptions{})
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	out := map[string]exportCondition{}
+	out := map[string]mcsstatus.Condition{}
 	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
 	for _, c := range conds {
 		m := c.(map[string]any)
-		out[m["type"].(string)] = exportCondition{Type: m["type"].(string), Status: metav1.ConditionStatus(m["status"].(string)),
+		out[m["type"].(string)] = mcsstatus.Condition{Type: m["type"].(string), Status: metav1.ConditionStatus(m["status"].(string)),
 			Reason: m["reason"].(string), Message: m["message"].(string)}
 	}
 	return out, u.GetResourceVersion()
 }
 
 // awaitCondition waits until a ServiceExport's condition has the status and reason.
-func (f *kubeFixture) awaitCondition(k registry.ServiceKey, typ string, status metav1.ConditionStatus, reason string) exportCondition {
+func (f *kubeFixture) awaitCondition(k registry.ServiceKey, typ string, status metav1.ConditionStatus, reason string) mcsstatus.Condition {
 	f.t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -267,10 +269,10 @@ func TestKubeSource(t *testing.T) {
 		kubeService("apps", "big", exportLabel, corev1.ServicePort{Name: "http", Port: 80}),
 		// What the import writer makes: a derived Service (labelled for
 		// export, as a user might), and another cluster's endpoints of web.
-		kubeService("apps", "derived-web", map[string]string{ExportLabel: "true", ManagedByLabel: ManagedByValue},
+		kubeService("apps", "derived-web", map[string]string{ExportLabel: "true", importwriter.ManagedByLabel: importwriter.ManagedByValue},
 			corev1.ServicePort{Name: "http", Port: 80}),
 		withLabels(kubeSlice("apps", "web", "web-west-ipv4", discoveryv1.AddressTypeIPv4, 8080, kubeEndpoint("10.9.0.1", true, "", "n1")),
-			map[string]string{ManagedByLabel: ManagedByValue}),
+			map[string]string{importwriter.ManagedByLabel: importwriter.ManagedByValue}),
 	)
 	// Hundreds of endpoints, a hundred per slice as the EndpointSlice controller does.
 	for s := range 3 {
@@ -446,8 +448,8 @@ func TestKubeSource(t *testing.T) {
 			}
 		}
 		derived := registry.ServiceKey{Namespace: apps, Name: "derived-web"}
-		relabel("Service", "derived-web", `{"metadata":{"labels":{"`+ManagedByLabel+`":null}}}`)
-		relabel("EndpointSlice", "big-0", `{"metadata":{"labels":{"`+ManagedByLabel+`":"`+ManagedByValue+`"}}}`)
+		relabel("Service", "derived-web", `{"metadata":{"labels":{"`+importwriter.ManagedByLabel+`":null}}}`)
+		relabel("EndpointSlice", "big-0", `{"metadata":{"labels":{"`+importwriter.ManagedByLabel+`":"`+importwriter.ManagedByValue+`"}}}`)
 		await(t, latest, "derived-web exported once it is not the writer's, and big without big-0", func(st State) bool {
 			return st[derived] != nil && st[big] != nil && len(st[big].Endpoints) == 100
 		})

@@ -18,6 +18,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/navemesh/nave/federation"
+	"github.com/navemesh/nave/importwriter"
 	"github.com/navemesh/nave/internal/kubeclient"
 	"github.com/navemesh/nave/registry"
 )
@@ -76,7 +77,8 @@ type Config struct {
 	Imports      bool
 	ImportsQPS   float32
 	ImportsBurst int
-	// PollInterval is how often a dir source looks for changes.
+	// PollInterval is how often a dir source rescans its directory (it
+	// watches it for changes, and polls at this interval if it cannot).
 	PollInterval time.Duration
 	// AdminAddr serves /healthz, /readyz and /metrics; empty serves nothing.
 	AdminAddr  string
@@ -189,7 +191,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		tc := fc
 		if kube != nil && cfg.Imports {
 			// The hub's imports go to the writer, which says how far it has written them.
-			writer := NewImportWriter(clients.importer, ImportWriterConfig{
+			writer := importwriter.New(clients.importer, importwriter.Config{
 				Cluster: cfg.Cluster, Written: func(epoch, version uint64) { pub.ImportsWritten(epoch, version) },
 				Problems: func(ps []federation.ImportProblem) { pub.ImportProblems(ps) },
 			}, log)

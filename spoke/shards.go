@@ -10,6 +10,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/navemesh/nave/importwriter"
 	"github.com/navemesh/nave/registry"
 )
 
@@ -38,7 +39,7 @@ type BuildOptions struct {
 // imported says whether an object is one the import writer made (a derived
 // Service, an imported EndpointSlice): another cluster's service, never exported back.
 func imported(o metav1.Object) bool {
-	return o.GetLabels()[ManagedByLabel] == ManagedByValue
+	return o.GetLabels()[importwriter.ManagedByLabel] == importwriter.ManagedByValue
 }
 
 // sliceService is the key of the service an EndpointSlice belongs to.

@@ -14,6 +14,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/navemesh/nave/importwriter"
 	"github.com/navemesh/nave/registry"
 )
 
@@ -498,10 +499,10 @@ func mustJSON(v any) string {
 // is another cluster's service: it is never exported back, even with ExportAll.
 func TestImportedObjectsAreNeverExported(t *testing.T) {
 	derived := svc("derived-abc", port("grpc", 8080))
-	derived.Labels = map[string]string{ManagedByLabel: ManagedByValue}
+	derived.Labels = map[string]string{importwriter.ManagedByLabel: importwriter.ManagedByValue}
 	local := svc("web", port("http", 80))
 	imported := slice("web-east-ipv4-x-0", "web", discoveryv1.AddressTypeIPv4, map[string]int32{"http": 8080}, ep("10.9.0.1", true))
-	imported.Labels[ManagedByLabel] = ManagedByValue
+	imported.Labels[importwriter.ManagedByLabel] = importwriter.ManagedByValue
 	own := slice("web-1", "web", discoveryv1.AddressTypeIPv4, map[string]int32{"http": 8080}, ep("10.0.0.1", true))
 	shards, _, _ := BuildShards(Objects{Services: []*corev1.Service{derived, local},
 		EndpointSlices: []*discoveryv1.EndpointSlice{imported, own}}, BuildOptions{Cluster: "east", ExportAll: true})

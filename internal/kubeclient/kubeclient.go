@@ -52,6 +52,10 @@ func newScheme() *runtime.Scheme {
 	return s
 }
 
+// RequestTimeout bounds one request of the spoke's that is not a list or a
+// watch: a read, a write, a discovery.
+const RequestTimeout = 30 * time.Second
+
 // Client reaches one cluster's API server.
 type Client struct {
 	core, discovery, coordination, networking *rest.RESTClient
@@ -315,4 +319,12 @@ func (is Informers) WaitForSync(done <-chan struct{}) bool {
 		synced[i] = inf.HasSynced
 	}
 	return cache.WaitForCacheSync(done, synced...)
+}
+
+// Tombstone unwraps the final state of an object whose deletion an informer missed.
+func Tombstone(obj any) any {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		return t.Obj
+	}
+	return obj
 }

@@ -1,4 +1,7 @@
-package spoke
+// Package importwriter writes a member cluster's MCS imports: the
+// ServiceImports, derived Services and EndpointSlices the hub says the
+// cluster must hold (a federation.ImportState), while the spoke leads.
+package importwriter
 
 import (
 	"cmp"
@@ -35,6 +38,7 @@ import (
 	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/imports"
 	"github.com/navemesh/nave/internal/kubeclient"
+	"github.com/navemesh/nave/internal/mcsstatus"
 	"github.com/navemesh/nave/registry"
 )
 
@@ -45,8 +49,8 @@ var serviceImportVersions = []schema.GroupVersionResource{
 	mcsv1alpha1.SchemeGroupVersion.WithResource(mcsv1alpha1.ServiceImportPluralName),
 }
 
-// ImportWriterConfig configures an ImportWriter.
-type ImportWriterConfig struct {
+// Config configures a Writer.
+type Config struct {
 	// Cluster is this cluster's ID (for logs).
 	Cluster registry.ClusterID
 	// Written, if not nil, is told the session epoch and version of a state
@@ -73,15 +77,12 @@ type ImportWriterConfig struct {
 	ServiceCIDRSettle time.Duration
 }
 
-// DefaultImportWriterConfig returns the configuration a spoke writes imports with.
-func DefaultImportWriterConfig(cluster registry.ClusterID) ImportWriterConfig {
-	return ImportWriterConfig{Cluster: cluster, Workers: 4, ServiceCIDRSettle: 10 * time.Second, BlockedRecheck: 30 * time.Second}
+// DefaultConfig returns the configuration a spoke writes imports with.
+func DefaultConfig(cluster registry.ClusterID) Config {
+	return Config{Cluster: cluster, Workers: 4, ServiceCIDRSettle: 10 * time.Second, BlockedRecheck: 30 * time.Second}
 }
 
-// requestTimeout bounds one API request of the writer.
-const requestTimeout = 30 * time.Second
-
-// ImportWriter keeps a member cluster's MCS imports equal to what the hub
+// Writer keeps a member cluster's MCS imports equal to what the hub
 // says the cluster must hold (a federation.ImportState): for each import a
 // ServiceImport, its EndpointSlices (imports.Slices: sticky, deterministic
 // names), and, for a ClusterSetIP import, a derived Service whose cluster
@@ -103,9 +104,9 @@ const requestTimeout = 30 * time.Second
 // cluster deletes nothing. Before the first state it writes nothing.
 //
 // Set may be called from any goroutine; Run writes while this spoke leads.
-type ImportWriter struct {
+type Writer struct {
 	client *kubeclient.Client
-	cfg    ImportWriterConfig
+	cfg    Config
 	log    *slog.Logger
 
 	state   atomic.Pointer[federation.ImportState] // the newest state
@@ -116,12 +117,12 @@ type ImportWriter struct {
 	failed atomic.Uint64
 }
 
-// NewImportWriter returns a writer over client.
-func NewImportWriter(client *kubeclient.Client, cfg ImportWriterConfig, log *slog.Logger) *ImportWriter {
+// New returns a writer over client.
+func New(client *kubeclient.Client, cfg Config, log *slog.Logger) *Writer {
 	if log == nil {
 		log = slog.Default()
 	}
-	def := DefaultImportWriterConfig(cfg.Cluster)
+	def := DefaultConfig(cfg.Cluster)
 	if cfg.Workers <= 0 {
 		cfg.Workers = def.Workers
 	}
@@ -131,13 +132,13 @@ func NewImportWriter(client *kubeclient.Client, cfg ImportWriterConfig, log *slo
 	if cfg.BlockedRecheck <= 0 {
 		cfg.BlockedRecheck = def.BlockedRecheck
 	}
-	return &ImportWriter{client: client, cfg: cfg, changed: make(chan struct{}, 1),
+	return &Writer{client: client, cfg: cfg, changed: make(chan struct{}, 1),
 		log: log.With("component", "import-writer", "cluster", cfg.Cluster)}
 }
 
 // Set makes st the state to write; the newest state wins. It never blocks
 // (the publisher's OnImports may call it).
-func (w *ImportWriter) Set(st federation.ImportState) {
+func (w *Writer) Set(st federation.ImportState) {
 	w.state.Store(&st)
 	select {
 	case w.changed <- struct{}{}:
@@ -155,36 +156,36 @@ const (
 	numVerbs
 )
 
-// ImportWriteCounts counts the writes of one kind of object the API server took.
-type ImportWriteCounts struct{ Create, Patch, Delete uint64 }
+// WriteCounts counts the writes of one kind of object the API server took.
+type WriteCounts struct{ Create, Patch, Delete uint64 }
 
 // Total is the number of writes.
-func (c ImportWriteCounts) Total() uint64 { return c.Create + c.Patch + c.Delete }
+func (c WriteCounts) Total() uint64 { return c.Create + c.Patch + c.Delete }
 
-// ImportWriteStats counts an ImportWriter's API writes since it was made.
+// WriteStats counts a Writer's API writes since it was made.
 // Status writes count as ServiceImport patches.
-type ImportWriteStats struct {
-	ServiceImports, EndpointSlices, Services, ServiceCIDRs ImportWriteCounts
+type WriteStats struct {
+	ServiceImports, EndpointSlices, Services, ServiceCIDRs WriteCounts
 	// Failed counts the writes the API server refused or that failed.
 	Failed uint64
 }
 
 // Total is the number of writes the API server took.
-func (s ImportWriteStats) Total() uint64 {
+func (s WriteStats) Total() uint64 {
 	return s.ServiceImports.Total() + s.EndpointSlices.Total() + s.Services.Total() + s.ServiceCIDRs.Total()
 }
 
 // Stats returns the writer's write counts.
-func (w *ImportWriter) Stats() ImportWriteStats {
-	c := func(k objKind) ImportWriteCounts {
-		return ImportWriteCounts{Create: w.writes[k][verbCreate].Load(), Patch: w.writes[k][verbPatch].Load(),
+func (w *Writer) Stats() WriteStats {
+	c := func(k objKind) WriteCounts {
+		return WriteCounts{Create: w.writes[k][verbCreate].Load(), Patch: w.writes[k][verbPatch].Load(),
 			Delete: w.writes[k][verbDelete].Load()}
 	}
-	return ImportWriteStats{ServiceImports: c(kindServiceImport), EndpointSlices: c(kindEndpointSlice),
+	return WriteStats{ServiceImports: c(kindServiceImport), EndpointSlices: c(kindEndpointSlice),
 		Services: c(kindService), ServiceCIDRs: c(kindServiceCIDR), Failed: w.failed.Load()}
 }
 
-func (w *ImportWriter) count(k objKind, v verb, err error) {
+func (w *Writer) count(k objKind, v verb, err error) {
 	if err != nil {
 		w.failed.Add(1)
 		return
@@ -201,9 +202,9 @@ type importAPI struct {
 
 // discover asks the API server's discovery what it serves; imports is zero
 // when no ServiceImport version is served.
-func (w *ImportWriter) discover() (importAPI, error) {
+func (w *Writer) discover() (importAPI, error) {
 	resources := func(gv schema.GroupVersion) ([]string, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), kubeclient.RequestTimeout)
 		defer cancel()
 		return w.client.Resources(ctx, gv)
 	}
@@ -238,9 +239,9 @@ func (w *ImportWriter) discover() (importAPI, error) {
 // (while this spoke leads). It waits for the ServiceImport CRD, starts its
 // informers, waits for them to sync and for a first state, then writes. It
 // returns nil when ctx ends, and an error only when it cannot start.
-func (w *ImportWriter) Run(ctx context.Context) error {
+func (w *Writer) Run(ctx context.Context) error {
 	if !w.running.CompareAndSwap(false, true) {
-		return errors.New("spoke: the import writer is already running")
+		return errors.New("importwriter: the writer is already running")
 	}
 	defer w.running.Store(false)
 	var api importAPI
@@ -290,7 +291,7 @@ type cidrState struct {
 
 // importRun is one Run: caches, queue and progress, for one leadership term.
 type importRun struct {
-	w       *ImportWriter
+	w       *Writer
 	log     *slog.Logger
 	api     importAPI
 	queue   workqueue.TypedRateLimitingInterface[registry.ServiceKey]
@@ -311,7 +312,7 @@ type importRun struct {
 	target     *federation.ImportState // the state Written will be told of
 	reported   *federation.ImportState
 	// problems are the imports blocked by objects that are not Nave's, as
-	// of each one's last sync (see ImportWriterConfig.Problems).
+	// of each one's last sync (see Config.Problems).
 	problems map[registry.ServiceKey]federation.ImportProblem
 }
 
@@ -409,7 +410,7 @@ func (r *importRun) run(ctx context.Context) error {
 // whole, and syncing it again (converting every object it owns to compare
 // them) cost a cluster of large imports most of its memory churn.
 func (r *importRun) observe(kind objKind, obj any, gone bool) {
-	o, ok := tombstone(obj).(metav1.Object)
+	o, ok := kubeclient.Tombstone(obj).(metav1.Object)
 	if !ok {
 		return
 	}
@@ -577,11 +578,11 @@ func retryable(err error) bool {
 
 // syncResult is what one sync of an import found wrong.
 type syncResult struct {
-	clashes  []string         // objects it needs that are not Nave's
-	blocked  string           // the reason of the first clash (federation.ReasonBlockedBy...)
-	refusals []string         // objects the API server refused
-	ipCond   *exportCondition // the ClusterSetIP condition (ClusterSetIP imports)
-	retry    error            // the first error worth retrying
+	clashes  []string             // objects it needs that are not Nave's
+	blocked  string               // the reason of the first clash (federation.ReasonBlockedBy...)
+	refusals []string             // objects the API server refused
+	ipCond   *mcsstatus.Condition // the ClusterSetIP condition (ClusterSetIP imports)
+	retry    error                // the first error worth retrying
 }
 
 // clash records an object the import needs that is not Nave's, of a kind
@@ -714,7 +715,7 @@ func (r *importRun) servicesOf(key registry.ServiceKey) []*keptService {
 
 // timeout bounds one request.
 func timeout(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, requestTimeout)
+	return context.WithTimeout(ctx, kubeclient.RequestTimeout)
 }
 
 func (r *importRun) serviceImportClient(namespace string) dynamic.ResourceInterface {
@@ -740,7 +741,7 @@ func (r *importRun) createServiceImport(ctx context.Context, imp *imports.Import
 	delete(u.Object, "status")
 	ctx, cancel := timeout(ctx)
 	defer cancel()
-	created, err := r.serviceImportClient(key.Namespace).Create(ctx, u, metav1.CreateOptions{FieldManager: ImportFieldManager})
+	created, err := r.serviceImportClient(key.Namespace).Create(ctx, u, metav1.CreateOptions{FieldManager: FieldManager})
 	r.w.count(kindServiceImport, verbCreate, err)
 	switch {
 	case err == nil:
@@ -796,20 +797,20 @@ func (r *importRun) patchServiceImport(ctx context.Context, si *keptServiceImpor
 // ensureStatus writes the ServiceImport's clusters and conditions when they differ.
 func (r *importRun) ensureStatus(ctx context.Context, si *keptServiceImport, imp *imports.Import, derived string, res *syncResult) {
 	key := imp.Service
-	ready := exportCondition{Type: ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonImportReady,
+	ready := mcsstatus.Condition{Type: ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonReady,
 		Message: "the imported EndpointSlices are written"}
 	if !imp.Headless {
 		ready.Message = "the imported EndpointSlices and the derived Service " + derived + " are written"
 	}
 	switch {
 	case len(res.clashes) > 0:
-		ready = exportCondition{Type: ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonNameInUse,
+		ready = mcsstatus.Condition{Type: ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonNameInUse,
 			Message: conditionMessage(append(res.clashes, res.refusals...))}
 	case len(res.refusals) > 0:
-		ready = exportCondition{Type: ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonRefused,
+		ready = mcsstatus.Condition{Type: ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonRefused,
 			Message: conditionMessage(res.refusals)}
 	}
-	want := []exportCondition{ready}
+	want := []mcsstatus.Condition{ready}
 	if res.ipCond != nil {
 		want = append(want, *res.ipCond)
 	}
@@ -856,7 +857,7 @@ func (r *importRun) ensureStatus(ctx context.Context, si *keptServiceImport, imp
 	pctx, cancel := timeout(ctx)
 	defer cancel()
 	out, err := r.serviceImportClient(key.Namespace).Patch(pctx, key.Name, types.MergePatchType, body,
-		metav1.PatchOptions{FieldManager: ImportFieldManager}, sub...)
+		metav1.PatchOptions{FieldManager: FieldManager}, sub...)
 	r.w.count(kindServiceImport, verbPatch, err)
 	if err != nil {
 		if apierrors.IsNotFound(err) {
@@ -929,14 +930,14 @@ func (r *importRun) ensureService(ctx context.Context, imp *imports.Import, owne
 	ips = serviceIPs(cur)
 	switch refused, _ := cur.annotation(refusedAnnotation); {
 	case len(hub) > 0 && slices.Equal(ips, hub):
-		res.ipCond = &exportCondition{Type: ConditionClusterSetIP, Status: metav1.ConditionTrue, Reason: ReasonAllocated,
+		res.ipCond = &mcsstatus.Condition{Type: ConditionClusterSetIP, Status: metav1.ConditionTrue, Reason: ReasonAllocated,
 			Message: fmt.Sprintf("the derived Service %s has the clusterset IPs %s", name, requested)}
 	case len(hub) == 0:
-		res.ipCond = &exportCondition{Type: ConditionClusterSetIP, Status: metav1.ConditionFalse, Reason: ReasonClusterLocalIP,
+		res.ipCond = &mcsstatus.Condition{Type: ConditionClusterSetIP, Status: metav1.ConditionFalse, Reason: ReasonClusterLocalIP,
 			Message: fmt.Sprintf("the hub allocated no clusterset IP; the derived Service %s has the cluster's IPs %s", name, strings.Join(ips, ","))}
 	default:
-		res.ipCond = &exportCondition{Type: ConditionClusterSetIP, Status: metav1.ConditionFalse, Reason: ReasonClusterLocalIP,
-			Message: truncate(fmt.Sprintf("the cluster refused the clusterset IPs %s (%s); the derived Service %s has the cluster's IPs %s",
+		res.ipCond = &mcsstatus.Condition{Type: ConditionClusterSetIP, Status: metav1.ConditionFalse, Reason: ReasonClusterLocalIP,
+			Message: mcsstatus.Truncate(fmt.Sprintf("the cluster refused the clusterset IPs %s (%s); the derived Service %s has the cluster's IPs %s",
 				requested, cmp.Or(refused, "reason unknown"), name, strings.Join(ips, ",")))}
 	}
 	return ips, name
@@ -1032,7 +1033,7 @@ func (r *importRun) createService(ctx context.Context, imp *imports.Import, desi
 	create := func(svc *corev1.Service) (*corev1.Service, error) {
 		ctx, cancel := timeout(ctx)
 		defer cancel()
-		out, err := r.w.client.Services(key.Namespace).Create(ctx, svc, metav1.CreateOptions{FieldManager: ImportFieldManager})
+		out, err := r.w.client.Services(key.Namespace).Create(ctx, svc, metav1.CreateOptions{FieldManager: FieldManager})
 		r.w.count(kindService, verbCreate, err)
 		return out, err
 	}
@@ -1165,7 +1166,7 @@ func (r *importRun) createSlice(ctx context.Context, key registry.ServiceKey, es
 	ctx, cancel := timeout(ctx)
 	defer cancel()
 	client := r.w.client.EndpointSlices(key.Namespace)
-	out, err := client.Create(ctx, es, metav1.CreateOptions{FieldManager: ImportFieldManager})
+	out, err := client.Create(ctx, es, metav1.CreateOptions{FieldManager: FieldManager})
 	r.w.count(kindEndpointSlice, verbCreate, err)
 	switch {
 	case err == nil:
@@ -1200,7 +1201,7 @@ func (r *importRun) patchObject(ctx context.Context, kind objKind, key registry.
 	}
 	ctx, cancel := timeout(ctx)
 	defer cancel()
-	opts := metav1.PatchOptions{FieldManager: ImportFieldManager}
+	opts := metav1.PatchOptions{FieldManager: FieldManager}
 	var out metav1.Object
 	switch kind {
 	case kindEndpointSlice:
@@ -1363,7 +1364,7 @@ func (r *importRun) ensureServiceCIDR(ctx context.Context) time.Duration {
 			ObjectMeta: metav1.ObjectMeta{Name: ServiceCIDRName, Labels: map[string]string{ManagedByLabel: ManagedByValue}},
 			Spec:       networkingv1.ServiceCIDRSpec{CIDRs: c.want},
 		}
-		_, err := client.Create(rctx, obj, metav1.CreateOptions{FieldManager: ImportFieldManager})
+		_, err := client.Create(rctx, obj, metav1.CreateOptions{FieldManager: FieldManager})
 		r.w.count(kindServiceCIDR, verbCreate, err)
 		if err != nil {
 			return failed(err)
@@ -1384,7 +1385,7 @@ func (r *importRun) ensureServiceCIDR(ctx context.Context) time.Duration {
 	// second family; anything else is refused, and the old ranges stay.
 	body, _ := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": cur.ResourceVersion},
 		"spec": map[string]any{"cidrs": c.want}})
-	_, err = client.Patch(rctx, ServiceCIDRName, types.MergePatchType, body, metav1.PatchOptions{FieldManager: ImportFieldManager})
+	_, err = client.Patch(rctx, ServiceCIDRName, types.MergePatchType, body, metav1.PatchOptions{FieldManager: FieldManager})
 	r.w.count(kindServiceCIDR, verbPatch, err)
 	switch {
 	case err == nil:

@@ -1,4 +1,4 @@
-package spoke
+package importwriter
 
 import (
 	"encoding/json"
@@ -22,6 +22,7 @@ import (
 
 	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/imports"
+	"github.com/navemesh/nave/internal/mcsstatus"
 	"github.com/navemesh/nave/registry"
 )
 
@@ -42,7 +43,7 @@ func TestLeanImportedKeepsWhatTheWriterReads(t *testing.T) {
 	server := func(m *metav1.ObjectMeta) {
 		m.UID, m.ResourceVersion, m.Generation = types.UID("uid-"+m.Name), "4711", 3
 		m.CreationTimestamp = metav1.NewTime(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
-		m.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: ImportFieldManager, Operation: metav1.ManagedFieldsOperationUpdate,
+		m.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: FieldManager, Operation: metav1.ManagedFieldsOperationUpdate,
 			FieldsV1: metav1.NewFieldsV1(`{"f:metadata":{}}`)}}
 		if m.Labels == nil {
 			m.Labels = map[string]string{}
@@ -77,7 +78,9 @@ func TestLeanImportedKeepsWhatTheWriterReads(t *testing.T) {
 		if es.ManagedFields != nil || es.Annotations != nil || es.OwnerReferences != nil || es.Labels != nil {
 			t.Errorf("kept what the writer never reads, or labels as a map: %+v", es.ObjectMeta)
 		}
-		if got, want := es.GetLabels(), keepLabels(orig.Labels, sliceLabelKeys[:]...); len(want) < 4 || !maps.Equal(got, want) {
+		ownedLabels := maps.Clone(orig.Labels)
+		maps.DeleteFunc(ownedLabels, func(k, _ string) bool { return !slices.Contains(sliceLabelKeys[:], k) })
+		if got, want := es.GetLabels(), ownedLabels; len(want) < 4 || !maps.Equal(got, want) {
 			t.Errorf("labels %v, want those Nave owns: %v", got, want)
 		}
 		if got := es.label(mcsv1beta1.LabelSourceCluster); got != orig.Labels[mcsv1beta1.LabelSourceCluster] || got == "" {
@@ -167,7 +170,7 @@ func TestLeanImportedKeepsWhatTheWriterReads(t *testing.T) {
 			si.Status = mcsv1beta1.ServiceImportStatus{
 				Clusters: []mcsv1beta1.ClusterStatus{{Cluster: "east"}, {Cluster: "west"}},
 				Conditions: []metav1.Condition{
-					{Type: ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonImportReady, Message: "written",
+					{Type: ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonReady, Message: "written",
 						ObservedGeneration: 3, LastTransitionTime: metav1.NewTime(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))},
 					{Type: "SomeoneElses", Status: metav1.ConditionFalse, Reason: "Because", Message: "theirs",
 						LastTransitionTime: metav1.NewTime(time.Date(2026, 1, 2, 3, 4, 6, 0, time.UTC))},
@@ -198,9 +201,9 @@ func TestLeanImportedKeepsWhatTheWriterReads(t *testing.T) {
 			if got, want := lean.status, statusSum(u.Object["status"].(map[string]any)); got != want {
 				t.Errorf("%s: status sum %q, want %q", version, got, want)
 			}
-			ready := exportCondition{Type: ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonImportReady, Message: "written"}
+			ready := mcsstatus.Condition{Type: ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonReady, Message: "written"}
 			clusters := []any{map[string]any{"cluster": "east"}, map[string]any{"cluster": "west"}}
-			if lean.status != wantedSum([]exportCondition{ready}, clusters, 3) {
+			if lean.status != wantedSum([]mcsstatus.Condition{ready}, clusters, 3) {
 				t.Errorf("%s: the status sum is not that of the status the writer wrote", version)
 			}
 			if lean.bare {
@@ -338,14 +341,14 @@ func TestOwnedSumIsMergePatchEquality(t *testing.T) {
 // status change, or read the ServiceImport at every sync.
 func TestStatusSumIsStatusUpdateEquality(t *testing.T) {
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	ready := exportCondition{Type: ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonImportReady, Message: "written"}
-	refused := exportCondition{Type: ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonRefused, Message: "no"}
-	ip := exportCondition{Type: ConditionClusterSetIP, Status: metav1.ConditionTrue, Reason: ReasonAllocated, Message: "10.200.0.1"}
-	wants := [][]exportCondition{{ready}, {refused}, {ready, ip}}
+	ready := mcsstatus.Condition{Type: ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonReady, Message: "written"}
+	refused := mcsstatus.Condition{Type: ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonRefused, Message: "no"}
+	ip := mcsstatus.Condition{Type: ConditionClusterSetIP, Status: metav1.ConditionTrue, Reason: ReasonAllocated, Message: "10.200.0.1"}
+	wants := [][]mcsstatus.Condition{{ready}, {refused}, {ready, ip}}
 	east := []any{map[string]any{"cluster": "east"}}
 	both := []any{map[string]any{"cluster": "east"}, map[string]any{"cluster": "west"}}
 	clusterLists := [][]any{{}, east, both}
-	cond := func(c exportCondition, generation int64, transition time.Time) metav1.Condition {
+	cond := func(c mcsstatus.Condition, generation int64, transition time.Time) metav1.Condition {
 		return metav1.Condition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message,
 			ObservedGeneration: generation, LastTransitionTime: metav1.NewTime(transition)}
 	}

@@ -1,4 +1,4 @@
-package spoke
+package importwriter
 
 import (
 	"crypto/sha256"
@@ -20,7 +20,7 @@ import (
 	"github.com/navemesh/nave/registry"
 )
 
-// This file holds what the ImportWriter keeps of the objects it owns: its
+// This file holds what the Writer keeps of the objects it owns: its
 // informers' transform (leanImported) and the kept forms, each with a sum
 // of the part the writer owns (ownedSum), and the writes it remembers
 // until its informers have seen them (writtenObjects).

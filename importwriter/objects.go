@@ -1,4 +1,4 @@
-package spoke
+package importwriter
 
 import (
 	"cmp"
@@ -17,15 +17,16 @@ import (
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 
 	"github.com/navemesh/nave/imports"
+	"github.com/navemesh/nave/internal/mcsstatus"
 	"github.com/navemesh/nave/registry"
 )
 
-// This file holds what the ImportWriter writes, as pure functions: the
+// This file holds what the Writer writes, as pure functions: the
 // desired ServiceImport, derived Service and EndpointSlices of an import,
 // the part of each object Nave owns (what is compared, and patched), and
 // the reading back of imported EndpointSlices into imports.Slice values.
 
-// Labels and names of the objects the ImportWriter owns.
+// Labels and names of the objects the Writer owns.
 const (
 	// ManagedByLabel marks every object the import writer creates, with the
 	// value ManagedByValue. The writer never changes or deletes an object
@@ -47,8 +48,8 @@ const (
 	// ServiceCIDRName is the ServiceCIDR through which a cluster routes the
 	// hub's clusterset IPs.
 	ServiceCIDRName = "nave-clusterset"
-	// ImportFieldManager is the field manager of every write.
-	ImportFieldManager = "nave-spoke"
+	// FieldManager is the field manager of every write.
+	FieldManager = "nave-spoke"
 )
 
 // Annotations of a derived Service, set when it is created: what it was
@@ -67,16 +68,19 @@ const (
 	refusedCIDRsAnnotation = "nave.io/service-cidrs"
 )
 
-// The ServiceImport conditions the writer sets besides Ready, and the reasons.
+// The ServiceImport conditions the writer sets, and the reasons.
 const (
+	// ConditionReady says whether the import is written (True, Ready), or
+	// what keeps it from being (False, NameInUse or Refused).
+	ConditionReady = mcsstatus.ConditionReady
 	// ConditionClusterSetIP says whether a ClusterSetIP import's derived
 	// Service has the hub's clusterset IPs (True, Allocated) or IPs of the
 	// cluster's own (False, ClusterLocalIP: KEP-1645 allows per-cluster IPs).
 	ConditionClusterSetIP = "ClusterSetIP"
 	ReasonAllocated       = "Allocated"
 	ReasonClusterLocalIP  = "ClusterLocalIP"
-	// ReasonImportReady is Ready's reason once everything is written.
-	ReasonImportReady = "Ready"
+	// ReasonReady is Ready's reason once everything is written.
+	ReasonReady = "Ready"
 	// ReasonNameInUse: an object the import needs exists and is not Nave's.
 	ReasonNameInUse = "NameInUse"
 	// ReasonRefused: the API server refused an object of the import.
@@ -508,12 +512,12 @@ func objectKey(kind objKind, o metav1.Object) (registry.ServiceKey, bool) {
 func conditionMessage(problems []string) string {
 	problems = slices.Clone(problems)
 	slices.Sort(problems)
-	return truncate(strings.Join(slices.Compact(problems), "; "))
+	return mcsstatus.Truncate(strings.Join(slices.Compact(problems), "; "))
 }
 
 // wantedSum is the statusSum of a ServiceImport whose status is as the
 // writer writes it, with the conditions want and these clusters.
-func wantedSum(want []exportCondition, clusters []any, generation int64) string {
+func wantedSum(want []mcsstatus.Condition, clusters []any, generation int64) string {
 	return statusSum(statusUpdate(map[string]any{}, want, clusters, generation, time.Time{}))
 }
 
@@ -521,14 +525,14 @@ func wantedSum(want []exportCondition, clusters []any, generation int64) string 
 // status (as toMap gives it) is status: the conditions want merged into its
 // conditions (a ClusterSetIP condition not in want is dropped), and the
 // clusters. It is nil when status has them already.
-func statusUpdate(status map[string]any, want []exportCondition, clusters []any, generation int64, now time.Time) map[string]any {
-	ip := slices.ContainsFunc(want, func(c exportCondition) bool { return c.Type == ConditionClusterSetIP })
+func statusUpdate(status map[string]any, want []mcsstatus.Condition, clusters []any, generation int64, now time.Time) map[string]any {
+	ip := slices.ContainsFunc(want, func(c mcsstatus.Condition) bool { return c.Type == ConditionClusterSetIP })
 	current, _, _ := unstructured.NestedSlice(status, "conditions")
 	kept := slices.DeleteFunc(slices.Clone(current), func(c any) bool {
 		m, _ := c.(map[string]any)
 		return !ip && m != nil && m["type"] == ConditionClusterSetIP
 	})
-	conds, changed := mergeConditions(kept, want, generation, now)
+	conds, changed := mcsstatus.MergeConditions(kept, want, generation, now)
 	changed = changed || len(kept) != len(current)
 	curClusters, _, _ := unstructured.NestedSlice(status, "clusters")
 	if !changed && (reflect.DeepEqual(curClusters, clusters) || len(curClusters) == 0 && len(clusters) == 0) {

@@ -1,4 +1,4 @@
-package spoke
+package importwriter
 
 import (
 	"bytes"
@@ -33,6 +33,7 @@ import (
 
 	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/imports"
+	"github.com/navemesh/nave/internal/kubeclient"
 	"github.com/navemesh/nave/internal/kubetest"
 	"github.com/navemesh/nave/registry"
 )
@@ -69,12 +70,12 @@ type iwFixture struct{ c *kubetest.Cluster }
 
 // iwWriter is a running writer and what it reported.
 type iwWriter struct {
-	w       *ImportWriter
+	w       *Writer
 	epoch   uint64
 	version uint64
 	mu      sync.Mutex
 	written [2]uint64
-	// problems is the writer's last problem set (ImportWriterConfig.Problems).
+	// problems is the writer's last problem set (Config.Problems).
 	problems []federation.ImportProblem
 	wake     chan struct{}
 	reads    atomic.Int64 // GETs the writer sent of one ServiceImport, Service or EndpointSlice (not lists or watches)
@@ -93,7 +94,7 @@ func (l tlog) Write(b []byte) (int, error) {
 // start runs a writer until the subtest ends.
 func (f *iwFixture) start(t *testing.T, epoch uint64) *iwWriter {
 	h := &iwWriter{epoch: epoch, wake: make(chan struct{}, 1)}
-	cfg := DefaultImportWriterConfig("east")
+	cfg := DefaultConfig("east")
 	cfg.BlockedRecheck = 100 * time.Millisecond
 	cfg.Problems = func(ps []federation.ImportProblem) {
 		h.mu.Lock()
@@ -123,7 +124,11 @@ func (f *iwFixture) start(t *testing.T, epoch uint64) *iwWriter {
 			return rt.RoundTrip(r)
 		})
 	})
-	h.w = NewImportWriter(newKubeClient(t, rc), cfg, log)
+	client, err := kubeclient.New(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.w = New(client, cfg, log)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- h.w.Run(ctx) }()
@@ -182,11 +187,11 @@ func (h *iwWriter) set(t *testing.T, authoritative bool, cidrs []string, removed
 }
 
 // iwDelta is what the writer wrote since before.
-func iwDelta(before, after ImportWriteStats) ImportWriteStats {
-	sub := func(a, b ImportWriteCounts) ImportWriteCounts {
-		return ImportWriteCounts{Create: b.Create - a.Create, Patch: b.Patch - a.Patch, Delete: b.Delete - a.Delete}
+func iwDelta(before, after WriteStats) WriteStats {
+	sub := func(a, b WriteCounts) WriteCounts {
+		return WriteCounts{Create: b.Create - a.Create, Patch: b.Patch - a.Patch, Delete: b.Delete - a.Delete}
 	}
-	return ImportWriteStats{
+	return WriteStats{
 		ServiceImports: sub(before.ServiceImports, after.ServiceImports),
 		EndpointSlices: sub(before.EndpointSlices, after.EndpointSlices),
 		Services:       sub(before.Services, after.Services),
@@ -526,7 +531,7 @@ func (f *iwFixture) testClusterSetIP(t *testing.T) {
 	if want := []mcsv1beta1.ClusterStatus{{Cluster: "east"}, {Cluster: "west"}}; !reflect.DeepEqual(si.Status.Clusters, want) {
 		t.Errorf("ServiceImport clusters %v, want %v", si.Status.Clusters, want)
 	}
-	if c := condition(si, ConditionReady); c == nil || c.Status != metav1.ConditionTrue || c.Reason != ReasonImportReady {
+	if c := condition(si, ConditionReady); c == nil || c.Status != metav1.ConditionTrue || c.Reason != ReasonReady {
 		t.Errorf("Ready condition %+v", c)
 	}
 	if c := condition(si, ConditionClusterSetIP); c == nil || c.Status != metav1.ConditionTrue || c.Reason != ReasonAllocated {
@@ -592,7 +597,7 @@ func (f *iwFixture) testClusterSetIP(t *testing.T) {
 	props.Labels, props.Annotations = map[string]string{"example.com/tier": "front"}, nil
 	before = h2.w.Stats()
 	h2.set(t, true, cidrs, nil, build("10.200.0.10", props))
-	if d := iwDelta(before, h2.w.Stats()); d != (ImportWriteStats{ServiceImports: ImportWriteCounts{Patch: 1}}) {
+	if d := iwDelta(before, h2.w.Stats()); d != (WriteStats{ServiceImports: WriteCounts{Patch: 1}}) {
 		t.Errorf("a label change wrote %+v, want one ServiceImport patch", d)
 	}
 	si, _ = f.serviceImport(t, key)
@@ -607,7 +612,7 @@ func (f *iwFixture) testClusterSetIP(t *testing.T) {
 	before = h2.w.Stats()
 	h2.set(t, true, cidrs, nil, build("10.200.0.20", props))
 	d := iwDelta(before, h2.w.Stats())
-	if d.Services != (ImportWriteCounts{Create: 1, Delete: 1}) || d.EndpointSlices.Total() != 0 || d.Failed != 0 {
+	if d.Services != (WriteCounts{Create: 1, Delete: 1}) || d.EndpointSlices.Total() != 0 || d.Failed != 0 {
 		t.Errorf("an IP change wrote %+v, want the derived Service deleted and created", d)
 	}
 	if svc, _ := f.derivedService(t, key); svc == nil || svc.Spec.ClusterIP != "10.200.0.20" {
@@ -802,8 +807,8 @@ func (f *iwFixture) testRemoval(t *testing.T) {
 	before := h.w.Stats()
 	h.set(t, false, nil, []registry.ServiceKey{a.Service}, b)
 	d := iwDelta(before, h.w.Stats())
-	if want := (ImportWriteStats{ServiceImports: ImportWriteCounts{Delete: 1}, EndpointSlices: ImportWriteCounts{Delete: 1},
-		Services: ImportWriteCounts{Delete: 1}}); d != want {
+	if want := (WriteStats{ServiceImports: WriteCounts{Delete: 1}, EndpointSlices: WriteCounts{Delete: 1},
+		Services: WriteCounts{Delete: 1}}); d != want {
 		t.Errorf("removing a wrote %+v, want %+v", d, want)
 	}
 	if _, ok := f.serviceImport(t, a.Service); ok {
@@ -873,8 +878,8 @@ func (f *iwFixture) testAuthority(t *testing.T) {
 	before = h.w.Stats()
 	h.set(t, true, nil, nil, eastOnly)
 	d = iwDelta(before, h.w.Stats())
-	if want := (ImportWriteStats{ServiceImports: ImportWriteCounts{Delete: 1}, EndpointSlices: ImportWriteCounts{Delete: 2},
-		Services: ImportWriteCounts{Delete: 1}}); d != want {
+	if want := (WriteStats{ServiceImports: WriteCounts{Delete: 1}, EndpointSlices: WriteCounts{Delete: 2},
+		Services: WriteCounts{Delete: 1}}); d != want {
 		t.Errorf("the authoritative state wrote %+v, want %+v", d, want)
 	}
 	if _, ok := f.serviceImport(t, b.Service); ok {
