@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -14,6 +13,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/navemesh/nave/internal/backoff"
 )
 
 // LeaderConfig configures Lead.
@@ -97,7 +98,7 @@ func Lead(ctx context.Context, etcd *clientv3.Client, cfg LeaderConfig, log *slo
 	}
 	cfg.MaxBackoff = max(cfg.MaxBackoff, cfg.MinBackoff)
 	c := &candidate{etcd: etcd, cfg: cfg, term: term, log: log.With("component", "leader", "id", cfg.ID)}
-	backoff := cfg.MinBackoff
+	retry := backoff.New(backoff.Config{Min: cfg.MinBackoff, Max: cfg.MaxBackoff})
 	// A campaign (or term) that lasted this long did not end in a tight loop:
 	// the backoff starts over, and a term that ended cleanly is followed by a
 	// new campaign at once.
@@ -112,19 +113,18 @@ func Lead(ctx context.Context, etcd *clientv3.Client, cfg LeaderConfig, log *slo
 			return fmt.Errorf("lead: the etcd client is closed: %w", context.Cause(etcd.Ctx()))
 		}
 		if time.Since(started) >= healthy {
-			backoff = cfg.MinBackoff
+			retry.Reset()
 			if err == nil {
 				continue
 			}
 		}
 		// Full jitter: replicas that failed together do not campaign together.
-		wait := rand.N(backoff) + 1
+		wait := retry.Next()
 		if err != nil {
 			c.log.Warn("leader election: campaigning again", "err", err, "in", wait.Round(time.Millisecond))
 		} else {
 			c.log.Info("leadership ended soon after it began; campaigning again", "in", wait.Round(time.Millisecond))
 		}
-		backoff = min(2*backoff, cfg.MaxBackoff)
 		select {
 		case <-ctx.Done():
 			return nil

@@ -20,6 +20,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 
+	"github.com/navemesh/nave/internal/backoff"
 	"github.com/navemesh/nave/registry"
 )
 
@@ -369,7 +370,10 @@ func (m *Membership) guard(what string, fn func()) {
 // other. While this replica is alone it retries with a backoff, otherwise
 // every timing.reconnect.
 func (m *Membership) reconnect(ctx context.Context) {
-	backoff := m.timing.joinBackoff
+	// While alone, retries back off from joinBackoff up to reconnect (full
+	// jitter, so replicas do not dial in lockstep); with peers, every
+	// reconnect (a fifth of it jittered).
+	retry := backoff.New(backoff.Config{Min: m.timing.joinBackoff, Max: m.timing.reconnect})
 	wait := time.Duration(0)
 	warned := false
 	for {
@@ -395,11 +399,11 @@ func (m *Membership) reconnect(ctx context.Context) {
 			warned = false
 		}
 		if alone && len(m.seeds) > 0 {
-			wait, backoff = backoff, min(2*backoff, m.timing.reconnect)
+			wait = retry.Next()
 		} else {
-			wait, backoff = m.timing.reconnect, m.timing.joinBackoff
+			retry.Reset()
+			wait = m.timing.reconnect + rand.N(m.timing.reconnect/5+1)
 		}
-		wait += rand.N(wait/5 + 1) // jitter, so replicas do not dial in lockstep
 	}
 }
 
