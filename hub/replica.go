@@ -239,20 +239,16 @@ func (s *state) snapshot(ctx context.Context) (registry.Snapshot, uint64, error)
 	var version uint64
 	err := s.do(ctx, func() {
 		version = s.reg.Version()
-		snap.Taken = time.Now().UTC() // the wall clock: a snapshot says when it was taken, not a liveness time
-		for _, id := range slices.Sorted(maps.Keys(s.clusters)) {
-			c := s.clusters[id]
-			shards := s.reg.ClusterShards(id)
-			if c.Epoch == 0 && c.Version == 0 {
-				continue
+		// Every cluster with a stamp: a cluster holds shards only once stamped.
+		stamps := make(map[registry.ClusterID]registry.ClusterStamp, len(s.clusters))
+		for id, c := range s.clusters {
+			if c.Epoch != 0 || c.Version != 0 {
+				stamps[id] = registry.ClusterStamp{Network: c.Network, Gateways: c.Gateways, Epoch: c.Epoch, Version: c.Version,
+					Resolved: resolvedOf(c.Gateways, s.resolved)}
 			}
-			sc := registry.SnapshotCluster{Cluster: id, Network: c.Network, Gateways: c.Gateways, Epoch: c.Epoch, Version: c.Version,
-				Resolved: resolvedOf(c.Gateways, s.resolved)}
-			for _, k := range slices.SortedFunc(maps.Keys(shards), registry.ServiceKey.Compare) {
-				sc.Shards = append(sc.Shards, shards[k])
-			}
-			snap.Clusters = append(snap.Clusters, sc)
 		}
+		snap = s.reg.Snapshot(stamps)
+		snap.Taken = time.Now().UTC() // the wall clock: a snapshot says when it was taken, not a liveness time
 	})
 	return snap, version, err
 }

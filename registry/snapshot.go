@@ -85,6 +85,8 @@ type ClusterStamp struct {
 	Network        Network
 	Gateways       []Gateway
 	Epoch, Version uint64
+	// Resolved is what the gateways known by a DNS name last resolved to.
+	Resolved []ResolvedName
 }
 
 // Snapshot returns every cluster's shards with its stamp from stamps, sorted
@@ -103,7 +105,7 @@ func (r *Registry) Snapshot(stamps map[ClusterID]ClusterStamp) Snapshot {
 	snap := Snapshot{Clusters: make([]SnapshotCluster, 0, len(ids))}
 	for _, id := range ids {
 		st := stamps[id]
-		sc := SnapshotCluster{Cluster: id, Network: st.Network, Gateways: st.Gateways, Epoch: st.Epoch, Version: st.Version}
+		sc := SnapshotCluster{Cluster: id, Network: st.Network, Gateways: st.Gateways, Epoch: st.Epoch, Version: st.Version, Resolved: st.Resolved}
 		if c := r.clusters[id]; c != nil {
 			sc.Shards = make([]*Shard, 0, len(c.shards))
 			for _, h := range c.shards {
