@@ -12,7 +12,12 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/navemesh/nave/hub"
 	"github.com/navemesh/nave/internal/etcdtest"
@@ -155,6 +160,31 @@ func TestDashboard(t *testing.T) {
 	})()`)
 	saveScreenshot(t, browser)
 	t.Logf("the page shows the three replicas after %v", time.Since(start).Round(time.Millisecond))
+
+	// 4b. A client that rejects what it is sent: its row says NACKED, and why.
+	nackCtx, stopNacker := context.WithCancel(t.Context())
+	nacker := dialFrom(t, "127.0.0.1", a.XDSAddr.String())
+	st, err := discovery.NewAggregatedDiscoveryServiceClient(nacker).StreamAggregatedResources(nackCtx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const eds = "outbound|8080||echo.demo.svc.clusterset.local"
+	if err := st.Send(&discovery.DiscoveryRequest{Node: &core.Node{Id: "nacker", Locality: &core.Locality{Region: "us-east", Zone: "us-east-1a"}},
+		TypeUrl: resource.EndpointType, ResourceNames: []string{eds}}); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := st.Recv(); err != nil {
+		t.Fatal(err)
+	} else if err := st.Send(&discovery.DiscoveryRequest{TypeUrl: resp.GetTypeUrl(), ResponseNonce: resp.GetNonce(), ResourceNames: []string{eds},
+		ErrorDetail: status.New(codes.InvalidArgument, "endpoint weight out of range").Proto()}); err != nil {
+		t.Fatal(err)
+	}
+	awaitPage(t, browser, "the NACKing client's row saying why", `(() => {
+		const td = document.querySelector('[data-testid="client-row"][data-node="nacker"][data-state="NACKED"] [data-field="state"]');
+		return td && td.textContent.includes("eds: endpoint weight out of range") && td.title.includes("endpoint weight out of range");
+	})()`)
+	stopNacker()
+	awaitPage(t, browser, "the NACKing client gone", `!document.querySelector('[data-testid="client-row"][data-node="nacker"]')`)
 
 	// 5. b stops: east's spoke reconnects through the same address, to c.
 	lb.SetDown(c.FederationAddr.String(), false)

@@ -114,6 +114,7 @@ type coordinator struct {
 	degraded string
 	saved    Saved
 	members  []Peer
+	self     Peer // this replica as peers see it: its name and advertised addresses
 }
 
 // status returns what /debug/hub shows.
@@ -128,7 +129,13 @@ func (c *coordinator) status() Coordination {
 	}
 	members := c.members
 	if members == nil {
-		members = []Peer{{Name: c.id, Self: true}}
+		self := c.self
+		for _, cl := range c.state.View().Clusters {
+			if cl.Connected {
+				self.HomeOf++
+			}
+		}
+		members = []Peer{self} // a lone replica (no gossip)
 	}
 	return Coordination{ID: c.id, Leader: c.leader, IsLeader: c.isLeader.Load(), Degraded: c.degraded,
 		Members: members, Snapshot: c.saved, Restored: restored}

@@ -561,6 +561,12 @@ func (p *parts) listen() (err error) {
 	lis := limits.NewHTTPListener(raw, c.AdminMaxConnections, c.AdminMaxConnectionsPerPeer, p.refused("admin"))
 	p.adminServer.ConnState = lis.ConnState
 	p.adminLis = lis
+	// What this replica advertises: to its peers, and in /debug/hub.
+	host := advertiseHost(p.cfg)
+	p.coord.mu.Lock()
+	p.coord.self = Peer{Name: p.cfg.ID, Self: true, Federation: advertise(host, p.fedLis.Addr()),
+		XDS: advertise(host, p.xdsLis.Addr()), Admin: advertise(host, p.adminLis.Addr())}
+	p.coord.mu.Unlock()
 	return nil
 }
 
@@ -645,10 +651,8 @@ func (p *parts) loop(name string, fn func(context.Context)) {
 func (p *parts) joinReplicas() error {
 	cfg := p.cfg
 	host := advertiseHost(cfg)
-	meta := replicas.MemberMeta{
-		Federation: advertise(host, p.fedLis.Addr()), XDS: advertise(host, p.xdsLis.Addr()),
-		Admin: advertise(host, p.adminLis.Addr()), Replication: advertise(host, p.fedLis.Addr()),
-	}
+	self := p.coord.self
+	meta := replicas.MemberMeta{Federation: self.Federation, XDS: self.XDS, Admin: self.Admin, Replication: self.Federation}
 	members, err := replicas.StartMembership(p.coordCtx, replicas.MembershipConfig{
 		Name: cfg.ID, BindAddr: cmp.Or(cfg.GossipAddr, ":7946"), AdvertiseAddr: advertiseGossip(host, cfg.GossipAddr),
 		Join: cfg.Join, Meta: meta, Summaries: p.coord.summaries, Fast: cfg.FastGossip,

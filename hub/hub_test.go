@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -332,6 +333,38 @@ func awaitFirstSave(t *testing.T, h *hub.Hub) {
 	for deadline := time.Now().Add(30 * time.Second); coordination(t, h).Snapshot.Revision == 0; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the empty registry was never saved")
+		}
+	}
+}
+
+// A lone replica (no gossip) lists itself in /debug/hub with the addresses
+// it serves on, as a replica of a group does (the dashboard's replica table
+// showed blanks), and counts the clusters whose spoke it serves.
+func TestALoneReplicaShowsItsAddresses(t *testing.T) {
+	h, _ := startHub(t, t.TempDir())
+	session(t, h, "east")
+	port := func(a net.Addr) string { _, p, _ := net.SplitHostPort(a.String()); return p }
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		c := coordination(t, h)
+		if len(c.Members) != 1 {
+			t.Fatalf("members %+v, want this replica alone", c.Members)
+		}
+		m := c.Members[0]
+		for what, got := range map[string][2]string{
+			"federation": {m.Federation, port(h.FederationAddr)}, "xds": {m.XDS, port(h.XDSAddr)}, "admin": {m.Admin, port(h.AdminAddr)},
+		} {
+			if _, p, err := net.SplitHostPort(got[0]); err != nil || p != got[1] {
+				t.Fatalf("its %s address %q, want one of port %s", what, got[0], got[1])
+			}
+		}
+		if !m.Self || m.Name != "test" {
+			t.Fatalf("member %+v, want itself, test", m)
+		}
+		if m.HomeOf == 1 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("member %+v: home of %d clusters, want east's", m, m.HomeOf)
 		}
 	}
 }

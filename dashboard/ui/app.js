@@ -154,17 +154,29 @@ function renderClients(info, now) {
   cc.dataset.stale = counts.STALE;
   cc.dataset.nacked = counts.NACKED;
   $("client-rows").replaceChildren(...clients.map((c) => {
-    const state = c.state + (c.state === "STALE" && c.staleSince ? ` (${since(now, c.staleSince)})` : "");
+    // What a NACKed client said of each type it rejects.
+    const reasons = ["lds", "rds", "cds", "eds"].flatMap((k) => {
+      const t = c.types && c.types[k];
+      return t && t.rejecting && t.lastNACK ? [`${k}: ${t.lastNACK.detail || "no detail"}`] : [];
+    });
+    const reason = c.state === "NACKED" ? reasons.join("; ") : "";
+    const state = c.state + (c.state === "STALE" && c.staleSince ? ` (${since(now, c.staleSince)})` : "") +
+      (reason ? ` (${reason.length > 120 ? reason.slice(0, 119) + "…" : reason})` : "");
     const types = ["lds", "rds", "cds", "eds"].map((k) => {
       const t = (c.types && c.types[k]) || {}, s = typeState(c.types && c.types[k]);
       const td = cell(k, STATE_CLASS[s] || "muted", s);
       td.dataset.acked = t.acked || "";
-      td.title = `sent ${t.sent || "-"}, acknowledged ${t.acked || "-"}`;
+      td.title = `sent ${t.sent || "-"}, acknowledged ${t.acked || "-"}` + (t.rejecting && t.lastNACK ? `; rejected ${t.lastNACK.version}: ${t.lastNACK.detail}` : "");
       return td;
     });
+    const stateCell = cell("state", STATE_CLASS[c.state] || "", state);
+    if (reason) {
+      stateCell.title = reason;
+      stateCell.dataset.reason = reason;
+    }
     return row({ "data-testid": "client-row", "data-node": c.nodeID, "data-state": c.state },
       cell("node", "", c.nodeID), `${c.stream.delta ? "delta" : "sotw"}-${c.stream.id}`, loc(c.locality),
-      since(now, c.connectedSince) + " ago", cell("state", STATE_CLASS[c.state] || "", state), ...types);
+      since(now, c.connectedSince) + " ago", stateCell, ...types);
   }));
 }
 
