@@ -131,7 +131,7 @@ type Member struct {
 // membershipTiming holds the intervals of one mode (production or Fast).
 type membershipTiming struct {
 	reconnect   time.Duration // between attempts to redial seeds and lost members
-	joinBackoff time.Duration // first retry while alone; doubles up to reconnect
+	joinBackoff time.Duration // the first retry's ceiling while alone (full jitter); doubles up to reconnect
 	pushGap     time.Duration // least time between two pushes of changed summaries
 	leave       time.Duration // how long to wait for the leave to be gossiped
 }

@@ -106,7 +106,8 @@ const watchQuiet = 20 * time.Millisecond
 
 // watchMaxDelay bounds how long a burst of events that does not end (a file
 // written to without pause) holds back the files of the burst that did go
-// quiet.
+// quiet: about this long, up to twice for a file whose events came just
+// before an overdue read (the next burst starts then).
 const watchMaxDelay = 100 * time.Millisecond
 
 // NewDirSource returns a source for dir. It watches the directory for
@@ -479,11 +480,11 @@ func (w *dirWatch) scan() (bool, error) {
 	log := w.src.log
 	now := time.Now()
 	due, allDue := w.dueEvents(now)
-	defer w.doneWith(due, allDue, now)
 	entries, err := os.ReadDir(w.src.dir)
 	if err != nil {
-		return false, fmt.Errorf("read %s: %w", w.src.dir, err)
+		return false, fmt.Errorf("read %s: %w", w.src.dir, err) // the due events stay due: read once the listing works
 	}
+	defer w.doneWith(due, allDue, now)
 	changed := false
 	seen := map[string]bool{}
 	polledNow := make(map[string]polledStat, len(w.polled))
