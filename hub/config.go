@@ -3,6 +3,8 @@ package hub
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 )
 
 // Validate reports every problem of c at once (errors.Join), before
@@ -51,8 +53,8 @@ func (c Config) Validate() error {
 	if c.Liveness.StaleAfter <= 0 || c.Liveness.DropAfter <= 0 {
 		bad("--stale-after and --drop-after must be positive (%v, %v)", c.Liveness.StaleAfter, c.Liveness.DropAfter)
 	}
-	for id, p := range c.Liveness.Policies {
-		if p != PolicyKeep && p != PolicyDrop {
+	for _, id := range slices.Sorted(maps.Keys(c.Liveness.Policies)) {
+		if p := c.Liveness.Policies[id]; p != PolicyKeep && p != PolicyDrop {
 			bad("cluster %s's policy %q: want keep or drop", id, p)
 		}
 	}

@@ -107,7 +107,8 @@ func (s *state) enforceExportPolicy(ctx context.Context) error {
 			diff, _, err := s.commit(registry.Change{Cluster: id, Removes: refused}, replicas.Stamp{Epoch: c.Epoch, Version: c.Version},
 				func(c *ClusterStatus) { c.LastUpdate = s.liveness.now() })
 			if err != nil {
-				continue // removing is over no limit: not reached
+				s.log.Error("cannot remove the exports the export policy refuses", "cluster", id, "err", err) // removing is over no limit: not reached
+				continue
 			}
 			s.log.Warn("removed exports the export policy now refuses", "cluster", id, "services", len(refused))
 			mergeDiff(changed, diff)

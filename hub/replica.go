@@ -343,7 +343,8 @@ func (s *state) drop(ctx context.Context, id registry.ClusterID, epoch uint64) (
 			c.Gateways = nil // a dead cluster vouches for no gateway
 		})
 		if err != nil {
-			return // an empty cluster is over no limit: not reached
+			s.log.Error("cannot drop a dead cluster", "cluster", id, "err", err) // an empty cluster is over no limit: not reached
+			return
 		}
 		s.log.Warn("dropped a dead cluster's endpoints (policy drop)", "cluster", id, "noSpokeSince", c.LiveAt, "epoch", epoch)
 		s.publish(diff)

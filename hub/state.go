@@ -274,13 +274,13 @@ func (s *state) Apply(ctx context.Context, epoch, version uint64, ch registry.Ch
 			return
 		}
 		// The federation edge refused what the policy refuses already, under the policy of its time.
-		held := s.reg.ClusterShards(ch.Cluster)
 		diff, _, err := s.commit(ch, replicas.Stamp{Epoch: epoch, Version: version}, func(c *ClusterStatus) {
 			c.Origin, c.Restored, c.LastUpdate = s.self, false, s.liveness.now()
 			digest = c.Digest
 		})
 		if err != nil {
-			applyErr = &federation.LimitError{Services: growing(held, ch.Upserts), Reason: err.Error()}
+			// commit changed nothing: what the cluster holds is as before.
+			applyErr = &federation.LimitError{Services: growing(s.reg.ClusterShards(ch.Cluster), ch.Upserts), Reason: err.Error()}
 			return
 		}
 		if !diff.Empty() {
