@@ -31,6 +31,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"sigs.k8s.io/yaml"
 
+	"github.com/navemesh/nave/adminapi"
 	"github.com/navemesh/nave/federation"
 	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/hub"
@@ -121,7 +122,7 @@ func TestAbuseHugeRequestHeaders(t *testing.T) {
 		}
 	}
 	a.converges("requests with 2 MiB of headers")
-	var info hub.ClientsInfo
+	var info adminapi.ClientsInfo
 	a.getJSON(t, "/debug/clients", &info)
 	for _, c := range info.Clients {
 		if c.NodeID == "padded" {

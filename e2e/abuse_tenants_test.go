@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/navemesh/nave/adminapi"
 	"github.com/navemesh/nave/gateways"
 	"github.com/navemesh/nave/hub"
 	"github.com/navemesh/nave/internal/testpki"
@@ -248,7 +249,7 @@ func TestAbuseGatewayViewsClaimedByAWorkload(t *testing.T) {
 	if n := h.seriesSum(t, xds.MetricGroups, `kind="locality"`); n != 1 {
 		t.Errorf("%v locality groups after the refused claims; want the legitimate client's alone", n)
 	}
-	var info hub.ClientsInfo
+	var info adminapi.ClientsInfo
 	h.getJSON(t, "/debug/clients", &info)
 	for _, c := range info.Clients {
 		if c.NodeID != "legit" {
@@ -377,7 +378,7 @@ func writeServiceIn(t *testing.T, dir, ns, name string, eps ...endpoint) {
 // refusedExports is what /debug/clusters says the export policy refused of cluster.
 func (h *testHub) refusedExports(t *testing.T, cluster registry.ClusterID) map[string]string {
 	t.Helper()
-	var clusters []hub.ClusterStatus
+	var clusters []adminapi.ClusterStatus
 	h.getJSON(t, "/debug/clusters", &clusters)
 	for _, c := range clusters {
 		if c.Cluster == cluster {
@@ -437,7 +438,7 @@ func TestAbuseExportPolicyHostileCluster(t *testing.T) {
 	if got := a.clustersOf("default/echo"); !slices.Equal(got, []registry.ClusterID{"east"}) {
 		t.Fatalf("default/echo is held from %v, want east alone", got)
 	}
-	var info hub.EndpointsInfo
+	var info adminapi.EndpointsInfo
 	a.getJSON(t, "/debug/endpoints?service=default/echo&region=r1&zone=z1", &info)
 	if got := describe(info.Ports[0].Assignment); len(got) != 1 || !strings.Contains(got[0], " east ") {
 		t.Errorf("the honest client's assignment of default/echo: %v, want east's endpoint alone", got)

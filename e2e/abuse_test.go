@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/navemesh/nave/adminapi"
 	"github.com/navemesh/nave/federation"
 	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/hub"
@@ -207,7 +208,7 @@ func TestAbuseOversizedRequests(t *testing.T) {
 	a.converges("oversized requests")
 	a.metricAtLeast(t, `nave_xds_refused_requests_total{reason="node_field_too_large"}`, 3)
 	// None of them is kept: the sync status knows only the legitimate client.
-	var info hub.ClientsInfo
+	var info adminapi.ClientsInfo
 	a.getJSON(t, "/debug/clients", &info)
 	for _, c := range info.Clients {
 		if c.NodeID != "legit" {

@@ -14,6 +14,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/navemesh/nave/adminapi"
 	"github.com/navemesh/nave/hub"
 	"github.com/navemesh/nave/internal/xdstest"
 	"github.com/navemesh/nave/xds"
@@ -42,7 +43,7 @@ func TestCatalogSurvivesAHubCrashAfterAFirstSession(t *testing.T) {
 		"--snapshot-interval=1h", "--cold-start-wait=30s"}
 	h.start()
 	await(t, "the leader's first snapshot, of the empty registry", func() bool {
-		var c hub.Coordination
+		var c adminapi.Coordination
 		getJSON(t, h.admin+"/debug/hub", &c)
 		return c.Snapshot.Revision != 0
 	})

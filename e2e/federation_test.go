@@ -15,13 +15,13 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/navemesh/nave/adminapi"
 	"github.com/navemesh/nave/federation"
 	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/hub"
 	"github.com/navemesh/nave/internal/xdstest"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/spoke"
-	"github.com/navemesh/nave/xds"
 )
 
 const echoTarget = "echo.default.svc.clusterset.local:8080"
@@ -87,9 +87,9 @@ func TestLocalityFailoverAcrossClusters(t *testing.T) {
 
 	// The admin API tells the same story as the clients, once north's change
 	// (written after east's, which the client already followed) has arrived too.
-	var a xds.Assignment
+	var a adminapi.Assignment
 	await(t, "us-east-1a's assignment: zone, region, elsewhere", func() bool {
-		var info hub.EndpointsInfo
+		var info adminapi.EndpointsInfo
 		h.getJSON(t, "/debug/endpoints?service=default/echo&region=us-east&zone=us-east-1a", &info)
 		a = info.Ports[0].Assignment
 		return len(a.Priorities) == 3 && len(a.Priorities[1].Localities) == 2
@@ -114,7 +114,7 @@ func TestServiceInTwoClustersMergesAndDeletes(t *testing.T) {
 	startSpoke(t, h, "west", west, "r2")
 	await(t, "echo from both clusters", func() bool { return len(h.clustersOf("default/echo")) == 2 })
 
-	var services []hub.ServiceInfo
+	var services []adminapi.ServiceInfo
 	h.getJSON(t, "/debug/services", &services)
 	if len(services) != 1 || services[0].Healthy != 2 || len(services[0].Conflicts) != 0 {
 		t.Fatalf("/debug/services = %+v, want one service with 2 healthy endpoints and no conflict", services)

@@ -29,7 +29,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"github.com/navemesh/nave/hub"
+	"github.com/navemesh/nave/adminapi"
 	"github.com/navemesh/nave/internal/kubetest"
 	"github.com/navemesh/nave/internal/xdstest"
 	"github.com/navemesh/nave/relay"
@@ -329,7 +329,7 @@ func measureNodeFootprint(b *testing.B) []benchFigure {
 func awaitImportCount(b *testing.B, env *kubeEnv, cluster string, n int) {
 	b.Helper()
 	awaitFor(b, fmt.Sprintf("%d imports written in %s", n, cluster), 3*time.Minute, func() bool {
-		var info hub.ImportsInfo
+		var info adminapi.ImportsInfo
 		if err := fetchJSON(b.Context(), env.admin+"/debug/imports", &info); err != nil {
 			return false
 		}

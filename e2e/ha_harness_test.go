@@ -17,7 +17,7 @@ import (
 	"go.etcd.io/etcd/server/v3/embed"
 	"sigs.k8s.io/yaml"
 
-	"github.com/navemesh/nave/hub"
+	"github.com/navemesh/nave/adminapi"
 	"github.com/navemesh/nave/internal/nettest"
 	"github.com/navemesh/nave/registry"
 )
@@ -205,30 +205,30 @@ func (g *haGroup) alive() []*hubReplica {
 func (r *hubReplica) url(path string) string { return "http://" + r.admin + path }
 
 // coordination is a replica's /debug/hub.
-func (r *hubReplica) coordination(t testing.TB) hub.Coordination {
-	var c hub.Coordination
+func (r *hubReplica) coordination(t testing.TB) adminapi.Coordination {
+	var c adminapi.Coordination
 	getJSON(t, r.url("/debug/hub"), &c)
 	return c
 }
 
-func (r *hubReplica) clusters(ctx context.Context) (map[registry.ClusterID]hub.ClusterStatus, error) {
-	var all []hub.ClusterStatus
+func (r *hubReplica) clusters(ctx context.Context) (map[registry.ClusterID]adminapi.ClusterStatus, error) {
+	var all []adminapi.ClusterStatus
 	if err := fetchJSON(ctx, r.url("/debug/clusters"), &all); err != nil {
 		return nil, err
 	}
-	out := map[registry.ClusterID]hub.ClusterStatus{}
+	out := map[registry.ClusterID]adminapi.ClusterStatus{}
 	for _, c := range all {
 		out[c.Cluster] = c
 	}
 	return out, nil
 }
 
-func (r *hubReplica) services(ctx context.Context) (map[string]hub.ServiceInfo, error) {
-	var all []hub.ServiceInfo
+func (r *hubReplica) services(ctx context.Context) (map[string]adminapi.ServiceInfo, error) {
+	var all []adminapi.ServiceInfo
 	if err := fetchJSON(ctx, r.url("/debug/services"), &all); err != nil {
 		return nil, err
 	}
-	out := map[string]hub.ServiceInfo{}
+	out := map[string]adminapi.ServiceInfo{}
 	for _, s := range all {
 		out[s.Service.String()] = s
 	}
@@ -240,7 +240,7 @@ func (g *haGroup) awaitMembers(n int) {
 	g.t.Helper()
 	awaitFor(g.t, fmt.Sprintf("%d replicas in the gossip group", n), 30*time.Second, func() bool {
 		for _, r := range g.alive() {
-			var c hub.Coordination
+			var c adminapi.Coordination
 			if fetchJSON(g.t.Context(), r.url("/debug/hub"), &c) != nil || len(c.Members) != n {
 				return false
 			}
@@ -272,7 +272,7 @@ func (g *haGroup) leader() *hubReplica {
 	var leader *hubReplica
 	awaitFor(g.t, "a leader", 30*time.Second, func() bool {
 		for _, r := range g.alive() {
-			var c hub.Coordination
+			var c adminapi.Coordination
 			if fetchJSON(g.t.Context(), r.url("/debug/hub"), &c) == nil && c.IsLeader {
 				leader = r
 				return true

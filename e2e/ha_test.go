@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/navemesh/nave/hub"
+	"github.com/navemesh/nave/adminapi"
 	"github.com/navemesh/nave/internal/kubetest"
 	"github.com/navemesh/nave/internal/xdstest"
 	"github.com/navemesh/nave/registry"
@@ -314,7 +314,7 @@ func TestHAClusterLiveness(t *testing.T) {
 	f.stopPolling() // the clients would fail over to dropped endpoints on purpose
 	f.spokes["east"].kill()
 	f.spokes["west"].kill()
-	status := func(r *hubReplica, c registry.ClusterID) hub.ClusterStatus {
+	status := func(r *hubReplica, c registry.ClusterID) adminapi.ClusterStatus {
 		cs, err := r.clusters(t.Context())
 		if err != nil {
 			t.Fatal(err)
@@ -385,7 +385,7 @@ func TestHAPartitionHeals(t *testing.T) {
 		}
 	}
 	seen := func(r *hubReplica) int {
-		var c hub.Coordination
+		var c adminapi.Coordination
 		if fetchJSON(t.Context(), r.url("/debug/hub"), &c) != nil {
 			return -1
 		}
@@ -414,7 +414,7 @@ func TestHAPartitionHeals(t *testing.T) {
 	})
 	t.Logf("partitioned for %v; healed and converged in %v", healed.Sub(parted).Round(time.Millisecond), time.Since(healed).Round(time.Millisecond))
 	awaitFor(t, "every replica at the same stamps", 30*time.Second, func() bool {
-		var want map[registry.ClusterID]hub.ClusterStatus
+		var want map[registry.ClusterID]adminapi.ClusterStatus
 		for _, r := range f.replicas {
 			cs, err := r.clusters(t.Context())
 			if err != nil {
@@ -464,7 +464,7 @@ func TestHAGatewaysReachEveryReplica(t *testing.T) {
 		"--network=net-east", "--network-gateway=192.0.2.9:15444")
 	gatewayEverywhere := func() bool {
 		for _, r := range f.alive() {
-			var nets []hub.NetworkStatus
+			var nets []adminapi.NetworkStatus
 			resp, err := http.Get(r.url("/debug/networks"))
 			if err != nil {
 				return false

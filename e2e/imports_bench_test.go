@@ -16,7 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 
-	"github.com/navemesh/nave/hub"
+	"github.com/navemesh/nave/adminapi"
 	"github.com/navemesh/nave/internal/kubetest"
 )
 
@@ -141,7 +141,7 @@ func benchImports(b *testing.B) {
 	coldStart := time.Now()
 	env.spokes.(*localSpokes).start("north", "north-a")
 	awaitFor(tt, fmt.Sprintf("north's %d imports written", want), 15*time.Minute, func() bool {
-		var info hub.ImportsInfo
+		var info adminapi.ImportsInfo
 		if err := fetchJSON(b.Context(), env.admin+"/debug/imports", &info); err != nil {
 			return false
 		}

@@ -19,7 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 
-	"github.com/navemesh/nave/hub"
+	"github.com/navemesh/nave/adminapi"
 	"github.com/navemesh/nave/imports"
 	"github.com/navemesh/nave/importwriter"
 	"github.com/navemesh/nave/internal/kubetest"
@@ -283,7 +283,7 @@ func TestImportsEndToEnd(t *testing.T) {
 
 	// 7. The hub and the DNS agree on the endpoints: what a proxyless client
 	// in north gets for echo is exactly what north's DNS and slices hold.
-	var info hub.EndpointsInfo
+	var info adminapi.EndpointsInfo
 	getJSON(t, env.admin+"/debug/endpoints?service="+ns+"/echo", &info)
 	var fromHub []string
 	for _, p := range info.Ports {
@@ -394,7 +394,7 @@ func (e *kubeEnv) stopNorth(t testing.TB) {
 func awaitImportsWritten(t testing.TB, env *kubeEnv, clusters ...string) {
 	t.Helper()
 	awaitFor(t, "imports written in "+strings.Join(clusters, ", "), 30*time.Second, func() bool {
-		var info hub.ImportsInfo
+		var info adminapi.ImportsInfo
 		if err := fetchJSON(context.Background(), env.admin+"/debug/imports", &info); err != nil {
 			return false
 		}

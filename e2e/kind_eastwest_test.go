@@ -9,7 +9,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/navemesh/nave/hub"
+	"github.com/navemesh/nave/adminapi"
 	"github.com/navemesh/nave/internal/xdstest"
 	"github.com/navemesh/nave/registry"
 )
@@ -30,7 +30,7 @@ func TestKindEastWest(t *testing.T) {
 	clusters := []string{"east", "north", "west"}
 	env := kindEnv(t, clusters)
 	await(t, "every network with a usable gateway and the echo service", func() bool {
-		var nets []hub.NetworkStatus
+		var nets []adminapi.NetworkStatus
 		getJSON(t, env.admin+"/debug/networks", &nets)
 		reachable := 0
 		for _, n := range nets {

@@ -22,7 +22,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
 
-	"github.com/navemesh/nave/hub"
+	"github.com/navemesh/nave/adminapi"
 	"github.com/navemesh/nave/internal/kubetest"
 	"github.com/navemesh/nave/registry"
 )
@@ -162,19 +162,19 @@ func kindEnv(t testing.TB, clusters []string) *kubeEnv {
 }
 
 // cluster returns the hub's status of a cluster.
-func (e *kubeEnv) cluster(t testing.TB, id string) hub.ClusterStatus {
-	var all []hub.ClusterStatus
+func (e *kubeEnv) cluster(t testing.TB, id string) adminapi.ClusterStatus {
+	var all []adminapi.ClusterStatus
 	getJSON(t, e.admin+"/debug/clusters", &all)
 	for _, c := range all {
 		if string(c.Cluster) == id {
 			return c
 		}
 	}
-	return hub.ClusterStatus{}
+	return adminapi.ClusterStatus{}
 }
 
 // service returns the hub's view of a service (the zero value when it has none).
-func (e *kubeEnv) service(t testing.TB, key string) hub.ServiceInfo {
+func (e *kubeEnv) service(t testing.TB, key string) adminapi.ServiceInfo {
 	t.Helper()
 	s, err := e.tryService(t.Context(), key)
 	if err != nil {
@@ -184,24 +184,24 @@ func (e *kubeEnv) service(t testing.TB, key string) hub.ServiceInfo {
 }
 
 // tryService is service for goroutines other than the test's.
-func (e *kubeEnv) tryService(ctx context.Context, key string) (hub.ServiceInfo, error) {
-	var all []hub.ServiceInfo
+func (e *kubeEnv) tryService(ctx context.Context, key string) (adminapi.ServiceInfo, error) {
+	var all []adminapi.ServiceInfo
 	if err := fetchJSON(ctx, e.admin+"/debug/services", &all); err != nil {
-		return hub.ServiceInfo{}, err
+		return adminapi.ServiceInfo{}, err
 	}
 	for _, s := range all {
 		if s.Service.String() == key {
 			return s, nil
 		}
 	}
-	return hub.ServiceInfo{}, nil
+	return adminapi.ServiceInfo{}, nil
 }
 
 // awaitResynced waits until the hub has applied the state of a new session
 // of cluster (epoch after since).
-func (e *kubeEnv) awaitResynced(t testing.TB, cluster string, since uint64) hub.ClusterStatus {
+func (e *kubeEnv) awaitResynced(t testing.TB, cluster string, since uint64) adminapi.ClusterStatus {
 	t.Helper()
-	var c hub.ClusterStatus
+	var c adminapi.ClusterStatus
 	// Against kind, a crashed leader's Lease runs out after the default 15s.
 	awaitFor(t, cluster+"'s new session synced", time.Minute, func() bool {
 		c = e.cluster(t, cluster)

@@ -17,12 +17,11 @@ import (
 
 	"google.golang.org/grpc"
 
-	"github.com/navemesh/nave/hub"
+	"github.com/navemesh/nave/adminapi"
 	"github.com/navemesh/nave/internal/kubetest"
 	"github.com/navemesh/nave/internal/xdstest"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/spoke"
-	"github.com/navemesh/nave/xds"
 )
 
 // Two networks that reach each other only through a gateway. Network net-a
@@ -85,7 +84,7 @@ func TestMultiNetworkFailoverThroughGateways(t *testing.T) {
 		writeService(t, dirs[c.cluster], "echo", endpoint{c.backend, c.zone, true})
 		startSpoke(t, h, registry.ClusterID(c.cluster), dirs[c.cluster], c.region, c.tune)
 	}
-	var nets []hub.NetworkStatus
+	var nets []adminapi.NetworkStatus
 	await(t, "both networks with their gateway", func() bool {
 		h.getJSON(t, "/debug/networks", &nets)
 		return len(nets) == 2 && len(nets[0].Gateways) == 1 && len(nets[1].Gateways) == 1 &&
@@ -107,7 +106,7 @@ func TestMultiNetworkFailoverThroughGateways(t *testing.T) {
 
 	// The hub says what net-a's client holds: its own zone, its region, and
 	// net-b behind net-b's gateway.
-	var info hub.EndpointsInfo
+	var info adminapi.EndpointsInfo
 	h.getJSON(t, "/debug/endpoints?service=default/echo&region=r1&zone=z1&network=net-a", &info)
 	if got := describe(info.Ports[0].Assignment); !slices.Equal(got, []string{
 		"0 r1/z1 east " + east.Addr.String(),
@@ -160,7 +159,7 @@ func TestMultiNetworkFailoverThroughGateways(t *testing.T) {
 }
 
 // describe lists an assignment's endpoints as "priority locality who address".
-func describe(a xds.Assignment) []string {
+func describe(a adminapi.Assignment) []string {
 	var out []string
 	for _, p := range a.Priorities {
 		for _, l := range p.Localities {
@@ -244,16 +243,16 @@ type gatewayRoute struct {
 // startGateways runs HAProxy as every network's gateway, configured from
 // what the hub says: each network's gateway address (/debug/networks) and
 // the endpoints a client on that network is handed directly (/debug/endpoints).
-func startGateways(t *testing.T, ctx context.Context, haproxy string, h *testHub, nets []hub.NetworkStatus) {
+func startGateways(t *testing.T, ctx context.Context, haproxy string, h *testHub, nets []adminapi.NetworkStatus) {
 	t.Helper()
-	var services []hub.ServiceInfo
+	var services []adminapi.ServiceInfo
 	h.getJSON(t, "/debug/services", &services)
 	var fronts []gatewayFrontend
 	for _, n := range nets {
 		f := gatewayFrontend{Network: n.Network, Listen: n.Gateways[0].String()}
 		mine := func(c registry.ClusterID) bool { return slices.Contains(n.Clusters, c) }
 		for _, svc := range services {
-			var info hub.EndpointsInfo
+			var info adminapi.EndpointsInfo
 			h.getJSON(t, fmt.Sprintf("/debug/endpoints?service=%s&network=%s", svc.Service, n.Network), &info)
 			for _, p := range info.Ports {
 				r := gatewayRoute{Backend: fmt.Sprintf("%s-%s-%s-%d", n.Network, svc.Service.Namespace, svc.Service.Name, p.Port.Port),

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"sigs.k8s.io/yaml"
 
+	"github.com/navemesh/nave/adminapi"
 	"github.com/navemesh/nave/hub"
 	"github.com/navemesh/nave/internal/xdstest"
 	"github.com/navemesh/nave/nodeagent"
@@ -119,7 +120,7 @@ func (e *relayEnv) dir(cluster registry.ClusterID) string {
 // clustersOf returns the clusters the hub holds service from.
 func (h *hubProcess) clustersOf(t testing.TB, service string) []registry.ClusterID {
 	t.Helper()
-	var all []hub.ServiceInfo
+	var all []adminapi.ServiceInfo
 	getJSON(t, h.admin+"/debug/services", &all)
 	for _, s := range all {
 		if s.Service.String() == service {
@@ -130,16 +131,16 @@ func (h *hubProcess) clustersOf(t testing.TB, service string) []registry.Cluster
 }
 
 // cluster returns the hub's status of a cluster (the zero value when it has none).
-func (h *hubProcess) cluster(t testing.TB, id registry.ClusterID) hub.ClusterStatus {
+func (h *hubProcess) cluster(t testing.TB, id registry.ClusterID) adminapi.ClusterStatus {
 	t.Helper()
-	var all []hub.ClusterStatus
+	var all []adminapi.ClusterStatus
 	getJSON(t, h.admin+"/debug/clusters", &all)
 	for _, c := range all {
 		if c.Cluster == id {
 			return c
 		}
 	}
-	return hub.ClusterStatus{}
+	return adminapi.ClusterStatus{}
 }
 
 // client returns the node agent's status of the local stream of node
@@ -311,7 +312,7 @@ func testRelayServesThroughHubRestart(t *testing.T, bin string) {
 	// warm: a crash right after a cluster's first session (a cold start that
 	// waits for the cluster) is e2e/catalog_crash_test.go's.
 	await(t, "the hub to persist east", func() bool {
-		var c hub.Coordination
+		var c adminapi.Coordination
 		getJSON(t, env.hub.admin+"/debug/hub", &c)
 		return c.Snapshot.Clusters == 1
 	})

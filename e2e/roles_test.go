@@ -28,7 +28,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/navemesh/nave/hub"
+	"github.com/navemesh/nave/adminapi"
 	"github.com/navemesh/nave/internal/kubetest"
 	"github.com/navemesh/nave/internal/xdstest"
 )
@@ -320,7 +320,7 @@ func endpointString(h *kubetest.Host, region, zone, health string) string {
 // hubEndpoints returns the endpoints the hub hands a client without locality
 // (all of them), sorted, with their locality and health.
 func hubEndpoints(ctx context.Context, env *kubeEnv, service string) ([]string, error) {
-	var info hub.EndpointsInfo
+	var info adminapi.EndpointsInfo
 	if err := fetchJSON(ctx, env.admin+"/debug/endpoints?service="+url.QueryEscape(service), &info); err != nil {
 		return nil, err
 	}

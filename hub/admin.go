@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/navemesh/nave/adminapi"
 	"github.com/navemesh/nave/convergence"
 	"github.com/navemesh/nave/dashboard"
 	"github.com/navemesh/nave/federation"
@@ -25,73 +26,13 @@ import (
 	"github.com/navemesh/nave/xds"
 )
 
-// ServiceInfo is one merged service as /debug/services shows it.
-type ServiceInfo struct {
-	Service   registry.ServiceKey    `json:"service"`
-	Hostname  string                 `json:"hostname"`
-	Clusters  []registry.ClusterID   `json:"clusters"`
-	Ports     []registry.ServicePort `json:"ports"`
-	Headless  bool                   `json:"headless,omitempty"`
-	Healthy   int                    `json:"healthy"`
-	Draining  int                    `json:"draining"`
-	NotReady  int                    `json:"notReady"`
-	Conflicts []registry.Conflict    `json:"conflicts,omitempty"`
-	Revision  uint64                 `json:"revision"`
-}
-
-// EndpointsInfo is what /debug/endpoints shows: the assignment a client in
-// the given locality receives for every port of the service.
-type EndpointsInfo struct {
-	Service registry.ServiceKey `json:"service"`
-	Client  registry.Locality   `json:"client"`
-	// Network is the client's network ("": a client that names none).
-	Network registry.Network `json:"network,omitempty"`
-	Ports   []PortAssignment `json:"ports"`
-}
-
-// PortAssignment is one port's xDS target and assignment.
-type PortAssignment struct {
-	Port       registry.ServicePort `json:"port"`
-	Target     string               `json:"target"`
-	Assignment xds.Assignment       `json:"assignment"`
-}
-
-// ImportsInfo is what /debug/imports shows: every import of the clusterset,
-// and how far each spoke session of this replica has taken them.
-type ImportsInfo struct {
-	// Authoritative: the hub holds every cluster it knows of (spokes may delete what it does not name).
-	Authoritative bool                      `json:"authoritative"`
-	CIDRs         []string                  `json:"clustersetCIDRs,omitempty"`
-	Imports       []ImportInfo              `json:"imports"`
-	Sessions      []federation.ImportStatus `json:"sessions"`
-}
-
-// ImportInfo is one import as /debug/imports shows it.
-type ImportInfo struct {
-	Service  registry.ServiceKey    `json:"service"`
-	Type     string                 `json:"type"`
-	IPs      []string               `json:"ips,omitempty"`
-	Ports    []registry.ServicePort `json:"ports"`
-	Sources  []ImportSourceInfo     `json:"sources"`
-	Revision string                 `json:"hash"`
-	// Skipped are endpoint addresses left out ("cluster address: reason"): loopback, link-local, ...
-	Skipped []string `json:"skipped,omitempty"`
-}
-
-// ImportSourceInfo is one source cluster of an import.
-type ImportSourceInfo struct {
-	Cluster   registry.ClusterID `json:"cluster"`
-	Stale     bool               `json:"stale,omitempty"`
-	Endpoints int                `json:"endpoints"`
-	Ready     int                `json:"ready"`
-}
-
 // Imports describes an import set, the addresses it leaves out, and the sessions taking it.
-func Imports(set *federation.ImportSet, skipped map[registry.ServiceKey][]imports.Skipped, sessions []federation.ImportStatus) ImportsInfo {
-	info := ImportsInfo{Authoritative: set.Authoritative, CIDRs: set.CIDRs, Imports: []ImportInfo{}, Sessions: sessions}
+func Imports(set *federation.ImportSet, skipped map[registry.ServiceKey][]imports.Skipped, sessions []federation.ImportStatus) adminapi.ImportsInfo {
+	info := adminapi.ImportsInfo{Authoritative: set.Authoritative, CIDRs: set.CIDRs, Imports: []adminapi.ImportInfo{},
+		Sessions: convertAll(sessions, adminImportStatus)}
 	for _, k := range slices.SortedFunc(maps.Keys(set.Imports), registry.ServiceKey.Compare) {
 		imp := set.Imports[k]
-		ii := ImportInfo{Service: k, Type: "ClusterSetIP", Ports: imp.Ports, Revision: imp.Hash().String()[:12]}
+		ii := adminapi.ImportInfo{Service: k, Type: "ClusterSetIP", Ports: imp.Ports, Revision: imp.Hash().String()[:12]}
 		if imp.Headless {
 			ii.Type = "Headless"
 		}
@@ -99,7 +40,7 @@ func Imports(set *federation.ImportSet, skipped map[registry.ServiceKey][]import
 			ii.IPs = append(ii.IPs, ip.String())
 		}
 		for _, src := range imp.Sources {
-			si := ImportSourceInfo{Cluster: src.Cluster, Stale: src.Stale, Endpoints: len(src.Endpoints)}
+			si := adminapi.ImportSourceInfo{Cluster: src.Cluster, Stale: src.Stale, Endpoints: len(src.Endpoints)}
 			for _, e := range src.Endpoints {
 				if e.Conditions.Ready {
 					si.Ready++
@@ -115,7 +56,7 @@ func Imports(set *federation.ImportSet, skipped map[registry.ServiceKey][]import
 	return info
 }
 
-// admin serves health, metrics and debug JSON.
+// admin serves health, metrics and the debug JSON, package adminapi's types.
 type admin struct {
 	pprof   bool // serve /debug/pprof
 	state   *state
@@ -153,7 +94,7 @@ func (a *admin) handler() http.Handler {
 		a.json(w, a.coord.status())
 	})
 	mux.HandleFunc("GET /debug/clusters", func(w http.ResponseWriter, _ *http.Request) {
-		clusters := a.state.View().clustersSorted()
+		clusters := convertAll(a.state.View().clustersSorted(), adminClusterStatus)
 		var refused map[registry.ClusterID]map[registry.ServiceKey]string
 		if a.fed != nil {
 			refused = a.fed.RefusedExports()
@@ -179,10 +120,10 @@ func (a *admin) handler() http.Handler {
 		a.json(w, Imports(set, a.imports.Skipped(), a.fed.ImportStatuses()))
 	})
 	mux.HandleFunc("GET /debug/topology", func(w http.ResponseWriter, _ *http.Request) {
-		a.json(w, TopologyInfo{Localities: Topology(a.state.View().Registry)})
+		a.json(w, adminapi.TopologyInfo{Localities: Topology(a.state.View().Registry)})
 	})
 	mux.HandleFunc("GET /debug/clients", func(w http.ResponseWriter, r *http.Request) {
-		a.json(w, ClientsInfo{Replica: a.coord.id, Clients: a.xds.Clients(r.URL.Query().Get("node"))})
+		a.json(w, adminapi.ClientsInfo{Replica: a.coord.id, Clients: convertAll(a.xds.Clients(r.URL.Query().Get("node")), adminClient)})
 	})
 	mux.HandleFunc("GET /debug/trace", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
@@ -204,7 +145,7 @@ func (a *admin) handler() http.Handler {
 			}
 			limit = n
 		}
-		a.json(w, TraceInfo{Replica: a.coord.id, Traces: a.tracer.Traces(key, limit)})
+		a.json(w, adminapi.TraceInfo{Replica: a.coord.id, Traces: convertAll(a.tracer.Traces(key, limit), adminTrace)})
 	})
 	mux.HandleFunc("GET /debug/endpoints", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
@@ -243,30 +184,14 @@ func (a *admin) json(w http.ResponseWriter, v any) {
 	}
 }
 
-// TopologyInfo is what /debug/topology serves: every cluster's endpoints
-// (of every service, each counted once per service) by locality and health.
-type TopologyInfo struct {
-	Localities []LocalityCount `json:"localities"`
-}
-
-// LocalityCount is one cluster's endpoints in one region and zone.
-type LocalityCount struct {
-	Region   string             `json:"region"`
-	Zone     string             `json:"zone"`
-	Cluster  registry.ClusterID `json:"cluster"`
-	Healthy  int                `json:"healthy"`
-	Draining int                `json:"draining"`
-	NotReady int                `json:"notReady"`
-}
-
 // Topology counts every cluster's endpoints by region, zone and health,
 // sorted by region, zone and cluster.
-func Topology(r *registry.Registry) []LocalityCount {
+func Topology(r *registry.Registry) []adminapi.LocalityCount {
 	type at struct {
 		region, zone string
 		cluster      registry.ClusterID
 	}
-	counts := map[at]*LocalityCount{}
+	counts := map[at]*adminapi.LocalityCount{}
 	for _, svc := range r.Services() {
 		for _, sh := range svc.Shards {
 			for i := range sh.Endpoints {
@@ -274,7 +199,7 @@ func Topology(r *registry.Registry) []LocalityCount {
 				k := at{e.Locality.Region, e.Locality.Zone, sh.Cluster}
 				c := counts[k]
 				if c == nil {
-					c = &LocalityCount{Region: k.region, Zone: k.zone, Cluster: k.cluster}
+					c = &adminapi.LocalityCount{Region: k.region, Zone: k.zone, Cluster: k.cluster}
 					counts[k] = c
 				}
 				switch e.Health() {
@@ -288,38 +213,21 @@ func Topology(r *registry.Registry) []LocalityCount {
 			}
 		}
 	}
-	out := make([]LocalityCount, 0, len(counts))
+	out := make([]adminapi.LocalityCount, 0, len(counts))
 	for _, c := range counts {
 		out = append(out, *c)
 	}
-	slices.SortFunc(out, func(a, b LocalityCount) int {
+	slices.SortFunc(out, func(a, b adminapi.LocalityCount) int {
 		return cmp.Or(strings.Compare(a.Region, b.Region), strings.Compare(a.Zone, b.Zone), strings.Compare(string(a.Cluster), string(b.Cluster)))
 	})
 	return out
 }
 
-// ClientsInfo is what /debug/clients serves: the xDS clients of one replica
-// and their sync status. With ?node=ID, only that node's streams, each with
-// its subscribed names and what it holds that differs from what the
-// replica would send it now.
-type ClientsInfo struct {
-	Replica string              `json:"replica"`
-	Clients []syncstatus.Client `json:"clients"`
-}
-
-// TraceInfo is what /debug/trace serves: one replica's last traced changes
-// (?service=NS/NAME: of one service; ?limit=N: at most N, default 20),
-// newest first.
-type TraceInfo struct {
-	Replica string              `json:"replica"`
-	Traces  []convergence.Trace `json:"traces"`
-}
-
 // Services describes every merged service.
-func Services(r *registry.Registry) []ServiceInfo {
-	out := []ServiceInfo{}
+func Services(r *registry.Registry) []adminapi.ServiceInfo {
+	out := []adminapi.ServiceInfo{}
 	for _, svc := range r.Services() {
-		info := ServiceInfo{
+		info := adminapi.ServiceInfo{
 			Service: svc.Key, Hostname: svc.Key.Hostname(), Clusters: svc.Clusters(), Ports: svc.Ports,
 			Headless: svc.Headless, Conflicts: svc.Conflicts, Revision: svc.Revision,
 		}
@@ -334,20 +242,124 @@ func Services(r *registry.Registry) []ServiceInfo {
 
 // Endpoints computes what a client gets for service ("ns/name"): one in the
 // client's locality and, when it names one, on its network.
-func Endpoints(v *View, service string, client xds.Client) (EndpointsInfo, error) {
+func Endpoints(v *View, service string, client xds.Client) (adminapi.EndpointsInfo, error) {
 	key, err := registry.ParseServiceKey(service)
 	if err != nil {
-		return EndpointsInfo{}, err
+		return adminapi.EndpointsInfo{}, err
 	}
 	svc := v.Registry.Service(key)
 	if svc == nil {
-		return EndpointsInfo{}, fmt.Errorf("service %s is not federated", key)
+		return adminapi.EndpointsInfo{}, fmt.Errorf("service %s is not federated", key)
 	}
-	info := EndpointsInfo{Service: key, Client: client.Locality, Network: client.Network}
+	info := adminapi.EndpointsInfo{Service: key, Client: client.Locality, Network: client.Network}
 	for _, p := range xds.ServicePorts(svc) {
-		info.Ports = append(info.Ports, PortAssignment{
-			Port: p, Target: "xds:///" + xds.ListenerName(key, p.Port), Assignment: xds.AssignFor(svc, p, client, v.Topology),
+		info.Ports = append(info.Ports, adminapi.PortAssignment{
+			Port: p, Target: "xds:///" + xds.ListenerName(key, p.Port), Assignment: adminAssignment(xds.AssignFor(svc, p, client, v.Topology)),
 		})
 	}
 	return info, nil
+}
+
+// The hub's data as the admin API shows it (package adminapi): each
+// conversion copies every field the JSON shows, so the JSON is the same as
+// that of what it converts (TestAdminConversions checks).
+
+// convertAll converts each of in; nil stays nil (JSON null, not []).
+func convertAll[S, T any](in []S, convert func(S) T) []T {
+	if in == nil {
+		return nil
+	}
+	out := make([]T, len(in))
+	for i, v := range in {
+		out[i] = convert(v)
+	}
+	return out
+}
+
+// adminClusterStatus is a cluster as /debug/clusters shows it (the handler
+// adds its refused exports).
+func adminClusterStatus(c ClusterStatus) adminapi.ClusterStatus {
+	return adminapi.ClusterStatus{
+		Cluster: c.Cluster, Network: c.Network, Gateways: c.Gateways, Connected: c.Connected, SpokeID: c.SpokeID, Build: c.Build,
+		Remote: c.Remote, Epoch: c.Epoch, Version: c.Version, Digest: c.Digest, Services: c.Services, Endpoints: c.Endpoints,
+		SessionStart: c.SessionStart, LastUpdate: c.LastUpdate, LastSeen: c.LastSeen, Home: c.Home, Origin: c.Origin,
+		Restored: c.Restored, LiveAt: c.LiveAt, Stale: c.Stale, Dropped: c.Dropped,
+	}
+}
+
+func adminPeer(p Peer) adminapi.Peer { return adminapi.Peer(p) }
+
+func adminSaved(s Saved) adminapi.Saved {
+	return adminapi.Saved{Revision: s.Revision, At: s.At, Bytes: s.Bytes, Clusters: s.Clusters, Restored: s.Restored}
+}
+
+func adminImportStatus(s federation.ImportStatus) adminapi.ImportStatus {
+	return adminapi.ImportStatus{
+		Cluster: s.Cluster, Epoch: s.Epoch, Namespaces: s.Namespaces, Imports: s.Imports, Acked: s.Acked, Pending: s.Pending,
+		PendingServices: s.PendingServices, NamespaceNames: s.NamespaceNames,
+		SentVersion: s.SentVersion, AckedVersion: s.AckedVersion, WrittenVersion: s.WrittenVersion,
+		Authoritative: s.Authoritative, Refused: s.Refused, BlockedCount: s.BlockedCount, UpdatedAt: s.UpdatedAt,
+		Blocked: convertAll(s.Blocked, func(p federation.ImportProblem) adminapi.ImportProblem { return adminapi.ImportProblem(p) }),
+	}
+}
+
+func adminAssignment(a xds.Assignment) adminapi.Assignment {
+	return adminapi.Assignment{
+		Service: a.Service, Port: a.Port, ClusterName: a.ClusterName, Client: a.Client, Network: a.Network,
+		Priorities: convertAll(a.Priorities, func(p xds.Priority) adminapi.Priority {
+			return adminapi.Priority{Priority: p.Priority, Localities: convertAll(p.Localities, func(l xds.LocalityEndpoints) adminapi.LocalityEndpoints {
+				return adminapi.LocalityEndpoints{Locality: l.Locality, Weight: l.Weight, Endpoints: convertAll(l.Endpoints, adminEndpoint)}
+			})}
+		}),
+		Skipped:     a.Skipped,
+		Shadowed:    convertAll(a.Shadowed, adminEndpoint),
+		Unreachable: convertAll(a.Unreachable, func(u xds.UnreachableNetwork) adminapi.UnreachableNetwork { return adminapi.UnreachableNetwork(u) }),
+	}
+}
+
+func adminEndpoint(e xds.Endpoint) adminapi.Endpoint {
+	return adminapi.Endpoint{Cluster: e.Cluster, Address: e.Address, Port: e.Port, Weight: e.Weight, Health: string(e.Health), Gateway: e.Gateway}
+}
+
+func adminClient(c syncstatus.Client) adminapi.Client {
+	out := adminapi.Client{
+		Stream: adminapi.Stream(c.Stream), Replica: c.Replica, NodeID: c.NodeID, Cluster: c.Cluster,
+		Locality: adminapi.NodeLocality(c.Locality), ConnectedSince: c.ConnectedSince, State: c.State, StaleSince: c.StaleSince,
+	}
+	if c.Types != nil {
+		out.Types = make(map[string]adminapi.Exchange, len(c.Types))
+		for label, t := range c.Types {
+			out.Types[label] = adminExchange(t)
+		}
+	}
+	return out
+}
+
+func adminExchange(t syncstatus.Type) adminapi.Exchange {
+	out := adminapi.Exchange{
+		Wildcard: t.Wildcard, Subscribed: t.Subscribed, Names: t.Names, Sent: t.Sent, SentAt: t.SentAt, Acked: t.Acked, AckedAt: t.AckedAt,
+		Pending: t.Pending, Rejecting: t.Rejecting, Unresolved: t.Unresolved, AllUnresolved: t.AllUnresolved, Resumed: t.Resumed,
+		Differences: convertAll(t.Differences, func(d syncstatus.Difference) adminapi.Difference { return adminapi.Difference(d) }),
+	}
+	if t.LastNACK != nil {
+		n := adminapi.NACK(*t.LastNACK)
+		out.LastNACK = &n
+	}
+	return out
+}
+
+func adminTrace(t convergence.Trace) adminapi.Trace {
+	out := adminapi.Trace{
+		ID: t.ID, Replica: t.Replica, Cluster: t.Cluster, Service: t.Service, Received: t.Received, Translated: t.Translated,
+		Type: t.Type, Resources: t.Resources, NoChange: t.NoChange, Pushed: t.Pushed, Acked: t.Acked, Nacked: t.Nacked, LastAck: t.LastAck,
+		Slowest: convertAll(t.Slowest, func(c convergence.ClientTime) adminapi.ClientTime {
+			return adminapi.ClientTime{NodeID: c.NodeID, Stream: adminapi.Stream(c.Stream), ApplyToPush: c.ApplyToPush,
+				PushToAck: c.PushToAck, HubToAck: c.HubToAck, EndToEnd: c.EndToEnd}
+		}),
+	}
+	if t.Origin != nil {
+		o := adminapi.Origin(*t.Origin)
+		out.Origin = &o
+	}
+	return out
 }

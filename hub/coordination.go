@@ -15,23 +15,13 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/navemesh/nave/adminapi"
 	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/replicas"
 )
 
-// Coordination is what /debug/hub shows of the replicas working together.
-type Coordination struct {
-	ID       string `json:"id"`
-	Leader   string `json:"leader"`   // as this replica last saw it ("" unknown)
-	IsLeader bool   `json:"isLeader"` // this replica leads
-	Degraded string `json:"degraded"` // why persistence and leader duties pause ("" when etcd answers)
-	Members  []Peer `json:"members"`  // replicas in the gossip group (just this one without --join)
-	Snapshot Saved  `json:"snapshot"` // the last snapshot this replica saved or restored
-	Restored int    `json:"restored"` // clusters still served from the snapshot
-}
-
-// Peer is one replica as gossip shows it.
+// Peer is one replica as gossip shows it (/debug/hub shows it as adminapi.Peer).
 type Peer struct {
 	Name        string `json:"name"`
 	Federation  string `json:"federation"`
@@ -42,7 +32,7 @@ type Peer struct {
 	Unconverged int    `json:"unconverged"` // clusters it holds at another stamp than this replica
 }
 
-// Saved describes a persisted snapshot.
+// Saved describes a persisted snapshot (/debug/hub shows it as adminapi.Saved).
 type Saved struct {
 	Revision uint64    `json:"revision"`
 	At       time.Time `json:"at,omitzero"`
@@ -118,7 +108,7 @@ type coordinator struct {
 }
 
 // status returns what /debug/hub shows.
-func (c *coordinator) status() Coordination {
+func (c *coordinator) status() adminapi.Coordination {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	restored := 0
@@ -137,8 +127,8 @@ func (c *coordinator) status() Coordination {
 		}
 		members = []Peer{self} // a lone replica (no gossip)
 	}
-	return Coordination{ID: c.id, Leader: c.leader, IsLeader: c.isLeader.Load(), Degraded: c.degraded,
-		Members: members, Snapshot: c.saved, Restored: restored}
+	return adminapi.Coordination{ID: c.id, Leader: c.leader, IsLeader: c.isLeader.Load(), Degraded: c.degraded,
+		Members: convertAll(members, adminPeer), Snapshot: adminSaved(c.saved), Restored: restored}
 }
 
 // forever runs fn until ctx ends, recovering panics and retrying after a pause.

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/navemesh/nave/adminapi"
 	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/hub"
 	"github.com/navemesh/nave/registry"
@@ -80,7 +81,7 @@ func TestExportPolicyAtTheHub(t *testing.T) {
 		t.Fatalf("default/echo is held from %v, want east alone", c)
 	}
 	_, body := get(t, "http://"+h.AdminAddr.String()+"/debug/clusters")
-	var clusters []hub.ClusterStatus
+	var clusters []adminapi.ClusterStatus
 	if err := json.Unmarshal([]byte(body), &clusters); err != nil {
 		t.Fatal(err)
 	}

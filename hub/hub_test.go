@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/navemesh/nave/adminapi"
 	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/hub"
 	"github.com/navemesh/nave/internal/xdstest"
@@ -134,7 +135,7 @@ func TestAdminAPI(t *testing.T) {
 	}
 
 	code, body := get(t, admin+"/debug/clusters")
-	var clusters []hub.ClusterStatus
+	var clusters []adminapi.ClusterStatus
 	if code != http.StatusOK || json.Unmarshal([]byte(body), &clusters) != nil || len(clusters) != 1 ||
 		clusters[0].Cluster != "east" || clusters[0].Network != "n1" || clusters[0].Epoch != 1 {
 		t.Errorf("/debug/clusters = %d %s", code, body)
@@ -184,10 +185,10 @@ func TestPprofOnlyWhenAsked(t *testing.T) {
 }
 
 // coordination reads /debug/hub.
-func coordination(t *testing.T, h *hub.Hub) hub.Coordination {
+func coordination(t *testing.T, h *hub.Hub) adminapi.Coordination {
 	t.Helper()
 	_, body := get(t, "http://"+h.AdminAddr.String()+"/debug/hub")
-	var c hub.Coordination
+	var c adminapi.Coordination
 	if err := json.Unmarshal([]byte(body), &c); err != nil {
 		t.Fatalf("/debug/hub: %v: %s", err, body)
 	}
@@ -242,7 +243,7 @@ func TestRestoredRegistryIsNotSavedAgain(t *testing.T) {
 // the leader saves that too, so a restarted replica can let the spoke resume.
 func TestNewStampIsSaved(t *testing.T) {
 	h, _ := startHub(t, t.TempDir(), func(c *hub.Config) { c.SnapshotInterval = 10 * time.Millisecond })
-	awaitSaved := func(what string, ok func(hub.Saved) bool) hub.Saved {
+	awaitSaved := func(what string, ok func(adminapi.Saved) bool) adminapi.Saved {
 		t.Helper()
 		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 			if s := coordination(t, h).Snapshot; ok(s) {
@@ -254,10 +255,10 @@ func TestNewStampIsSaved(t *testing.T) {
 		}
 	}
 	hello(t, h, "east") // a known cluster with nothing in it: only its stamp is new
-	first := awaitSaved("of east", func(s hub.Saved) bool { return s.Clusters == 1 })
+	first := awaitSaved("of east", func(s adminapi.Saved) bool { return s.Clusters == 1 })
 	version := h.View().Registry.Version()
 	hello(t, h, "east") // the next session: a new epoch, the same registry
-	awaitSaved("after east's new session", func(s hub.Saved) bool { return s.Revision > first.Revision })
+	awaitSaved("after east's new session", func(s adminapi.Saved) bool { return s.Revision > first.Revision })
 	if h.View().Registry.Version() != version {
 		t.Fatal("the new session changed the registry: the test proves nothing")
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/navemesh/nave/adminapi"
 	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/hub"
 	"github.com/navemesh/nave/registry"
@@ -72,7 +73,7 @@ func TestImportsReachEveryClusterWithStableIPs(t *testing.T) {
 
 	// The hub shows each session; a spoke that has written its imports is written.
 	east.pub.ImportsWritten(es.Epoch, es.Version)
-	awaitDebugImports(t, h, "east written", func(info hub.ImportsInfo) bool {
+	awaitDebugImports(t, h, "east written", func(info adminapi.ImportsInfo) bool {
 		for _, s := range info.Sessions {
 			if s.Cluster == "east" && s.Written() && s.Imports == 2 {
 				return true
@@ -84,7 +85,7 @@ func TestImportsReachEveryClusterWithStableIPs(t *testing.T) {
 	// reason; east is not written until the spoke reports it cleared.
 	east.pub.ImportProblems([]federation.ImportProblem{{Service: apiKey, Reason: federation.ReasonBlockedByService,
 		Message: "Service derived-x exists and is not managed by Nave"}})
-	awaitDebugImports(t, h, "east's api blocked", func(info hub.ImportsInfo) bool {
+	awaitDebugImports(t, h, "east's api blocked", func(info adminapi.ImportsInfo) bool {
 		for _, s := range info.Sessions {
 			if s.Cluster == "east" && !s.Written() && s.BlockedCount == 1 && len(s.Blocked) == 1 && s.Blocked[0].Service == apiKey &&
 				s.Blocked[0].Reason == federation.ReasonBlockedByService && s.Blocked[0].Message != "" {
@@ -94,7 +95,7 @@ func TestImportsReachEveryClusterWithStableIPs(t *testing.T) {
 		return false
 	})
 	east.pub.ImportProblems(nil)
-	awaitDebugImports(t, h, "east written again", func(info hub.ImportsInfo) bool {
+	awaitDebugImports(t, h, "east written again", func(info adminapi.ImportsInfo) bool {
 		for _, s := range info.Sessions {
 			if s.Cluster == "east" && s.Written() && s.BlockedCount == 0 {
 				return true
@@ -121,13 +122,13 @@ func TestImportsReachEveryClusterWithStableIPs(t *testing.T) {
 	}
 }
 
-func awaitDebugImports(t *testing.T, h *hub.Hub, what string, cond func(hub.ImportsInfo) bool) hub.ImportsInfo {
+func awaitDebugImports(t *testing.T, h *hub.Hub, what string, cond func(adminapi.ImportsInfo) bool) adminapi.ImportsInfo {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	var info hub.ImportsInfo
+	var info adminapi.ImportsInfo
 	for time.Now().Before(deadline) {
 		_, body := get(t, "http://"+h.AdminAddr.String()+"/debug/imports")
-		info = hub.ImportsInfo{}
+		info = adminapi.ImportsInfo{}
 		if err := json.Unmarshal([]byte(body), &info); err != nil {
 			t.Fatalf("/debug/imports: %v: %s", err, body)
 		}

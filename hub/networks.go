@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/navemesh/nave/adminapi"
 	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/registry"
 )
@@ -71,36 +72,10 @@ func (s *state) updateNetworks() bool {
 	return true
 }
 
-// NetworkStatus is the hub's view of one network, for operators.
-type NetworkStatus struct {
-	Network registry.Network `json:"network"`
-	// Clusters are the clusters on the network.
-	Clusters []registry.ClusterID `json:"clusters"`
-	// Gateways are the gateways announced for it, with who announced each.
-	Gateways []GatewayStatus `json:"gateways,omitempty"`
-	// Reachable: another network's clients can be handed a gateway of this
-	// one (an IP address). Without one, its endpoints reach only clients on
-	// the network itself.
-	Reachable bool `json:"reachable"`
-	// Services and Endpoints count what the network's clusters export.
-	Services  int `json:"services"`
-	Endpoints int `json:"endpoints"`
-}
-
-// GatewayStatus is one announced gateway.
-type GatewayStatus struct {
-	registry.Gateway
-	// Clusters announced it.
-	Clusters []registry.ClusterID `json:"clusters"`
-	// Resolved are the addresses a DNS name resolved to (handed to clients in its place).
-	Resolved []string `json:"resolved,omitempty"`
-	// Usable: clients can be handed it (an IP address, or a name that resolved).
-	Usable bool `json:"usable"`
-}
-
-// Networks lists every network the view's clusters name, sorted.
-func (v *View) Networks() []NetworkStatus {
-	byNet := map[registry.Network]*NetworkStatus{}
+// Networks lists every network the view's clusters name, sorted, as
+// /debug/networks shows them.
+func (v *View) Networks() []adminapi.NetworkStatus {
+	byNet := map[registry.Network]*adminapi.NetworkStatus{}
 	gws := map[registry.Network]map[registry.Gateway][]registry.ClusterID{}
 	for _, id := range slices.Sorted(maps.Keys(v.Clusters)) {
 		c := v.Clusters[id]
@@ -109,7 +84,7 @@ func (v *View) Networks() []NetworkStatus {
 		}
 		ns := byNet[c.Network]
 		if ns == nil {
-			ns = &NetworkStatus{Network: c.Network}
+			ns = &adminapi.NetworkStatus{Network: c.Network}
 			byNet[c.Network], gws[c.Network] = ns, map[registry.Gateway][]registry.ClusterID{}
 		}
 		ns.Clusters = append(ns.Clusters, id)
@@ -119,11 +94,11 @@ func (v *View) Networks() []NetworkStatus {
 			gws[c.Network][g] = append(gws[c.Network][g], id)
 		}
 	}
-	out := make([]NetworkStatus, 0, len(byNet))
+	out := make([]adminapi.NetworkStatus, 0, len(byNet))
 	for _, network := range slices.Sorted(maps.Keys(byNet)) {
 		ns := byNet[network]
 		for _, g := range slices.SortedFunc(maps.Keys(gws[network]), registry.Gateway.Compare) {
-			gs := GatewayStatus{Gateway: g, Clusters: gws[network][g]}
+			gs := adminapi.GatewayStatus{Gateway: g, Clusters: gws[network][g]}
 			_, gs.Usable = g.IP()
 			for _, a := range v.resolved[g.Address] {
 				gs.Resolved = append(gs.Resolved, a.String())

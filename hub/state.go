@@ -34,7 +34,8 @@ func (ps publishers) Update(r *registry.Registry, d registry.Diff) {
 	}
 }
 
-// ClusterStatus is the hub's view of one cluster.
+// ClusterStatus is the hub's view of one cluster (/debug/clusters shows it
+// as adminapi.ClusterStatus).
 type ClusterStatus struct {
 	Cluster registry.ClusterID `json:"cluster"`
 	Network registry.Network   `json:"network,omitempty"`
@@ -68,10 +69,6 @@ type ClusterStatus struct {
 	Stale bool `json:"stale,omitempty"`
 	// Dropped: its drop policy removed the stale cluster's endpoints.
 	Dropped bool `json:"dropped,omitempty"`
-	// RefusedExports are the services (namespace/name) the export policy
-	// refused of the cluster's live session here, with the reasons
-	// (/debug/clusters fills it in).
-	RefusedExports map[string]string `json:"refusedExports,omitempty"`
 
 	// liveSeen: LiveAt is when this replica last saw a live spoke serve the
 	// cluster, not a time it started the cluster's timer from or read from

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/navemesh/nave/adminapi"
 	"github.com/navemesh/nave/hub"
 	"github.com/navemesh/nave/registry"
 )
@@ -29,7 +30,7 @@ func TestTopology(t *testing.T) {
 	}})
 	r, _ = r.Apply(registry.Change{Cluster: "west", Upserts: []*registry.Shard{shard("west", "api", 81, ep("10.0.0.1", "r2", "c", ready))}})
 	got := hub.Topology(r)
-	want := []hub.LocalityCount{
+	want := []adminapi.LocalityCount{
 		{Region: "r1", Zone: "a", Cluster: "east", Healthy: 2, NotReady: 1},
 		{Region: "r1", Zone: "b", Cluster: "east", Draining: 1},
 		{Region: "r2", Zone: "c", Cluster: "west", Healthy: 1},

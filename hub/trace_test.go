@@ -9,11 +9,11 @@ import (
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/navemesh/nave/adminapi"
 	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/hub"
 	"github.com/navemesh/nave/internal/xdstest"
 	"github.com/navemesh/nave/registry"
-	"github.com/navemesh/nave/syncstatus"
 )
 
 // TestTraceAfterFailover: east's spoke publishes at replica a, a real
@@ -36,9 +36,9 @@ func TestTraceAfterFailover(t *testing.T) {
 	cancel()
 	admin := "http://" + b.AdminAddr.String()
 	awaitCond(t, "client-b holding api's endpoints at b", 10*time.Second, func() bool {
-		var info hub.ClientsInfo
+		var info adminapi.ClientsInfo
 		return getJSON(t, admin+"/debug/clients?node=client-b", &info) && len(info.Clients) == 1 &&
-			info.Clients[0].State == syncstatus.Synced && info.Clients[0].Types["eds"].Acked != ""
+			info.Clients[0].State == adminapi.Synced && info.Clients[0].Types["eds"].Acked != ""
 	})
 
 	stopA()
@@ -62,7 +62,7 @@ func TestTraceAfterFailover(t *testing.T) {
 		t.Fatalf("the change at b answered %v", m)
 	}
 
-	var tr hub.TraceInfo
+	var tr adminapi.TraceInfo
 	awaitCond(t, "b's trace of the change acknowledged by client-b", 10*time.Second, func() bool {
 		if !getJSON(t, admin+"/debug/trace?service=default/api&limit=1", &tr) || len(tr.Traces) != 1 {
 			return false

@@ -29,7 +29,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/navemesh/nave/hub"
+	"github.com/navemesh/nave/adminapi"
 )
 
 // backendHeader names the response header in which a demo backend says who it is.
@@ -321,7 +321,7 @@ func echoClusters(admin string) int {
 		return 0
 	}
 	defer resp.Body.Close()
-	var services []hub.ServiceInfo
+	var services []adminapi.ServiceInfo
 	if json.NewDecoder(resp.Body).Decode(&services) != nil {
 		return 0
 	}

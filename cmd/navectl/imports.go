@@ -8,15 +8,14 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/navemesh/nave/federation"
-	"github.com/navemesh/nave/hub"
+	"github.com/navemesh/nave/adminapi"
 )
 
 // imports prints the clusterset's imports as the hub holds them and, from
 // every replica (a spoke's session lives at one), how far each cluster's
 // spoke has taken them.
 func (c client) imports(cluster string) error {
-	var info hub.ImportsInfo
+	var info adminapi.ImportsInfo
 	raw := c
 	raw.json = false
 	if err := raw.get("/debug/imports", &info); err != nil {
@@ -57,8 +56,8 @@ func (c client) imports(cluster string) error {
 }
 
 // clusterImports lists every import one cluster should hold.
-func (c client) clusterImports(info hub.ImportsInfo, cluster string) error {
-	i := slices.IndexFunc(info.Sessions, func(s federation.ImportStatus) bool { return string(s.Cluster) == cluster })
+func (c client) clusterImports(info adminapi.ImportsInfo, cluster string) error {
+	i := slices.IndexFunc(info.Sessions, func(s adminapi.ImportStatus) bool { return string(s.Cluster) == cluster })
 	if i < 0 {
 		return fmt.Errorf("no spoke of cluster %q takes imports at any replica", cluster)
 	}
@@ -69,7 +68,7 @@ func (c client) clusterImports(info hub.ImportsInfo, cluster string) error {
 		fmt.Fprintf(c.out, "; %d blocked", s.BlockedCount)
 	}
 	fmt.Fprint(c.out, "\n\n")
-	blocked := map[string]federation.ImportProblem{}
+	blocked := map[string]adminapi.ImportProblem{}
 	for _, b := range s.Blocked {
 		blocked[b.Service.String()] = b
 	}
@@ -105,14 +104,14 @@ func (c client) clusterImports(info hub.ImportsInfo, cluster string) error {
 }
 
 // allSessions adds the import sessions of every other replica (members of /debug/hub).
-func (c client) allSessions(local []federation.ImportStatus) []federation.ImportStatus {
-	var coord hub.Coordination
+func (c client) allSessions(local []adminapi.ImportStatus) []adminapi.ImportStatus {
+	var coord adminapi.Coordination
 	raw := c
 	raw.json = false
 	if err := raw.get("/debug/hub", &coord); err != nil {
 		return local
 	}
-	byCluster := map[string]federation.ImportStatus{}
+	byCluster := map[string]adminapi.ImportStatus{}
 	for _, s := range local {
 		byCluster[string(s.Cluster)] = s
 	}
@@ -120,7 +119,7 @@ func (c client) allSessions(local []federation.ImportStatus) []federation.Import
 		if m.Self || m.Admin == "" {
 			continue
 		}
-		var info hub.ImportsInfo
+		var info adminapi.ImportsInfo
 		peer := raw
 		peer.base = "http://" + m.Admin
 		if err := peer.get("/debug/imports", &info); err != nil {
@@ -133,11 +132,11 @@ func (c client) allSessions(local []federation.ImportStatus) []federation.Import
 			}
 		}
 	}
-	out := make([]federation.ImportStatus, 0, len(byCluster))
+	out := make([]adminapi.ImportStatus, 0, len(byCluster))
 	for _, s := range byCluster {
 		out = append(out, s)
 	}
-	slices.SortFunc(out, func(a, b federation.ImportStatus) int { return strings.Compare(string(a.Cluster), string(b.Cluster)) })
+	slices.SortFunc(out, func(a, b adminapi.ImportStatus) int { return strings.Compare(string(a.Cluster), string(b.Cluster)) })
 	return out
 }
 

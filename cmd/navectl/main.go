@@ -15,8 +15,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/navemesh/nave/federation"
-	"github.com/navemesh/nave/hub"
+	"github.com/navemesh/nave/adminapi"
 )
 
 const usage = `navectl: what a Nave hub knows.
@@ -79,7 +78,7 @@ func run(args []string, out io.Writer) error {
 	}
 	c := client{base: strings.TrimSuffix(*hubURL, "/"), json: *output == "json", out: out}
 	if *tokenFile != "" {
-		tok, err := federation.LoadToken(*tokenFile)
+		tok, err := readToken(*tokenFile)
 		if err != nil {
 			return fmt.Errorf("--token-file: %w", err)
 		}
@@ -170,7 +169,7 @@ func (c client) get(path string, v any) error {
 }
 
 func (c client) clusters() error {
-	var clusters []hub.ClusterStatus
+	var clusters []adminapi.ClusterStatus
 	if err := c.get("/debug/clusters", &clusters); err != nil || c.json {
 		return err
 	}
@@ -188,7 +187,7 @@ func (c client) clusters() error {
 // clusterState words a cluster's liveness: live (a spoke serves it here or
 // at another replica), stale, dropped, or waiting (no spoke yet, within the
 // grace); restored data not yet confirmed by a live spoke says so.
-func clusterState(cl hub.ClusterStatus) string {
+func clusterState(cl adminapi.ClusterStatus) string {
 	st := "waiting"
 	switch {
 	case cl.Dropped:
@@ -207,7 +206,7 @@ func clusterState(cl hub.ClusterStatus) string {
 }
 
 func (c client) services() error {
-	var services []hub.ServiceInfo
+	var services []adminapi.ServiceInfo
 	if err := c.get("/debug/services", &services); err != nil || c.json {
 		return err
 	}
@@ -237,7 +236,7 @@ func (c client) services() error {
 
 func (c client) endpoints(service, region, zone, network string) error {
 	q := url.Values{"service": {service}, "region": {region}, "zone": {zone}, "network": {network}}
-	var info hub.EndpointsInfo
+	var info adminapi.EndpointsInfo
 	if err := c.get("/debug/endpoints?"+q.Encode(), &info); err != nil || c.json {
 		return err
 	}
@@ -282,7 +281,7 @@ func (c client) endpoints(service, region, zone, network string) error {
 }
 
 func (c client) networks() error {
-	var nets []hub.NetworkStatus
+	var nets []adminapi.NetworkStatus
 	if err := c.get("/debug/networks", &nets); err != nil || c.json {
 		return err
 	}
@@ -362,6 +361,20 @@ func ago(t time.Time) string {
 		return "-"
 	}
 	return time.Since(t).Round(time.Second).String() + " ago"
+}
+
+// readToken reads the admin token a file holds (surrounding spaces and
+// newlines are not part of it).
+func readToken(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("read token: %w", err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" {
+		return "", fmt.Errorf("token file %s is empty", path)
+	}
+	return tok, nil
 }
 
 func envOr(key, def string) string {

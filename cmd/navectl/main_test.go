@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/navemesh/nave/adminapi"
 	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/hub"
 	"github.com/navemesh/nave/registry"
@@ -122,7 +123,7 @@ func TestNavectlAgainstARealHub(t *testing.T) {
 		t.Errorf("endpoints output does not name the xDS target:\n%s", eps)
 	}
 
-	var info hub.EndpointsInfo
+	var info adminapi.EndpointsInfo
 	if err := json.Unmarshal([]byte(navectl(t, "--hub", url, "-o", "json", "endpoints", "demo/echo")), &info); err != nil {
 		t.Fatalf("-o json is not JSON: %v", err)
 	}
@@ -153,14 +154,14 @@ func TestNavectlErrors(t *testing.T) {
 
 func TestClusterState(t *testing.T) {
 	for _, tt := range []struct {
-		cl   hub.ClusterStatus
+		cl   adminapi.ClusterStatus
 		want string
 	}{
-		{hub.ClusterStatus{Connected: true, Home: "hub-0"}, "connected"},
-		{hub.ClusterStatus{Home: "hub-1"}, "live"},
-		{hub.ClusterStatus{}, "waiting"},
-		{hub.ClusterStatus{Stale: true, Restored: true}, "stale,restored"},
-		{hub.ClusterStatus{Stale: true, Dropped: true}, "dropped"},
+		{adminapi.ClusterStatus{Connected: true, Home: "hub-0"}, "connected"},
+		{adminapi.ClusterStatus{Home: "hub-1"}, "live"},
+		{adminapi.ClusterStatus{}, "waiting"},
+		{adminapi.ClusterStatus{Stale: true, Restored: true}, "stale,restored"},
+		{adminapi.ClusterStatus{Stale: true, Dropped: true}, "dropped"},
 	} {
 		if got := clusterState(tt.cl); got != tt.want {
 			t.Errorf("clusterState(%+v) = %q, want %q", tt.cl, got, tt.want)
@@ -170,10 +171,10 @@ func TestClusterState(t *testing.T) {
 
 func TestNavectlImports(t *testing.T) {
 	url := startDemoHub(t)
-	var info hub.ImportsInfo
+	var info adminapi.ImportsInfo
 	// The hub builds imports off its state goroutine, and claims the IP in etcd: await them.
 	for deadline := time.Now().Add(10 * time.Second); ; {
-		info = hub.ImportsInfo{}
+		info = adminapi.ImportsInfo{}
 		if err := json.Unmarshal([]byte(navectl(t, "--hub", url, "-o", "json", "imports")), &info); err != nil {
 			t.Fatalf("-o json is not JSON: %v", err)
 		}
@@ -289,12 +290,12 @@ func TestNavectlWithAnAdminToken(t *testing.T) {
 // import says why, in the summary and the cluster's list.
 func TestNavectlImportsShowsBlocked(t *testing.T) {
 	web := registry.ServiceKey{Namespace: "shop", Name: "web"}
-	info := hub.ImportsInfo{
+	info := adminapi.ImportsInfo{
 		Authoritative: true,
-		Imports:       []hub.ImportInfo{{Service: web, Type: "ClusterSetIP"}},
-		Sessions: []federation.ImportStatus{{Cluster: "east", Epoch: 1, Namespaces: 1, Imports: 1, Acked: 1,
+		Imports:       []adminapi.ImportInfo{{Service: web, Type: "ClusterSetIP"}},
+		Sessions: []adminapi.ImportStatus{{Cluster: "east", Epoch: 1, Namespaces: 1, Imports: 1, Acked: 1,
 			NamespaceNames: []string{"shop"}, SentVersion: 2, AckedVersion: 2, WrittenVersion: 2, Authoritative: true,
-			BlockedCount: 1, Blocked: []federation.ImportProblem{{Service: web, Reason: federation.ReasonBlockedByServiceImport,
+			BlockedCount: 1, Blocked: []adminapi.ImportProblem{{Service: web, Reason: federation.ReasonBlockedByServiceImport,
 				Message: "ServiceImport web exists and is not managed by Nave"}}}},
 	}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -11,8 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/navemesh/nave/hub"
-	"github.com/navemesh/nave/syncstatus"
+	"github.com/navemesh/nave/adminapi"
 )
 
 // typeLabels are the xDS types in the order navectl shows them.
@@ -60,24 +59,24 @@ func (c client) proxies(node string) error {
 	if err := w.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(c.out, "\n%d clients: %d synced, %d stale, %d nacked\n", len(clients), counts[syncstatus.Synced], counts[syncstatus.Stale], counts[syncstatus.Nacked])
+	fmt.Fprintf(c.out, "\n%d clients: %d synced, %d stale, %d nacked\n", len(clients), counts[adminapi.Synced], counts[adminapi.Stale], counts[adminapi.Nacked])
 	return nil
 }
 
 // allClients asks every replica (see otherReplicas) for its clients (of
 // node, if given).
-func (c client) allClients(node string) ([]syncstatus.Client, error) {
+func (c client) allClients(node string) ([]adminapi.Client, error) {
 	path := "/debug/clients"
 	if node != "" {
 		path += "?node=" + url.QueryEscape(node)
 	}
-	clients := []syncstatus.Client{}
-	err := c.everyReplica(path, func() any { return &hub.ClientsInfo{} }, func(v any) string { return v.(*hub.ClientsInfo).Replica },
-		func(v any) { clients = append(clients, v.(*hub.ClientsInfo).Clients...) })
+	clients := []adminapi.Client{}
+	err := c.everyReplica(path, func() any { return &adminapi.ClientsInfo{} }, func(v any) string { return v.(*adminapi.ClientsInfo).Replica },
+		func(v any) { clients = append(clients, v.(*adminapi.ClientsInfo).Clients...) })
 	if err != nil {
 		return nil, err
 	}
-	slices.SortFunc(clients, func(a, b syncstatus.Client) int {
+	slices.SortFunc(clients, func(a, b adminapi.Client) int {
 		return cmp.Or(strings.Compare(a.NodeID, b.NodeID), strings.Compare(a.Replica, b.Replica), cmp.Compare(a.Stream.ID, b.Stream.ID))
 	})
 	return clients, nil
@@ -98,7 +97,7 @@ func (c client) everyReplica(path string, next func() any, replica func(any) str
 	}
 	seen := map[string]bool{replica(own): true}
 	add(own)
-	var coord hub.Coordination
+	var coord adminapi.Coordination
 	if err := raw.get("/debug/hub", &coord); err != nil {
 		fmt.Fprintf(os.Stderr, "navectl: the other replicas are unknown: %v\n", err)
 	}
@@ -122,7 +121,7 @@ func (c client) everyReplica(path string, next func() any, replica func(any) str
 }
 
 // proxy prints one stream in full.
-func (c client) proxy(cl syncstatus.Client) error {
+func (c client) proxy(cl adminapi.Client) error {
 	fmt.Fprintf(c.out, "node %s (cluster %q) at replica %s, %s stream, locality %s, connected %s\n", cl.NodeID, cl.Cluster,
 		cl.Replica, streamName(cl.Stream), locality(cl.Locality), ago(cl.ConnectedSince))
 	fmt.Fprintf(c.out, "state: %s\n", clientState(cl))
@@ -167,8 +166,8 @@ func (c client) proxy(cl syncstatus.Client) error {
 	return nil
 }
 
-func clientState(cl syncstatus.Client) string {
-	if cl.State == syncstatus.Stale && cl.StaleSince != nil {
+func clientState(cl adminapi.Client) string {
+	if cl.State == adminapi.Stale && cl.StaleSince != nil {
 		return fmt.Sprintf("%s (%s)", cl.State, time.Since(*cl.StaleSince).Round(time.Millisecond))
 	}
 	return cl.State
@@ -176,7 +175,7 @@ func clientState(cl syncstatus.Client) string {
 
 // typeState is one type's state: "-" (not asked for), NACKED, STALE with
 // the age of the response not answered, or SYNCED.
-func typeState(t syncstatus.Type) string {
+func typeState(t adminapi.Exchange) string {
 	switch {
 	case t.Sent == "" && !t.Pending && t.LastNACK == nil:
 		if t.Subscribed == 0 && !t.Wildcard {
@@ -184,22 +183,22 @@ func typeState(t syncstatus.Type) string {
 		}
 		return "ASKED"
 	case t.Rejecting:
-		return syncstatus.Nacked
+		return adminapi.Nacked
 	case t.Pending:
-		return fmt.Sprintf("%s (%s)", syncstatus.Stale, time.Since(t.SentAt).Round(time.Millisecond))
+		return fmt.Sprintf("%s (%s)", adminapi.Stale, time.Since(t.SentAt).Round(time.Millisecond))
 	default:
-		return syncstatus.Synced
+		return adminapi.Synced
 	}
 }
 
-func streamName(s syncstatus.Stream) string {
+func streamName(s adminapi.Stream) string {
 	if s.Delta {
 		return fmt.Sprintf("delta-%d", s.ID)
 	}
 	return fmt.Sprintf("sotw-%d", s.ID)
 }
 
-func locality(l syncstatus.Locality) string {
+func locality(l adminapi.NodeLocality) string {
 	parts := []string{l.Region, l.Zone, l.SubZone}
 	for len(parts) > 0 && parts[len(parts)-1] == "" {
 		parts = parts[:len(parts)-1]

@@ -17,13 +17,13 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/navemesh/nave/adminapi"
 	"github.com/navemesh/nave/hub"
 	"github.com/navemesh/nave/internal/etcdtest"
 	"github.com/navemesh/nave/internal/nettest"
 	"github.com/navemesh/nave/internal/xdstest"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/spoke"
-	"github.com/navemesh/nave/syncstatus"
 	"github.com/navemesh/nave/xds"
 )
 
@@ -77,7 +77,7 @@ func startReplicas(t *testing.T) []*hub.Hub {
 				return false
 			}
 		}
-		var coord hub.Coordination
+		var coord adminapi.Coordination
 		c := client{base: "http://" + hubs[0].AdminAddr.String()}
 		return c.get("/debug/hub", &coord) == nil && len(coord.Members) == 3
 	})
@@ -140,7 +140,7 @@ func TestProxiesMergesReplicas(t *testing.T) {
 	stream(hubs[2], "raw-frozen") // never answers
 
 	url := "http://" + hubs[0].AdminAddr.String()
-	var clients []syncstatus.Client
+	var clients []adminapi.Client
 	defer func() {
 		if t.Failed() {
 			raw, _ := json.MarshalIndent(clients, "", "  ")
@@ -159,7 +159,7 @@ func TestProxiesMergesReplicas(t *testing.T) {
 		if len(clients) != 3 {
 			return false
 		}
-		want := map[string][2]string{"grpc-synced": {"b", syncstatus.Synced}, "raw-nacker": {"a", syncstatus.Nacked}, "raw-frozen": {"c", syncstatus.Stale}}
+		want := map[string][2]string{"grpc-synced": {"b", adminapi.Synced}, "raw-nacker": {"a", adminapi.Nacked}, "raw-frozen": {"c", adminapi.Stale}}
 		for _, c := range clients {
 			if w := want[c.NodeID]; c.Replica != w[0] || c.State != w[1] {
 				return false

@@ -10,8 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/navemesh/nave/convergence"
-	"github.com/navemesh/nave/hub"
+	"github.com/navemesh/nave/adminapi"
 	"github.com/navemesh/nave/registry"
 )
 
@@ -22,13 +21,13 @@ func (c client) trace(service string, limit int) error {
 		return fmt.Errorf("trace needs a service NAMESPACE/NAME: %w", err)
 	}
 	path := fmt.Sprintf("/debug/trace?service=%s&limit=%d", url.QueryEscape(service), limit)
-	traces := []convergence.Trace{}
-	err := c.everyReplica(path, func() any { return &hub.TraceInfo{} }, func(v any) string { return v.(*hub.TraceInfo).Replica },
-		func(v any) { traces = append(traces, v.(*hub.TraceInfo).Traces...) })
+	traces := []adminapi.Trace{}
+	err := c.everyReplica(path, func() any { return &adminapi.TraceInfo{} }, func(v any) string { return v.(*adminapi.TraceInfo).Replica },
+		func(v any) { traces = append(traces, v.(*adminapi.TraceInfo).Traces...) })
 	if err != nil {
 		return err
 	}
-	slices.SortFunc(traces, func(a, b convergence.Trace) int {
+	slices.SortFunc(traces, func(a, b adminapi.Trace) int {
 		return cmp.Or(b.Received.Compare(a.Received), strings.Compare(a.Replica, b.Replica))
 	})
 	if c.json {

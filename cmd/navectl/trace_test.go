@@ -13,7 +13,7 @@ import (
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/navemesh/nave/convergence"
+	"github.com/navemesh/nave/adminapi"
 	"github.com/navemesh/nave/internal/xdstest"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/spoke"
@@ -64,7 +64,7 @@ func TestTraceFromTheSource(t *testing.T) {
 			t.Fatal(err)
 		}
 		await(t, "the change acknowledged by client-1", 20*time.Second, func() bool {
-			var traces []convergence.Trace
+			var traces []adminapi.Trace
 			var out strings.Builder
 			if err := run([]string{"--hub", url, "-o", "json", "trace", "demo/echo"}, &out); err != nil {
 				t.Fatal(err)
@@ -75,7 +75,7 @@ func TestTraceFromTheSource(t *testing.T) {
 			return len(traces) >= i+2 && traces[0].Acked == 1 && traces[0].Origin != nil
 		})
 	}
-	var traces []convergence.Trace
+	var traces []adminapi.Trace
 	var out strings.Builder
 	if err := run([]string{"--hub", url, "-o", "json", "trace", "demo/echo", "--limit", "1"}, &out); err != nil {
 		t.Fatal(err)
