@@ -37,13 +37,32 @@ type catalogAfterDrop struct {
 // clusters the catalog still holds.
 func dropSnapshots(ctx context.Context, dataDir string) (catalogAfterDrop, error) {
 	var out catalogAfterDrop
+	err := withHubEtcd(ctx, dataDir, func(ctx context.Context, cli *clientv3.Client) error {
+		del, err := cli.Delete(ctx, hubEtcdPrefix+"snapshots/", clientv3.WithPrefix())
+		if err != nil {
+			return fmt.Errorf("delete the snapshots: %w", err)
+		}
+		out.SnapshotKeysDeleted = del.Deleted
+		get, err := cli.Get(ctx, hubEtcdPrefix+"clusters/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			return fmt.Errorf("count the catalog: %w", err)
+		}
+		out.CatalogClusters = get.Count
+		return nil
+	})
+	return out, err
+}
+
+// withHubEtcd opens the embedded etcd of a stopped hub's dataDir (as the hub
+// does) and runs fn with a client of it, for 30 s at most.
+func withHubEtcd(ctx context.Context, dataDir string, fn func(context.Context, *clientv3.Client) error) error {
 	clientAddr, err := nettest.FreeAddr()
 	if err != nil {
-		return out, err
+		return err
 	}
 	peerAddr, err := nettest.FreeAddr()
 	if err != nil {
-		return out, err
+		return err
 	}
 	clientURL, peerURL := url.URL{Scheme: "http", Host: clientAddr}, url.URL{Scheme: "http", Host: peerAddr}
 	cfg := embed.NewConfig()
@@ -56,36 +75,26 @@ func dropSnapshots(ctx context.Context, dataDir string) (catalogAfterDrop, error
 	cfg.LogOutputs = []string{filepath.Join(dataDir, "etcd-bench.log")}
 	cfg.TickMs, cfg.ElectionMs = 10, 100
 	if _, err := os.Stat(cfg.Dir); err != nil {
-		return out, fmt.Errorf("the hub's etcd: %w", err)
+		return fmt.Errorf("the hub's etcd: %w", err)
 	}
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
-		return out, fmt.Errorf("open the hub's etcd in %s: %w", cfg.Dir, err)
+		return fmt.Errorf("open the hub's etcd in %s: %w", cfg.Dir, err)
 	}
 	defer e.Close()
 	select {
 	case <-e.Server.ReadyNotify():
 	case <-time.After(60 * time.Second):
-		return out, fmt.Errorf("the hub's etcd in %s not ready after 60s", cfg.Dir)
+		return fmt.Errorf("the hub's etcd in %s not ready after 60s", cfg.Dir)
 	case <-ctx.Done():
-		return out, ctx.Err()
+		return ctx.Err()
 	}
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{clientURL.String()}, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
-		return out, err
+		return err
 	}
 	defer cli.Close()
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	del, err := cli.Delete(ctx, hubEtcdPrefix+"snapshots/", clientv3.WithPrefix())
-	if err != nil {
-		return out, fmt.Errorf("delete the snapshots: %w", err)
-	}
-	out.SnapshotKeysDeleted = del.Deleted
-	get, err := cli.Get(ctx, hubEtcdPrefix+"clusters/", clientv3.WithPrefix(), clientv3.WithCountOnly())
-	if err != nil {
-		return out, fmt.Errorf("count the catalog: %w", err)
-	}
-	out.CatalogClusters = get.Count
-	return out, nil
+	return fn(ctx, cli)
 }
