@@ -556,14 +556,16 @@ func (fr *floodRunner) runOne(ctx context.Context, spec floodSpec) (r *floodResu
 		return r
 	}
 	pid := e.hub.pid()
-	rss, cpu0, err := procUsage(pid)
+	rss, _, err := procUsage(pid)
 	if err != nil {
 		r.Error = "read the hub's usage: " + err.Error()
 		return r
 	}
 	r.RSSBeforeBytes = rss
 	r.LiveHeapBeforeBytes = e.liveHeap(ctx)
-	if _, cpu0, err = procUsage(pid); err != nil {
+	// The CPU the flood costs counts from after liveHeap's forced collections.
+	_, cpu0, err := procUsage(pid)
+	if err != nil {
 		r.Error = "read the hub's usage: " + err.Error()
 		return r
 	}
