@@ -226,22 +226,21 @@ func chunkImports(head *fedv1.ImportUpdate, removes []registry.ServiceKey, upser
 			ClustersetCidrs: head.ClustersetCidrs}
 	}
 	var out []*fedv1.ImportUpdate
-	budget -= proto.Size(head) // every chunk repeats the head's fields
-	cur, size := next(), 0
+	c := Chunker{Budget: budget - proto.Size(head)} // every chunk repeats the head's fields
+	cur := next()
 	room := func(n int) {
-		if size > 0 && size+n > budget {
+		if c.Next(n) {
 			out = append(out, cur)
-			cur, size = next(), 0
+			cur = next()
 		}
-		size += n
 	}
 	for _, k := range removes {
 		p := KeyToProto(k)
-		room(proto.Size(p) + 8)
+		room(ItemBytes(p))
 		cur.Removes = append(cur.Removes, p)
 	}
 	for _, p := range upserts {
-		room(proto.Size(p) + 8)
+		room(ItemBytes(p))
 		cur.Upserts = append(cur.Upserts, p)
 	}
 	out = append(out, cur)

@@ -819,15 +819,12 @@ func (p *Publisher) delta() []pending {
 // one, possibly empty, group.
 func chunkShards(shards []*registry.Shard, budget int) [][]*registry.Shard {
 	out := [][]*registry.Shard{nil}
-	size := 0
+	c := Chunker{Budget: budget}
 	for _, s := range shards {
-		n := proto.Size(ShardToProto(s)) + 8
-		if size > 0 && size+n > budget {
+		if c.Next(ItemBytes(ShardToProto(s))) {
 			out = append(out, nil)
-			size = 0
 		}
 		out[len(out)-1] = append(out[len(out)-1], s)
-		size += n
 	}
 	return out
 }

@@ -19,7 +19,6 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/navemesh/nave/federation"
@@ -557,38 +556,35 @@ func sendChunked(head *fedv1.ReplicaUpdate, removes []registry.ServiceKey, upser
 			FullState: head.FullState, Base: head.Base, Origin: head.Origin, Gateways: head.Gateways,
 		}
 	}
-	cur, size := next(), 0
+	cur := next()
 	flush := func(last bool) error {
 		cur.LastChunk = last
 		chunks++
 		err := send(cur)
-		cur, size = next(), 0
+		cur = next()
 		return err
 	}
+	c := federation.Chunker{Budget: budget}
 	// room flushes the chunk when an item of n bytes does not fit in it.
 	room := func(n int) error {
-		if size > 0 && size+n > budget {
+		if c.Next(n) {
 			return flush(false)
 		}
 		return nil
 	}
 	for _, k := range removes {
 		p := federation.KeyToProto(k)
-		n := protowire.SizeTag(8) + protowire.SizeBytes(proto.Size(p))
-		if err := room(n); err != nil {
+		if err := room(federation.ItemBytes(p)); err != nil {
 			return chunks, err
 		}
 		cur.Removes = append(cur.Removes, p)
-		size += n
 	}
 	for _, sh := range upserts {
 		p := federation.ShardToProto(sh)
-		n := protowire.SizeTag(7) + protowire.SizeBytes(proto.Size(p))
-		if err := room(n); err != nil {
+		if err := room(federation.ItemBytes(p)); err != nil {
 			return chunks, err
 		}
 		cur.Upserts = append(cur.Upserts, p)
-		size += n
 	}
 	return chunks, flush(true)
 }
