@@ -94,7 +94,7 @@ func (a *admin) handler() http.Handler {
 		a.json(w, a.coord.status())
 	})
 	mux.HandleFunc("GET /debug/clusters", func(w http.ResponseWriter, _ *http.Request) {
-		clusters := convertAll(a.state.View().clustersSorted(), adminClusterStatus)
+		clusters := convertAll(a.state.View().clustersSorted(), func(c ClusterStatus) adminapi.ClusterStatus { return c.ClusterStatus })
 		var refused map[registry.ClusterID]map[registry.ServiceKey]string
 		if a.fed != nil {
 			refused = a.fed.RefusedExports()
@@ -274,23 +274,6 @@ func convertAll[S, T any](in []S, convert func(S) T) []T {
 		out[i] = convert(v)
 	}
 	return out
-}
-
-// adminClusterStatus is a cluster as /debug/clusters shows it (the handler
-// adds its refused exports).
-func adminClusterStatus(c ClusterStatus) adminapi.ClusterStatus {
-	return adminapi.ClusterStatus{
-		Cluster: c.Cluster, Network: c.Network, Gateways: c.Gateways, Connected: c.Connected, SpokeID: c.SpokeID, Build: c.Build,
-		Remote: c.Remote, Epoch: c.Epoch, Version: c.Version, Digest: c.Digest, Services: c.Services, Endpoints: c.Endpoints,
-		SessionStart: c.SessionStart, LastUpdate: c.LastUpdate, LastSeen: c.LastSeen, Home: c.Home, Origin: c.Origin,
-		Restored: c.Restored, LiveAt: c.LiveAt, Stale: c.Stale, Dropped: c.Dropped,
-	}
-}
-
-func adminPeer(p Peer) adminapi.Peer { return adminapi.Peer(p) }
-
-func adminSaved(s Saved) adminapi.Saved {
-	return adminapi.Saved{Revision: s.Revision, At: s.At, Bytes: s.Bytes, Clusters: s.Clusters, Restored: s.Restored}
 }
 
 func adminImportStatus(s federation.ImportStatus) adminapi.ImportStatus {

@@ -21,24 +21,10 @@ import (
 	"github.com/navemesh/nave/replicas"
 )
 
-// Peer is one replica as gossip shows it (/debug/hub shows it as adminapi.Peer).
-type Peer struct {
-	Name        string `json:"name"`
-	Federation  string `json:"federation"`
-	XDS         string `json:"xds"`
-	Admin       string `json:"admin"`
-	Self        bool   `json:"self,omitempty"`
-	HomeOf      int    `json:"homeOf"`      // clusters whose spoke it serves
-	Unconverged int    `json:"unconverged"` // clusters it holds at another stamp than this replica
-}
-
-// Saved describes a persisted snapshot (/debug/hub shows it as adminapi.Saved).
+// Saved describes a persisted snapshot: what /debug/hub shows of it, and
+// what it holds.
 type Saved struct {
-	Revision uint64    `json:"revision"`
-	At       time.Time `json:"at,omitzero"`
-	Bytes    int       `json:"bytes,omitempty"`
-	Clusters int       `json:"clusters"`
-	Restored bool      `json:"restored,omitempty"` // loaded at start, not saved by this replica
+	adminapi.Saved
 	// held is what the snapshot holds, when restored and the state holds
 	// exactly that: a leader need not save it again until that changes.
 	held heldState
@@ -103,8 +89,8 @@ type coordinator struct {
 	leader   string
 	degraded string
 	saved    Saved
-	members  []Peer
-	self     Peer // this replica as peers see it: its name and advertised addresses
+	members  []adminapi.Peer
+	self     adminapi.Peer // this replica as peers see it: its name and advertised addresses
 }
 
 // status returns what /debug/hub shows.
@@ -125,10 +111,10 @@ func (c *coordinator) status() adminapi.Coordination {
 				self.HomeOf++
 			}
 		}
-		members = []Peer{self} // a lone replica (no gossip)
+		members = []adminapi.Peer{self} // a lone replica (no gossip)
 	}
 	return adminapi.Coordination{ID: c.id, Leader: c.leader, IsLeader: c.isLeader.Load(), Degraded: c.degraded,
-		Members: convertAll(members, adminPeer), Snapshot: adminSaved(c.saved), Restored: restored}
+		Members: members, Snapshot: c.saved.Saved, Restored: restored}
 }
 
 // forever runs fn until ctx ends, recovering panics and retrying after a pause.
@@ -175,7 +161,7 @@ func (c *coordinator) restore(ctx context.Context) bool {
 		return false
 	}
 	c.mu.Lock()
-	c.saved = Saved{Revision: snap.Revision, At: snap.Taken, Clusters: len(snap.Clusters), Restored: true}
+	c.saved = Saved{Saved: adminapi.Saved{Revision: snap.Revision, At: snap.Taken, Clusters: len(snap.Clusters), Restored: true}}
 	if exact {
 		c.saved.held = held
 	}
@@ -464,7 +450,7 @@ func (c *coordinator) persist(ctx context.Context) (heldState, bool) {
 		return heldState{}, false
 	}
 	c.mu.Lock()
-	c.saved = Saved{Revision: snap.Revision, At: snap.Taken, Bytes: n, Clusters: len(snap.Clusters)}
+	c.saved = Saved{Saved: adminapi.Saved{Revision: snap.Revision, At: snap.Taken, Bytes: n, Clusters: len(snap.Clusters)}}
 	c.mu.Unlock()
 	c.metrics.snapshotRevision.Set(float64(snap.Revision))
 	c.metrics.snapshotBytes.Set(float64(n))
@@ -765,10 +751,10 @@ func (c *coordinator) follow(ctx context.Context, m *replicas.Membership, r *rep
 	for {
 		peers := map[string]string{}
 		homes := map[registry.ClusterID]string{}
-		var view []Peer
+		var view []adminapi.Peer
 		mine := c.state.View()
 		for _, mem := range m.Members() {
-			p := Peer{Name: mem.Name, Federation: mem.Meta.Federation, XDS: mem.Meta.XDS, Admin: mem.Meta.Admin, Self: mem.Self}
+			p := adminapi.Peer{Name: mem.Name, Federation: mem.Meta.Federation, XDS: mem.Meta.XDS, Admin: mem.Meta.Admin, Self: mem.Self}
 			for id, sum := range mem.Summaries {
 				if sum.Home {
 					p.HomeOf++

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/navemesh/nave/adminapi"
 	"github.com/navemesh/nave/replicas"
 )
 
@@ -37,7 +38,7 @@ func TestCatalogRecordFollowsTheState(t *testing.T) {
 	first := now.Add(-time.Hour)
 	held := replicas.ClusterRecord{Cluster: "east", Network: "n1", SpokeID: "s1", Build: "b1", Epoch: 4,
 		FirstSeen: first, LastSeen: now.Add(-10 * time.Minute), LiveAt: now.Add(-10 * time.Minute)}
-	live := ClusterStatus{Cluster: "east", Network: "n1", Epoch: 4, Version: 9, Home: "b", LiveAt: now, liveSeen: true}
+	live := ClusterStatus{ClusterStatus: adminapi.ClusterStatus{Cluster: "east", Network: "n1", Epoch: 4, Version: 9, Home: "b", LiveAt: now}, liveSeen: true}
 	gone := live
 	gone.Home, gone.LiveAt = "", now.Add(-5*time.Minute)
 	for _, tc := range []struct {
@@ -51,7 +52,7 @@ func TestCatalogRecordFollowsTheState(t *testing.T) {
 		{"not in the catalog", live, replicas.ClusterRecord{}, false, true, func(r replicas.ClusterRecord) bool {
 			return r.Network == "n1" && r.Epoch == 4 && r.LiveAt.Equal(now) && r.FirstSeen.Equal(now)
 		}},
-		{"nothing held, no spoke", ClusterStatus{Cluster: "east"}, replicas.ClusterRecord{}, false, false, nil},
+		{"nothing held, no spoke", clusterStatus(adminapi.ClusterStatus{Cluster: "east"}), replicas.ClusterRecord{}, false, false, nil},
 		{"live, recorded a refresh ago", live, held, true, true, func(r replicas.ClusterRecord) bool {
 			return r.LiveAt.Equal(now) && r.LastSeen.Equal(now) && r.FirstSeen.Equal(first) && r.SpokeID == "s1"
 		}},

@@ -31,6 +31,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
+	"github.com/navemesh/nave/adminapi"
 	"github.com/navemesh/nave/convergence"
 	"github.com/navemesh/nave/exportpolicy"
 	"github.com/navemesh/nave/federation"
@@ -564,7 +565,7 @@ func (p *parts) listen() (err error) {
 	// What this replica advertises: to its peers, and in /debug/hub.
 	host := advertiseHost(p.cfg)
 	p.coord.mu.Lock()
-	p.coord.self = Peer{Name: p.cfg.ID, Self: true, Federation: advertise(host, p.fedLis.Addr()),
+	p.coord.self = adminapi.Peer{Name: p.cfg.ID, Self: true, Federation: advertise(host, p.fedLis.Addr()),
 		XDS: advertise(host, p.xdsLis.Addr()), Admin: advertise(host, p.adminLis.Addr())}
 	p.coord.mu.Unlock()
 	return nil

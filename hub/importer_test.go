@@ -9,6 +9,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/navemesh/nave/adminapi"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/replicas"
 )
@@ -39,8 +40,8 @@ func webShard(cluster registry.ClusterID, headless bool) *registry.Shard {
 // and holds every one of them, and no import waits for its IP: an empty or
 // unread catalog is trusted only after the grace.
 func TestImporterAuthority(t *testing.T) {
-	held := ClusterStatus{Cluster: "east", LastUpdate: time.Now()}
-	known := ClusterStatus{Cluster: "west"} // in the catalog, no data yet
+	held := clusterStatus(adminapi.ClusterStatus{Cluster: "east", LastUpdate: time.Now()})
+	known := clusterStatus(adminapi.ClusterStatus{Cluster: "west"}) // in the catalog, no data yet
 	im := newImporter(nil, nil, time.Hour, slog.New(slog.DiscardHandler))
 	importerRound(t, im, map[registry.ClusterID]ClusterStatus{"east": held}, webShard("east", true))
 	if set, _ := im.Imports(); set.Authoritative || len(set.Imports) != 1 {
@@ -79,7 +80,7 @@ func TestImporterWaitingForAnIPIsNotAuthoritative(t *testing.T) {
 	}
 	im := newImporter(ips, []string{"243.0.0.0/24"}, time.Nanosecond, slog.New(slog.DiscardHandler))
 	im.claimTimeout = 50 * time.Millisecond
-	importerRound(t, im, map[registry.ClusterID]ClusterStatus{"east": {Cluster: "east", LastUpdate: time.Now()}},
+	importerRound(t, im, map[registry.ClusterID]ClusterStatus{"east": clusterStatus(adminapi.ClusterStatus{Cluster: "east", LastUpdate: time.Now()})},
 		webShard("east", false))
 	set, _ := im.Imports()
 	if set.Authoritative || len(set.Imports) != 0 || !im.waiting[registry.ServiceKey{Namespace: "default", Name: "web"}] {

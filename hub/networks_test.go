@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/navemesh/nave/adminapi"
 	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/replicas"
@@ -256,14 +257,15 @@ func TestNetworkGatewaysMetric(t *testing.T) {
 func TestDroppedClusterSeriesAreDeleted(t *testing.T) {
 	m := newMetrics(prometheus.NewRegistry())
 	v := View{Registry: registry.New(), Clusters: map[registry.ClusterID]ClusterStatus{
-		"east": {Cluster: "east", Services: 3, Endpoints: 9}, "west": {Cluster: "west", Services: 1, Endpoints: 2}}}
+		"east": clusterStatus(adminapi.ClusterStatus{Cluster: "east", Services: 3, Endpoints: 9}),
+		"west": clusterStatus(adminapi.ClusterStatus{Cluster: "west", Services: 1, Endpoints: 2})}}
 	m.observe(v, time.Now())
 	m.updates.WithLabelValues("east", "delta", "ack").Inc()
 	m.resyncs.WithLabelValues("east", "digest").Inc()
 	if n := testutil.CollectAndCount(m.clusterServices); n != 2 {
 		t.Fatalf("%d cluster_services series, want 2", n)
 	}
-	v.Clusters["east"] = ClusterStatus{Cluster: "east", Dropped: true, Stale: true}
+	v.Clusters["east"] = clusterStatus(adminapi.ClusterStatus{Cluster: "east", Dropped: true, Stale: true})
 	m.observe(v, time.Now())
 	for name, c := range map[string]prometheus.Collector{"services": m.clusterServices, "endpoints": m.clusterEndpoints,
 		"stale": m.clusterStale, "restored": m.clusterRestored, "data age": m.clusterDataAge, "updates": m.updates, "resyncs": m.resyncs} {

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/navemesh/nave/adminapi"
 	"github.com/navemesh/nave/convergence"
 	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/registry"
@@ -34,55 +35,16 @@ func (ps publishers) Update(r *registry.Registry, d registry.Diff) {
 	}
 }
 
-// ClusterStatus is the hub's view of one cluster (/debug/clusters shows it
-// as adminapi.ClusterStatus).
+// ClusterStatus is the hub's view of one cluster: what /debug/clusters
+// shows of it (RefusedExports is filled in there), and what the leader
+// records only of what it saw.
 type ClusterStatus struct {
-	Cluster registry.ClusterID `json:"cluster"`
-	Network registry.Network   `json:"network,omitempty"`
-	// Gateways are the east-west gateways the cluster announced for its network.
-	Gateways     []registry.Gateway `json:"gateways,omitempty"`
-	Connected    bool               `json:"connected"`
-	SpokeID      string             `json:"spokeID,omitempty"`
-	Build        string             `json:"build,omitempty"`
-	Remote       string             `json:"remote,omitempty"`
-	Epoch        uint64             `json:"epoch"`
-	Version      uint64             `json:"version"`
-	Digest       registry.Hash      `json:"digest"`
-	Services     int                `json:"services"`
-	Endpoints    int                `json:"endpoints"`
-	SessionStart time.Time          `json:"sessionStart,omitzero"`
-	LastUpdate   time.Time          `json:"lastUpdate,omitzero"`
-	LastSeen     time.Time          `json:"lastSeen,omitzero"`
-	// Home is the replica whose spoke session serves the cluster ("" when none does).
-	Home string `json:"home,omitempty"`
-	// Origin is the replica the cluster's latest data came from.
-	Origin string `json:"origin,omitempty"`
-	// Restored: the data comes from the persisted snapshot and no live spoke has confirmed it yet.
-	Restored bool `json:"restored,omitempty"`
-	// LiveAt is when a live spoke last served the cluster at some replica:
-	// as this replica saw it, or as the leader recorded it in the catalog
-	// (which survives a restart); for a cluster neither has seen live, when
-	// this replica first knew of it.
-	LiveAt time.Time `json:"liveAt,omitzero"`
-	// Stale: no live spoke at any replica for longer than the grace; the
-	// endpoints are kept until the cluster's policy says otherwise.
-	Stale bool `json:"stale,omitempty"`
-	// Dropped: its drop policy removed the stale cluster's endpoints.
-	Dropped bool `json:"dropped,omitempty"`
+	adminapi.ClusterStatus
 
 	// liveSeen: LiveAt is when this replica last saw a live spoke serve the
 	// cluster, not a time it started the cluster's timer from or read from
 	// the catalog (the leader records only what was seen).
 	liveSeen bool
-}
-
-// DataAge is how old the cluster's data is: zero while a live spoke serves
-// it, else the time since one last did.
-func (c ClusterStatus) DataAge(now time.Time) time.Duration {
-	if c.Home != "" || c.LiveAt.IsZero() {
-		return 0
-	}
-	return now.Sub(c.LiveAt)
 }
 
 // View is an immutable snapshot of the hub's state for readers (admin API, metrics).
@@ -244,7 +206,7 @@ func (s *state) publish(d registry.Diff) {
 func (s *state) cluster(id registry.ClusterID) *ClusterStatus {
 	c := s.clusters[id]
 	if c == nil {
-		c = &ClusterStatus{Cluster: id}
+		c = &ClusterStatus{ClusterStatus: adminapi.ClusterStatus{Cluster: id}}
 		s.clusters[id] = c
 	}
 	return c
