@@ -118,9 +118,9 @@ func TestChurnMakesNewValidStates(t *testing.T) {
 			t.Fatalf("change %d: the cluster's state does not hold the new shard", i)
 		}
 	}
-	// The publisher's channel holds the newest state of each cluster.
+	// The publisher would take the newest state of each cluster.
 	for _, cl := range w.clusters {
-		if st := <-cl.out; st[serviceKey(0)] != cl.shards[0] {
+		if ch, ok := cl.out.Take(); !ok || ch.Set[serviceKey(0)] != cl.shards[0] {
 			t.Errorf("cluster %s: the handed state is not the newest", cl.id)
 		}
 	}

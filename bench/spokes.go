@@ -73,8 +73,8 @@ type simCluster struct {
 	zone   int // round-robin zone for new endpoints
 	shards []*registry.Shard
 	state  federation.State
-	// out holds the newest state not yet taken by the publisher (capacity 1).
-	out chan federation.State
+	// out takes the cluster's changes to its publisher.
+	out *federation.Changes
 	// origins tells the publisher when each change was made (the hub's trace).
 	origins *federation.Origins
 }
@@ -108,7 +108,7 @@ func newWorld(cfg scaleConfig, l *ledger, seed uint64, echo netip.AddrPort) (*wo
 		restarted: cfg.RestartOver > 0 && cfg.Services > 1}
 	for c := range cfg.Clusters {
 		cl := &simCluster{index: c, id: clusterID(c), region: regionOf(c),
-			shards: make([]*registry.Shard, cfg.Services), state: make(federation.State, cfg.Services+1), out: make(chan federation.State, 1), origins: federation.NewOrigins()}
+			shards: make([]*registry.Shard, cfg.Services), state: make(federation.State, cfg.Services+1), out: federation.NewChanges(), origins: federation.NewOrigins()}
 		w.clusters = append(w.clusters, cl)
 		for s := range cfg.Services {
 			n := cfg.Endpoints
@@ -133,7 +133,7 @@ func newWorld(cfg scaleConfig, l *ledger, seed uint64, echo netip.AddrPort) (*wo
 			sh.Normalize()
 			cl.state[echoKey] = sh
 		}
-		cl.hand(cl.state)
+		cl.out.Set(maps.Clone(cl.state))
 	}
 	return w, nil
 }
@@ -189,15 +189,6 @@ func healthy(eps []registry.Endpoint) int {
 		}
 	}
 	return n
-}
-
-// hand makes st the newest state for the publisher, replacing one it has not taken yet.
-func (cl *simCluster) hand(st federation.State) {
-	select {
-	case <-cl.out:
-	default:
-	}
-	cl.out <- st // only the churn goroutine sends: there is room now
 }
 
 // tryChange computes the endpoints after a change of the given kind, or false
@@ -295,14 +286,12 @@ func (w *world) commit(cl *simCluster, s int, eps []registry.Endpoint, fp uint64
 		return fmt.Errorf("cluster %s ran out of addresses", cl.id)
 	}
 	sh := w.shard(cl, s, eps)
-	st := maps.Clone(cl.state)
-	st[sh.Service] = sh
-	cl.shards[s], cl.state = sh, st
+	cl.shards[s], cl.state[sh.Service] = sh, sh
 	if _, err := w.ledger.record(cl.index, s, fp, kind, time.Now()); err != nil {
 		return err
 	}
 	cl.origins.Saw(sh.Service, "", time.Time{})
-	cl.hand(st)
+	cl.out.Apply(federation.State{sh.Service: sh}, nil)
 	return nil
 }
 

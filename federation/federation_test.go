@@ -208,6 +208,7 @@ func stateOf(shards ...*registry.Shard) State {
 type publisher struct {
 	pub    *Publisher
 	states chan State
+	src    *Changes // fed from states
 	status chan SessionStatus
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -220,9 +221,27 @@ func startPublisher(t *testing.T, conn *grpc.ClientConn, cluster registry.Cluste
 	pub := NewPublisher(cfg, conn, slog.New(slog.DiscardHandler), func(s SessionStatus) { p.status <- s })
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel, p.pub = cancel, pub
-	go func() { defer close(p.done); _ = pub.Run(ctx, p.states) }()
+	src := feed(t.Context(), p.states) // outlives a restart of the publisher
+	p.src = src
+	go func() { defer close(p.done); _ = pub.Run(ctx, src) }()
 	t.Cleanup(p.stop)
 	return p
+}
+
+// feed hands every state sent on states to the Changes it returns, until ctx ends.
+func feed(ctx context.Context, states <-chan State) *Changes {
+	src := NewChanges()
+	go func() {
+		for {
+			select {
+			case st := <-states:
+				src.Set(st)
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return src
 }
 
 func (p *publisher) stop() {

@@ -226,7 +226,7 @@ func restartPublisher(t *testing.T, p *publisher, h *testHub) {
 	p.pub.client = fedv1.NewFederationClient(dial(t, h.addr, testTokens["east"]))
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel, p.done = cancel, make(chan struct{})
-	go func() { defer close(p.done); _ = p.pub.Run(ctx, p.states) }()
+	go func() { defer close(p.done); _ = p.pub.Run(ctx, p.src) }()
 	p.states <- State{}
 }
 

@@ -126,8 +126,13 @@ type Publisher struct {
 
 	// Owned by Run's goroutine.
 	// link is the last estimate of the one-way delay to the hub (see estimateLink).
-	link        time.Duration
+	link time.Duration
+	// desired is the source's latest state, as taken; dirty names the
+	// services whose publishable form may differ from what the hub
+	// acknowledged (every other service's does not), which the next delta
+	// looks at: one change costs the same however large the cluster.
 	desired     State
+	dirty       map[registry.ServiceKey]struct{}
 	acked       State // what the hub holds; valid when ackedKnown
 	ackedHashes map[registry.ServiceKey]registry.Hash
 	ackedDigest registry.Hash
@@ -202,6 +207,7 @@ func NewPublisher(cfg SpokeConfig, conn grpc.ClientConnInterface, log *slog.Logg
 		cfg: cfg, client: fedv1.NewFederationClient(conn), conn: redial, status: status,
 		log:         log.With("component", "publisher"),
 		ackedHashes: map[registry.ServiceKey]registry.Hash{},
+		dirty:       map[registry.ServiceKey]struct{}{},
 		rejected:    map[registry.ServiceKey]registry.Hash{},
 		unpermitted: map[registry.ServiceKey]bool{},
 		tooBig:      map[registry.ServiceKey]registry.Hash{},
@@ -215,18 +221,24 @@ func NewPublisher(cfg SpokeConfig, conn grpc.ClientConnInterface, log *slog.Logg
 	}
 }
 
-// Run publishes every State received on desired until ctx ends. Nothing is
-// sent before the first State arrives: the first state sent is complete.
-func (p *Publisher) Run(ctx context.Context, desired <-chan State) error {
-	select {
-	case p.desired = <-desired:
-	case <-ctx.Done():
-		return nil
+// Run publishes what the source hands over to src until ctx ends, beginning
+// with its whole state (it restarts src). Nothing is sent before the source
+// has handed over a state: the first state sent is complete.
+func (p *Publisher) Run(ctx context.Context, src *Changes) error {
+	src.Restart()
+	for p.desired == nil {
+		select {
+		case <-src.Ready():
+			p.take(src)
+		case <-ctx.Done():
+			return nil
+		}
 	}
 	for _, known := p.namespaces(); p.cfg.OnImports != nil && !known; _, known = p.namespaces() {
 		// Without its namespaces the hub could not tell what the cluster imports.
 		select {
-		case p.desired = <-desired:
+		case <-src.Ready():
+			p.take(src)
 		case <-p.nsChanged:
 		case <-ctx.Done():
 			return nil
@@ -235,7 +247,7 @@ func (p *Publisher) Run(ctx context.Context, desired <-chan State) error {
 	retry := backoff.New(backoff.Config{Min: p.cfg.MinBackoff, Max: p.cfg.MaxBackoff, Target: p.cfg.HubAddr, Conn: p.conn})
 	for {
 		started := time.Now()
-		err := p.safeSession(ctx, desired)
+		err := p.safeSession(ctx, src)
 		p.report(false, false, false)
 		if ctx.Err() != nil {
 			return nil
@@ -245,7 +257,7 @@ func (p *Publisher) Run(ctx context.Context, desired <-chan State) error {
 		}
 		wait := retry.Next()
 		p.log.Warn("hub session ended; reconnecting", "err", err, "in", wait.Round(time.Millisecond))
-		if !p.wait(ctx, retry, wait, desired) {
+		if !p.wait(ctx, retry, wait, src) {
 			return nil
 		}
 	}
@@ -253,7 +265,7 @@ func (p *Publisher) Run(ctx context.Context, desired <-chan State) error {
 
 // wait waits d, or until the hub answers again (see backoff.Backoff.Start),
 // keeping up with new states meanwhile; false when ctx ended.
-func (p *Publisher) wait(ctx context.Context, retry *backoff.Backoff, d time.Duration, desired <-chan State) bool {
+func (p *Publisher) wait(ctx context.Context, retry *backoff.Backoff, d time.Duration, src *Changes) bool {
 	w := retry.Start(ctx, d)
 	defer w.Stop()
 	for {
@@ -263,20 +275,62 @@ func (p *Publisher) wait(ctx context.Context, retry *backoff.Backoff, d time.Dur
 				p.log.Info("hub answers again; reconnecting now")
 			}
 			return ctx.Err() == nil
-		case st := <-desired:
-			p.desired = st
+		case <-src.Ready():
+			p.take(src)
 			p.updateReports()
 		}
 	}
 }
 
-func (p *Publisher) safeSession(ctx context.Context, desired <-chan State) (err error) {
+func (p *Publisher) safeSession(ctx context.Context, src *Changes) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("panic in session: %v\n%s", r, debug.Stack())
 		}
 	}()
-	return p.session(ctx, desired)
+	return p.session(ctx, src)
+}
+
+// take applies what the source changed since the last take to desired, and
+// marks it dirty.
+func (p *Publisher) take(src *Changes) {
+	ch, ok := src.Take()
+	if !ok {
+		return
+	}
+	if ch.Full {
+		for k := range p.desired {
+			if _, ok := ch.Set[k]; !ok {
+				p.forget(k)
+			}
+		}
+		p.desired = ch.Set
+		markAll(p.dirty, p.desired)
+		return
+	}
+	for k, s := range ch.Set {
+		p.desired[k] = s
+		p.dirty[k] = struct{}{}
+	}
+	for _, k := range ch.Removed {
+		p.forget(k)
+		delete(p.desired, k)
+	}
+}
+
+// markAll marks every service of m dirty.
+func markAll[V any](dirty map[registry.ServiceKey]struct{}, m map[registry.ServiceKey]V) {
+	for k := range m {
+		dirty[k] = struct{}{}
+	}
+}
+
+// forget marks a service dirty and forgets the hub's refusals of it: what
+// the source hands over next is a new form.
+func (p *Publisher) forget(k registry.ServiceKey) {
+	p.dirty[k] = struct{}{}
+	delete(p.rejected, k)
+	delete(p.unpermitted, k)
 }
 
 // pending is an update sent and not yet answered.
@@ -285,14 +339,14 @@ type pending struct {
 	version uint64
 	full    bool
 	last    bool
-	upserts []*registry.Shard
+	upserts []wireShard
 	removes []registry.ServiceKey
 	retain  []registry.ServiceKey
 	origins []*fedv1.ChangeOrigin
 	sentAt  time.Time
 }
 
-func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
+func (p *Publisher) session(ctx context.Context, src *Changes) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := p.client.Publish(ctx, grpc.MaxCallRecvMsgSize(MaxImportMessageBytes))
@@ -330,6 +384,9 @@ func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
 		p.maxBytes = 1 << 20
 	}
 	p.sessionEpoch = welcome.GetEpoch()
+	// The budget and the policy may differ at this hub: try those services again.
+	markAll(p.dirty, p.tooBig)
+	markAll(p.dirty, p.unpermitted)
 	clear(p.tooBig)
 	clear(p.unpermitted)
 	s := &spokeSession{p: p, stream: stream, epoch: welcome.GetEpoch(), resumed: welcome.GetResume(), gwLast: gws, gwSent: gwKnown,
@@ -352,6 +409,18 @@ func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
 	}
 	p.log.Info("hub session started", "epoch", s.epoch, "resume", s.resumed, "hub", welcome.GetHubId())
 
+	defer func() {
+		// What the hub never answered is looked at again: sent again, or
+		// found acknowledged by the next session's resume.
+		for _, u := range s.inflight {
+			for _, w := range u.upserts {
+				p.dirty[w.shard.Service] = struct{}{}
+			}
+			for _, k := range u.removes {
+				p.dirty[k] = struct{}{}
+			}
+		}
+	}()
 	msgs, errc := Receive(ctx, stream.Recv)
 	ticker := time.NewTicker(p.cfg.DigestInterval)
 	defer ticker.Stop()
@@ -376,8 +445,8 @@ func (p *Publisher) session(ctx context.Context, desired <-chan State) error {
 				return fmt.Errorf("superseded: %w", err)
 			}
 			return err
-		case st := <-desired:
-			p.desired = st
+		case <-src.Ready():
+			p.take(src)
 		case <-ticker.C:
 			if err := s.sendDigest(); err != nil {
 				return err
@@ -527,7 +596,7 @@ func (s *spokeSession) acked(u pending, hubDigest string) error {
 	hadRetained := len(p.retained) > 0
 	if u.full {
 		for _, sh := range u.upserts {
-			s.fullAcc[sh.Service] = sh
+			s.fullAcc[sh.shard.Service] = sh.shard
 		}
 		if !u.last {
 			return nil // applied with the last chunk
@@ -576,7 +645,11 @@ func (s *spokeSession) refused(u pending, n *fedv1.Nack) error {
 func (p *Publisher) rejectedBy(u pending, n *fedv1.Nack) error {
 	sent := map[registry.ServiceKey]*registry.Shard{}
 	for _, s := range u.upserts {
-		sent[s.Service] = s
+		sent[s.shard.Service] = s.shard
+		p.dirty[s.shard.Service] = struct{}{} // not applied: looked at again, with what the hub refused
+	}
+	for _, k := range u.removes {
+		p.dirty[k] = struct{}{}
 	}
 	for _, r := range n.GetRejections() {
 		k := KeyFromProto(r.GetService())
@@ -673,7 +746,8 @@ func (p *Publisher) applyAcked(u pending) {
 	for _, k := range u.removes {
 		drop(k)
 	}
-	for _, s := range u.upserts {
+	for _, w := range u.upserts {
+		s := w.shard
 		drop(s.Service)
 		h := s.Hash()
 		p.acked[s.Service], p.ackedHashes[s.Service] = s, h
@@ -681,64 +755,66 @@ func (p *Publisher) applyAcked(u pending) {
 	}
 }
 
-// publishable is what may be sent for each service: its desired shard, or,
-// where the hub refused that form, the spoke withholds it (invalid) or it is
-// too large, the form the hub last accepted. Services with no such form are
-// returned apart: a full state asks the hub to retain them.
+// publishable is what may be sent for each service (see publishableOf).
+// Services with no such form are returned apart: a full state asks the hub
+// to retain them.
 func (p *Publisher) publishable() (st State, withheld []registry.ServiceKey) {
 	st = make(State, len(p.desired))
-	for k, s := range p.desired {
-		if p.unpermitted[k] {
-			continue // neither sent nor retained: the hub must hold no form of it
-		}
-		if s != nil {
-			if h, ok := p.rejected[k]; ok {
-				if s.Hash() == h {
-					s = nil
-				} else {
-					delete(p.rejected, k) // changed since: try again
-				}
-			}
-		}
-		if h, ok := p.tooBig[k]; ok && s != nil && s.Hash() == h {
-			s = nil
-		}
-		if s == nil {
-			if old, ok := p.acked[k]; ok {
-				st[k] = old
-			} else {
-				withheld = append(withheld, k)
-			}
-			continue
-		}
-		st[k] = s
-	}
-	for k := range p.rejected {
-		if _, ok := p.desired[k]; !ok {
-			delete(p.rejected, k)
-		}
-	}
-	for k := range p.unpermitted {
-		if _, ok := p.desired[k]; !ok {
-			delete(p.unpermitted, k)
+	for k := range p.desired {
+		switch s, form := p.publishableOf(k); form {
+		case formSent:
+			st[k] = s
+		case formWithheld:
+			withheld = append(withheld, k)
 		}
 	}
 	return st, withheld
 }
 
+// The form publishableOf finds for a service.
+const (
+	formNone     = iota // none: gone, or the hub's policy refused every form of it
+	formSent            // the shard returned
+	formWithheld        // no form the hub would take (the spoke withholds it, the hub refused it, or it is too large) and none acknowledged
+)
+
+// publishableOf is what may be sent for service k: its desired shard, or,
+// where the hub refused that form, the spoke withholds it (invalid) or it
+// is too large, the form the hub last accepted.
+func (p *Publisher) publishableOf(k registry.ServiceKey) (*registry.Shard, int) {
+	s, ok := p.desired[k]
+	if !ok || p.unpermitted[k] {
+		return nil, formNone // neither sent nor retained: the hub must hold no form of it
+	}
+	if s != nil {
+		if h, ok := p.rejected[k]; ok {
+			if s.Hash() == h {
+				s = nil
+			} else {
+				delete(p.rejected, k) // changed since: try again
+			}
+		}
+	}
+	if h, ok := p.tooBig[k]; ok && s != nil && s.Hash() == h {
+		s = nil
+	}
+	if s != nil {
+		return s, formSent
+	}
+	if old, ok := p.acked[k]; ok {
+		return old, formSent
+	}
+	return nil, formWithheld
+}
+
 // tooLarge reports (and logs, and remembers) a shard whose encoding alone
 // exceeds the hub's message budget: it is never sent.
-func (p *Publisher) tooLarge(s *registry.Shard) bool {
-	n := proto.Size(ShardToProto(s))
-	if n <= p.maxBytes-envelopeBytes {
-		return false
-	}
+func (p *Publisher) tooLarge(s *registry.Shard, n int) {
 	p.tooBig[s.Service] = s.Hash()
 	p.refusals[s.Service] = fmt.Sprintf("the service's shard is %d bytes (%d endpoints), more than the hub's message budget of %d bytes",
 		n, len(s.Endpoints), p.maxBytes-envelopeBytes)
 	p.log.Error("service too large to publish; the hub keeps its last accepted form", "service", s.Service,
 		"bytes", n, "limit", p.maxBytes-envelopeBytes, "endpoints", len(s.Endpoints))
-	return true
 }
 
 // envelopeBytes is room left in every message for what surrounds the shards.
@@ -748,15 +824,20 @@ const envelopeBytes = 1 << 10
 // order, the last one naming the services the hub should retain.
 func (p *Publisher) fullState() []pending {
 	st, withheld := p.publishable()
-	shards := make([]*registry.Shard, 0, len(st))
+	shards := make([]wireShard, 0, len(st))
 	for k, s := range st {
-		if s != p.acked[k] && p.tooLarge(s) {
+		w, ok := wireOf(s), true
+		if s != p.acked[k] { // the acknowledged form is sent as it was
+			w, ok = p.encode(s)
+		}
+		if !ok {
 			withheld = append(withheld, k)
 			continue
 		}
-		shards = append(shards, s)
+		shards = append(shards, w)
 	}
-	slices.SortFunc(shards, func(a, b *registry.Shard) int { return a.Service.Compare(b.Service) })
+	p.dirty = map[registry.ServiceKey]struct{}{} // all of it is in the full state
+	slices.SortFunc(shards, func(a, b wireShard) int { return a.shard.Service.Compare(b.shard.Service) })
 	p.cfg.Origins.clear() // a full state is a resync: what the spoke saw before is in it, and traced by no one
 	p.version++
 	var out []pending
@@ -769,34 +850,32 @@ func (p *Publisher) fullState() []pending {
 }
 
 // delta returns the updates that take the hub from what it acknowledged to
-// the publishable state, or nothing when they agree. Withheld services are
-// neither sent nor removed.
+// the publishable state, or nothing when they agree. Only dirty services can
+// differ; withheld services are neither sent nor removed.
 func (p *Publisher) delta() []pending {
-	st, _ := p.publishable()
-	var upserts []*registry.Shard
+	var upserts []wireShard
 	var removes []registry.ServiceKey
-	for k, s := range st {
-		if old, ok := p.acked[k]; ok && (old == s || old.Equal(s)) {
-			continue
-		}
-		if p.tooLarge(s) {
-			continue // the hub keeps what it has
-		}
-		upserts = append(upserts, s)
-	}
-	for k := range p.acked {
-		if _, ok := st[k]; !ok {
+	for k := range p.dirty {
+		s, form := p.publishableOf(k)
+		old, held := p.acked[k]
+		switch {
+		case form == formSent && held && (old == s || old.Equal(s)):
+		case form == formSent:
+			if w, ok := p.encode(s); ok { // else the hub keeps what it has
+				upserts = append(upserts, w)
+			}
+		case held:
 			removes = append(removes, k)
-		}
-	}
-	for k := range p.retained {
-		if _, ok := p.desired[k]; !ok {
+		case p.retained[k] && form == formNone:
 			removes = append(removes, k) // gone for good: the hub may still hold a shard of it
 		}
 	}
+	p.dirty = map[registry.ServiceKey]struct{}{} // not clear: its cost is the most it ever held
 	if len(upserts) == 0 && len(removes) == 0 {
 		return nil
 	}
+	slices.SortFunc(upserts, func(a, b wireShard) int { return a.shard.Service.Compare(b.shard.Service) })
+	slices.SortFunc(removes, registry.ServiceKey.Compare)
 	var out []pending
 	for i, chunk := range chunkShards(upserts, p.maxBytes-envelopeBytes) {
 		p.version++
@@ -806,7 +885,7 @@ func (p *Publisher) delta() []pending {
 		}
 		keys := slices.Clone(u.removes)
 		for _, s := range chunk {
-			keys = append(keys, s.Service)
+			keys = append(keys, s.shard.Service)
 		}
 		u.origins = p.cfg.Origins.take(keys)
 		out = append(out, u)
@@ -814,14 +893,37 @@ func (p *Publisher) delta() []pending {
 	return out
 }
 
+// wireShard is a shard and its wire form, converted once.
+type wireShard struct {
+	shard *registry.Shard
+	wire  *fedv1.Shard
+	bytes int // as an item of an update (ItemBytes)
+}
+
+// encode converts s to its wire form, unless it is too large for the hub's
+// message budget (tooLarge), which it is never sent.
+func (p *Publisher) encode(s *registry.Shard) (wireShard, bool) {
+	w := wireOf(s)
+	if n := proto.Size(w.wire); n > p.maxBytes-envelopeBytes {
+		p.tooLarge(s, n)
+		return wireShard{}, false
+	}
+	return w, true
+}
+
+func wireOf(s *registry.Shard) wireShard {
+	w := ShardToProto(s)
+	return wireShard{shard: s, wire: w, bytes: ItemBytes(w)}
+}
+
 // chunkShards splits shards into groups whose encoding stays under budget
-// (every shard fits alone: publishable saw to that); there is always at least
+// (every shard fits alone: encode saw to that); there is always at least
 // one, possibly empty, group.
-func chunkShards(shards []*registry.Shard, budget int) [][]*registry.Shard {
-	out := [][]*registry.Shard{nil}
+func chunkShards(shards []wireShard, budget int) [][]wireShard {
+	out := [][]wireShard{nil}
 	c := Chunker{Budget: budget}
 	for _, s := range shards {
-		if c.Next(ItemBytes(ShardToProto(s))) {
+		if c.Next(s.bytes) {
 			out = append(out, nil)
 		}
 		out[len(out)-1] = append(out[len(out)-1], s)
@@ -837,7 +939,7 @@ func (p *Publisher) nextNonce() string {
 func encodeUpdate(u pending) *fedv1.Update {
 	out := &fedv1.Update{Nonce: u.nonce, Version: u.version, FullState: u.full, LastChunk: u.last}
 	for _, s := range u.upserts {
-		out.Upserts = append(out.Upserts, ShardToProto(s))
+		out.Upserts = append(out.Upserts, s.wire)
 	}
 	for _, k := range u.removes {
 		out.Removes = append(out.Removes, KeyToProto(k))

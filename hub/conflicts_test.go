@@ -69,7 +69,18 @@ func startSpoke(t *testing.T, h *hub.Hub, cluster registry.ClusterID, namespaces
 	sp.pub = pub
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); _ = pub.Run(ctx, sp.states) }()
+	src := federation.NewChanges()
+	go func() {
+		for {
+			select {
+			case st := <-sp.states:
+				src.Set(st)
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	go func() { defer close(done); _ = pub.Run(ctx, src) }()
 	var once sync.Once
 	sp.stop = func() { once.Do(func() { cancel(); <-done; conn.Close() }) }
 	t.Cleanup(sp.stop) // before the hub stops: cleanups run last first

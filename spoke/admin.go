@@ -57,7 +57,7 @@ func newMonitor() *monitor {
 		lastAck:        gauge(metricLastAck, "When the hub last acknowledged an update (unix seconds); a stall shows as an old value while the source changes."),
 		leader:         gauge(metricLeader, "1 while this replica is the one that streams the cluster to the hub."),
 		states: prometheus.NewCounter(prometheus.CounterOpts{Name: metricStates,
-			Help: "Complete states the source produced (each change of the cluster's exported services)."}),
+			Help: "What the source handed over: its complete state, then each burst of changes of the cluster's exported services."}),
 	}
 	m.reg.MustRegister(m.leader, m.connectedGauge, m.epoch, m.ackedVersion, m.ackedServices, m.refused, m.lastAck, m.states,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -172,16 +172,13 @@ func (d *DirSource) offerGateways() {
 // Name identifies the source in logs and status.
 func (d *DirSource) Name() string { return "dir:" + d.dir }
 
-// Run calls publish with the complete state once the directory has been
-// read (and every manifest in it decoded, or StartupGrace passed), then
-// again after every change that changes the state (never with an identical
-// state twice in a row), until ctx ends; then it returns nil.
-// publish may block (it is called from Run's goroutine and should return
-// when ctx ends); it owns the state it is given, which is never modified
-// afterwards. The directory missing at start is an error. Later, a file
+// Run hands the complete state to out once the directory has been read
+// (and every manifest in it decoded, or StartupGrace passed), then the
+// services each change of the directory changes (never nothing), until ctx
+// ends; then it returns nil. The directory missing at start is an error. Later, a file
 // that cannot be read or decoded is logged and its previous objects stay in
 // effect; a directory that cannot be listed keeps the whole previous state.
-func (d *DirSource) Run(ctx context.Context, publish func(State)) error {
+func (d *DirSource) Run(ctx context.Context, out Sink) error {
 	fi, err := os.Stat(d.dir)
 	if err != nil {
 		return fmt.Errorf("read %s: %w", d.dir, err)
@@ -200,7 +197,7 @@ func (d *DirSource) Run(ctx context.Context, publish func(State)) error {
 		defer w.watcher.Close()
 		events, watchErrs = w.watcher.Events, w.watcher.Errors
 	}
-	w.pollOnce(ctx, publish)
+	w.pollOnce(ctx, out)
 	ticker := time.NewTicker(d.poll)
 	defer ticker.Stop()
 	wake := time.NewTimer(time.Hour) // when the events seen are due
@@ -225,9 +222,9 @@ func (d *DirSource) Run(ctx context.Context, publish func(State)) error {
 			w.touchAll(time.Now())
 		case <-ticker.C:
 			w.rewatch()
-			w.pollOnce(ctx, publish)
+			w.pollOnce(ctx, out)
 		case <-wake.C:
-			w.pollOnce(ctx, publish)
+			w.pollOnce(ctx, out)
 		}
 		if at := w.nextWake(); at.IsZero() {
 			wake.Stop()
@@ -413,7 +410,7 @@ type manifestFile struct {
 	decoded bool              // some content decoded
 }
 
-func (w *dirWatch) pollOnce(ctx context.Context, publish func(State)) {
+func (w *dirWatch) pollOnce(ctx context.Context, out Sink) {
 	defer func() {
 		if r := recover(); r != nil {
 			w.src.log.Error("panic while polling manifests", "panic", r, "stack", string(debug.Stack()))
@@ -444,32 +441,41 @@ func (w *dirWatch) pollOnce(ctx context.Context, publish func(State)) {
 	if ctx.Err() != nil {
 		return
 	}
-	if w.started {
-		w.sawChanges(state)
+	w.src.log.Info("manifests changed", "services", len(state))
+	first := !w.started
+	var set State
+	var removed []registry.ServiceKey
+	if !first {
+		set, removed = w.changes(state)
 	}
 	w.started = true
 	w.published = state
-	w.src.log.Info("manifests changed", "services", len(state))
-	publish(state)
+	if first {
+		out.Set(maps.Clone(state))
+	} else {
+		out.Apply(set, removed)
+	}
 }
 
-// sawChanges tells the source's Origins of the services state changes
-// from what was published: they changed when the newest file read did.
-func (w *dirWatch) sawChanges(state State) {
+// changes returns the services state changes from what was published (their
+// new shards, and those removed), and tells the source's Origins of them:
+// they changed when the newest file read did.
+func (w *dirWatch) changes(state State) (set State, removed []registry.ServiceKey) {
 	o := w.src.Origins
-	if o == nil {
-		return
-	}
+	set = State{}
 	for k, sh := range state {
 		if old, ok := w.published[k]; !ok || old == nil || sh == nil || !old.Equal(sh) {
+			set[k] = sh
 			o.Saw(k, "", w.changedAt)
 		}
 	}
 	for k := range w.published {
 		if _, ok := state[k]; !ok {
+			removed = append(removed, k)
 			o.Saw(k, "", w.changedAt)
 		}
 	}
+	return set, removed
 }
 
 // scan stats every manifest, re-reads those that changed and reports whether

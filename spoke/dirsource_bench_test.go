@@ -42,12 +42,12 @@ func BenchmarkDirSourceEditToPublish(b *testing.B) {
 			states := make(chan State)
 			done := make(chan error, 1)
 			go func() {
-				done <- src.Run(ctx, func(s State) {
+				done <- src.Run(ctx, sinkFunc(func(s State) {
 					select {
 					case states <- s:
 					case <-ctx.Done():
 					}
-				})
+				}))
 			}()
 			defer func() {
 				cancel()

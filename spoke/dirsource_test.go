@@ -80,7 +80,7 @@ func startDirSourceWith(t *testing.T, dir string, setup func(*DirSource), publis
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() {
-		errc <- src.Run(ctx, func(s State) {
+		errc <- src.Run(ctx, sinkFunc(func(s State) {
 			if publish != nil {
 				publish(h, s)
 			}
@@ -88,7 +88,7 @@ func startDirSourceWith(t *testing.T, dir string, setup func(*DirSource), publis
 			case h.states <- s:
 			case <-ctx.Done():
 			}
-		})
+		}))
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -373,7 +373,7 @@ func TestDirSourceEmptyDirectory(t *testing.T) {
 func TestDirSourceMissingDirectory(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "nope")
 	src := NewDirSource(dir, BuildOptions{Cluster: "east"}, time.Millisecond, nil)
-	err := src.Run(context.Background(), func(State) { t.Error("published") })
+	err := src.Run(context.Background(), sinkFunc(func(State) { t.Error("published") }))
 	if err == nil || !strings.Contains(err.Error(), dir) {
 		t.Fatalf("Run = %v, want an error naming %s", err, dir)
 	}

@@ -44,12 +44,12 @@ func startWatchedDirSource(t *testing.T, dir string, poll time.Duration, setup f
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() {
-		errc <- src.Run(ctx, func(s State) {
+		errc <- src.Run(ctx, sinkFunc(func(s State) {
 			select {
 			case h.states <- s:
 			case <-ctx.Done():
 			}
-		})
+		}))
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -363,12 +363,12 @@ func TestDirSourceWatchEndsWithItsContext(t *testing.T) {
 	published := make(chan struct{}, 1)
 	errc := make(chan error, 1)
 	go func() {
-		errc <- src.Run(ctx, func(State) {
+		errc <- src.Run(ctx, sinkFunc(func(State) {
 			select {
 			case published <- struct{}{}:
 			default:
 			}
-		})
+		}))
 	}()
 	select {
 	case <-published:

@@ -166,7 +166,7 @@ const byServiceIndex = "service"
 
 // Run watches the cluster until ctx ends; see KubeSource. It fails only when
 // the informers cannot be set up or ctx ends before the caches sync.
-func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
+func (k *KubeSource) Run(ctx context.Context, out Sink) error {
 	defer k.queue.ShutDown()
 	defer k.statusQueue.ShutDown()
 	// The Services and EndpointSlices the import writer made never federate
@@ -312,28 +312,48 @@ func (k *KubeSource) Run(ctx context.Context, publish func(State)) error {
 		k.process(state, key)
 	}
 	k.log.Info("caches synced; publishing the cluster's state", "services", len(state))
-	publish(maps.Clone(state))
+	out.Set(maps.Clone(state))
 	close(k.synced)
 	k.namespacesChanged()
 	k.gatewaysChanged()
 
 	go func() { <-ctx.Done(); k.queue.ShutDown() }()
-	// Publish once the queue is drained, so that a burst of changes is one
-	// state; under a steady stream of changes, at least every maxPublishDelay.
+	// Hand the changes over once the queue is drained, so that a burst of
+	// changes is one; under a steady stream of changes, at least every
+	// maxPublishDelay. Only the changed services go: the cost of a change
+	// does not grow with the cluster.
 	var dirtySince time.Time
+	changed := map[registry.ServiceKey]struct{}{}
 	for {
 		key, shutdown := k.queue.Get()
 		if shutdown {
 			return nil
 		}
-		if k.process(state, key) && dirtySince.IsZero() {
-			dirtySince = time.Now()
+		if k.process(state, key) {
+			changed[key] = struct{}{}
+			if dirtySince.IsZero() {
+				dirtySince = time.Now()
+			}
 		}
 		if !dirtySince.IsZero() && (k.queue.Len() == 0 || time.Since(dirtySince) > maxPublishDelay) {
-			publish(maps.Clone(state))
-			dirtySince = time.Time{}
+			handOver(out, state, changed)
+			changed, dirtySince = map[registry.ServiceKey]struct{}{}, time.Time{}
 		}
 	}
+}
+
+// handOver hands the changed services of state to out.
+func handOver(out Sink, state State, changed map[registry.ServiceKey]struct{}) {
+	set := make(State, len(changed))
+	var removed []registry.ServiceKey
+	for key := range changed {
+		if s, ok := state[key]; ok {
+			set[key] = s
+		} else {
+			removed = append(removed, key)
+		}
+	}
+	out.Apply(set, removed)
 }
 
 // maxPublishDelay bounds how long a change waits for the queue to drain.

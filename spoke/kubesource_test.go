@@ -68,7 +68,7 @@ func (f *kubeFixture) startSource(tune func(*Config, *KubeSource)) (*KubeSource,
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() {
-		done <- kube.Run(ctx, func(st State) { publishes.Add(1); latest.set(st) })
+		done <- kube.Run(ctx, sinkFunc(func(st State) { publishes.Add(1); latest.set(st) }))
 	}()
 	writing := make(chan struct{})
 	go func() { defer close(writing); kube.WriteStatus(ctx) }()

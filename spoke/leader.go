@@ -9,7 +9,6 @@ import (
 	"os"
 	"runtime/debug"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/navemesh/nave/federation"
@@ -151,53 +150,4 @@ func (f *hubFailures) observe(s federation.SessionStatus) error {
 		}
 	}
 	return nil
-}
-
-// latestState holds the newest complete state a source produced, for
-// whichever publisher currently streams.
-type latestState struct {
-	mu      sync.Mutex
-	state   State
-	has     bool
-	changed chan struct{} // closed by the next set
-}
-
-func newLatestState() *latestState { return &latestState{changed: make(chan struct{})} }
-
-// set stores st (the source's publish callback).
-func (l *latestState) set(st State) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.state, l.has = st, true
-	close(l.changed)
-	l.changed = make(chan struct{})
-}
-
-func (l *latestState) get() (State, bool, <-chan struct{}) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.state, l.has, l.changed
-}
-
-// feed sends the newest state to out, and each newer one, until ctx ends. A
-// state not yet taken when a newer one arrives is never sent.
-func (l *latestState) feed(ctx context.Context, out chan<- State) {
-	for {
-		st, has, changed := l.get()
-		var send chan<- State
-		if has {
-			send = out
-		}
-		select {
-		case send <- st:
-			select {
-			case <-changed:
-			case <-ctx.Done():
-				return
-			}
-		case <-changed:
-		case <-ctx.Done():
-			return
-		}
-	}
 }

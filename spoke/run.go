@@ -23,11 +23,37 @@ import (
 	"github.com/navemesh/nave/registry"
 )
 
-// Source is where a spoke learns its cluster's state. Run calls publish with
-// the complete state once it is known, then after every change, until ctx ends.
+// Source is where a spoke learns its cluster's state. Run hands the complete
+// state to out once it is known, then every change, until ctx ends.
 type Source interface {
 	Name() string
-	Run(ctx context.Context, publish func(State)) error
+	Run(ctx context.Context, out Sink) error
+}
+
+// Sink takes what a source hands over: its whole state (Set, which keeps
+// st), or only what changed (Apply: the new shard of each service in set,
+// nil when withheld, and the services removed). federation.Changes is one.
+type Sink interface {
+	Set(st State)
+	Apply(set State, removed []registry.ServiceKey)
+}
+
+// counted is the spoke's sink: the publisher's Changes, counted.
+type counted struct {
+	*federation.Changes
+	mon *monitor
+}
+
+func (c counted) Set(st State) {
+	c.mon.states.Inc()
+	c.mon.sourceReady.Store(true)
+	c.Changes.Set(st)
+}
+
+func (c counted) Apply(set State, removed []registry.ServiceKey) {
+	c.mon.states.Inc()
+	c.mon.sourceReady.Store(true)
+	c.Changes.Apply(set, removed)
 }
 
 // Config configures a spoke.
@@ -147,13 +173,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		defer adminLis.Close()
 	}
 
-	// The source hands each complete state over; whichever publisher streams takes the latest.
-	latest := newLatestState()
-	publish := func(st State) {
-		mon.states.Inc()
-		mon.sourceReady.Store(true)
-		latest.set(st)
-	}
+	// The source hands its changes over; whichever publisher streams takes them.
+	changes := federation.NewChanges()
 	fc := cfg.Federation
 	fc.Cluster, fc.Network = cfg.Cluster, cfg.Network
 	// The publisher probes the hub's port while it waits to reconnect.
@@ -213,8 +234,6 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			}
 		}
 		pub = federation.NewPublisher(tc, conn, log, status)
-		states := make(chan State)
-		wg.Go(func() { latest.feed(ctx, states) })
 		if kube != nil {
 			wg.Go(func() { kube.WriteStatus(ctx) })
 		}
@@ -223,7 +242,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			defer kube.OnNamespaces(nil)
 		}
 		defer announceGateways(cfg, src, pub, log)()
-		_ = pub.Run(ctx, states) // returns once ctx ends
+		_ = pub.Run(ctx, changes) // returns once ctx ends
 		if err := context.Cause(ctx); errors.Is(err, errHubUnreachable) {
 			return err
 		}
@@ -235,7 +254,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	srcErr := make(chan error, 1)
 	go func() {
 		defer cancel()
-		srcErr <- src.Run(ctx, publish)
+		srcErr <- src.Run(ctx, counted{changes, mon})
 	}()
 	adminDone := make(chan struct{})
 	go func() {
