@@ -876,25 +876,21 @@ func (s *hubSession) apply(ctx context.Context, u *fedv1.Update) (digest registr
 // collects a rejection for each one that is invalid, or that names a service
 // already named in the update or in the full state in progress.
 func (s *hubSession) decode(u *fedv1.Update) (upserts []*registry.Shard, removes, retain []registry.ServiceKey, rj rejection) {
-	seen := make(map[registry.ServiceKey]bool, len(u.GetUpserts())+len(u.GetRemoves())+len(u.GetRetain()))
-	again := func(k registry.ServiceKey) bool {
-		if seen[k] || s.full[k] != nil {
-			return true
+	dec := Decoder{Cluster: s.cluster, Limits: s.h.cfg.Limits, Held: func(k registry.ServiceKey) bool { return s.full[k] != nil }}
+	refuse := func(err error) {
+		var ve *registry.ValidationError
+		if errors.As(err, &ve) {
+			rj = append(rj, reject(&ve.Service, "%s", ve.Reason)...)
+		} else {
+			rj = append(rj, reject(nil, "%v", err)...)
 		}
-		seen[k] = true
-		return false
 	}
 	upserts = make([]*registry.Shard, 0, len(u.GetUpserts()))
 	for _, p := range u.GetUpserts() {
-		sh, err := ShardFromProto(s.cluster, p, s.h.cfg.Limits)
-		var ve *registry.ValidationError
+		sh, err := dec.Shard(p)
 		switch {
-		case errors.As(err, &ve):
-			rj = append(rj, reject(&ve.Service, "%s", ve.Reason)...)
 		case err != nil:
-			rj = append(rj, reject(nil, "%v", err)...)
-		case again(sh.Service):
-			rj = append(rj, reject(&sh.Service, "service %s appears twice", sh.Service)...)
+			refuse(err)
 		case !s.exportAllowed(sh.Service):
 			// Before anything of it is applied: it reaches no client and no import.
 			rj = append(rj, reject(&sh.Service, "%s", exportpolicy.Refusal(s.cluster, sh.Service.Namespace))...)
@@ -905,11 +901,8 @@ func (s *hubSession) decode(u *fedv1.Update) (upserts []*registry.Shard, removes
 	keys := func(list []*fedv1.ServiceKey, what, twice string) []registry.ServiceKey {
 		out := make([]registry.ServiceKey, 0, len(list))
 		for _, p := range list {
-			k := KeyFromProto(p)
-			if err := registry.ValidateServiceKey(k); err != nil {
-				rj = append(rj, reject(&k, "%s: %v", what, err)...)
-			} else if again(k) {
-				rj = append(rj, reject(&k, twice, k)...)
+			if k, err := dec.Key(p, what, twice); err != nil {
+				refuse(err)
 			} else {
 				out = append(out, k)
 			}
