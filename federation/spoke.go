@@ -226,10 +226,10 @@ func NewPublisher(cfg SpokeConfig, conn grpc.ClientConnInterface, log *slog.Logg
 // has handed over a state: the first state sent is complete.
 func (p *Publisher) Run(ctx context.Context, src *Changes) error {
 	src.Restart()
-	for p.desired == nil {
+	for full := false; !full; {
 		select {
 		case <-src.Ready():
-			p.take(src)
+			full = p.take(src)
 		case <-ctx.Done():
 			return nil
 		}
@@ -292,11 +292,11 @@ func (p *Publisher) safeSession(ctx context.Context, src *Changes) (err error) {
 }
 
 // take applies what the source changed since the last take to desired, and
-// marks it dirty.
-func (p *Publisher) take(src *Changes) {
+// marks it dirty; true when it took the whole state.
+func (p *Publisher) take(src *Changes) bool {
 	ch, ok := src.Take()
 	if !ok {
-		return
+		return false
 	}
 	if ch.Full {
 		for k := range p.desired {
@@ -306,7 +306,7 @@ func (p *Publisher) take(src *Changes) {
 		}
 		p.desired = ch.Set
 		markAll(p.dirty, p.desired)
-		return
+		return true
 	}
 	for k, s := range ch.Set {
 		p.desired[k] = s
@@ -316,6 +316,7 @@ func (p *Publisher) take(src *Changes) {
 		p.forget(k)
 		delete(p.desired, k)
 	}
+	return false
 }
 
 // markAll marks every service of m dirty.
@@ -411,7 +412,14 @@ func (p *Publisher) session(ctx context.Context, src *Changes) error {
 
 	defer func() {
 		// What the hub never answered is looked at again: sent again, or
-		// found acknowledged by the next session's resume.
+		// found acknowledged by the next session's resume. A full state the
+		// hub has not taken whole took the place of every delta since the
+		// last: all of it is looked at again.
+		if s.needFull || s.fullSent {
+			markAll(p.dirty, p.desired)
+			markAll(p.dirty, p.acked)
+			markAll(p.dirty, p.retained)
+		}
 		for _, u := range s.inflight {
 			for _, w := range u.upserts {
 				p.dirty[w.shard.Service] = struct{}{}
@@ -489,7 +497,9 @@ type spokeSession struct {
 	synced   bool
 	needFull bool
 	inflight []pending
-	fullAcc  State  // the chunks of the full state in flight, as acknowledged
+	fullAcc  State // the chunks of the full state in flight, as acknowledged
+	// fullSent: a full state was sent and its last chunk not yet acknowledged.
+	fullSent bool
 	spoiled  uint64 // a full-state version the hub refused: its later chunks are refused too
 	// imports is the session's import stream; nil when the spoke does not take it.
 	imports *spokeImports
@@ -514,7 +524,7 @@ func (p *Publisher) report(connected, resumed, synced bool) {
 func (s *spokeSession) sendNext() error {
 	var batch []pending
 	if s.needFull {
-		batch, s.needFull, s.fullAcc = s.p.fullState(), false, State{}
+		batch, s.needFull, s.fullSent, s.fullAcc = s.p.fullState(), false, true, State{}
 	} else {
 		batch = s.p.delta()
 	}
@@ -552,7 +562,8 @@ func (s *spokeSession) handle(m *fedv1.HubMessage) error {
 	case *fedv1.HubMessage_Resync:
 		s.p.log.Warn("hub asked for a resync", "reason", k.Resync.GetReason())
 		s.needFull = true
-		clear(s.p.unpermitted) // the full state tries them again
+		markAll(s.p.dirty, s.p.unpermitted) // should the full state be lost with the session
+		clear(s.p.unpermitted)              // the full state tries them again
 		return nil
 	case *fedv1.HubMessage_Ack:
 		u, err := s.answered(k.Ack.GetNonce())
@@ -606,7 +617,7 @@ func (s *spokeSession) acked(u pending, hubDigest string) error {
 		for _, k := range u.retain {
 			p.retained[k] = true
 		}
-		s.synced = true
+		s.synced, s.fullSent = true, false
 	} else {
 		p.applyAcked(u)
 	}
@@ -783,7 +794,12 @@ const (
 // is too large, the form the hub last accepted.
 func (p *Publisher) publishableOf(k registry.ServiceKey) (*registry.Shard, int) {
 	s, ok := p.desired[k]
-	if !ok || p.unpermitted[k] {
+	if !ok {
+		delete(p.rejected, k) // refused while it left: the next form is new
+		delete(p.unpermitted, k)
+		return nil, formNone
+	}
+	if p.unpermitted[k] {
 		return nil, formNone // neither sent nor retained: the hub must hold no form of it
 	}
 	if s != nil {
@@ -807,8 +823,8 @@ func (p *Publisher) publishableOf(k registry.ServiceKey) (*registry.Shard, int) 
 	return nil, formWithheld
 }
 
-// tooLarge reports (and logs, and remembers) a shard whose encoding alone
-// exceeds the hub's message budget: it is never sent.
+// tooLarge records (and logs) a shard of n bytes, more than the hub's
+// message budget alone: it is never sent, and its refusal is reported.
 func (p *Publisher) tooLarge(s *registry.Shard, n int) {
 	p.tooBig[s.Service] = s.Hash()
 	p.refusals[s.Service] = fmt.Sprintf("the service's shard is %d bytes (%d endpoints), more than the hub's message budget of %d bytes",
@@ -826,8 +842,11 @@ func (p *Publisher) fullState() []pending {
 	st, withheld := p.publishable()
 	shards := make([]wireShard, 0, len(st))
 	for k, s := range st {
-		w, ok := wireOf(s), true
-		if s != p.acked[k] { // the acknowledged form is sent as it was
+		var w wireShard
+		ok := true
+		if s == p.acked[k] {
+			w = wireOf(s) // the acknowledged form is sent as it was
+		} else {
 			w, ok = p.encode(s)
 		}
 		if !ok {
@@ -836,7 +855,7 @@ func (p *Publisher) fullState() []pending {
 		}
 		shards = append(shards, w)
 	}
-	p.dirty = map[registry.ServiceKey]struct{}{} // all of it is in the full state
+	p.dirty = map[registry.ServiceKey]struct{}{} // all of it is in the full state (see session's cleanup, should it be lost)
 	slices.SortFunc(shards, func(a, b wireShard) int { return a.shard.Service.Compare(b.shard.Service) })
 	p.cfg.Origins.clear() // a full state is a resync: what the spoke saw before is in it, and traced by no one
 	p.version++
@@ -867,7 +886,7 @@ func (p *Publisher) delta() []pending {
 		case held:
 			removes = append(removes, k)
 		case p.retained[k] && form == formNone:
-			removes = append(removes, k) // gone for good: the hub may still hold a shard of it
+			removes = append(removes, k) // gone, or refused by the policy: the hub may still hold a shard of it
 		}
 	}
 	p.dirty = map[registry.ServiceKey]struct{}{} // not clear: its cost is the most it ever held
@@ -917,7 +936,8 @@ func wireOf(s *registry.Shard) wireShard {
 }
 
 // chunkShards splits shards into groups whose encoding stays under budget
-// (every shard fits alone: encode saw to that); there is always at least
+// (a shard larger than the budget gets a group of its own: only an
+// acknowledged form, sent as it was, can be); there is always at least
 // one, possibly empty, group.
 func chunkShards(shards []wireShard, budget int) [][]wireShard {
 	out := [][]wireShard{nil}
