@@ -37,7 +37,11 @@ func (s *state) commit(ch registry.Change, st replicas.Stamp, set func(*ClusterS
 	c.Digest, c.Services, c.Endpoints = sum.Digest, sum.Services, sum.Endpoints
 	c.Dropped = isDrop(st, sum.Services)
 	set(c)
-	s.replicaChanged(ch.Cluster)
+	keys := make([]registry.ServiceKey, len(diff.Services))
+	for i, d := range diff.Services {
+		keys[i] = d.Key
+	}
+	s.replicaChanged(ch.Cluster, keys...)
 	return diff, len(ch.Upserts) - len(permitted.Upserts), nil
 }
 

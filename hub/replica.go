@@ -86,14 +86,18 @@ func (s *state) Replicas() (map[registry.ClusterID]replicas.Cluster, <-chan stru
 	return v.clusters, v.changed
 }
 
-// replicaChanged republishes the replica view of cluster id. Called by run's goroutine.
-func (s *state) replicaChanged(id registry.ClusterID) {
+// replicaChanged republishes the replica view of cluster id, whose shards
+// changed (the registry's diff) only for the services named. Called by
+// run's goroutine; it costs the same however many services the cluster has.
+func (s *state) replicaChanged(id registry.ClusterID, changed ...registry.ServiceKey) {
 	old := s.replicas.Load()
 	next := &replicaView{clusters: maps.Clone(old.clusters), changed: make(chan struct{})}
 	if c := s.clusters[id]; c != nil && (c.Epoch != 0 || c.Version != 0) {
+		stamp, shards, prev := replicas.Stamp{Epoch: c.Epoch, Version: c.Version}, s.reg.ClusterView(id), old.clusters[id]
 		next.clusters[id] = replicas.Cluster{
-			Stamp: replicas.Stamp{Epoch: c.Epoch, Version: c.Version}, Digest: replicaDigest(s.reg.ClusterDigest(id), c.Network, c.Gateways),
-			Network: c.Network, Gateways: c.Gateways, Shards: s.reg.ClusterShards(id), Local: c.Origin == s.self, Origin: c.Origin,
+			Stamp: stamp, Digest: replicaDigest(shards.Digest(), c.Network, c.Gateways),
+			Network: c.Network, Gateways: c.Gateways, Shards: shards, Local: c.Origin == s.self, Origin: c.Origin,
+			Changed: prev.Changed.Then(prev.Stamp, stamp, changed, shards.Len()),
 		}
 	} else {
 		delete(next.clusters, id)

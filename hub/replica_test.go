@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -176,7 +177,7 @@ func TestDropIsReplicated(t *testing.T) {
 		t.Fatal(dropped, err)
 	}
 	m, _ := s.Replicas()
-	if r := m["east"]; !r.Local || r.Stamp != stamp(7, 0) || len(r.Shards) != 0 {
+	if r := m["east"]; !r.Local || r.Stamp != stamp(7, 0) || r.Shards.Len() != 0 {
 		t.Errorf("replica of east after the drop = %+v, want a local, empty (7,0)", r)
 	}
 	if c := s.View().Clusters["east"]; !c.Dropped || c.Services != 0 {
@@ -385,5 +386,56 @@ func TestResumedClusterCountsAsHeld(t *testing.T) {
 	importerRound(t, im, s.View().Clusters, apiShard("east", time.Unix(1, 0), "grpc"))
 	if set, _ := im.Imports(); !set.Authoritative {
 		t.Fatal("the import set is not authoritative with the only cluster resumed")
+	}
+}
+
+// The replica view says which services each change touched (the registry's
+// diff), so a peer is sent just those: a change costs the same however many
+// services the cluster has.
+func TestReplicaViewNamesWhatChanged(t *testing.T) {
+	ctx := context.Background()
+	s := startState(t)
+	named := func(name, port string) *registry.Shard {
+		sh := apiShard("east", time.Unix(1, 0), port)
+		sh.Service.Name = name
+		return sh
+	}
+	apply := func(at replicas.Stamp, base *replicas.Stamp, ch registry.Change) {
+		t.Helper()
+		ch.Cluster, ch.Replace = "east", base == nil
+		if err := s.ApplyReplica(ctx, "a", replicas.Update{Cluster: "east", Stamp: at, Base: base, Change: ch, Origin: "a"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	since := func(from replicas.Stamp) []string {
+		t.Helper()
+		m, _ := s.Replicas()
+		keys, ok := m["east"].Changed.Since(from)
+		if !ok {
+			t.Fatalf("the replica view does not reach back to %s", from)
+		}
+		var out []string
+		for _, k := range keys {
+			out = append(out, k.Name)
+		}
+		slices.Sort(out)
+		return out
+	}
+	first, second, third := stamp(1, 1), stamp(1, 2), stamp(1, 3)
+	apply(first, nil, registry.Change{Upserts: []*registry.Shard{named("a", "grpc"), named("b", "grpc"), named("c", "grpc")}})
+	apply(second, &first, registry.Change{Upserts: []*registry.Shard{named("a", "http"), named("b", "grpc")}}) // b as it was
+	if got := since(first); !slices.Equal(got, []string{"a"}) {
+		t.Errorf("changed since the full state: %v, want [a]", got)
+	}
+	apply(third, &second, registry.Change{Removes: []registry.ServiceKey{named("c", "grpc").Service}})
+	if got := since(first); !slices.Equal(got, []string{"a", "c"}) {
+		t.Errorf("changed since the full state: %v, want [a c]", got)
+	}
+	if got := since(second); !slices.Equal(got, []string{"c"}) {
+		t.Errorf("changed since the first delta: %v, want [c]", got)
+	}
+	m, _ := s.Replicas()
+	if v := m["east"].Shards; v.Len() != 2 {
+		t.Errorf("the view holds %d services, want a and b", v.Len())
 	}
 }

@@ -9,16 +9,18 @@ import (
 
 // Registry is the merged view of every cluster's shards. It is immutable:
 // Apply returns a new Registry and leaves the old one valid, so readers may
-// keep a Registry as long as they like without locks.
+// keep a Registry as long as they like without locks. Its maps are
+// persistent (pmap): a new Registry shares all but what changed with the
+// old, so an Apply costs what it changes, not what the registry holds.
 type Registry struct {
 	version  uint64
-	services map[ServiceKey]*Service
-	clusters map[ClusterID]*clusterShards
+	services pmap[ServiceKey, *Service]
+	clusters pmap[ClusterID, *clusterShards]
 }
 
 // clusterShards is everything one cluster published. Treated as immutable.
 type clusterShards struct {
-	shards    map[ServiceKey]heldShard
+	shards    pmap[ServiceKey, heldShard]
 	digest    Hash
 	endpoints int
 }
@@ -29,28 +31,29 @@ type heldShard struct {
 }
 
 // New returns an empty registry at version 0.
-func New() *Registry {
-	return &Registry{services: map[ServiceKey]*Service{}, clusters: map[ClusterID]*clusterShards{}}
-}
+func New() *Registry { return &Registry{} }
 
 // Version increases by one with every Apply that changed something.
 func (r *Registry) Version() uint64 { return r.version }
 
 // Service returns the merged service, or nil.
-func (r *Registry) Service(k ServiceKey) *Service { return r.services[k] }
+func (r *Registry) Service(k ServiceKey) *Service {
+	s, _ := r.services.Get(k)
+	return s
+}
 
 // Services returns every merged service, sorted by key.
 func (r *Registry) Services() []*Service {
-	out := slices.Collect(maps.Values(r.services))
+	out := slices.AppendSeq(make([]*Service, 0, r.services.Len()), r.services.Values())
 	slices.SortFunc(out, func(a, b *Service) int { return a.Key.Compare(b.Key) })
 	return out
 }
 
 // All yields every merged service, in no order (cheaper than Services).
-func (r *Registry) All() iter.Seq[*Service] { return maps.Values(r.services) }
+func (r *Registry) All() iter.Seq[*Service] { return r.services.Values() }
 
 // Len is the number of merged services.
-func (r *Registry) Len() int { return len(r.services) }
+func (r *Registry) Len() int { return r.services.Len() }
 
 // ClusterSummary describes what one cluster contributes.
 type ClusterSummary struct {
@@ -62,32 +65,77 @@ type ClusterSummary struct {
 
 // Cluster summarizes what one cluster contributes (zero counts and ZeroHash for nothing).
 func (r *Registry) Cluster(id ClusterID) ClusterSummary {
-	c := r.clusters[id]
-	if c == nil {
-		return ClusterSummary{Cluster: id}
+	v := r.ClusterView(id)
+	s := ClusterSummary{Cluster: id, Services: v.Len(), Digest: v.Digest()}
+	if v.c != nil {
+		s.Endpoints = v.c.endpoints
 	}
-	return ClusterSummary{Cluster: id, Services: len(c.shards), Endpoints: c.endpoints, Digest: c.digest}
+	return s
 }
 
 // ClusterDigest is the digest of everything the cluster published (ZeroHash for nothing).
-func (r *Registry) ClusterDigest(id ClusterID) Hash {
-	if c := r.clusters[id]; c != nil {
-		return c.digest
-	}
-	return ZeroHash
-}
+func (r *Registry) ClusterDigest(id ClusterID) Hash { return r.ClusterView(id).Digest() }
 
-// ClusterShards returns the cluster's shards keyed by service. The map must not be modified.
+// ClusterShards returns the cluster's shards keyed by service, or nil for
+// nothing. It builds the map: ClusterView reads the shards without copying.
+// The map must not be modified.
 func (r *Registry) ClusterShards(id ClusterID) map[ServiceKey]*Shard {
-	c := r.clusters[id]
-	if c == nil {
+	v := r.ClusterView(id)
+	if v.c == nil {
 		return nil
 	}
-	out := make(map[ServiceKey]*Shard, len(c.shards))
-	for k, h := range c.shards {
-		out[k] = h.shard
-	}
+	out := make(map[ServiceKey]*Shard, v.Len())
+	maps.Insert(out, v.All())
 	return out
+}
+
+// ClusterView is one cluster's shards in one registry version: immutable,
+// cheap to take. The zero value is an empty cluster.
+type ClusterView struct{ c *clusterShards }
+
+// ClusterView returns the view of the cluster's shards, in O(1).
+func (r *Registry) ClusterView(id ClusterID) ClusterView {
+	c, _ := r.clusters.Get(id)
+	return ClusterView{c}
+}
+
+// Len is the number of services the cluster exports.
+func (v ClusterView) Len() int {
+	if v.c == nil {
+		return 0
+	}
+	return v.c.shards.Len()
+}
+
+// Get returns the cluster's shard of the service.
+func (v ClusterView) Get(k ServiceKey) (*Shard, bool) {
+	if v.c == nil {
+		return nil, false
+	}
+	h, ok := v.c.shards.Get(k)
+	return h.shard, ok
+}
+
+// All yields every shard of the cluster by service, in no order.
+func (v ClusterView) All() iter.Seq2[ServiceKey, *Shard] {
+	return func(yield func(ServiceKey, *Shard) bool) {
+		if v.c == nil {
+			return
+		}
+		for k, h := range v.c.shards.All() {
+			if !yield(k, h.shard) {
+				return
+			}
+		}
+	}
+}
+
+// Digest is the digest of the cluster's shards (ZeroHash for nothing).
+func (v ClusterView) Digest() Hash {
+	if v.c == nil {
+		return ZeroHash
+	}
+	return v.c.digest
 }
 
 // Change is one cluster's update: shards to upsert and services to remove.
@@ -106,90 +154,78 @@ type Change struct {
 // upsert equal to what is held changes nothing, so a full state that matches
 // the held state yields an empty Diff (make-before-break).
 func (r *Registry) Apply(c Change) (*Registry, Diff) {
-	old := r.clusters[c.Cluster]
-	next := &clusterShards{shards: map[ServiceKey]heldShard{}}
-	if old != nil {
-		next.digest, next.endpoints = old.digest, old.endpoints
-		if !c.Replace {
-			next.shards = maps.Clone(old.shards)
-		} else {
-			next.shards = make(map[ServiceKey]heldShard, len(c.Upserts))
-		}
+	old := r.ClusterView(c.Cluster)
+	var next clusterShards
+	if old.c != nil {
+		next = *old.c
 	}
+	held := next.shards
+	if c.Replace {
+		// Start from nothing: every held shard counts as dropped unless re-upserted
+		// unchanged below, or retained.
+		next.shards = pmap[ServiceKey, heldShard]{}
+	}
+	shards := next.shards.builder()
 	touched := map[ServiceKey]bool{}
 	drop := func(k ServiceKey, h heldShard) {
 		next.digest = next.digest.Xor(h.hash)
 		next.endpoints -= len(h.shard.Endpoints)
 		touched[k] = true
 	}
-	if c.Replace && old != nil {
-		// Start from nothing: every held shard counts as dropped unless re-upserted
-		// unchanged below, or retained.
+	if c.Replace {
 		retain := make(map[ServiceKey]bool, len(c.Retain))
 		for _, k := range c.Retain {
 			retain[k] = true
 		}
-		for k, h := range old.shards {
+		for k, h := range held.All() {
 			if retain[k] {
-				next.shards[k] = h
+				shards.Set(k, h)
 				continue
 			}
 			drop(k, h)
 		}
 	}
 	for _, k := range c.Removes {
-		if h, ok := next.shards[k]; ok {
-			delete(next.shards, k)
+		if h, ok := shards.Delete(k); ok {
 			drop(k, h)
 		}
 	}
 	for _, s := range c.Upserts {
 		h := heldShard{shard: s, hash: s.Hash()}
-		if prev, ok := next.shards[s.Service]; ok {
+		if prev, ok := shards.Set(s.Service, h); ok {
 			drop(s.Service, prev)
 		}
-		next.shards[s.Service] = h
 		next.digest = next.digest.Xor(h.hash)
 		next.endpoints += len(s.Endpoints)
 		touched[s.Service] = true
 	}
 
-	out := &Registry{version: r.version + 1, services: r.services, clusters: r.clusters}
+	out := &Registry{version: r.version + 1, clusters: r.clusters}
+	services := r.services.builder()
 	var diff Diff
 	for k := range touched {
-		var before *Shard
-		if old != nil {
-			if h, ok := old.shards[k]; ok {
-				before = h.shard
-			}
-		}
-		var after *Shard
-		if h, ok := next.shards[k]; ok {
-			after = h.shard
-		}
-		if before.Equal(after) {
+		before, _ := old.Get(k)
+		h, _ := shards.Get(k)
+		if before.Equal(h.shard) {
 			continue
 		}
-		if diff.Services == nil {
-			out.services = maps.Clone(r.services)
-		}
-		prev := r.services[k]
-		svc := rebuild(k, prev, c.Cluster, after, out.version)
+		prev := r.Service(k)
+		svc := rebuild(k, prev, c.Cluster, h.shard, out.version)
 		if svc == nil {
-			delete(out.services, k)
+			services.Delete(k)
 		} else {
-			out.services[k] = svc
+			services.Set(k, svc)
 		}
 		diff.Services = append(diff.Services, serviceDiff(prev, svc))
 	}
 	if diff.Services == nil {
 		return r, Diff{Version: r.version}
 	}
-	out.clusters = maps.Clone(r.clusters)
-	if len(next.shards) == 0 {
-		delete(out.clusters, c.Cluster)
+	out.services = services.Map()
+	if next.shards = shards.Map(); next.shards.Len() == 0 {
+		out.clusters = r.clusters.Delete(c.Cluster)
 	} else {
-		out.clusters[c.Cluster] = next
+		out.clusters = r.clusters.Set(c.Cluster, &next)
 	}
 	slices.SortFunc(diff.Services, func(a, b ServiceDiff) int { return a.Key.Compare(b.Key) })
 	diff.Version = out.version

@@ -3,7 +3,6 @@ package registry
 import (
 	"encoding/json"
 	"fmt"
-	"maps"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -597,7 +596,7 @@ func TestReplaceRetains(t *testing.T) {
 // clusters summarizes every cluster that has a shard, sorted by ID.
 func clusters(r *Registry) []ClusterSummary {
 	var out []ClusterSummary
-	for _, id := range slices.Sorted(maps.Keys(r.clusters)) {
+	for _, id := range slices.Sorted(r.clusters.Keys()) {
 		out = append(out, r.Cluster(id))
 	}
 	return out

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"net/netip"
 	"slices"
 	"time"
@@ -95,9 +94,9 @@ type ClusterStamp struct {
 // a zero stamp. Revision and Taken are left for the writer to set. The shards
 // are the registry's own (immutable) values, not copies.
 func (r *Registry) Snapshot(stamps map[ClusterID]ClusterStamp) Snapshot {
-	ids := slices.Collect(maps.Keys(r.clusters))
+	ids := slices.Collect(r.clusters.Keys())
 	for id := range stamps {
-		if r.clusters[id] == nil {
+		if _, ok := r.clusters.Get(id); !ok {
 			ids = append(ids, id)
 		}
 	}
@@ -106,10 +105,10 @@ func (r *Registry) Snapshot(stamps map[ClusterID]ClusterStamp) Snapshot {
 	for _, id := range ids {
 		st := stamps[id]
 		sc := SnapshotCluster{Cluster: id, Network: st.Network, Gateways: st.Gateways, Epoch: st.Epoch, Version: st.Version, Resolved: st.Resolved}
-		if c := r.clusters[id]; c != nil {
-			sc.Shards = make([]*Shard, 0, len(c.shards))
-			for _, h := range c.shards {
-				sc.Shards = append(sc.Shards, h.shard)
+		if v := r.ClusterView(id); v.Len() > 0 {
+			sc.Shards = make([]*Shard, 0, v.Len())
+			for _, s := range v.All() {
+				sc.Shards = append(sc.Shards, s)
 			}
 			slices.SortFunc(sc.Shards, compareShardService)
 		}

@@ -56,7 +56,10 @@ type Cluster struct {
 	Network registry.Network
 	// Gateways are the gateways the cluster announces for its network (immutable).
 	Gateways []registry.Gateway
-	Shards   map[registry.ServiceKey]*registry.Shard // immutable
+	Shards   Shards // nil: none
+	// Changed, when not nil, says what changed up to Stamp (Changed.To is
+	// Stamp): a delta to a subscriber is made of it.
+	Changed *Changed
 	// Local: the cluster's latest change originated at this replica (a spoke
 	// session here, or a decision of this replica as leader, e.g. dropping a
 	// dead cluster): this replica sends its changes to subscribers. Changes a
@@ -343,7 +346,7 @@ type sentCluster struct {
 	stamp    Stamp
 	network  registry.Network
 	gateways []registry.Gateway
-	shards   map[registry.ServiceKey]*registry.Shard
+	shards   Shards // what was sent, for a delta the Changed chain does not reach
 }
 
 func sentOf(c Cluster) sentCluster {
@@ -476,7 +479,14 @@ func (s *subscription) head(id registry.ClusterID, c Cluster) *fedv1.ReplicaUpda
 func (s *subscription) sendFull(id registry.ClusterID, c Cluster) error {
 	head := s.head(id, c)
 	head.FullState = true
-	shards := slices.SortedFunc(maps.Values(c.Shards), func(a, b *registry.Shard) int { return a.Service.Compare(b.Service) })
+	var shards []*registry.Shard
+	if c.Shards != nil {
+		shards = make([]*registry.Shard, 0, c.Shards.Len())
+		for _, sh := range c.Shards.All() {
+			shards = append(shards, sh)
+		}
+	}
+	slices.SortFunc(shards, func(a, b *registry.Shard) int { return a.Service.Compare(b.Service) })
 	chunks, err := sendChunked(head, nil, shards, s.srv.cfg.MaxMessageBytes, s.sendUpdate)
 	if err != nil {
 		return err
@@ -490,18 +500,7 @@ func (s *subscription) sendFull(id registry.ClusterID, c Cluster) error {
 }
 
 func (s *subscription) sendDelta(id registry.ClusterID, prev sentCluster, c Cluster) error {
-	var upserts []*registry.Shard
-	var removes []registry.ServiceKey
-	for k, sh := range c.Shards {
-		if old := prev.shards[k]; old != sh && !old.Equal(sh) {
-			upserts = append(upserts, sh)
-		}
-	}
-	for k := range prev.shards {
-		if _, ok := c.Shards[k]; !ok {
-			removes = append(removes, k)
-		}
-	}
+	upserts, removes := changesSince(prev, c)
 	slices.SortFunc(upserts, func(a, b *registry.Shard) int { return a.Service.Compare(b.Service) })
 	slices.SortFunc(removes, registry.ServiceKey.Compare)
 	head := s.head(id, c)
@@ -515,6 +514,63 @@ func (s *subscription) sendDelta(id registry.ClusterID, prev sentCluster, c Clus
 	s.srv.cfg.Hooks.sent(id, "delta")
 	s.sent[id] = sentOf(c)
 	return nil
+}
+
+// changesSince returns what takes a subscriber from prev to c: the services
+// c.Changed names since prev's stamp, else those that differ.
+func changesSince(prev sentCluster, c Cluster) (upserts []*registry.Shard, removes []registry.ServiceKey) {
+	keys, ok := c.Changed.Since(prev.stamp)
+	if !ok {
+		return compareShards(prev.shards, c.Shards)
+	}
+	seen := make(map[registry.ServiceKey]bool, len(keys))
+	for _, k := range keys {
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
+		if sh, ok := get(c.Shards, k); ok {
+			upserts = append(upserts, sh)
+		} else if _, had := get(prev.shards, k); had {
+			removes = append(removes, k)
+		}
+	}
+	return upserts, removes
+}
+
+// compareShards returns what takes a holder of old to cur, by comparing every shard.
+func compareShards(old, cur Shards) (upserts []*registry.Shard, removes []registry.ServiceKey) {
+	if cur != nil {
+		for k, sh := range cur.All() {
+			if o, _ := get(old, k); o != sh && !o.Equal(sh) {
+				upserts = append(upserts, sh)
+			}
+		}
+	}
+	if old != nil {
+		for k := range old.All() {
+			if _, ok := get(cur, k); !ok {
+				removes = append(removes, k)
+			}
+		}
+	}
+	return upserts, removes
+}
+
+// get is s.Get for s that may be nil.
+func get(s Shards, k registry.ServiceKey) (*registry.Shard, bool) {
+	if s == nil {
+		return nil, false
+	}
+	return s.Get(k)
+}
+
+// count is s.Len for s that may be nil.
+func count(s Shards) int {
+	if s == nil {
+		return 0
+	}
+	return s.Len()
 }
 
 func (s *subscription) sendUpdate(u *fedv1.ReplicaUpdate) error {
@@ -892,7 +948,7 @@ type inbound struct {
 	base     *Stamp
 	upserts  []*registry.Shard
 	removes  []registry.ServiceKey
-	seen     map[registry.ServiceKey]bool
+	dec      *federation.Decoder // across the update's chunks
 	bytes    int
 	// dropped says why the update will not be applied; its remaining chunks are skipped.
 	dropped string
@@ -901,8 +957,9 @@ type inbound struct {
 func newInbound(u *fedv1.ReplicaUpdate) *inbound {
 	in := &inbound{
 		cluster: registry.ClusterID(u.GetClusterId()), network: registry.Network(u.GetNetwork()),
-		origin: u.GetOrigin(), stamp: stampFromProto(u.GetStamp()), seen: map[registry.ServiceKey]bool{},
+		origin: u.GetOrigin(), stamp: stampFromProto(u.GetStamp()),
 	}
+	in.dec = &federation.Decoder{Cluster: in.cluster}
 	if !u.GetFullState() {
 		b := stampFromProto(u.GetBase())
 		in.base = &b
@@ -943,33 +1000,19 @@ func (in *inbound) add(u *fedv1.ReplicaUpdate, lim registry.Limits, maxBytes int
 		in.drop("a full state cannot remove services")
 		return
 	}
-	again := func(k registry.ServiceKey) bool {
-		if in.seen[k] {
-			return true
-		}
-		in.seen[k] = true
-		return false
-	}
+	in.dec.Limits = lim
 	for _, p := range u.GetUpserts() {
-		sh, err := federation.ShardFromProto(in.cluster, p, lim)
-		switch {
-		case err != nil:
+		sh, err := in.dec.Shard(p)
+		if err != nil {
 			in.drop(err.Error())
-			return
-		case again(sh.Service):
-			in.drop(fmt.Sprintf("service %s appears twice", sh.Service))
 			return
 		}
 		in.upserts = append(in.upserts, sh)
 	}
 	for _, p := range u.GetRemoves() {
-		k := federation.KeyFromProto(p)
-		if err := registry.ValidateServiceKey(k); err != nil {
-			in.drop(fmt.Sprintf("remove: %v", err))
-			return
-		}
-		if again(k) {
-			in.drop(fmt.Sprintf("service %s is both upserted and removed", k))
+		k, err := in.dec.Key(p, "remove", "service %s is both upserted and removed")
+		if err != nil {
+			in.drop(err.Error())
 			return
 		}
 		in.removes = append(in.removes, k)
@@ -980,7 +1023,7 @@ func (in *inbound) add(u *fedv1.ReplicaUpdate, lim registry.Limits, maxBytes int
 }
 
 func (in *inbound) drop(reason string) {
-	in.dropped, in.upserts, in.removes, in.seen = reason, nil, nil, nil
+	in.dropped, in.upserts, in.removes, in.dec = reason, nil, nil, nil
 }
 
 func (in *inbound) kind() string {
@@ -1145,7 +1188,7 @@ type clusterDigest struct {
 }
 
 func clusterDigestOf(id registry.ClusterID, c Cluster) *fedv1.ClusterDigest {
-	return &fedv1.ClusterDigest{ClusterId: string(id), Stamp: stampToProto(c.Stamp), Digest: c.Digest.String(), Services: uint32(len(c.Shards))}
+	return &fedv1.ClusterDigest{ClusterId: string(id), Stamp: stampToProto(c.Stamp), Digest: c.Digest.String(), Services: uint32(count(c.Shards))}
 }
 
 func clusterDigestFromProto(p *fedv1.ClusterDigest) (clusterDigest, error) {

@@ -111,9 +111,9 @@ func (s *replStore) ApplyReplica(_ context.Context, from string, u Update) error
 			}
 			return fmt.Errorf("%w: delta over %s, holding %s", ErrBaseMismatch, *u.Base, held.Stamp)
 		}
-		shards = maps.Clone(held.Shards)
-		if shards == nil {
-			shards = map[registry.ServiceKey]*registry.Shard{}
+		shards = map[registry.ServiceKey]*registry.Shard{}
+		if held.Shards != nil {
+			maps.Insert(shards, held.Shards.All())
 		}
 		for _, k := range u.Change.Removes {
 			delete(shards, k)
@@ -132,7 +132,7 @@ func (s *replStore) ApplyReplica(_ context.Context, from string, u Update) error
 	}
 	s.applied = append(s.applied, u)
 	s.putLocked(u.Cluster, Cluster{Stamp: u.Stamp, Digest: registry.Digest(shards), Network: u.Network,
-		Shards: shards, Origin: u.Origin})
+		Shards: ShardMap(shards), Origin: u.Origin})
 	if refused > 0 {
 		return fmt.Errorf("%w: %d services", ErrPartlyRefused, refused)
 	}
@@ -168,7 +168,7 @@ func replicaOf(stamp Stamp, local bool, origin string, shards ...*registry.Shard
 	for _, sh := range shards {
 		m[sh.Service] = sh
 	}
-	return Cluster{Stamp: stamp, Digest: registry.Digest(m), Network: "net-1", Shards: m, Local: local, Origin: origin}
+	return Cluster{Stamp: stamp, Digest: registry.Digest(m), Network: "net-1", Shards: ShardMap(m), Local: local, Origin: origin}
 }
 
 func (s *replStore) get(id registry.ClusterID) (Cluster, bool) {
