@@ -17,6 +17,7 @@ import (
 
 	"github.com/navemesh/nave/adminapi"
 	"github.com/navemesh/nave/federation"
+	"github.com/navemesh/nave/internal/backoff"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/replicas"
 )
@@ -175,11 +176,10 @@ func (c *coordinator) restoreAnswered() { c.restoredOnce.Do(func() { close(c.res
 
 // restoreLater retries restore until etcd answers (or ctx ends).
 func (c *coordinator) restoreLater(ctx context.Context) {
-	for wait := time.Second; ; wait = min(2*wait, 5*time.Second) { // xDS may wait for it
-		select {
-		case <-ctx.Done():
+	retry := backoff.New(backoff.Config{Min: time.Second, Max: 5 * time.Second}) // xDS may wait for it
+	for {
+		if !retry.Sleep(ctx, retry.Next()) {
 			return
-		case <-time.After(wait):
 		}
 		if c.restore(ctx) {
 			return

@@ -7,14 +7,13 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"math/rand/v2"
 	"runtime/debug"
 	"slices"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
+	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/navemesh/nave/federation"
 	fedv1 "github.com/navemesh/nave/federation/v1"
+	"github.com/navemesh/nave/internal/backoff"
 	"github.com/navemesh/nave/registry"
 )
 
@@ -690,7 +690,7 @@ func NewReplicator(store Store, cfg ReplicationConfig, transport credentials.Tra
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		// Reconnect as quickly as subscriptions retry, not gRPC's default of up to two minutes.
 		grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff:           backoff.Config{BaseDelay: cfg.MinBackoff, Multiplier: 1.6, Jitter: 0.2, MaxDelay: cfg.MaxBackoff},
+			Backoff:           grpcbackoff.Config{BaseDelay: cfg.MinBackoff, Multiplier: 1.6, Jitter: 0.2, MaxDelay: cfg.MaxBackoff},
 			MinConnectTimeout: 5 * time.Second,
 		}),
 	}
@@ -823,7 +823,8 @@ func (r *Replicator) follow(ctx context.Context, id, addr string) {
 	}
 	defer conn.Close()
 	client := fedv1.NewReplicationClient(conn)
-	wait := r.cfg.MinBackoff
+	// The wait ends early once the peer's port answers again.
+	retry := backoff.New(backoff.Config{Min: r.cfg.MinBackoff, Max: r.cfg.MaxBackoff, Target: addr, Conn: conn})
 	for {
 		synced, err := r.safeSession(ctx, client, id, log)
 		r.setStatus(id, func(s *PeerStatus) {
@@ -836,18 +837,12 @@ func (r *Replicator) follow(ctx context.Context, id, addr string) {
 			return
 		}
 		if synced {
-			wait = r.cfg.MinBackoff // it worked for a while: retry soon
+			retry.Reset() // it worked for a while: retry soon
 		}
-		// Full jitter: sleep a random time up to the current backoff.
-		d := time.Duration(rand.Int64N(int64(wait)) + 1)
+		d := retry.Next()
 		log.Warn("subscription to peer ended; subscribing again", "err", err, "in", d.Round(time.Millisecond))
-		wait = min(2*wait, r.cfg.MaxBackoff)
-		t := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !retry.Sleep(ctx, d) {
 			return
-		case <-t.C:
 		}
 	}
 }

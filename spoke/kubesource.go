@@ -26,6 +26,7 @@ import (
 
 	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/importwriter"
+	"github.com/navemesh/nave/internal/backoff"
 	"github.com/navemesh/nave/internal/kubeclient"
 	"github.com/navemesh/nave/registry"
 )
@@ -281,12 +282,11 @@ func (k *KubeSource) Run(ctx context.Context, out Sink) error {
 	// Not knowing must not pass for "not installed": the first state would
 	// leave out every service exported by a ServiceExport.
 	gvr, installed, err := k.serviceExportsInstalled()
-	for wait := time.Second; err != nil; wait = min(2*wait, 30*time.Second) {
+	for retry := backoff.New(backoff.Config{Min: time.Second, Max: 30 * time.Second}); err != nil; {
+		wait := retry.Next()
 		k.log.Warn("cannot tell whether the ServiceExport CRD is installed; holding the first state back", "err", err, "retry", wait)
-		select {
-		case <-ctx.Done():
+		if !retry.Sleep(ctx, wait) {
 			return ctx.Err()
-		case <-time.After(wait):
 		}
 		gvr, installed, err = k.serviceExportsInstalled()
 	}

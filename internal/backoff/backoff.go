@@ -135,6 +135,14 @@ func (b *Backoff) Start(ctx context.Context, d time.Duration) *Wait {
 	return w
 }
 
+// Sleep waits as Start does and returns whether ctx is still live.
+func (b *Backoff) Sleep(ctx context.Context, d time.Duration) bool {
+	w := b.Start(ctx, d)
+	<-w.Done()
+	w.Stop()
+	return ctx.Err() == nil
+}
+
 // Done is closed when the wait is over (its goroutine has ended then).
 func (w *Wait) Done() <-chan struct{} { return w.done }
 

@@ -396,3 +396,15 @@ func TestProbeAddr(t *testing.T) {
 		}
 	}
 }
+
+func TestSleep(t *testing.T) {
+	b := New(Config{Min: time.Millisecond})
+	if !b.Sleep(context.Background(), time.Millisecond) {
+		t.Error("Sleep with a live context = false")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if b.Sleep(ctx, time.Hour) {
+		t.Error("Sleep with an ended context = true")
+	}
+}
