@@ -439,3 +439,45 @@ func TestReplicaViewNamesWhatChanged(t *testing.T) {
 		t.Errorf("the view holds %d services, want a and b", v.Len())
 	}
 }
+
+// The export policy's enforcement changes a cluster at the stamp it holds:
+// a peer sent that stamp before it must still hear of it with the next delta.
+func TestReplicaViewNamesAChangeAtTheSameStamp(t *testing.T) {
+	ctx := context.Background()
+	s := startState(t)
+	shard := func(ns, name, port string) *registry.Shard {
+		sh := apiShard("east", time.Unix(1, 0), port)
+		sh.Service = registry.ServiceKey{Namespace: ns, Name: name}
+		return sh
+	}
+	if _, err := s.Apply(ctx, 1, 1, registry.Change{Cluster: "east", Replace: true,
+		Upserts: []*registry.Shard{shard("a", "x", "http"), shard("b", "y", "http")}}); err != nil {
+		t.Fatal(err)
+	}
+	m, _ := s.Replicas()
+	sent := m["east"] // what a subscription sent at (1,1)
+	if err := s.do(ctx, func() { s.exportAllowed = func(_ registry.ClusterID, ns string) bool { return ns != "b" } }); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.enforceExportPolicy(ctx); err != nil { // at the same stamp, (1,1)
+		t.Fatal(err)
+	}
+	if _, err := s.Apply(ctx, 1, 2, registry.Change{Cluster: "east", Upserts: []*registry.Shard{shard("a", "x", "grpc")}}); err != nil {
+		t.Fatal(err)
+	}
+	m, _ = s.Replicas()
+	cur := m["east"]
+	keys, ok := cur.Changed.Since(sent.Stamp)
+	if !ok {
+		t.Fatalf("the replica view does not reach back to %s", sent.Stamp)
+	}
+	named := map[registry.ServiceKey]bool{}
+	for _, k := range keys {
+		named[k] = true
+	}
+	for k, sh := range sent.Shards.All() {
+		if now, _ := cur.Shards.Get(k); !sh.Equal(now) && !named[k] {
+			t.Errorf("%s differs between what was sent at %s and what is held at %s, but Since = %v does not name it", k, sent.Stamp, cur.Stamp, keys)
+		}
+	}
+}

@@ -29,7 +29,9 @@ func (m ShardMap) All() iter.Seq2[registry.ServiceKey, *registry.Shard] { return
 
 // Changed says which services of a cluster changed from one stamp to the
 // next, and links to what changed before: a subscriber holding the cluster
-// at an earlier stamp is sent just those services. The chain is cut after
+// at an earlier stamp is sent just those services. A change may keep the
+// stamp (the export policy's enforcement, a peer's full state at the held
+// stamp): a link From a stamp To the same one, which Since counts too. The chain is cut after
 // maxChangedLinks links, or once it names more services than the cluster
 // holds (with a margin): a subscriber that far behind gets the difference
 // found by comparing, which then costs no more.
@@ -57,15 +59,16 @@ func (c *Changed) Then(from, to Stamp, keys []registry.ServiceKey, held int) *Ch
 	return next
 }
 
-// Since returns the services that changed from stamp s to c.To (possibly
-// some twice), or false when the chain does not reach back to s.
+// Since returns the services that changed since the change that made stamp
+// s (possibly some twice): every content held at s and later is covered.
+// False when the chain does not reach back to that change.
 func (c *Changed) Since(s Stamp) ([]registry.ServiceKey, bool) {
 	var out []registry.ServiceKey
 	for n := c; n != nil; n = n.prev {
-		out = append(out, n.Keys...)
-		if n.From == s {
+		if n.To == s && n.From != s {
 			return out, true
 		}
+		out = append(out, n.Keys...)
 	}
 	return nil, false
 }

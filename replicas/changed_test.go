@@ -17,15 +17,17 @@ func TestChangedChain(t *testing.T) {
 	var c *Changed
 	c = c.Then(s(0), s(1), []registry.ServiceKey{keyOf("a")}, 10)
 	c = c.Then(s(1), s(2), []registry.ServiceKey{keyOf("b")}, 10)
-	c = c.Then(s(2), s(3), nil, 10) // a re-stamp: nothing changed
+	c = c.Then(s(2), s(2), []registry.ServiceKey{keyOf("c")}, 10) // at the same stamp: the export policy's enforcement
+	c = c.Then(s(2), s(3), nil, 10)                               // a re-stamp: nothing changed
 	for _, tt := range []struct {
 		since Stamp
 		want  []string
 		ok    bool
 	}{
-		{s(0), []string{"a", "b"}, true},
-		{s(1), []string{"b"}, true},
-		{s(2), nil, true},
+		{s(1), []string{"b", "c"}, true},
+		{s(2), []string{"c"}, true}, // whichever content at 2 the subscriber holds
+		{s(3), nil, true},
+		{s(0), nil, false}, // the change that made it is not in the chain
 		{s(7), nil, false},
 	} {
 		keys, ok := c.Since(tt.since)
@@ -40,7 +42,7 @@ func TestChangedChain(t *testing.T) {
 	}
 
 	// A change that does not follow the last (the cluster was held anew) starts a new chain.
-	if _, ok := c.Then(s(5), s(6), nil, 10).Since(s(2)); ok {
+	if _, ok := c.Then(s(5), s(6), nil, 10).Since(s(3)); ok {
 		t.Error("a chain reaches across a gap")
 	}
 	// The chain is cut after maxChangedLinks links (the next starts anew)...
@@ -48,10 +50,10 @@ func TestChangedChain(t *testing.T) {
 	for v := range uint64(maxChangedLinks + 1) {
 		long = long.Then(s(v), s(v+1), []registry.ServiceKey{keyOf("a")}, 10)
 	}
-	if _, ok := long.Since(s(0)); ok {
+	if _, ok := long.Since(s(1)); ok {
 		t.Errorf("a chain of %d links is kept", maxChangedLinks+1)
 	}
-	if _, ok := long.Since(s(maxChangedLinks)); !ok {
+	if _, ok := long.Since(s(maxChangedLinks + 1)); !ok {
 		t.Error("the link after the cut is not")
 	}
 	// ... and once it names more services than comparing would look at.
@@ -59,9 +61,9 @@ func TestChangedChain(t *testing.T) {
 	for i := range many {
 		many[i] = keyOf(fmt.Sprint(i))
 	}
-	wide := (*Changed)(nil).Then(s(0), s(1), many, 10).Then(s(1), s(2), many, 10)
-	if _, ok := wide.Since(s(0)); ok {
-		t.Error("a chain naming 200 services of a cluster of 10 is kept")
+	wide := (*Changed)(nil).Then(s(0), s(1), many, 10).Then(s(1), s(2), many, 10).Then(s(2), s(3), many, 10)
+	if _, ok := wide.Since(s(1)); ok {
+		t.Error("a chain naming 300 services of a cluster of 10 is kept")
 	}
 }
 
@@ -93,5 +95,21 @@ func TestChangesSince(t *testing.T) {
 	}
 	if got, want := names(changesSince(prev, Cluster{Stamp: s(3), Shards: cur})), "upserts [a c] removes [b]"; got != want {
 		t.Errorf("by comparing: %s, want %s", got, want)
+	}
+}
+
+// A change at the same stamp (the export policy's enforcement) is in the
+// delta to a subscriber that holds the content from before it.
+func TestChangesSinceASameStampChange(t *testing.T) {
+	s := func(v uint64) Stamp { return Stamp{Epoch: 1, Version: v} }
+	a1, a2, b1 := testShard("east", "a", "10.0.0.1"), testShard("east", "a", "10.0.0.2"), testShard("east", "b", "10.0.0.3")
+	prev := sentCluster{stamp: s(1), shards: ShardMap{a1.Service: a1, b1.Service: b1}}
+	chain := (*Changed)(nil).Then(s(0), s(1), []registry.ServiceKey{a1.Service, b1.Service}, 2).
+		Then(s(1), s(1), []registry.ServiceKey{b1.Service}, 1).
+		Then(s(1), s(2), []registry.ServiceKey{a1.Service}, 1)
+	cur := Cluster{Stamp: s(2), Shards: ShardMap{a2.Service: a2}, Changed: chain}
+	up, rm := changesSince(prev, cur)
+	if len(up) != 1 || up[0] != a2 || len(rm) != 1 || rm[0] != b1.Service {
+		t.Errorf("delta from the chain: upserts %v, removes %v; want a2, and b removed", up, rm)
 	}
 }
