@@ -95,7 +95,7 @@ func (s *state) enforceExportPolicy(ctx context.Context) error {
 		changed := map[registry.ServiceKey]registry.ServiceDiff{}
 		for _, id := range slices.Sorted(maps.Keys(s.clusters)) {
 			var refused []registry.ServiceKey
-			for k := range s.reg.ClusterShards(id) {
+			for k := range s.reg.ClusterView(id).All() {
 				if !s.exportAllowed(id, k.Namespace) {
 					refused = append(refused, k)
 				}

@@ -239,7 +239,7 @@ func (s *state) Apply(ctx context.Context, epoch, version uint64, ch registry.Ch
 		})
 		if err != nil {
 			// commit changed nothing: what the cluster holds is as before.
-			applyErr = &federation.LimitError{Services: growing(s.reg.ClusterShards(ch.Cluster), ch.Upserts), Reason: err.Error()}
+			applyErr = &federation.LimitError{Services: growing(s.reg.ClusterView(ch.Cluster), ch.Upserts), Reason: err.Error()}
 			return
 		}
 		if !diff.Empty() {
@@ -308,10 +308,10 @@ func (s *state) Begin(ctx context.Context, sess federation.Session) (federation.
 }
 
 // growing names the upserts that add a service or endpoints to what the cluster holds.
-func growing(held map[registry.ServiceKey]*registry.Shard, upserts []*registry.Shard) []registry.ServiceKey {
+func growing(held registry.ClusterView, upserts []*registry.Shard) []registry.ServiceKey {
 	var out []registry.ServiceKey
 	for _, sh := range upserts {
-		if old, ok := held[sh.Service]; !ok || len(sh.Endpoints) > len(old.Endpoints) {
+		if old, ok := held.Get(sh.Service); !ok || len(sh.Endpoints) > len(old.Endpoints) {
 			out = append(out, sh.Service)
 		}
 	}
