@@ -9,6 +9,7 @@ import (
 
 	cache "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"google.golang.org/protobuf/proto"
+	"k8s.io/utils/clock"
 )
 
 // localCache is the cache.Cache the local go-control-plane server talks to:
@@ -33,6 +34,7 @@ type localCache struct {
 	streams  *localStreams
 	log      *slog.Logger
 	hold     time.Duration
+	clock    clock.PassiveClock
 
 	// mu guards held, syncedAt, wildcardAnswered and deferred.
 	mu sync.Mutex
@@ -51,8 +53,8 @@ type localCache struct {
 	deferred         map[*deferredWatch]struct{}
 }
 
-func newLocalCache(caches map[string]*cache.LinearCache, prefixes map[string]string, streams *localStreams, hold time.Duration, log *slog.Logger) *localCache {
-	c := &localCache{caches: caches, prefixes: prefixes, streams: streams, log: log, hold: hold,
+func newLocalCache(caches map[string]*cache.LinearCache, prefixes map[string]string, streams *localStreams, hold time.Duration, clk clock.PassiveClock, log *slog.Logger) *localCache {
+	c := &localCache{caches: caches, prefixes: prefixes, streams: streams, log: log, hold: hold, clock: clk,
 		held: map[string]map[string]struct{}{}, syncedAt: map[string]time.Time{}, wildcardAnswered: map[string]bool{}, deferred: map[*deferredWatch]struct{}{}}
 	for t := range caches {
 		c.held[t] = map[string]struct{}{}
@@ -111,7 +113,7 @@ func (c *localCache) CreateWatch(req *cache.Request, sub cache.Subscription, out
 	if t := req.GetTypeUrl(); c.mayHold(t, req, sub) {
 		c.mu.Lock()
 		if !c.covers(t, sub) {
-			d := &deferredWatch{typeURL: t, req: req, sub: sub, out: out, created: time.Now()}
+			d := &deferredWatch{typeURL: t, req: req, sub: sub, out: out, created: c.clock.Now()}
 			c.deferred[d] = struct{}{}
 			c.mu.Unlock()
 			c.log.Debug("holding a watch until the relay holds what it names", "type", typeLabel(t), "node", req.GetNode().GetId())

@@ -21,6 +21,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
+	"k8s.io/utils/clock"
+	testingclock "k8s.io/utils/clock/testing"
 )
 
 // startScriptedHub serves a scriptedHub on its own listener.
@@ -275,13 +277,16 @@ func TestRelayKeepsTheUnionGoingWildcard(t *testing.T) {
 }
 
 // TestRelayRetainsUnwanted: a resource no client wants stays cached for
-// RetainUnwanted (and is kept up to date meanwhile), then goes.
+// RetainUnwanted (and is kept up to date meanwhile), then goes. The relay's
+// clock is a fake one, stepped: however busy the machine, B is held until
+// RetainUnwanted has passed on it, and goes once it has.
 func TestRelayRetainsUnwanted(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	h, hubAddr := startScriptedHub(t)
-	const retain = 3 * time.Second // long enough that a busy machine still looks within it
-	relay, _, relayAddr := startRelay(t, hubAddr, loc("r1", "z1"), func(c *Config) { c.RetainUnwanted = retain })
+	const retain = time.Minute
+	clk := testingclock.NewFakeClock(time.Now())
+	relay, _, relayAddr := startRelay(t, hubAddr, loc("r1", "z1"), func(c *Config) { c.RetainUnwanted, c.Clock = retain, clk })
 	lds := resource.ListenerType
 
 	c := openRaw(ctx, t, relayAddr, "c", lds, "B")
@@ -289,25 +294,21 @@ func TestRelayRetainsUnwanted(t *testing.T) {
 	h.respond(ctx, t, ldsResponse(t, "v1", "n1", "one", "B"))
 	h.nextNames(ctx, t, "the ACK of n1", lds, "B")
 	c.cancel()
-	left := time.Now()
-	h.nextNames(ctx, t, "c gone", lds)
+	h.nextNames(ctx, t, "c gone", lds) // B is unwanted from now on the relay's clock
 	// A response that crossed the unsubscription updates what is still held.
 	h.respond(ctx, t, ldsResponse(t, "v2", "n2", "two", "B"))
 	h.nextNames(ctx, t, "the ACK of n2", lds)
-	if l, ok := relay.node.caches[lds].GetResources()["B"].(*listener.Listener); (!ok || l.GetStatPrefix() != "two") && time.Since(left) < retain {
+	if l, ok := relay.node.caches[lds].GetResources()["B"].(*listener.Listener); !ok || l.GetStatPrefix() != "two" {
 		t.Errorf("unwanted B not updated: the cache holds %v", relay.node.caches[lds].GetResources()["B"])
 	}
-	// Several ticks (of 50 ms), within RetainUnwanted: still there. (A
-	// machine too busy to look within RetainUnwanted checks nothing here:
-	// what is held is read before the time is.)
-	time.Sleep(retain / 2)
-	if got, d := held(relay, lds), time.Since(left); d < retain && !slices.Equal(got, []string{"B"}) {
-		t.Fatalf("%v after the last client left the cache holds %v, want [B] until %v", d, got, retain)
+	// A second short of RetainUnwanted: still there.
+	clk.Step(retain - time.Second)
+	if got := held(relay, lds); !slices.Equal(got, []string{"B"}) {
+		t.Fatalf("%v after the last client left the cache holds %v, want [B] until %v", retain-time.Second, got, retain)
 	}
+	// Past it: gone (at the next tick, which the step fires).
+	clk.Step(2 * time.Second)
 	waitFor(ctx, t, "B dropped", func() bool { return len(held(relay, lds)) == 0 })
-	if d := time.Since(left); d < retain {
-		t.Errorf("B dropped %v after it became unwanted, want at least %v", d, retain)
-	}
 }
 
 // TestRelayDoesNotResendOnNACK: a local NACK does not make the
@@ -460,7 +461,7 @@ func TestRelayRunsOnce(t *testing.T) {
 // request does not cover a wildcard watch.
 func TestWildcardWatchWaitsForAWildcardAnswer(t *testing.T) {
 	caches := map[string]*cache.LinearCache{resource.ListenerType: cache.NewLinearCache(resource.ListenerType)}
-	c := newLocalCache(caches, map[string]string{resource.ListenerType: "p-"}, nil, time.Second, testLogger())
+	c := newLocalCache(caches, map[string]string{resource.ListenerType: "p-"}, nil, time.Second, clock.RealClock{}, testLogger())
 	wildcard := stream.NewSotwSubscription(nil, true)
 	if !wildcard.IsWildcard() {
 		t.Fatal("test subscription is not wildcard")
@@ -503,7 +504,7 @@ func TestLocalStreamsRecordRelayedTypesOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := newLocalStreams(m, testLogger(), 10, func() {})
+	l := newLocalStreams(m, testLogger(), 10, clock.RealClock{}, func() {})
 	l.open(1)
 	for i := range 100 {
 		typeURL := "type.example.com/t" + string(rune('a'+i%26)) + string(rune('a'+i/26))

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
+	"k8s.io/utils/clock"
 
 	"github.com/navemesh/nave/internal/xdstype"
 	"github.com/navemesh/nave/xds"
@@ -70,7 +71,7 @@ type gatewayView struct {
 	// idle, while no stream uses the view (since idleSince), drops it when
 	// it fires, unless the view was taken up again since it was set (gen
 	// changed).
-	idle      *time.Timer
+	idle      clock.Timer
 	idleSince time.Time
 	gen       int
 	// stop ends the view's upstream stream and its local streams.
@@ -177,8 +178,8 @@ func (g *gatewayViews) release(gv *gatewayView) {
 		return
 	}
 	gen := gv.gen
-	gv.idleSince = time.Now()
-	gv.idle = time.AfterFunc(g.r.cfg.RetainUnwanted, func() {
+	gv.idleSince = g.r.cfg.Clock.Now()
+	gv.idle = g.r.cfg.Clock.AfterFunc(g.r.cfg.RetainUnwanted, func() {
 		g.mu.Lock()
 		defer g.mu.Unlock()
 		if gv.gen == gen && gv.streams == 0 && g.views[gv.key] == gv {
@@ -209,7 +210,7 @@ func (g *gatewayViews) retire(gv *gatewayView, why string) {
 	delete(g.views, gv.key)
 	g.r.metrics.gateways.Set(float64(len(g.views)))
 	gv.stop()
-	gv.log.Info(why, "unused for", time.Since(gv.idleSince).Round(time.Millisecond))
+	gv.log.Info(why, "unused for", g.r.cfg.Clock.Since(gv.idleSince).Round(time.Millisecond))
 }
 
 // stop ends every view and waits for their upstream goroutines.

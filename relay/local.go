@@ -18,6 +18,7 @@ import (
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/utils/clock"
 )
 
 // ClientStatus is what the relay knows of one local stream.
@@ -141,6 +142,7 @@ type localStreams struct {
 	// maxNames bounds the resource names of a local request and of the union
 	// per type (Config.MaxResourceNames).
 	maxNames int
+	clock    clock.PassiveClock
 	// changed is called (without mu held) after a subscription or a
 	// rejection changed; it must not block.
 	changed func()
@@ -151,8 +153,8 @@ type localStreams struct {
 	pending map[*discovery.DiscoveryRequest]int64
 }
 
-func newLocalStreams(m *metrics, log *slog.Logger, maxNames int, changed func()) *localStreams {
-	return &localStreams{metrics: m, log: log, maxNames: maxNames, changed: changed,
+func newLocalStreams(m *metrics, log *slog.Logger, maxNames int, clk clock.PassiveClock, changed func()) *localStreams {
+	return &localStreams{metrics: m, log: log, maxNames: maxNames, clock: clk, changed: changed,
 		streams: map[int64]*localStream{}, pending: map[*discovery.DiscoveryRequest]int64{}}
 }
 
@@ -174,7 +176,7 @@ func (l *localStreams) callbacks() serverv3.CallbackFuncs {
 
 func (l *localStreams) open(id int64) {
 	l.mu.Lock()
-	l.streams[id] = &localStream{since: time.Now(), subs: map[string]subscription{}, types: map[string]*typeExchange{}}
+	l.streams[id] = &localStream{since: l.clock.Now(), subs: map[string]subscription{}, types: map[string]*typeExchange{}}
 	l.mu.Unlock()
 	l.metrics.streams.Inc()
 }
@@ -228,7 +230,7 @@ func (l *localStreams) request(id int64, req *discovery.DiscoveryRequest) error 
 		wasRejecting := x.rejecting()
 		switch {
 		case req.GetErrorDetail() != nil:
-			nack = &NACK{Nonce: req.GetResponseNonce(), Detail: req.GetErrorDetail().GetMessage(), At: time.Now()}
+			nack = &NACK{Nonce: req.GetResponseNonce(), Detail: req.GetErrorDetail().GetMessage(), At: l.clock.Now()}
 			if req.GetResponseNonce() != "" && req.GetResponseNonce() == x.sentNonce {
 				nack.Version = x.sent
 				s.pendingNACK = true

@@ -88,6 +88,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"k8s.io/utils/clock"
 )
 
 // Config configures a relay.
@@ -127,6 +128,9 @@ type Config struct {
 	// its last stream); a further gateway's stream is ended with
 	// ResourceExhausted. 0 serves no gateway (FailedPrecondition).
 	MaxGateways int
+	// Clock drives retention, holds and the times the relay records; nil
+	// is the system's (tests step a fake one).
+	Clock clock.WithTickerAndDelayedExecution
 }
 
 // DefaultConfig has the backoff bounds (100 ms to 10 s), keeps unwanted
@@ -193,6 +197,9 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Relay, error
 	}
 	if cfg.MaxResourceNames <= 0 {
 		cfg.MaxResourceNames = def.MaxResourceNames
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)

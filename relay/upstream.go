@@ -131,7 +131,7 @@ func idle(union map[string]subscription) bool {
 // something, false if ctx ends first. Meanwhile what no client wants
 // leaves the caches after RetainUnwanted, as during a session.
 func (v *view) awaitSubscriptions(ctx context.Context, held *heldState) bool {
-	tick := time.NewTicker(v.tickInterval())
+	tick := v.cfg.Clock.NewTicker(v.tickInterval())
 	defer tick.Stop()
 	for {
 		union := v.local.union()
@@ -142,7 +142,7 @@ func (v *view) awaitSubscriptions(ctx context.Context, held *heldState) bool {
 		case <-ctx.Done():
 			return false
 		case <-v.changed:
-		case now := <-tick.C:
+		case now := <-tick.C():
 			v.prune(held, union, now)
 		}
 	}
@@ -259,13 +259,13 @@ func (v *view) session(ctx context.Context, client discovery.AggregatedDiscovery
 	defer v.connected.Dec()
 	v.log.Info("upstream stream open", "upstream", v.cfg.Upstream, "node", v.cfg.Node.GetId())
 	// The ticker ends retention and holds that no event ends.
-	tick := time.NewTicker(v.tickInterval())
+	tick := v.cfg.Clock.NewTicker(v.tickInterval())
 	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return served, ctx.Err()
-		case now := <-tick.C:
+		case now := <-tick.C():
 			u.prune(v.local.union(), now)
 			v.cache.release(now)
 			// Rejections wait reportSettle: the tick reports them.
@@ -326,7 +326,7 @@ func (u *upstream) sync() error {
 		}
 	}
 	v.upstreamMu.Unlock()
-	now := time.Now()
+	now := v.cfg.Clock.Now()
 	u.prune(union, now)
 	return u.report(v.local.rejections(), now)
 }
@@ -481,7 +481,7 @@ func (u *upstream) handle(resp *discovery.DiscoveryResponse) error {
 	}
 	st.ownNACK = false
 	st.version = resp.GetVersionInfo()
-	now := time.Now()
+	now := v.cfg.Clock.Now()
 	v.cache.synced(t, now, st.answerable.wildcard)
 	v.cache.release(now)
 	// The next response answers this ACK or a later request.

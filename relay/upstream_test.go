@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+	"k8s.io/utils/clock"
 )
 
 // scriptedHub is an ADS server the test drives by hand: it hands over
@@ -370,7 +371,7 @@ func TestOnlyAnACKEndsARejection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := newLocalStreams(m, testLogger(), 100, func() {})
+	l := newLocalStreams(m, testLogger(), 100, clock.RealClock{}, func() {})
 	l.open(1)
 	l.response(1, resource.EndpointType, &discovery.DiscoveryResponse{VersionInfo: "v2", Nonce: "n2"})
 	rejecting := func() int { return len(l.rejections()[resource.EndpointType]) }

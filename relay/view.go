@@ -75,9 +75,9 @@ func newView(cfg Config, node *core.Node, gateway, prefix string, conn *grpc.Cli
 		prefixes[t] = prefix + typeLabel(t) + "-"
 		v.caches[t] = cache.NewLinearCache(t, cache.WithVersionPrefix(prefixes[t]), cache.WithLogger(cacheLogger{log}))
 	}
-	v.local = newLocalStreams(m, log, cfg.MaxResourceNames, v.notify)
+	v.local = newLocalStreams(m, log, cfg.MaxResourceNames, cfg.Clock, v.notify)
 	v.local.gateway = gateway
-	v.cache = newLocalCache(v.caches, prefixes, v.local, cfg.HoldUnknown, log)
+	v.cache = newLocalCache(v.caches, prefixes, v.local, cfg.HoldUnknown, cfg.Clock, log)
 	// The local streams end when run returns (or the gRPC server stops).
 	serverCtx, stop := context.WithCancel(context.Background())
 	v.stopLocal = stop
