@@ -278,14 +278,17 @@ func TestRelayKeepsTheUnionGoingWildcard(t *testing.T) {
 
 // TestRelayRetainsUnwanted: a resource no client wants stays cached for
 // RetainUnwanted (and is kept up to date meanwhile), then goes. The relay's
-// clock is a fake one, stepped: however busy the machine, B is held until
-// RetainUnwanted has passed on it, and goes once it has.
+// clock is a fake one, stepped, and what the relay does at each step is
+// awaited through another client's subscription (the relay prunes what is
+// unwanted when a subscription changes, before it handles the next
+// response): B is held a second short of RetainUnwanted and gone at it.
 func TestRelayRetainsUnwanted(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	h, hubAddr := startScriptedHub(t)
 	const retain = time.Minute
 	clk := testingclock.NewFakeClock(time.Now())
+	start := clk.Now() // B becomes unwanted at start: the clock does not move until it is stepped
 	relay, _, relayAddr := startRelay(t, hubAddr, loc("r1", "z1"), func(c *Config) { c.RetainUnwanted, c.Clock = retain, clk })
 	lds := resource.ListenerType
 
@@ -301,14 +304,26 @@ func TestRelayRetainsUnwanted(t *testing.T) {
 	if l, ok := relay.node.caches[lds].GetResources()["B"].(*listener.Listener); !ok || l.GetStatPrefix() != "two" {
 		t.Errorf("unwanted B not updated: the cache holds %v", relay.node.caches[lds].GetResources()["B"])
 	}
-	// A second short of RetainUnwanted: still there.
+	// A second short of RetainUnwanted: still there. d's subscription makes
+	// the relay prune at that time (sync), before it handles n3.
 	clk.Step(retain - time.Second)
-	if got := held(relay, lds); !slices.Equal(got, []string{"B"}) {
-		t.Fatalf("%v after the last client left the cache holds %v, want [B] until %v", retain-time.Second, got, retain)
+	d := openRaw(ctx, t, relayAddr, "d", lds, "A")
+	h.nextNames(ctx, t, "d's subscription", lds, "A")
+	h.respond(ctx, t, ldsResponse(t, "v3", "n3", "three", "A"))
+	h.nextNames(ctx, t, "the ACK of n3", lds, "A")
+	if got := held(relay, lds); !slices.Equal(got, []string{"A", "B"}) {
+		t.Fatalf("%v after the last client left the cache holds %v, want [A B] until %v", retain-time.Second, got, retain)
 	}
-	// Past it: gone (at the next tick, which the step fires).
-	clk.Step(2 * time.Second)
-	waitFor(ctx, t, "B dropped", func() bool { return len(held(relay, lds)) == 0 })
+	// At it: gone. d leaving makes the relay prune at that time (sync),
+	// before it handles n4.
+	clk.Step(time.Second)
+	d.cancel()
+	h.nextNames(ctx, t, "d gone", lds)
+	h.respond(ctx, t, ldsResponse(t, "v4", "n4", "four", "A"))
+	h.nextNames(ctx, t, "the ACK of n4", lds)
+	if got := held(relay, lds); !slices.Equal(got, []string{"A"}) {
+		t.Fatalf("%v after B became unwanted the cache holds %v, want [A]", clk.Since(start), got)
+	}
 }
 
 // TestRelayDoesNotResendOnNACK: a local NACK does not make the

@@ -179,13 +179,18 @@ func (g *gatewayViews) release(gv *gatewayView) {
 	}
 	gen := gv.gen
 	gv.idleSince = g.r.cfg.Clock.Now()
-	gv.idle = g.r.cfg.Clock.AfterFunc(g.r.cfg.RetainUnwanted, func() {
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		if gv.gen == gen && gv.streams == 0 && g.views[gv.key] == gv {
-			g.retire(gv, "gateway gone; its view is dropped")
-		}
-	})
+	// The callback only starts the retirement: a clock may run it holding
+	// its own lock (a fake clock's Step does), which retire takes again.
+	gv.idle = g.r.cfg.Clock.AfterFunc(g.r.cfg.RetainUnwanted, func() { go g.idleExpired(gv, gen) })
+}
+
+// idleExpired drops gv if it is still unused since generation gen went idle.
+func (g *gatewayViews) idleExpired(gv *gatewayView, gen int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.stopped && gv.gen == gen && gv.streams == 0 && g.views[gv.key] == gv {
+		g.retire(gv, "gateway gone; its view is dropped")
+	}
 }
 
 // retireIdlest drops the view unused the longest, if one is unused, to
