@@ -13,10 +13,9 @@
 //	/debug/trace      TraceInfo (?service=NS/NAME&limit=N)
 //
 // It imports nothing of Nave but registry, so a client of the admin API
-// links neither the hub nor gRPC. Where the hub's own packages define the
-// data (syncstatus, convergence, federation, xds), adminapi has a copy of
-// its JSON form, and the hub converts; hub's TestAdminConversions checks
-// that every copy has the same JSON as what it copies.
+// links neither the hub nor gRPC. The hub's packages that produce this data
+// (syncstatus, convergence, federation, xds) use these types as their own
+// (type aliases), so the hub serves what they produce without converting it.
 package adminapi
 
 import (

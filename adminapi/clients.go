@@ -21,8 +21,7 @@ const (
 	Synced = "SYNCED"
 )
 
-// Client is what a replica knows of one xDS stream (the JSON of
-// syncstatus.Client).
+// Client is what a replica knows of one xDS stream (syncstatus.Client).
 type Client struct {
 	Stream  Stream `json:"stream"`
 	Replica string `json:"replica"`

@@ -25,7 +25,7 @@ type PortAssignment struct {
 
 // Assignment is the endpoint assignment of one service port as seen by
 // clients of one locality group: the plain-data form of a
-// ClusterLoadAssignment (the JSON of xds.Assignment).
+// ClusterLoadAssignment (xds.Assignment).
 type Assignment struct {
 	Service registry.ServiceKey `json:"service"`
 	Port    int32               `json:"port"`

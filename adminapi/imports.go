@@ -36,8 +36,8 @@ type ImportSourceInfo struct {
 	Ready     int                `json:"ready"`
 }
 
-// ImportStatus is where one spoke session's import stream stands (the JSON
-// of federation.ImportStatus).
+// ImportStatus is where one spoke session's import stream stands
+// (federation.ImportStatus).
 type ImportStatus struct {
 	Cluster    registry.ClusterID `json:"cluster"`
 	Epoch      uint64             `json:"epoch"`
@@ -76,7 +76,7 @@ func (s ImportStatus) Written() bool {
 }
 
 // ImportProblem is an import the spoke's cluster cannot hold as the hub
-// sent it (the JSON of federation.ImportProblem).
+// sent it (federation.ImportProblem).
 type ImportProblem struct {
 	Service registry.ServiceKey `json:"service"`
 	// Reason is a CamelCase word (BlockedByServiceImport, BlockedByService,

@@ -14,8 +14,7 @@ type TraceInfo struct {
 	Traces  []Trace `json:"traces"`
 }
 
-// Trace is one change as a replica saw it through (the JSON of
-// convergence.Trace).
+// Trace is one change as a replica saw it through (convergence.Trace).
 type Trace struct {
 	ID      uint64              `json:"id"`
 	Replica string              `json:"replica"`

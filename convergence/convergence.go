@@ -40,6 +40,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/navemesh/nave/adminapi"
 	"github.com/navemesh/nave/internal/xdstype"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/syncstatus"
@@ -78,60 +79,21 @@ func DefaultConfig() Config {
 	return Config{MaxTraces: 1024, SlowestClients: 5, Window: time.Minute}
 }
 
-// Trace is one change as a replica saw it through.
-type Trace struct {
-	ID      uint64              `json:"id"`
-	Replica string              `json:"replica"`
-	Cluster registry.ClusterID  `json:"cluster"`
-	Service registry.ServiceKey `json:"service"`
-	// Origin is where the change began, as its spoke said (nil: it did not
-	// say: a resync, or a replica's copy).
-	Origin *Origin `json:"origin,omitempty"`
-	// Received is when the replica applied the change (its clock), and
-	// Translated when its xDS resources were published ("": not yet).
-	Received   time.Time  `json:"received"`
-	Translated *time.Time `json:"translated,omitempty"`
-	// Type is the xDS type a client must be sent to hold the change (lds,
-	// rds, cds or eds), Resources the resources of that type it changed.
-	// NoChange: the change altered nothing any client is sent.
-	Type      string   `json:"type,omitempty"`
-	Resources []string `json:"resources,omitempty"`
-	NoChange  bool     `json:"noChange,omitempty"`
-	// Pushed counts the responses that carried it, Acked the clients that
-	// acknowledged one, Nacked those that rejected one.
-	Pushed int `json:"pushed"`
-	Acked  int `json:"acked"`
-	Nacked int `json:"nacked"`
-	// Slowest are the clients that took longest to acknowledge it.
-	Slowest []ClientTime `json:"slowest,omitempty"`
-	// LastAck is when the last client acknowledged it.
-	LastAck *time.Time `json:"lastAck,omitempty"`
-}
+// A trace, its origin and a client's times are the admin API's JSON, the
+// same types (adminapi), so that the hub serves them without converting them.
+type (
+	// Trace is one change as a replica saw it through.
+	Trace = adminapi.Trace
+	// Origin is where a change began, in milliseconds each measured on one
+	// clock (0: unknown).
+	Origin = adminapi.Origin
+	// ClientTime is how long one client took to hold a change.
+	ClientTime = adminapi.ClientTime
+)
 
-// Origin is where a change began, in milliseconds each measured on one
-// clock (0: unknown).
-type Origin struct {
-	ResourceVersion string  `json:"resourceVersion,omitempty"`
-	Source          float64 `json:"sourceMs"`
-	Spoke           float64 `json:"spokeMs"`
-	SpokeToHub      float64 `json:"spokeToHubMs"`
-}
-
-// total is the origin's part of a change's end-to-end time.
-func (o *Origin) total() time.Duration {
+// originTotal is the origin's part of a change's end-to-end time.
+func originTotal(o *Origin) time.Duration {
 	return time.Duration((o.Source + o.Spoke + o.SpokeToHub) * float64(time.Millisecond))
-}
-
-// ClientTime is how long one client took to hold a change.
-type ClientTime struct {
-	NodeID string            `json:"nodeID"`
-	Stream syncstatus.Stream `json:"stream"`
-	// ApplyToPush, PushToAck and HubToAck are the stages, in milliseconds;
-	// EndToEnd adds the change's origin (0: no origin).
-	ApplyToPush float64 `json:"applyToPushMs"`
-	PushToAck   float64 `json:"pushToAckMs"`
-	HubToAck    float64 `json:"hubToAckMs"`
-	EndToEnd    float64 `json:"endToEndMs,omitempty"`
 }
 
 // Tracer traces changes; its methods are safe for concurrent use and never
@@ -526,7 +488,7 @@ func (t *Tracer) Answered(s syncstatus.Stream, typeURL, nonce string, ok bool) {
 		t.seconds.WithLabelValues(StagePushToAck, cluster).Observe(now.Sub(at).Seconds())
 		t.seconds.WithLabelValues(StageHubToAck, cluster).Observe(now.Sub(tr.Received).Seconds())
 		if tr.Origin != nil {
-			e2e := tr.Origin.total() + now.Sub(tr.originAt) // from the update's arrival: its apply counts too
+			e2e := originTotal(tr.Origin) + now.Sub(tr.originAt) // from the update's arrival: its apply counts too
 			ct.EndToEnd = ms(e2e)
 			t.seconds.WithLabelValues(StageEndToEnd, cluster).Observe(e2e.Seconds())
 		}

@@ -11,52 +11,18 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/navemesh/nave/adminapi"
 	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/imports"
 	"github.com/navemesh/nave/registry"
 )
 
-// ImportStatus is where one spoke session's import stream stands, for operators.
-type ImportStatus struct {
-	Cluster    registry.ClusterID `json:"cluster"`
-	Epoch      uint64             `json:"epoch"`
-	Namespaces int                `json:"namespaces"`
-	// Imports is how many imports the cluster should hold (of its namespaces).
-	Imports int `json:"imports"`
-	// Acked is how many the spoke has acknowledged as they are now; Pending
-	// how many differ from what it acknowledged (sent or not yet sent).
-	Acked   int `json:"acked"`
-	Pending int `json:"pending"`
-	// PendingServices names the first of them (at most maxListed), sorted.
-	PendingServices []string `json:"pendingServices,omitempty"`
-	// NamespaceNames are the cluster's namespaces.
-	NamespaceNames []string `json:"namespaceNames,omitempty"`
-	// SentVersion, AckedVersion and WrittenVersion: the last update sent,
-	// the last the spoke acknowledged, and the last it has written into its cluster.
-	SentVersion    uint64 `json:"sentVersion"`
-	AckedVersion   uint64 `json:"ackedVersion"`
-	WrittenVersion uint64 `json:"writtenVersion"`
-	// Authoritative: the spoke holds an authoritative full state (it may delete what the hub does not name).
-	Authoritative bool `json:"authoritative"`
-	// Refused names the services whose current form the spoke refused, with its reasons.
-	Refused map[string]string `json:"refused,omitempty"`
-	// Blocked are the imports the spoke's cluster cannot hold because an
-	// object that is not Nave's holds a name they need (the spoke's last
-	// ImportProblems, of the imports the cluster should hold; at most
-	// maxListed, by service); BlockedCount is how many there are in all.
-	Blocked      []ImportProblem `json:"blocked,omitempty"`
-	BlockedCount int             `json:"blockedCount,omitempty"`
-	UpdatedAt    time.Time       `json:"updatedAt"`
-}
+// ImportStatus is where one spoke session's import stream stands, for
+// operators: the admin API's JSON (adminapi), served as it is.
+type ImportStatus = adminapi.ImportStatus
 
 // maxListed bounds the services an ImportStatus names.
 const maxListed = 100
-
-// Written says whether the spoke has written everything it acknowledged
-// and acknowledged everything the cluster should hold, none of it blocked.
-func (s ImportStatus) Written() bool {
-	return s.Pending == 0 && len(s.Refused) == 0 && s.BlockedCount == 0 && s.WrittenVersion >= s.AckedVersion && s.AckedVersion > 0
-}
 
 // ImportStatuses returns the import stream of every session this hub serves.
 func (h *HubServer) ImportStatuses() []ImportStatus {

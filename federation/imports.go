@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/navemesh/nave/adminapi"
 	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/imports"
 	"github.com/navemesh/nave/limits"
@@ -31,14 +32,9 @@ const (
 	ReasonBlockedByEndpointSlice = "BlockedByEndpointSlice"
 )
 
-// ImportProblem is an import the spoke's cluster cannot hold as the hub sent it.
-type ImportProblem struct {
-	Service registry.ServiceKey `json:"service"`
-	// Reason is a CamelCase word (see ReasonBlockedByServiceImport).
-	Reason string `json:"reason"`
-	// Message names the object in the way, for operators.
-	Message string `json:"message,omitempty"`
-}
+// ImportProblem is an import the spoke's cluster cannot hold as the hub
+// sent it (Reason: see ReasonBlockedByServiceImport); the admin API's JSON.
+type ImportProblem = adminapi.ImportProblem
 
 // Bounds of an ImportProblems message: the problems it carries (the first by
 // service; the rest are counted), and the bytes of each reason.

@@ -300,15 +300,15 @@ func TestChunkedFullStateLostWithTheSessionKeepsAnUpsert(t *testing.T) {
 	}
 }
 
-// The hub refuses the form of a service that left the cluster while it was
-// in flight: the refusal must not outlive the service (SessionStatus.Rejected goes
-// back to 0).
-func TestRefusalOfAServiceGoneInFlightIsForgotten(t *testing.T) {
+// refusedAfterItLeft runs a publisher whose hub acknowledged a, was sent k,
+// and refused k after k left the cluster (the publisher has seen both).
+func refusedAfterItLeft(t *testing.T, cfg SpokeConfig) (p *publisher, s1 *scriptSession, a, k *registry.Shard) {
+	t.Helper()
 	h, addr := startScriptHub(t)
-	p := startPublisher(t, dial(t, addr, ""), "east", fastSpoke())
-	a, k := testShard("east", "a", "10.0.0.1"), testShard("east", "k", "10.0.0.2")
+	p = startPublisher(t, dial(t, addr, ""), "east", cfg)
+	a, k = testShard("east", "a", "10.0.0.1"), testShard("east", "k", "10.0.0.2")
 	p.states <- stateOf(a)
-	s1 := h.next(t)
+	s1 = h.next(t)
 	s1.welcome(t, 1, false)
 	full := s1.mustUpdate(t)
 	s1.ack(t, full, stateOf(a))
@@ -320,6 +320,14 @@ func TestRefusalOfAServiceGoneInFlightIsForgotten(t *testing.T) {
 	s1.send(t, &fedv1.HubMessage{Kind: &fedv1.HubMessage_Nack{Nack: &fedv1.Nack{Nonce: u.GetNonce(), Version: u.GetVersion(),
 		Rejections: []*fedv1.Rejection{{Service: KeyToProto(k.Service), Reason: "invalid"}}}}})
 	p.awaitRefused(t, 1)
+	return p, s1, a, k
+}
+
+// The hub refuses the form of a service that left the cluster while it was
+// in flight: the refusal must not outlive the service (SessionStatus.Rejected goes
+// back to 0).
+func TestRefusalOfAServiceGoneInFlightIsForgotten(t *testing.T) {
+	p, s1, _, _ := refusedAfterItLeft(t, fastSpoke())
 	a2 := testShard("east", "a", "10.0.0.1", "10.0.0.3")
 	p.states <- stateOf(a2)
 	d := s1.mustUpdate(t)
@@ -333,26 +341,11 @@ func TestRefusalOfAServiceGoneInFlightIsForgotten(t *testing.T) {
 // ... and when the service comes back in the same form, it is sent again
 // (not withheld silently, with no report).
 func TestServiceBackInTheFormRefusedAfterItLeftIsSentAgain(t *testing.T) {
-	h, addr := startScriptHub(t)
 	var reports []Reports
 	var mu sync.Mutex
 	cfg := fastSpoke()
 	cfg.OnReport = func(r Reports) { mu.Lock(); reports = append(reports, r); mu.Unlock() }
-	p := startPublisher(t, dial(t, addr, ""), "east", cfg)
-	a, k := testShard("east", "a", "10.0.0.1"), testShard("east", "k", "10.0.0.2")
-	p.states <- stateOf(a)
-	s1 := h.next(t)
-	s1.welcome(t, 1, false)
-	full := s1.mustUpdate(t)
-	s1.ack(t, full, stateOf(a))
-
-	p.states <- stateOf(a, k)
-	u := s1.mustUpdate(t)  // upsert k
-	p.states <- stateOf(a) // k goes while in flight
-	p.awaitTaken(t, stateOf(a))
-	s1.send(t, &fedv1.HubMessage{Kind: &fedv1.HubMessage_Nack{Nack: &fedv1.Nack{Nonce: u.GetNonce(), Version: u.GetVersion(),
-		Rejections: []*fedv1.Rejection{{Service: KeyToProto(k.Service), Reason: "invalid"}}}}})
-	p.awaitRefused(t, 1)
+	p, s1, a, k := refusedAfterItLeft(t, cfg)
 	p.states <- stateOf(a, k) // k is back, as it was
 	if u := s1.update(t, 10*time.Second); u == nil {
 		mu.Lock()

@@ -22,14 +22,13 @@ import (
 	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/imports"
 	"github.com/navemesh/nave/registry"
-	"github.com/navemesh/nave/syncstatus"
 	"github.com/navemesh/nave/xds"
 )
 
 // Imports describes an import set, the addresses it leaves out, and the sessions taking it.
 func Imports(set *federation.ImportSet, skipped map[registry.ServiceKey][]imports.Skipped, sessions []federation.ImportStatus) adminapi.ImportsInfo {
 	info := adminapi.ImportsInfo{Authoritative: set.Authoritative, CIDRs: set.CIDRs, Imports: []adminapi.ImportInfo{},
-		Sessions: convertAll(sessions, adminImportStatus)}
+		Sessions: sessions}
 	for _, k := range slices.SortedFunc(maps.Keys(set.Imports), registry.ServiceKey.Compare) {
 		imp := set.Imports[k]
 		ii := adminapi.ImportInfo{Service: k, Type: "ClusterSetIP", Ports: imp.Ports, Revision: imp.Hash().String()[:12]}
@@ -123,7 +122,7 @@ func (a *admin) handler() http.Handler {
 		a.json(w, adminapi.TopologyInfo{Localities: Topology(a.state.View().Registry)})
 	})
 	mux.HandleFunc("GET /debug/clients", func(w http.ResponseWriter, r *http.Request) {
-		a.json(w, adminapi.ClientsInfo{Replica: a.coord.id, Clients: convertAll(a.xds.Clients(r.URL.Query().Get("node")), adminClient)})
+		a.json(w, adminapi.ClientsInfo{Replica: a.coord.id, Clients: a.xds.Clients(r.URL.Query().Get("node"))})
 	})
 	mux.HandleFunc("GET /debug/trace", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
@@ -145,7 +144,7 @@ func (a *admin) handler() http.Handler {
 			}
 			limit = n
 		}
-		a.json(w, adminapi.TraceInfo{Replica: a.coord.id, Traces: convertAll(a.tracer.Traces(key, limit), adminTrace)})
+		a.json(w, adminapi.TraceInfo{Replica: a.coord.id, Traces: a.tracer.Traces(key, limit)})
 	})
 	mux.HandleFunc("GET /debug/endpoints", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
@@ -254,15 +253,11 @@ func Endpoints(v *View, service string, client xds.Client) (adminapi.EndpointsIn
 	info := adminapi.EndpointsInfo{Service: key, Client: client.Locality, Network: client.Network}
 	for _, p := range xds.ServicePorts(svc) {
 		info.Ports = append(info.Ports, adminapi.PortAssignment{
-			Port: p, Target: "xds:///" + xds.ListenerName(key, p.Port), Assignment: adminAssignment(xds.AssignFor(svc, p, client, v.Topology)),
+			Port: p, Target: "xds:///" + xds.ListenerName(key, p.Port), Assignment: xds.AssignFor(svc, p, client, v.Topology),
 		})
 	}
 	return info, nil
 }
-
-// The hub's data as the admin API shows it (package adminapi): each
-// conversion copies every field the JSON shows, so the JSON is the same as
-// that of what it converts (TestAdminConversions checks).
 
 // convertAll converts each of in; nil stays nil (JSON null, not []).
 func convertAll[S, T any](in []S, convert func(S) T) []T {
@@ -272,77 +267,6 @@ func convertAll[S, T any](in []S, convert func(S) T) []T {
 	out := make([]T, len(in))
 	for i, v := range in {
 		out[i] = convert(v)
-	}
-	return out
-}
-
-func adminImportStatus(s federation.ImportStatus) adminapi.ImportStatus {
-	return adminapi.ImportStatus{
-		Cluster: s.Cluster, Epoch: s.Epoch, Namespaces: s.Namespaces, Imports: s.Imports, Acked: s.Acked, Pending: s.Pending,
-		PendingServices: s.PendingServices, NamespaceNames: s.NamespaceNames,
-		SentVersion: s.SentVersion, AckedVersion: s.AckedVersion, WrittenVersion: s.WrittenVersion,
-		Authoritative: s.Authoritative, Refused: s.Refused, BlockedCount: s.BlockedCount, UpdatedAt: s.UpdatedAt,
-		Blocked: convertAll(s.Blocked, func(p federation.ImportProblem) adminapi.ImportProblem { return adminapi.ImportProblem(p) }),
-	}
-}
-
-func adminAssignment(a xds.Assignment) adminapi.Assignment {
-	return adminapi.Assignment{
-		Service: a.Service, Port: a.Port, ClusterName: a.ClusterName, Client: a.Client, Network: a.Network,
-		Priorities: convertAll(a.Priorities, func(p xds.Priority) adminapi.Priority {
-			return adminapi.Priority{Priority: p.Priority, Localities: convertAll(p.Localities, func(l xds.LocalityEndpoints) adminapi.LocalityEndpoints {
-				return adminapi.LocalityEndpoints{Locality: l.Locality, Weight: l.Weight, Endpoints: convertAll(l.Endpoints, adminEndpoint)}
-			})}
-		}),
-		Skipped:     a.Skipped,
-		Shadowed:    convertAll(a.Shadowed, adminEndpoint),
-		Unreachable: convertAll(a.Unreachable, func(u xds.UnreachableNetwork) adminapi.UnreachableNetwork { return adminapi.UnreachableNetwork(u) }),
-	}
-}
-
-func adminEndpoint(e xds.Endpoint) adminapi.Endpoint {
-	return adminapi.Endpoint{Cluster: e.Cluster, Address: e.Address, Port: e.Port, Weight: e.Weight, Health: string(e.Health), Gateway: e.Gateway}
-}
-
-func adminClient(c syncstatus.Client) adminapi.Client {
-	out := adminapi.Client{
-		Stream: adminapi.Stream(c.Stream), Replica: c.Replica, NodeID: c.NodeID, Cluster: c.Cluster,
-		Locality: adminapi.NodeLocality(c.Locality), ConnectedSince: c.ConnectedSince, State: c.State, StaleSince: c.StaleSince,
-	}
-	if c.Types != nil {
-		out.Types = make(map[string]adminapi.Exchange, len(c.Types))
-		for label, t := range c.Types {
-			out.Types[label] = adminExchange(t)
-		}
-	}
-	return out
-}
-
-func adminExchange(t syncstatus.Type) adminapi.Exchange {
-	out := adminapi.Exchange{
-		Wildcard: t.Wildcard, Subscribed: t.Subscribed, Names: t.Names, Sent: t.Sent, SentAt: t.SentAt, Acked: t.Acked, AckedAt: t.AckedAt,
-		Pending: t.Pending, Rejecting: t.Rejecting, Unresolved: t.Unresolved, AllUnresolved: t.AllUnresolved, Resumed: t.Resumed,
-		Differences: convertAll(t.Differences, func(d syncstatus.Difference) adminapi.Difference { return adminapi.Difference(d) }),
-	}
-	if t.LastNACK != nil {
-		n := adminapi.NACK(*t.LastNACK)
-		out.LastNACK = &n
-	}
-	return out
-}
-
-func adminTrace(t convergence.Trace) adminapi.Trace {
-	out := adminapi.Trace{
-		ID: t.ID, Replica: t.Replica, Cluster: t.Cluster, Service: t.Service, Received: t.Received, Translated: t.Translated,
-		Type: t.Type, Resources: t.Resources, NoChange: t.NoChange, Pushed: t.Pushed, Acked: t.Acked, Nacked: t.Nacked, LastAck: t.LastAck,
-		Slowest: convertAll(t.Slowest, func(c convergence.ClientTime) adminapi.ClientTime {
-			return adminapi.ClientTime{NodeID: c.NodeID, Stream: adminapi.Stream(c.Stream), ApplyToPush: c.ApplyToPush,
-				PushToAck: c.PushToAck, HubToAck: c.HubToAck, EndToEnd: c.EndToEnd}
-		}),
-	}
-	if t.Origin != nil {
-		o := adminapi.Origin(*t.Origin)
-		out.Origin = &o
 	}
 	return out
 }

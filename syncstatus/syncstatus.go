@@ -16,6 +16,7 @@ import (
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 
+	"github.com/navemesh/nave/adminapi"
 	"github.com/navemesh/nave/internal/xdstype"
 )
 
@@ -36,97 +37,24 @@ const (
 	maxDetail        = 1024
 )
 
-// Stream names a stream within one server: state-of-the-world and delta
-// streams are numbered apart.
-type Stream struct {
-	Delta bool  `json:"delta"`
-	ID    int64 `json:"id"`
-}
-
-// Client is what a server knows of one xDS stream.
-type Client struct {
-	Stream  Stream `json:"stream"`
-	Replica string `json:"replica"`
-	// NodeID is the ID the client's node gave; Cluster its node's cluster.
-	NodeID   string   `json:"nodeID"`
-	Cluster  string   `json:"cluster,omitempty"`
-	Locality Locality `json:"locality"`
-	// ConnectedSince is when the stream opened.
-	ConnectedSince time.Time `json:"connectedSince"`
-	// State is Nacked, Stale or Synced. StaleSince is when the oldest
-	// response it has not answered was sent (nil: none).
-	State      string     `json:"state"`
-	StaleSince *time.Time `json:"staleSince,omitempty"`
-	// Types holds, by type label (lds, rds, cds, eds), the stream's exchange.
-	Types map[string]Type `json:"types"`
-}
-
-// Locality is a client's locality as its node gives it.
-type Locality struct {
-	Region  string `json:"region,omitempty"`
-	Zone    string `json:"zone,omitempty"`
-	SubZone string `json:"subZone,omitempty"`
-}
-
-// Type is one stream's exchange for one type.
-type Type struct {
-	// Wildcard: it asks for every resource of the type; Subscribed counts
-	// the names it asks for, and Names lists them (only in Server.Client).
-	Wildcard   bool     `json:"wildcard,omitempty"`
-	Subscribed int      `json:"subscribed"`
-	Names      []string `json:"names,omitempty"`
-	// Sent is the version last sent and SentAt when; Acked the version
-	// last acknowledged and AckedAt when.
-	Sent    string    `json:"sent,omitempty"`
-	SentAt  time.Time `json:"sentAt,omitzero"`
-	Acked   string    `json:"acked,omitempty"`
-	AckedAt time.Time `json:"ackedAt,omitzero"`
-	// Pending: the last response sent is not answered yet.
-	Pending bool `json:"pending,omitempty"`
-	// Rejecting: it rejected the version last sent, or lacks resources it
-	// rejected before (Unresolved; LastNACK says why).
-	Rejecting bool `json:"rejecting,omitempty"`
-	// LastNACK is the last rejection, kept after the stream accepts a later
-	// response (nil: none).
-	LastNACK *NACK `json:"lastNACK,omitempty"`
-	// Unresolved are resources it rejected that no response it accepted
-	// since carried: it lacks them (AllUnresolved: more than the names a
-	// NACK keeps; any it subscribes to may be missing).
-	Unresolved    []string `json:"unresolved,omitempty"`
-	AllUnresolved bool     `json:"allUnresolved,omitempty"`
-	// Resumed: a delta stream that reconnected holding versions of what it
-	// subscribes to; until it is sent anything, it holds those.
-	Resumed bool `json:"resumed,omitempty"`
-	// Differences are, when asked for one client (Server.Client), what it
-	// holds that differs from what the server would send it now.
-	Differences []Difference `json:"differences,omitempty"`
-}
-
-// NACK is a response a client rejected.
-type NACK struct {
-	// Version and Nonce are those of the response rejected.
-	Version string `json:"version"`
-	Nonce   string `json:"nonce"`
-	// Resources names (up to maxRejectedNames of) the resources that
-	// response carried, of Count in all.
-	Resources []string `json:"resources,omitempty"`
-	Count     int      `json:"count"`
-	// Detail is the client's error detail.
-	Detail string    `json:"detail"`
-	At     time.Time `json:"at"`
-}
-
-// Difference is one resource a client holds otherwise than the server
-// would now send it.
-type Difference struct {
-	Resource string `json:"resource"`
-	// Held is the version the client acknowledged ("": none), Current the
-	// version of the server's last change of the resource ("": the server
-	// has no such resource).
-	Held    string `json:"held"`
-	Current string `json:"current"`
-	Reason  string `json:"reason"`
-}
+// What a server knows of its clients is the admin API's JSON, the same
+// types (adminapi), so that the hub serves it without converting it.
+type (
+	// Stream names a stream within one server: state-of-the-world and delta
+	// streams are numbered apart.
+	Stream = adminapi.Stream
+	// Client is what a server knows of one xDS stream.
+	Client = adminapi.Client
+	// Locality is a client's locality as its node gives it.
+	Locality = adminapi.NodeLocality
+	// Type is one stream's exchange for one type.
+	Type = adminapi.Exchange
+	// NACK is a client's rejection of a response.
+	NACK = adminapi.NACK
+	// Difference is one resource a client holds otherwise than the server
+	// would send it now.
+	Difference = adminapi.Difference
+)
 
 // Tracker tracks the streams of one xDS server. Its methods are safe for
 // concurrent use and do not block beyond a short lock.

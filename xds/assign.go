@@ -5,11 +5,12 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/navemesh/nave/adminapi"
 	"github.com/navemesh/nave/registry"
 )
 
 // HealthStatus is what an endpoint tells a client, named as xDS names it.
-type HealthStatus string
+type HealthStatus = string
 
 // The health statuses Nave hands out. Excluded endpoints are never sent.
 const (
@@ -17,60 +18,25 @@ const (
 	StatusDraining HealthStatus = "DRAINING"
 )
 
-// Assignment is the endpoint assignment of one service port as seen by
-// clients of one locality group: the plain-data form of a
-// ClusterLoadAssignment, shown by the hub's admin API and navectl.
-type Assignment struct {
-	Service registry.ServiceKey `json:"service"`
-	Port    int32               `json:"port"`
-	// ClusterName is the ClusterLoadAssignment's cluster_name (the Cluster's EDS service name).
-	ClusterName string `json:"clusterName"`
-	// Client is the locality group the assignment was computed for (zero: no locality).
-	Client registry.Locality `json:"client"`
-	// Network is the client's network ("" for a client that names none: it
-	// is handed every endpoint directly).
-	Network registry.Network `json:"network,omitempty"`
-	// Priorities are contiguous from 0; tiers without endpoints are skipped.
-	Priorities []Priority `json:"priorities"`
-	// Skipped lists the localities left out because none of their endpoints is healthy.
-	Skipped []registry.Locality `json:"skipped,omitempty"`
-	// Shadowed lists endpoints left out because another cluster names the same
-	// address and port (overlapping pod networks): grpc-go rejects an assignment
-	// that repeats an address, so only one of them, the healthiest, then the
-	// one of the lowest cluster ID, is handed out.
-	Shadowed []Endpoint `json:"shadowed,omitempty"`
-	// Unreachable lists the networks whose healthy endpoints the client is not
-	// handed because the network has no gateway it could dial.
-	Unreachable []UnreachableNetwork `json:"unreachable,omitempty"`
-}
-
-// Priority is one failover tier.
-type Priority struct {
-	Priority   uint32              `json:"priority"`
-	Localities []LocalityEndpoints `json:"localities"`
-}
-
-// LocalityEndpoints are the endpoints of one locality within a priority.
-type LocalityEndpoints struct {
-	Locality registry.Locality `json:"locality"`
-	// Weight is the number of healthy endpoints in the locality (always > 0).
-	Weight    uint32     `json:"weight"`
-	Endpoints []Endpoint `json:"endpoints"`
-}
-
-// Endpoint is one address:port handed to clients.
-type Endpoint struct {
-	Cluster registry.ClusterID `json:"cluster,omitempty"`
-	Address netip.Addr         `json:"address"`
-	Port    int32              `json:"port"`
-	// Weight is the endpoint's weight within its locality (1 for a plain
-	// endpoint; for a gateway, the healthy endpoints it stands for).
-	Weight uint32       `json:"weight"`
-	Health HealthStatus `json:"health"`
-	// Gateway, when set, names the network whose gateway the address is,
-	// handed out in place of that network's endpoints (Cluster is empty).
-	Gateway registry.Network `json:"gateway,omitempty"`
-}
+// An assignment in plain data is the admin API's JSON, the same types
+// (adminapi), so that the hub serves it without converting it.
+type (
+	// Assignment is the endpoint assignment of one service port as seen by
+	// clients of one locality group: the plain-data form of a
+	// ClusterLoadAssignment, shown by the hub's admin API and navectl.
+	// Shadowed endpoints are left out because grpc-go rejects an assignment
+	// that repeats an address.
+	Assignment = adminapi.Assignment
+	// Priority is one failover tier.
+	Priority = adminapi.Priority
+	// LocalityEndpoints are the endpoints of one locality within a priority.
+	LocalityEndpoints = adminapi.LocalityEndpoints
+	// Endpoint is one address:port handed to clients.
+	Endpoint = adminapi.Endpoint
+	// UnreachableNetwork is a network whose healthy endpoints a client
+	// cannot be handed: the network has no gateway that can be dialled.
+	UnreachableNetwork = adminapi.UnreachableNetwork
+)
 
 // Priority tiers, before empty ones are skipped.
 const (

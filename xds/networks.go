@@ -109,14 +109,6 @@ func (t *topology) networkOf(c registry.ClusterID) registry.Network {
 	return t.clusters[c]
 }
 
-// UnreachableNetwork is a network whose healthy endpoints a client cannot be
-// handed: the network has no gateway that can be dialled.
-type UnreachableNetwork struct {
-	Network registry.Network `json:"network"`
-	// Endpoints is how many healthy endpoints it holds for the service port.
-	Endpoints uint32 `json:"endpoints"`
-}
-
 // networkCount is how many endpoints of one network a locality holds.
 type networkCount struct {
 	network registry.Network
