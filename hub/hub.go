@@ -683,6 +683,9 @@ func (p *parts) serve(ctx context.Context, whole bool) error {
 		}
 		p.serveXDS()
 	} else {
+		if missing := p.missingClusters(); whole && len(missing) > 0 {
+			p.withholdForClusters(missing) // readiness says why from the first answer
+		}
 		p.wg.Go(func() { p.serveXDSWhenWhole(ctx) })
 	}
 	p.adminServing = true

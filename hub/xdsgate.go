@@ -161,7 +161,7 @@ func (p *parts) awaitCatalogClusters(ctx context.Context) bool {
 			p.log.Info("cold start: every cluster resynced; serving xDS", "after", time.Since(start).Round(time.Millisecond))
 			return true
 		}
-		p.withhold(withheldClusters, fmt.Sprintf("cold start: waiting for %d clusters the catalog knows to resync before serving xDS (up to %v)", len(left), p.cfg.ColdStartWait))
+		p.withholdForClusters(left)
 		select {
 		case <-ctx.Done():
 			return false
@@ -171,6 +171,11 @@ func (p *parts) awaitCatalogClusters(ctx context.Context) bool {
 		case <-tick.C:
 		}
 	}
+}
+
+// withholdForClusters says xDS waits for the clusters left to resync.
+func (p *parts) withholdForClusters(left []registry.ClusterID) {
+	p.withhold(withheldClusters, fmt.Sprintf("cold start: waiting for %d clusters the catalog knows to resync before serving xDS (up to %v)", len(left), p.cfg.ColdStartWait))
 }
 
 // xdsReady is the admin API's readiness: xDS is served.
