@@ -140,8 +140,7 @@ const (
 func WriteSnapshotFrame(format byte, body []byte) ([]byte, error) {
 	var buf bytes.Buffer
 	buf.Grow(snapshotHeader + len(body)/4)
-	buf.WriteString(snapshotMagic)
-	buf.WriteByte(format)
+	buf.Write(AppendSnapshotFrameHeader(nil, format))
 	zw, err := gzip.NewWriterLevel(&buf, gzip.DefaultCompression)
 	if err != nil {
 		return nil, err
@@ -153,6 +152,13 @@ func WriteSnapshotFrame(format byte, body []byte) ([]byte, error) {
 		return nil, err
 	}
 	return buf.Bytes(), nil
+}
+
+// AppendSnapshotFrameHeader appends what precedes the gzip member of an
+// encoded snapshot of the given format, for a writer that assembles the
+// member itself.
+func AppendSnapshotFrameHeader(b []byte, format byte) []byte {
+	return append(append(b, snapshotMagic...), format)
 }
 
 // ReadSnapshotFrame checks an encoded snapshot's frame and returns its
@@ -265,7 +271,14 @@ func readError(err error) error {
 // CheckSnapshot validates every cluster and shard of s against lim: cluster
 // IDs, every shard (Shard.Validate), per-cluster limits, shards filed under
 // another cluster, and duplicates. Errors wrap ErrInvalid.
-func CheckSnapshot(s *Snapshot, lim Limits) error {
+func CheckSnapshot(s *Snapshot, lim Limits) error { return checkSnapshot(s, lim, true) }
+
+// CheckSnapshotClusters is CheckSnapshot without Shard.Validate, for a
+// writer that has validated the shards itself (each once, not on every
+// snapshot that holds it).
+func CheckSnapshotClusters(s *Snapshot, lim Limits) error { return checkSnapshot(s, lim, false) }
+
+func checkSnapshot(s *Snapshot, lim Limits, validateShards bool) error {
 	clusters := make(map[ClusterID]bool, len(s.Clusters))
 	for _, c := range s.Clusters {
 		if err := ValidateClusterID(c.Cluster); err != nil {
@@ -285,7 +298,13 @@ func CheckSnapshot(s *Snapshot, lim Limits) error {
 			return fmt.Errorf("%w: cluster %s: %d services, more than the limit of %d",
 				ErrInvalid, c.Cluster, len(c.Shards), lim.MaxServicesPerCluster)
 		}
-		services := make(map[ServiceKey]bool, len(c.Shards))
+		// Sorted shards (what writers check) show a duplicate next to its
+		// twin; others (what readers check) are looked up in a set.
+		sorted := slices.IsSortedFunc(c.Shards, compareShardService)
+		var services map[ServiceKey]bool
+		if !sorted {
+			services = make(map[ServiceKey]bool, len(c.Shards))
+		}
 		endpoints := 0
 		for i, sh := range c.Shards {
 			if sh == nil {
@@ -295,13 +314,17 @@ func CheckSnapshot(s *Snapshot, lim Limits) error {
 				return fmt.Errorf("%w: cluster %s holds a shard of cluster %q (service %s)",
 					ErrInvalid, c.Cluster, sh.Cluster, sh.Service)
 			}
-			if err := sh.Validate(lim); err != nil {
-				return fmt.Errorf("cluster %s: %w", c.Cluster, err)
+			if validateShards {
+				if err := sh.Validate(lim); err != nil {
+					return fmt.Errorf("cluster %s: %w", c.Cluster, err)
+				}
 			}
-			if services[sh.Service] {
+			if sorted && i > 0 && c.Shards[i-1].Service == sh.Service || services[sh.Service] {
 				return fmt.Errorf("%w: cluster %s: service %s appears twice", ErrInvalid, c.Cluster, sh.Service)
 			}
-			services[sh.Service] = true
+			if !sorted {
+				services[sh.Service] = true
+			}
 			endpoints += len(sh.Endpoints)
 		}
 		if endpoints > lim.MaxEndpointsPerCluster {

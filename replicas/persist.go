@@ -81,7 +81,8 @@ func NewSnapshotStore(etcd *clientv3.Client, prefix string, maxBytes int) *Snaps
 		maxBytes = DefaultMaxSnapshotBytes
 	}
 	maxBytes = min(maxBytes, maxSnapshotChunks*snapshotChunkBytes)
-	return &SnapshotStore{etcd: etcd, dir: prefix + "snapshots/", maxBytes: maxBytes, chunkBytes: snapshotChunkBytes, encode: EncodeSnapshot}
+	return &SnapshotStore{etcd: etcd, dir: prefix + "snapshots/", maxBytes: maxBytes, chunkBytes: snapshotChunkBytes,
+		encode: newSnapshotEncoder().Encode} // one encoder per store: each save reuses what the last compressed
 }
 
 // WriteFormat sets the format Save writes: 2 (protobuf, the default) or 1
@@ -91,7 +92,7 @@ func NewSnapshotStore(etcd *clientv3.Client, prefix string, maxBytes int) *Snaps
 func (s *SnapshotStore) WriteFormat(format int) error {
 	switch format {
 	case snapshotFormat:
-		s.encode = EncodeSnapshot
+		s.encode = newSnapshotEncoder().Encode
 	case registry.SnapshotFormatJSON:
 		s.encode = registry.EncodeSnapshot
 	default:

@@ -1,8 +1,12 @@
 package replicas
 
 import (
+	"compress/flate"
 	"fmt"
+	"iter"
 	"net/netip"
+	"slices"
+	"sync"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -10,6 +14,7 @@ import (
 
 	"github.com/navemesh/nave/federation"
 	fedv1 "github.com/navemesh/nave/federation/v1"
+	"github.com/navemesh/nave/internal/gzipparts"
 	"github.com/navemesh/nave/registry"
 )
 
@@ -27,41 +32,189 @@ const snapshotFormat = 2
 // and registry.ErrInvalid for invalid content). Shards keep their export
 // time to the second, as on the wire. s is not modified.
 func EncodeSnapshot(s registry.Snapshot) ([]byte, error) {
-	s = s.Sorted()
-	if err := registry.CheckSnapshot(&s, registry.DefaultLimits()); err != nil {
-		return nil, fmt.Errorf("encode snapshot %d: %w: %w", s.Revision, registry.ErrBadSnapshot, err)
-	}
-	if !s.Taken.IsZero() && (s.Taken.Year() < 1678 || s.Taken.Year() > 2261) {
-		return nil, fmt.Errorf("encode snapshot %d: %w: taken at %v, beyond what nanoseconds since 1970 hold", s.Revision, registry.ErrBadSnapshot, s.Taken)
-	}
-	pb := &fedv1.Snapshot{Revision: s.Revision, Clusters: make([]*fedv1.SnapshotCluster, len(s.Clusters))}
-	if !s.Taken.IsZero() {
-		pb.TakenUnixNano = s.Taken.UnixNano()
-	}
-	for i, c := range s.Clusters {
-		pc := &fedv1.SnapshotCluster{Cluster: string(c.Cluster), Network: string(c.Network), Gateways: federation.GatewaysToProto(c.Gateways),
-			Stamp: &fedv1.Stamp{Epoch: c.Epoch, Version: c.Version}, Shards: make([]*fedv1.Shard, len(c.Shards))}
-		for j, sh := range c.Shards {
-			pc.Shards[j] = federation.ShardToProto(sh)
-		}
-		for _, r := range c.Resolved {
-			pr := &fedv1.ResolvedName{Name: r.Name, Addresses: make([]string, len(r.Addresses))}
-			for j, a := range r.Addresses {
-				pr.Addresses[j] = a.String()
-			}
-			pc.Resolved = append(pc.Resolved, pr)
-		}
-		pb.Clusters[i] = pc
-	}
-	body, err := proto.MarshalOptions{Deterministic: true}.Marshal(pb)
-	if err != nil {
-		return nil, fmt.Errorf("encode snapshot %d: %w", s.Revision, err)
-	}
-	b, err := registry.WriteSnapshotFrame(snapshotFormat, body)
+	return newSnapshotEncoder().Encode(s)
+}
+
+// snapshotEncoder encodes snapshots as EncodeSnapshot does, and keeps what
+// it encoded and compressed of the last one, so that the next costs what
+// changed rather than what the registry holds. A cluster's shards (sorted)
+// are cut into blocks after services picked by their names' hash, about one
+// in blockSpread: a change, an added or a removed service moves no block
+// boundary but its own, and every other block is joined as it was
+// (gzipparts). Each shard is validated when its block is encoded, once.
+// Safe for concurrent use (encodes take turns).
+type snapshotEncoder struct {
+	mu     sync.Mutex
+	z      *gzipparts.Compressor // created on first use
+	blocks map[blockKey]shardBlock
+	// deflated counts the blocks compressed (tests read it).
+	deflated int
+}
+
+// blockKey names a block: its cluster and first service.
+type blockKey struct {
+	cluster registry.ClusterID
+	first   registry.ServiceKey
+}
+
+// shardBlock is a block of shards as encoded: the shards (immutable, so
+// the same pointers are the same content) and their wire form, deflated.
+type shardBlock struct {
+	shards []*registry.Shard
+	part   gzipparts.Part
+}
+
+const (
+	// blockSpread is how many services a block holds on average; maxBlock
+	// bounds one (a run of services none of which ends a block).
+	blockSpread = 32
+	maxBlock    = 4 * blockSpread
+)
+
+func newSnapshotEncoder() *snapshotEncoder { return &snapshotEncoder{} }
+
+// Encode encodes s (see EncodeSnapshot).
+func (e *snapshotEncoder) Encode(s registry.Snapshot) ([]byte, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	b, err := e.encode(s)
 	if err != nil {
 		return nil, fmt.Errorf("encode snapshot %d: %w", s.Revision, err)
 	}
 	return b, nil
+}
+
+func (e *snapshotEncoder) encode(s registry.Snapshot) ([]byte, error) {
+	s = s.Sorted()
+	lim := registry.DefaultLimits()
+	if err := registry.CheckSnapshotClusters(&s, lim); err != nil {
+		return nil, fmt.Errorf("%w: %w", registry.ErrBadSnapshot, err)
+	}
+	if !s.Taken.IsZero() && (s.Taken.Year() < 1678 || s.Taken.Year() > 2261) {
+		return nil, fmt.Errorf("%w: taken at %v, beyond what nanoseconds since 1970 hold", registry.ErrBadSnapshot, s.Taken)
+	}
+	if e.z == nil {
+		z, err := gzipparts.NewCompressor(flate.DefaultCompression)
+		if err != nil {
+			return nil, err
+		}
+		e.z = z
+	}
+	// The body is what proto.Marshal (deterministic) makes of the
+	// fedv1.Snapshot: its fields in order, each cluster's shards (field 4)
+	// between its fields 1-3 and 5-6. Small pieces are stored; blocks deflated.
+	var lead []byte // raw bytes not yet in a part
+	pb := &fedv1.Snapshot{Revision: s.Revision}
+	if !s.Taken.IsZero() {
+		pb.TakenUnixNano = s.Taken.UnixNano()
+	}
+	lead, err := marshal(lead, pb)
+	if err != nil {
+		return nil, err
+	}
+	var parts []gzipparts.Part
+	blocks := make(map[blockKey]shardBlock, len(e.blocks))
+	for _, c := range s.Clusters {
+		head, err := marshal(nil, &fedv1.SnapshotCluster{Cluster: string(c.Cluster), Network: string(c.Network),
+			Stamp: &fedv1.Stamp{Epoch: c.Epoch, Version: c.Version}})
+		if err != nil {
+			return nil, err
+		}
+		tail, err := marshal(nil, &fedv1.SnapshotCluster{Gateways: federation.GatewaysToProto(c.Gateways), Resolved: resolvedToProto(c.Resolved)})
+		if err != nil {
+			return nil, err
+		}
+		size := int64(len(head) + len(tail))
+		var cparts []gzipparts.Part
+		for shards := range cutBlocks(c.Shards) {
+			k := blockKey{c.Cluster, shards[0].Service}
+			b, ok := e.blocks[k]
+			if !ok || !slices.Equal(b.shards, shards) {
+				if b, err = e.encodeBlock(c.Cluster, shards, lim); err != nil {
+					return nil, err
+				}
+			}
+			blocks[k] = b
+			cparts = append(cparts, b.part)
+			size += b.part.Len()
+		}
+		lead = protowire.AppendTag(lead, snapshotClustersField, protowire.BytesType)
+		lead = append(protowire.AppendVarint(lead, uint64(size)), head...)
+		if len(cparts) > 0 {
+			parts = append(append(parts, gzipparts.Stored(lead)), cparts...)
+			lead = nil
+		}
+		lead = append(lead, tail...)
+	}
+	parts = append(parts, gzipparts.Stored(lead))
+	e.blocks = blocks // what this snapshot holds: blocks it no longer has are forgotten
+	return gzipparts.Append(registry.AppendSnapshotFrameHeader(nil, snapshotFormat), parts...), nil
+}
+
+// encodeBlock validates and encodes one block of a cluster's shards.
+func (e *snapshotEncoder) encodeBlock(cluster registry.ClusterID, shards []*registry.Shard, lim registry.Limits) (shardBlock, error) {
+	var raw []byte
+	for _, sh := range shards {
+		if err := sh.Validate(lim); err != nil {
+			return shardBlock{}, fmt.Errorf("%w: cluster %s: %w", registry.ErrBadSnapshot, cluster, err)
+		}
+		msg, err := marshal(nil, federation.ShardToProto(sh))
+		if err != nil {
+			return shardBlock{}, err
+		}
+		raw = protowire.AppendTag(raw, clusterShardsField, protowire.BytesType)
+		raw = protowire.AppendBytes(raw, msg)
+	}
+	e.deflated++
+	// The caller's slice may change under it later: the block keeps its own.
+	return shardBlock{shards: slices.Clone(shards), part: e.z.Deflate(raw)}, nil
+}
+
+// cutBlocks yields a cluster's sorted shards in blocks: a block ends after
+// a service whose name's hash is a multiple of blockSpread, or at maxBlock.
+func cutBlocks(shards []*registry.Shard) iter.Seq[[]*registry.Shard] {
+	return func(yield func([]*registry.Shard) bool) {
+		start := 0
+		for i, sh := range shards {
+			if i+1-start < maxBlock && blockEnd(sh.Service)%blockSpread != 0 && i+1 < len(shards) {
+				continue
+			}
+			if !yield(shards[start : i+1 : i+1]) {
+				return
+			}
+			start = i + 1
+		}
+	}
+}
+
+// blockEnd hashes a service's name (FNV-1a): the same in every process, so
+// equal snapshots cut alike.
+func blockEnd(k registry.ServiceKey) uint32 {
+	h := uint32(2166136261)
+	for _, s := range [2]string{k.Namespace, k.Name} {
+		for i := range len(s) {
+			h = (h ^ uint32(s[i])) * 16777619
+		}
+		h = (h ^ '/') * 16777619
+	}
+	return h
+}
+
+// marshal appends m's deterministic wire form to b.
+func marshal(b []byte, m proto.Message) ([]byte, error) {
+	return proto.MarshalOptions{Deterministic: true}.MarshalAppend(b, m)
+}
+
+func resolvedToProto(rs []registry.ResolvedName) []*fedv1.ResolvedName {
+	var out []*fedv1.ResolvedName
+	for _, r := range rs {
+		pr := &fedv1.ResolvedName{Name: r.Name, Addresses: make([]string, len(r.Addresses))}
+		for j, a := range r.Addresses {
+			pr.Addresses[j] = a.String()
+		}
+		out = append(out, pr)
+	}
+	return out
 }
 
 // DecodeSnapshot decodes what EncodeSnapshot encoded, and format 1 (what
