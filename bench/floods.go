@@ -391,12 +391,11 @@ func (e *floodEnv) startSpoke(ctx context.Context) error {
 	}
 	e.spokeConn = conn
 	cfg := federation.DefaultSpokeConfig()
-	cfg.Cluster, cfg.Network, cfg.SpokeID, cfg.Build = cl.id, benchNetwork, "bench-"+string(cl.id), "bench"
+	cfg.SpokeID, cfg.Build = "bench-"+string(cl.id), "bench"
 	cfg.MinBackoff, cfg.MaxBackoff = 50*time.Millisecond, 500*time.Millisecond
-	cfg.Origins = cl.origins
 	e.spoke = &publisherStatus{}
 	log := slog.New(slog.NewTextHandler(e.fr.log, &slog.HandlerOptions{Level: slog.LevelInfo})).With("flood", filepath.Base(e.dir))
-	pub := federation.NewPublisher(cfg, conn, log, e.spoke.update)
+	pub := federation.NewPublisher(cfg, federation.SpokeWiring{Cluster: cl.id, Network: benchNetwork, Origins: cl.origins, Status: e.spoke.update}, conn, log)
 	sctx, cancel := context.WithCancel(ctx)
 	e.spokeCancel = cancel
 	e.spokeDone.Go(func() {

@@ -745,11 +745,10 @@ func (rr *relayRun) startRelays(ctx context.Context) (*relays, error) {
 		tally: func() *errorTally { return &rr.relayWarnings }})
 	for n, node := range rr.nodes {
 		from := loopbackAddr(relayBlock, n)
-		cfg := relay.DefaultConfig()
-		cfg.Upstream, cfg.Node = b.hub.xds, node
+		w := relay.Wiring{Upstream: b.hub.xds, Node: node}
 		tap := newRelayTap(b.ledger, b.cfg.scale)
 		rs.taps = append(rs.taps, tap)
-		cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
+		w.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
 				rs.dials.Add(1)
 				d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(from, 0))}
@@ -757,7 +756,7 @@ func (rr *relayRun) startRelays(ctx context.Context) (*relays, error) {
 			}),
 			tap.interceptor()}
 		reg := prometheus.NewRegistry()
-		r, err := relay.New(cfg, log.With("node", node.GetId()), reg)
+		r, err := relay.New(relay.DefaultConfig(), w, log.With("node", node.GetId()), reg)
 		if err != nil {
 			rs.stop()
 			return nil, err

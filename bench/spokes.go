@@ -460,12 +460,12 @@ func startSpokes(ctx context.Context, w *world, fedAddr string, maxBackoff time.
 		}
 		sp.conns = append(sp.conns, conn)
 		cfg := federation.DefaultSpokeConfig()
-		cfg.Cluster, cfg.Network, cfg.SpokeID, cfg.Build = cl.id, benchNetwork, "bench-"+string(cl.id), "bench"
+		cfg.SpokeID, cfg.Build = "bench-"+string(cl.id), "bench"
 		cfg.MinBackoff, cfg.MaxBackoff = 50*time.Millisecond, maxBackoff
-		cfg.Origins = cl.origins
 		st := &publisherStatus{}
 		sp.status = append(sp.status, st)
-		pub := federation.NewPublisher(cfg, conn, log.With("cluster", cl.id), st.update)
+		w := federation.SpokeWiring{Cluster: cl.id, Network: benchNetwork, Origins: cl.origins, Status: st.update}
+		pub := federation.NewPublisher(cfg, w, conn, log.With("cluster", cl.id))
 		sp.wg.Go(func() {
 			if err := pub.Run(ctx, cl.out); err != nil {
 				log.Error("publisher stopped", "cluster", cl.id, "err", err)

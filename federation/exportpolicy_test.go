@@ -15,9 +15,8 @@ func policyHub(t *testing.T, yaml string) (*testHub, *atomic.Pointer[exportpolic
 	t.Helper()
 	var policy atomic.Pointer[exportpolicy.Policy]
 	setPolicy(t, &policy, yaml)
-	cfg := DefaultHubConfig()
-	cfg.ExportAllowed = func(c registry.ClusterID, ns string) bool { return policy.Load().Allows(c, ns) }
-	return startHub(t, cfg), &policy
+	allowed := func(c registry.ClusterID, ns string) bool { return policy.Load().Allows(c, ns) }
+	return startWiredHub(t, DefaultHubConfig(), HubWiring{ExportAllowed: allowed}), &policy
 }
 
 func setPolicy(t *testing.T, p *atomic.Pointer[exportpolicy.Policy], yaml string) {

@@ -157,12 +157,18 @@ type testHub struct {
 
 func startHub(t *testing.T, cfg HubConfig) *testHub {
 	t.Helper()
+	return startWiredHub(t, cfg, HubWiring{})
+}
+
+// startWiredHub is startHub with w.
+func startWiredHub(t *testing.T, cfg HubConfig, w HubWiring) *testHub {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	h := &testHub{store: newMemStore(), addr: lis.Addr().String()}
-	h.srv = NewHubServer(cfg, h.store, &counterEpochs{}, HubMetrics{}, slog.New(slog.DiscardHandler))
+	h.srv = NewHubServer(cfg, w, h.store, &counterEpochs{}, slog.New(slog.DiscardHandler))
 	g := grpc.NewServer(grpc.MaxRecvMsgSize(2*cfg.MaxMessageBytes), grpc.StreamInterceptor(AuthInterceptor(testTokens)))
 	fedv1.RegisterFederationServer(g, h.srv)
 	go func() { _ = g.Serve(lis) }()
@@ -214,11 +220,11 @@ type publisher struct {
 	done   chan struct{}
 }
 
-func startPublisher(t *testing.T, conn *grpc.ClientConn, cluster registry.ClusterID, cfg SpokeConfig) *publisher {
+func startPublisher(t *testing.T, conn *grpc.ClientConn, cluster registry.ClusterID, cfg spokeSetup) *publisher {
 	t.Helper()
-	cfg.Cluster = cluster
 	p := &publisher{states: make(chan State, 1), status: make(chan SessionStatus, 1000), done: make(chan struct{})}
-	pub := NewPublisher(cfg, conn, slog.New(slog.DiscardHandler), func(s SessionStatus) { p.status <- s })
+	cfg.Cluster, cfg.Status = cluster, func(s SessionStatus) { p.status <- s }
+	pub := NewPublisher(cfg.SpokeConfig, cfg.SpokeWiring, conn, slog.New(slog.DiscardHandler))
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel, p.pub = cancel, pub
 	src := feed(t.Context(), p.states) // outlives a restart of the publisher
@@ -265,8 +271,8 @@ func (p *publisher) awaitAcked(t *testing.T, services int) SessionStatus {
 	}
 }
 
-func fastSpoke() SpokeConfig {
-	cfg := DefaultSpokeConfig()
+func fastSpoke() spokeSetup {
+	cfg := spokeSetup{SpokeConfig: DefaultSpokeConfig()}
 	cfg.MinBackoff, cfg.MaxBackoff = 10*time.Millisecond, 50*time.Millisecond
 	return cfg
 }

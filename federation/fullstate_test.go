@@ -63,7 +63,7 @@ func TestDigestsAndAnnouncementsShareTheUpdateRate(t *testing.T) {
 			}
 			var throttled atomic.Int32
 			store := newMemStore()
-			srv := NewHubServer(cfg, store, &counterEpochs{}, HubMetrics{Throttled: func(registry.ClusterID) { throttled.Add(1) }}, slog.New(slog.DiscardHandler))
+			srv := NewHubServer(cfg, HubWiring{Metrics: HubMetrics{Throttled: func(registry.ClusterID) { throttled.Add(1) }}}, store, &counterEpochs{}, slog.New(slog.DiscardHandler))
 			g := grpc.NewServer(grpc.StreamInterceptor(AuthInterceptor(testTokens)))
 			fedv1.RegisterFederationServer(g, srv)
 			go func() { _ = g.Serve(lis) }()
@@ -113,7 +113,7 @@ func TestAReconnectGetsNoFreshBurst(t *testing.T) {
 	}
 	var throttled atomic.Int32
 	store := newMemStore()
-	srv := NewHubServer(cfg, store, &counterEpochs{}, HubMetrics{Throttled: func(registry.ClusterID) { throttled.Add(1) }}, slog.New(slog.DiscardHandler))
+	srv := NewHubServer(cfg, HubWiring{Metrics: HubMetrics{Throttled: func(registry.ClusterID) { throttled.Add(1) }}}, store, &counterEpochs{}, slog.New(slog.DiscardHandler))
 	g := grpc.NewServer(grpc.StreamInterceptor(AuthInterceptor(testTokens)))
 	fedv1.RegisterFederationServer(g, srv)
 	go func() { _ = g.Serve(lis) }()

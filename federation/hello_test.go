@@ -46,7 +46,7 @@ func startHubOver(t *testing.T, cfg HubConfig, store Store, epochs EpochIssuer, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := NewHubServer(cfg, store, epochs, HubMetrics{}, log)
+	srv := NewHubServer(cfg, HubWiring{}, store, epochs, log)
 	g := grpc.NewServer(grpc.MaxRecvMsgSize(2*cfg.MaxMessageBytes), grpc.StreamInterceptor(AuthInterceptor(nil)))
 	fedv1.RegisterFederationServer(g, srv)
 	go func() { _ = g.Serve(lis) }()

@@ -180,12 +180,9 @@ type EpochIssuer interface {
 	NextEpoch(ctx context.Context, cluster registry.ClusterID) (uint64, error)
 }
 
-// HubConfig configures the hub side of the federation protocol.
+// HubConfig is what an operator tunes of the hub side of the federation
+// protocol: its bounds.
 type HubConfig struct {
-	HubID string
-	// Clock stamps when a session starts (nil: the system's); the hub
-	// passes its liveness clock, which the session's start feeds.
-	Clock clock.PassiveClock
 	// Limits bound each shard and each cluster.
 	Limits registry.Limits
 	// MaxMessageBytes is announced to spokes as their chunk budget; the gRPC
@@ -204,6 +201,29 @@ type HubConfig struct {
 	// so the spoke coalesces its changes meanwhile and nothing queues.
 	UpdatesPerSecond float64
 	UpdateBurst      int
+}
+
+// DefaultHubConfig returns limits that fit large clusters and bound memory.
+func DefaultHubConfig() HubConfig {
+	return HubConfig{
+		Limits:            registry.DefaultLimits(),
+		MaxMessageBytes:   4 << 20,
+		MaxFullStateBytes: 256 << 20,
+		HelloTimeout:      10 * time.Second,
+		UpdatesPerSecond:  100,
+		UpdateBurst:       200,
+	}
+}
+
+// HubWiring is what the hub process hands its federation server at start,
+// beside its HubConfig: who the hub is and what it works with. The zero
+// value is a hub without a name that traces, refuses and counts nothing.
+type HubWiring struct {
+	// HubID names the hub to its spokes (the welcome's hub_id).
+	HubID string
+	// Clock stamps when a session starts (nil: the system's); the hub
+	// passes its liveness clock, which the session's start feeds.
+	Clock clock.PassiveClock
 	// Origins, if not nil, is told, before each update is applied, where
 	// the changes it carries began (see fedv1.ChangeOrigin) and the spoke's
 	// estimate of its one-way delay to the hub (0: none). It must not block.
@@ -214,19 +234,14 @@ type HubConfig struct {
 	// "ExportNotPermitted:" (see exportpolicy.Refusal), and nothing of it is
 	// applied. nil: every cluster may export everywhere. It must not block.
 	ExportAllowed func(cluster registry.ClusterID, namespace string) bool
+	// Metrics observe the sessions.
+	Metrics HubMetrics
 }
 
-// DefaultHubConfig returns limits that fit large clusters and bound memory.
-func DefaultHubConfig() HubConfig {
-	return HubConfig{
-		HubID:             "hub",
-		Limits:            registry.DefaultLimits(),
-		MaxMessageBytes:   4 << 20,
-		MaxFullStateBytes: 256 << 20,
-		HelloTimeout:      10 * time.Second,
-		UpdatesPerSecond:  100,
-		UpdateBurst:       200,
-	}
+// hubSetup is a hub server's HubConfig and HubWiring together.
+type hubSetup struct {
+	HubConfig
+	HubWiring
 }
 
 // HubMetrics are optional observation hooks; nil fields are skipped.
@@ -241,11 +256,10 @@ type HubMetrics struct {
 // HubServer serves the Federation service: one session per spoke stream.
 type HubServer struct {
 	fedv1.UnimplementedFederationServer
-	cfg     HubConfig
-	store   Store
-	epochs  EpochIssuer
-	metrics HubMetrics
-	log     *slog.Logger
+	cfg    hubSetup
+	store  Store
+	epochs EpochIssuer
+	log    *slog.Logger
 	// refusals logs what spokes send that the hub refuses, rate-limited per reason.
 	refusals *limits.RefusalLog
 
@@ -282,9 +296,9 @@ type refusedExports struct {
 }
 
 // NewHubServer returns a hub server that applies what spokes send to store.
-func NewHubServer(cfg HubConfig, store Store, epochs EpochIssuer, metrics HubMetrics, log *slog.Logger) *HubServer {
+func NewHubServer(cfg HubConfig, w HubWiring, store Store, epochs EpochIssuer, log *slog.Logger) *HubServer {
 	h := &HubServer{
-		cfg: cfg, store: store, epochs: epochs, metrics: metrics,
+		cfg: hubSetup{cfg, w}, store: store, epochs: epochs,
 		log:      log.With("component", "federation"),
 		sessions: map[registry.ClusterID]*liveSession{}, rates: map[registry.ClusterID]*rate.Limiter{},
 		importStatus: map[registry.ClusterID]ImportStatus{},
@@ -624,8 +638,8 @@ func (s *hubSession) run(ctx context.Context, msgs <-chan *fedv1.SpokeMessage, e
 			}
 		case reason := <-s.resync:
 			s.log.Info("asking spoke for a resync", "reason", reason)
-			if s.h.metrics.Resync != nil {
-				s.h.metrics.Resync(s.cluster, "export_policy")
+			if s.h.cfg.Metrics.Resync != nil {
+				s.h.cfg.Metrics.Resync(s.cluster, "export_policy")
 			}
 			if err := s.send(&fedv1.HubMessage{Kind: &fedv1.HubMessage_Resync{Resync: &fedv1.ResyncRequest{Reason: reason}}}); err != nil {
 				return err
@@ -674,8 +688,8 @@ func (s *hubSession) throttle(ctx context.Context) error {
 	if s.rate == nil || s.rate.Allow() {
 		return nil
 	}
-	if s.h.metrics.Throttled != nil {
-		s.h.metrics.Throttled(s.cluster)
+	if s.h.cfg.Metrics.Throttled != nil {
+		s.h.cfg.Metrics.Throttled(s.cluster)
 	}
 	return s.rate.Wait(ctx)
 }
@@ -711,7 +725,7 @@ func (s *hubSession) update(ctx context.Context, u *fedv1.Update, received time.
 	}
 	digest, applied, err := s.apply(ctx, u)
 	var rj rejection
-	if s.h.metrics.Update != nil && (applied || err != nil) {
+	if s.h.cfg.Metrics.Update != nil && (applied || err != nil) {
 		result := "ack"
 		switch {
 		case errors.As(err, &rj):
@@ -719,7 +733,7 @@ func (s *hubSession) update(ctx context.Context, u *fedv1.Update, received time.
 		case err != nil:
 			result = "error"
 		}
-		s.h.metrics.Update(s.cluster, u.GetFullState(), result)
+		s.h.cfg.Metrics.Update(s.cluster, u.GetFullState(), result)
 	}
 	switch {
 	case errors.As(err, &rj):
@@ -934,8 +948,8 @@ func (s *hubSession) digest(ctx context.Context, d *fedv1.Digest) error {
 	}
 	reason := fmt.Sprintf("digest mismatch at version %d: spoke %s, hub %s", s.version, limits.Truncate(d.GetDigest()), held.Digest)
 	s.h.refusals.Warn(refusedDigest, "asking spoke for a resync", "cluster", s.cluster, "epoch", s.epoch, "reason", reason)
-	if s.h.metrics.Resync != nil {
-		s.h.metrics.Resync(s.cluster, "digest")
+	if s.h.cfg.Metrics.Resync != nil {
+		s.h.cfg.Metrics.Resync(s.cluster, "digest")
 	}
 	return s.send(&fedv1.HubMessage{Kind: &fedv1.HubMessage_Resync{Resync: &fedv1.ResyncRequest{Reason: reason}}})
 }

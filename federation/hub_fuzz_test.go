@@ -47,7 +47,7 @@ func fuzzSession(t *testing.T) (*hubSession, *recordingStore, *sessionStream) {
 	cfg.Limits = tightLimits
 	cfg.MaxFullStateBytes = 4 << 10
 	log := slog.New(slog.DiscardHandler)
-	h := NewHubServer(cfg, store, nil, HubMetrics{}, log)
+	h := NewHubServer(cfg, HubWiring{}, store, nil, log)
 	h.ServeImports(newImportSource(false, testImport("shop", "web", "10.0.0.1"), testImport("shop", "db", "10.0.0.2")))
 	stream := &sessionStream{}
 	s := &hubSession{h: h, cluster: "east", epoch: 1, log: log, stream: stream}

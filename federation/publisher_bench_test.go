@@ -34,9 +34,7 @@ func BenchmarkSpokeChange(b *testing.B) {
 			}
 			src := NewChanges()
 			src.Set(maps.Clone(st))
-			cfg := DefaultSpokeConfig()
-			cfg.Cluster = "east"
-			p := NewPublisher(cfg, nil, slog.New(slog.DiscardHandler), nil)
+			p := NewPublisher(DefaultSpokeConfig(), SpokeWiring{Cluster: "east"}, nil, slog.New(slog.DiscardHandler))
 			p.maxBytes = 1 << 20
 			p.take(src)
 			p.resetAcked(maps.Clone(p.desired))

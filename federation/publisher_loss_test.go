@@ -302,7 +302,7 @@ func TestChunkedFullStateLostWithTheSessionKeepsAnUpsert(t *testing.T) {
 
 // refusedAfterItLeft runs a publisher whose hub acknowledged a, was sent k,
 // and refused k after k left the cluster (the publisher has seen both).
-func refusedAfterItLeft(t *testing.T, cfg SpokeConfig) (p *publisher, s1 *scriptSession, a, k *registry.Shard) {
+func refusedAfterItLeft(t *testing.T, cfg spokeSetup) (p *publisher, s1 *scriptSession, a, k *registry.Shard) {
 	t.Helper()
 	h, addr := startScriptHub(t)
 	p = startPublisher(t, dial(t, addr, ""), "east", cfg)

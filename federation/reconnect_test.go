@@ -30,7 +30,7 @@ func serveHubAt(t *testing.T, addr string, store *memStore, epochs *counterEpoch
 		t.Fatal(err)
 	}
 	cfg := DefaultHubConfig()
-	srv := NewHubServer(cfg, store, epochs, HubMetrics{}, slog.New(slog.DiscardHandler))
+	srv := NewHubServer(cfg, HubWiring{}, store, epochs, slog.New(slog.DiscardHandler))
 	g := grpc.NewServer(grpc.MaxRecvMsgSize(2*cfg.MaxMessageBytes), grpc.StreamInterceptor(AuthInterceptor(testTokens)))
 	fedv1.RegisterFederationServer(g, srv)
 	go func() { _ = g.Serve(lis) }()
@@ -76,7 +76,7 @@ func TestPublisherReconnectsSoonAfterTheHubAnswersAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
-	cfg := DefaultSpokeConfig()
+	cfg := spokeSetup{SpokeConfig: DefaultSpokeConfig()}
 	cfg.MinBackoff, cfg.MaxBackoff, cfg.HubAddr = 10*time.Millisecond, time.Minute, addr
 	p := startPublisher(t, conn, "east", cfg)
 	p.states <- stateOf(testShard("east", "a", "10.0.0.1"))

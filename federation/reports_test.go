@@ -10,7 +10,7 @@ import (
 )
 
 // reportsOf makes cfg hand every Reports to the returned channel.
-func reportsOf(cfg *SpokeConfig) <-chan Reports {
+func reportsOf(cfg *spokeSetup) <-chan Reports {
 	ch := make(chan Reports, 1000)
 	cfg.OnReport = func(r Reports) { ch <- r }
 	return ch

@@ -29,10 +29,9 @@ import (
 // form (invalid): the hub keeps whatever it holds for it.
 type State = map[registry.ServiceKey]*registry.Shard
 
-// SpokeConfig configures the spoke side of the federation protocol.
+// SpokeConfig is what an operator tunes of the spoke side of the
+// federation protocol: who the spoke is, and its timings.
 type SpokeConfig struct {
-	Cluster registry.ClusterID
-	Network registry.Network
 	SpokeID string
 	Build   string
 	// DigestInterval is how often the spoke sends the digest of what the hub
@@ -40,13 +39,25 @@ type SpokeConfig struct {
 	DigestInterval time.Duration
 	// MinBackoff and MaxBackoff bound the exponential, jittered reconnect delay.
 	MinBackoff, MaxBackoff time.Duration
+	// HealthyAfter is how long a session must last before the backoff resets.
+	HealthyAfter time.Duration
+}
+
+// SpokeWiring is what the spoke process hands its publisher at start,
+// beside its SpokeConfig: the cluster it publishes, the hub it publishes
+// to, and what hears from it.
+type SpokeWiring struct {
+	Cluster registry.ClusterID
+	Network registry.Network
 	// HubAddr is the hub's address (the connection's gRPC target), whose
 	// port is probed while waiting to reconnect: the next session starts as
 	// soon as the hub answers again, not when a delay that grew while it was
 	// away ends. Empty probes nothing.
 	HubAddr string
-	// HealthyAfter is how long a session must last before the backoff resets.
-	HealthyAfter time.Duration
+	// Status, if not nil, is told where the session stands each time that
+	// changes (for health and debug). It is called from Run's goroutine and
+	// must not block.
+	Status func(SessionStatus)
 	// OnReport, if not nil, is told what there is to report about the desired
 	// services (see Reports) each time that changes, starting from nothing,
 	// and once when the hub first reports its conflict set, even an empty
@@ -63,6 +74,12 @@ type SpokeConfig struct {
 	// each update sends those of the services it changes (see
 	// fedv1.ChangeOrigin), so that the hub can trace a change from its source.
 	Origins *Origins
+}
+
+// spokeSetup is a publisher's SpokeConfig and SpokeWiring together.
+type spokeSetup struct {
+	SpokeConfig
+	SpokeWiring
 }
 
 // Reports says, for each desired service with something to report, what the
@@ -116,13 +133,12 @@ type SessionStatus struct {
 // full state (or resumes), then sends each change as a delta against what the
 // hub has acknowledged, and reconnects with backoff when the session breaks.
 type Publisher struct {
-	cfg    SpokeConfig
+	cfg    spokeSetup
 	client fedv1.FederationClient
 	// conn is the connection to the hub when it can be told to connect at
 	// once (a *grpc.ClientConn), for when the hub answers again; else nil.
-	conn   backoff.Conn
-	log    *slog.Logger
-	status func(SessionStatus)
+	conn backoff.Conn
+	log  *slog.Logger
 
 	// Owned by Run's goroutine.
 	// link is the last estimate of the one-way delay to the hub (see estimateLink).
@@ -195,16 +211,11 @@ type Publisher struct {
 	gwChanged chan struct{}
 }
 
-// NewPublisher returns a publisher that talks to the hub over conn. status,
-// if not nil, is called (from Run's goroutine, must not block) when the
-// session's status changes.
-func NewPublisher(cfg SpokeConfig, conn grpc.ClientConnInterface, log *slog.Logger, status func(SessionStatus)) *Publisher {
-	if status == nil {
-		status = func(SessionStatus) {}
-	}
+// NewPublisher returns a publisher that talks to the hub over conn.
+func NewPublisher(cfg SpokeConfig, w SpokeWiring, conn grpc.ClientConnInterface, log *slog.Logger) *Publisher {
 	redial, _ := conn.(backoff.Conn)
 	return &Publisher{
-		cfg: cfg, client: fedv1.NewFederationClient(conn), conn: redial, status: status,
+		cfg: spokeSetup{cfg, w}, client: fedv1.NewFederationClient(conn), conn: redial,
 		log:         log.With("component", "publisher"),
 		ackedHashes: map[registry.ServiceKey]registry.Hash{},
 		dirty:       map[registry.ServiceKey]struct{}{},
@@ -515,7 +526,10 @@ func (s *spokeSession) report() { s.p.report(true, s.resumed, s.synced) }
 
 // report tells the status callback where the session stands.
 func (p *Publisher) report(connected, resumed, synced bool) {
-	p.status(SessionStatus{Connected: connected, Resumed: resumed, Synced: synced, Epoch: p.sessionEpoch,
+	if p.cfg.Status == nil {
+		return
+	}
+	p.cfg.Status(SessionStatus{Connected: connected, Resumed: resumed, Synced: synced, Epoch: p.sessionEpoch,
 		AckedVersion: p.ackedVersion, Services: len(p.acked), Rejected: len(p.rejected) + len(p.tooBig) + len(p.unpermitted)})
 }
 

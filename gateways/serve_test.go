@@ -23,9 +23,7 @@ import (
 // serve runs an xDS server with the gateway audience over r and nets.
 func serve(t *testing.T, r *registry.Registry, nets registry.Networks) (*xds.Server, discovery.AggregatedDiscoveryServiceClient) {
 	t.Helper()
-	cfg := xds.DefaultConfig()
-	cfg.Audience = NewAudience(Exposure{}, nil)
-	srv := xds.NewServer(cfg, nil, nil)
+	srv := xds.NewServer(xds.DefaultConfig(), xds.Wiring{Audience: NewAudience(Exposure{}, nil)}, nil, nil)
 	srv.SetNetworks(nets)
 	srv.Update(r, registry.Diff{})
 	g := grpc.NewServer()

@@ -17,6 +17,9 @@ func (c Config) Validate() error {
 	if c.ID == "" {
 		bad("--id: a replica needs a name")
 	}
+	if c.TrustDomain == "" {
+		bad("--trust-domain: identities need one")
+	}
 	if (len(c.Join) > 0 || c.GossipAddr != "") && len(c.EtcdEndpoints) == 0 {
 		// Epochs fence a cluster's sessions across replicas only if every replica draws them from one etcd.
 		bad("hub replicas (--join, --gossip-addr) need a shared etcd: set --etcd-endpoints")
@@ -61,9 +64,10 @@ func (c Config) Validate() error {
 	if p := c.Liveness.DefaultPolicy; p != "" && p != PolicyKeep && p != PolicyDrop { // "": keep
 		bad("--cluster-policy %q: want keep or drop", p)
 	}
-	switch c.SnapshotFormat {
-	case 0, 1, 2:
-	default:
+	if c.SnapshotInterval <= 0 {
+		bad("--snapshot-interval must be positive (%v)", c.SnapshotInterval)
+	}
+	if c.SnapshotFormat != 1 && c.SnapshotFormat != 2 {
 		bad("--snapshot-format %d: want 1 or 2", c.SnapshotFormat)
 	}
 	families := map[bool]int{}

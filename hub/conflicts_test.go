@@ -59,12 +59,12 @@ func startSpoke(t *testing.T, h *hub.Hub, cluster registry.ClusterID, namespaces
 	sp := &spoke{states: make(chan federation.State, 1), reports: make(chan federation.Reports, 1000),
 		imports: make(chan federation.ImportState, 1000)}
 	cfg := federation.DefaultSpokeConfig()
-	cfg.Cluster, cfg.MinBackoff, cfg.MaxBackoff = cluster, 10*time.Millisecond, 50*time.Millisecond
-	cfg.OnReport = func(r federation.Reports) { sp.reports <- r }
+	cfg.MinBackoff, cfg.MaxBackoff = 10*time.Millisecond, 50*time.Millisecond
+	w := federation.SpokeWiring{Cluster: cluster, OnReport: func(r federation.Reports) { sp.reports <- r }}
 	if len(namespaces) > 0 {
-		cfg.OnImports = func(s federation.ImportState) { sp.imports <- s }
+		w.OnImports = func(s federation.ImportState) { sp.imports <- s }
 	}
-	pub := federation.NewPublisher(cfg, conn, slog.New(slog.DiscardHandler), nil)
+	pub := federation.NewPublisher(cfg, w, conn, slog.New(slog.DiscardHandler))
 	pub.SetNamespaces(namespaces)
 	sp.pub = pub
 	ctx, cancel := context.WithCancel(context.Background())

@@ -204,7 +204,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	p := &parts{cfg: startConfig(cfg), log: log.With("hub", cfg.ID)}
+	p := &parts{cfg: cfg, log: log.With("hub", cfg.ID)}
 	defer func() {
 		if err != nil {
 			p.stop() // whatever started stops, and whatever was acquired is released in reverse
@@ -271,28 +271,6 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Hub, err error
 	return h, nil
 }
 
-// startConfig is cfg with what Start derives from it filled in.
-func startConfig(cfg Config) Config {
-	cfg.Federation.HubID = cfg.ID
-	if cfg.SnapshotInterval <= 0 {
-		cfg.SnapshotInterval = DefaultConfig().SnapshotInterval
-	}
-	if cfg.TrustDomain == "" {
-		cfg.TrustDomain = identity.DefaultTrustDomain
-	}
-	if cfg.SnapshotFormat == 0 {
-		cfg.SnapshotFormat = DefaultConfig().SnapshotFormat
-	}
-	if cfg.ClustersetIPHoldDown <= 0 {
-		cfg.ClustersetIPHoldDown = cfg.Liveness.DropAfter + 5*time.Minute
-	}
-	// xDS versions unique to this process: a client that reconnects after a
-	// restart, or to another replica, never takes new content for what it acked.
-	cfg.XDS.VersionPrefix = cfg.ID + "-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
-	cfg.XDS.Replica = cfg.ID
-	return cfg
-}
-
 // parts are the pieces of a hub replica, in the order Start assembles them,
 // and what stop needs to stop and release them.
 type parts struct {
@@ -342,7 +320,7 @@ type parts struct {
 	// Servers and their listeners.
 	fedServer, xdsGRPC       *grpc.Server
 	hubFed                   *federation.HubServer
-	replCfg                  replicas.ReplicationConfig
+	replWiring               replicas.ReplicationWiring // what both sides of replication work with
 	adminServer              *http.Server
 	fedLis, xdsLis, adminLis net.Listener
 
@@ -420,19 +398,22 @@ func (p *parts) registerMetrics() {
 // pusher, and the coordinator.
 func (p *parts) buildState() {
 	cfg := p.cfg
-	xc := cfg.XDS
-	if xc.Audience == nil {
-		// Envoy gateways are served listeners of their own.
-		xc.Audience = gateways.NewAudience(cfg.IngressExposure, p.log)
-	}
-	if p.policy != nil {
-		xc.Restrict = p.restrictXDS
-	}
 	tc := convergence.DefaultConfig()
 	tc.Replica = cfg.ID
 	p.tracer = convergence.New(tc, p.metricsReg)
-	xc.Tracer = p.tracer
-	p.xdsServer = xds.NewServer(xc, p.log, p.metricsReg)
+	w := xds.Wiring{
+		Replica: cfg.ID,
+		// Versions unique to this process: a client that reconnects after a
+		// restart, or to another replica, never takes new content for what it acked.
+		VersionPrefix: cfg.ID + "-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-",
+		// Envoy gateways are served listeners of their own.
+		Audience: gateways.NewAudience(cfg.IngressExposure, p.log),
+		Tracer:   p.tracer,
+	}
+	if p.policy != nil {
+		w.Restrict = p.restrictXDS
+	}
+	p.xdsServer = xds.NewServer(cfg.XDS, w, p.log, p.metricsReg)
 	// Gossip hears about every change of the state (summaries: who is home, at which stamp).
 	// Imports follow every change too, off the state goroutine.
 	var cidrs []string
@@ -452,11 +433,15 @@ func (p *parts) buildState() {
 	p.state = newState(cfg.ID, cfg.Liveness, publishers{p.push, p.imports}, cfg.Federation.Limits, onChange, p.log)
 	p.state.tracer = p.tracer
 	p.state.exportAllowed = p.exportAllowed()
+	ipHoldDown := cfg.ClustersetIPHoldDown
+	if ipHoldDown <= 0 {
+		ipHoldDown = cfg.Liveness.DropAfter + 5*time.Minute // longer than any DNS TTL
+	}
 	p.coord = &coordinator{
 		id: cfg.ID, state: p.state, etcd: p.etcd, catalog: p.catalog, snapshots: p.snapshots,
 		leaderCfg: leaderConfig(cfg),
 		interval:  cfg.SnapshotInterval, liveness: cfg.Liveness, metrics: p.metrics, log: p.log.With("component", "coordination"),
-		clustersetIPs: p.clustersetIPs, ipHoldDown: cfg.ClustersetIPHoldDown,
+		clustersetIPs: p.clustersetIPs, ipHoldDown: ipHoldDown,
 		restoredCh: make(chan struct{}),
 	}
 }
@@ -489,26 +474,28 @@ func (p *parts) buildServers() {
 	)
 	// A cluster new to the catalog is recorded before its first session begins (see catalogFirst).
 	sessions := catalogFirst{state: p.state, catalog: p.catalog, log: log.With("component", "catalog")}
-	fc := cfg.Federation
-	fc.Origins = func(cluster registry.ClusterID, link time.Duration, received []federation.ReceivedOrigin) {
-		// Where each change began: the trace's first stages.
-		origins := make([]convergence.SpokeOrigin, len(received))
-		for i, o := range received {
-			origins[i] = convergence.SpokeOrigin{Service: o.Service, ResourceVersion: o.ResourceVersion, Source: o.Source, Spoke: o.Spoke}
-		}
-		p.tracer.Origins(cluster, link, origins)
+	fw := federation.HubWiring{
+		HubID: cfg.ID,
+		Clock: cfg.Liveness.Clock, // a session's start is a liveness time
+		Origins: func(cluster registry.ClusterID, link time.Duration, received []federation.ReceivedOrigin) {
+			// Where each change began: the trace's first stages.
+			origins := make([]convergence.SpokeOrigin, len(received))
+			for i, o := range received {
+				origins[i] = convergence.SpokeOrigin{Service: o.Service, ResourceVersion: o.ResourceVersion, Source: o.Source, Spoke: o.Spoke}
+			}
+			p.tracer.Origins(cluster, link, origins)
+		},
+		ExportAllowed: p.exportAllowed(),
+		Metrics:       p.metrics.federationHooks(),
 	}
-	fc.ExportAllowed = p.exportAllowed()
-	fc.Clock = cfg.Liveness.Clock // a session's start is a liveness time
-	p.hubFed = federation.NewHubServer(fc, sessions, catalogEpochs{catalog: p.catalog}, p.metrics.federationHooks(), log)
+	p.hubFed = federation.NewHubServer(cfg.Federation, fw, sessions, catalogEpochs{catalog: p.catalog}, log)
 	p.hubFed.ServeImports(p.imports)
 	fedv1.RegisterFederationServer(p.fedServer, p.hubFed)
-	// Replicas replicate over the federation port, authenticated by the peer token.
-	p.replCfg = cfg.Replication
-	p.replCfg.ReplicaID, p.replCfg.MaxMessageBytes, p.replCfg.PeerToken = cfg.ID, cfg.Federation.MaxMessageBytes, p.peerToken()
-	p.replCfg.Limits = cfg.Federation.Limits
-	p.replCfg.Hooks = p.metrics.replicationHooks()
-	fedv1.RegisterReplicationServer(p.fedServer, replicas.NewReplicationServer(p.state, p.replCfg, log))
+	// Replicas replicate over the federation port, authenticated by the peer
+	// token, with the bounds and validation of the spokes' sessions.
+	p.replWiring = replicas.ReplicationWiring{ReplicaID: cfg.ID, PeerToken: p.peerToken(),
+		MaxMessageBytes: cfg.Federation.MaxMessageBytes, Limits: cfg.Federation.Limits, Hooks: p.metrics.replicationHooks()}
+	fedv1.RegisterReplicationServer(p.fedServer, replicas.NewReplicationServer(p.state, cfg.Replication, p.replWiring, log))
 
 	xdsInterceptors := []grpc.StreamServerInterceptor{
 		p.grpcMetrics.StreamServerInterceptor(),
@@ -662,7 +649,7 @@ func (p *parts) joinReplicas() error {
 		return fmt.Errorf("gossip: %w", err)
 	}
 	p.gossipNow.Store(members)
-	replicator := replicas.NewReplicator(p.state, p.replCfg, p.peerCreds, p.log)
+	replicator := replicas.NewReplicator(p.state, cfg.Replication, p.replWiring, p.peerCreds, p.log)
 	p.coordWG.Go(func() { replicator.Run(p.coordCtx) })
 	p.coordWG.Go(func() { <-members.Done() })
 	p.loop("membership", func(ctx context.Context) { p.coord.follow(ctx, members, replicator) })

@@ -65,8 +65,8 @@ type Config struct {
 	// endpoints its network reaches.
 	Cluster registry.ClusterID
 	Network registry.Network
-	// Relay holds the relay's tuning (backoff, retention); its Upstream,
-	// Node and DialOptions are set from the fields above.
+	// Relay holds the relay's tuning (backoff, retention); the agent
+	// wires it to the hub and the node from the fields above.
 	Relay relay.Config
 }
 
@@ -101,13 +101,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	rc := cfg.Relay
-	rc.Upstream, rc.DialOptions, rc.Node = cfg.HubAddr, dial, node(cfg, loc)
-	r, err := relay.New(rc, relayLog, reg)
+	self := node(cfg, loc)
+	r, err := relay.New(cfg.Relay, relay.Wiring{Upstream: cfg.HubAddr, DialOptions: dial, Node: self}, relayLog, reg)
 	if err != nil {
 		return err
 	}
-	return serve(ctx, cfg, r, reg, log.With("node", rc.Node.GetId(), "locality", loc.String()))
+	return serve(ctx, cfg, r, reg, log.With("node", self.GetId(), "locality", loc.String()))
 }
 
 // nodeLocality is the configured locality, completed from the Node's labels

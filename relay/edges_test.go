@@ -191,7 +191,7 @@ func TestRelayKeepsWhatAnOlderAnswerDoesNotName(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	h, hubAddr := startScriptedHub(t)
-	relay, _, relayAddr := startRelay(t, hubAddr, loc("r1", "z1"), func(c *Config) { c.RetainUnwanted = time.Minute })
+	relay, _, relayAddr := startRelay(t, hubAddr, loc("r1", "z1"), func(c *setup) { c.RetainUnwanted = time.Minute })
 	lds := resource.ListenerType
 
 	_ = openRaw(ctx, t, relayAddr, "c1", lds, "A")
@@ -243,7 +243,7 @@ func TestRelayKeepsTheUnionGoingWildcard(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	h, hubAddr := startScriptedHub(t)
-	relay, _, relayAddr := startRelay(t, hubAddr, loc("r1", "z1"), func(c *Config) { c.RetainUnwanted = time.Minute })
+	relay, _, relayAddr := startRelay(t, hubAddr, loc("r1", "z1"), func(c *setup) { c.RetainUnwanted = time.Minute })
 	lds := resource.ListenerType
 
 	_ = openRaw(ctx, t, relayAddr, "c1", lds, "A")
@@ -289,7 +289,7 @@ func TestRelayRetainsUnwanted(t *testing.T) {
 	const retain = time.Minute
 	clk := testingclock.NewFakeClock(time.Now())
 	start := clk.Now() // B becomes unwanted at start: the clock does not move until it is stepped
-	relay, _, relayAddr := startRelay(t, hubAddr, loc("r1", "z1"), func(c *Config) { c.RetainUnwanted, c.Clock = retain, clk })
+	relay, _, relayAddr := startRelay(t, hubAddr, loc("r1", "z1"), func(c *setup) { c.RetainUnwanted, c.Clock = retain, clk })
 	lds := resource.ListenerType
 
 	c := openRaw(ctx, t, relayAddr, "c", lds, "B")
@@ -385,7 +385,7 @@ func TestRelayBoundsResourceNames(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	h, hubAddr := startScriptedHub(t)
-	relay, _, relayAddr := startRelay(t, hubAddr, loc("r1", "z1"), func(c *Config) { c.MaxResourceNames = 3 })
+	relay, _, relayAddr := startRelay(t, hubAddr, loc("r1", "z1"), func(c *setup) { c.MaxResourceNames = 3 })
 	lds := resource.ListenerType
 
 	greedy := openRaw(ctx, t, relayAddr, "greedy", lds, "A", "B", "C", "D")
@@ -407,11 +407,8 @@ func TestRelayRunsOnce(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	_, hubAddr := startScriptedHub(t)
-	cfg := DefaultConfig()
-	cfg.Upstream = hubAddr
-	cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
-	cfg.Node = &core.Node{Id: "node-1"}
-	r, err := New(cfg, testLogger(), prometheus.NewRegistry())
+	r, err := New(DefaultConfig(), Wiring{Upstream: hubAddr, DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
+		Node: &core.Node{Id: "node-1"}}, testLogger(), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}

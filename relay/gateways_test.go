@@ -36,8 +36,8 @@ func ingressNode(id string, port uint32) *core.Node {
 }
 
 // withGateways makes a hub serve gateways (its Audience).
-func withGateways(c *xds.Config) {
-	c.Audience = gateways.NewAudience(gateways.Exposure{}, testLogger())
+func withGateways(w *xds.Wiring) {
+	w.Audience = gateways.NewAudience(gateways.Exposure{}, testLogger())
 }
 
 // envoyFetch asks over c, as Envoy does, for every resource of typeURL
@@ -106,7 +106,7 @@ func TestRelayServesAGatewayItsOwnView(t *testing.T) {
 	far := xdstest.StartBackend(t, "far", "127.0.0.2")
 	r, _ := apply(t, registry.New(), shard("east", echo, endpointOf(near, loc("r1", "z1")), endpointOf(far, loc("r2", "z3"))))
 	h := startHub(t, "127.0.0.1:0", r, withGateways)
-	relay, reg, relayAddr := startRelay(t, h.addr, loc("r1", "z1"), func(c *Config) { c.RetainUnwanted = 200 * time.Millisecond })
+	relay, reg, relayAddr := startRelay(t, h.addr, loc("r1", "z1"), func(c *setup) { c.RetainUnwanted = 200 * time.Millisecond })
 
 	client := xdstest.StartPoller(ctx, t, "client", xdstest.NewClient(t, relayAddr, "client", loc("r2", "z3"), xds.ListenerName(echo, grpcPort.Port)))
 	client.AwaitOnly(ctx, t, "near")
@@ -187,7 +187,7 @@ func TestRelayServesAGatewayWithoutTheHub(t *testing.T) {
 	defer cancel()
 	r, _ := apply(t, registry.New(), shard("east", echo, endpointOf(xdstest.StartBackend(t, "near", "127.0.0.1"), loc("r1", "z1"))))
 	h := startHub(t, "127.0.0.1:0", r, withGateways)
-	relay, _, relayAddr := startRelay(t, h.addr, loc("r1", "z1"), func(c *Config) { c.MaxGateways, c.RetainUnwanted = 1, 10*time.Second })
+	relay, _, relayAddr := startRelay(t, h.addr, loc("r1", "z1"), func(c *setup) { c.MaxGateways, c.RetainUnwanted = 1, 10*time.Second })
 
 	old := openRawNode(ctx, t, relayAddr, ingressNode("gw-1", 8080), resource.ListenerType)
 	resp := old.recv(ctx, t, "listeners")
@@ -230,7 +230,7 @@ func TestRelayServesAGatewayWithoutTheHub(t *testing.T) {
 	if err := openRawNode(ctx, t, relayAddr, longID, resource.ListenerType).end(ctx, t); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("a gateway whose node ID the hub would refuse: stream ended with %v, want InvalidArgument", err)
 	}
-	_, _, noGateways := startRelay(t, h.addr, loc("r1", "z1"), func(c *Config) { c.MaxGateways = 0 })
+	_, _, noGateways := startRelay(t, h.addr, loc("r1", "z1"), func(c *setup) { c.MaxGateways = 0 })
 	if err := openRawNode(ctx, t, noGateways, ingressNode("gw-1", 8080), resource.ListenerType).end(ctx, t); status.Code(err) != codes.FailedPrecondition {
 		t.Errorf("a gateway at a relay serving none: stream ended with %v, want FailedPrecondition", err)
 	}

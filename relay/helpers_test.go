@@ -97,14 +97,14 @@ func (h *hub) nodeIDs() []string {
 }
 
 // startHub serves a new hub xDS server with registry r on addr ("127.0.0.1:0": any port);
-// opts adjust its config.
-func startHub(t *testing.T, addr string, r *registry.Registry, opts ...func(*xds.Config)) *hub {
+// opts adjust its wiring.
+func startHub(t *testing.T, addr string, r *registry.Registry, opts ...func(*xds.Wiring)) *hub {
 	t.Helper()
-	cfg := xds.DefaultConfig()
+	var w xds.Wiring
 	for _, o := range opts {
-		o(&cfg)
+		o(&w)
 	}
-	h := &hub{srv: xds.NewServer(cfg, testLogger(), prometheus.NewRegistry()), last: map[string][]string{}}
+	h := &hub{srv: xds.NewServer(xds.DefaultConfig(), w, testLogger(), prometheus.NewRegistry()), last: map[string][]string{}}
 	h.srv.Update(r, registry.Diff{})
 	var lis net.Listener
 	var err error
@@ -160,13 +160,12 @@ func (s *recordingStream) RecvMsg(m any) error {
 }
 
 // startRelay runs a relay for a node in locality l, upstream of hubAddr,
-// and serves it on its own listener; opts adjust its config.
-func startRelay(t *testing.T, hubAddr string, l registry.Locality, opts ...func(*Config)) (*Relay, *prometheus.Registry, string) {
+// and serves it on its own listener; opts adjust its config and wiring.
+func startRelay(t *testing.T, hubAddr string, l registry.Locality, opts ...func(*setup)) (*Relay, *prometheus.Registry, string) {
 	t.Helper()
-	cfg := DefaultConfig()
-	cfg.Upstream = hubAddr
-	cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
-	cfg.Node = &core.Node{Id: "node-1", Locality: &core.Locality{Region: l.Region, Zone: l.Zone}}
+	cfg := setup{Config: DefaultConfig(), Wiring: Wiring{Upstream: hubAddr,
+		DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
+		Node:        &core.Node{Id: "node-1", Locality: &core.Locality{Region: l.Region, Zone: l.Zone}}}}
 	// Short backoff: the tests await reconnections.
 	cfg.BackoffMin, cfg.BackoffMax = 10*time.Millisecond, 200*time.Millisecond
 	// Short retention and hold: the tests await their ends.
@@ -175,7 +174,7 @@ func startRelay(t *testing.T, hubAddr string, l registry.Locality, opts ...func(
 		o(&cfg)
 	}
 	reg := prometheus.NewRegistry()
-	r, err := New(cfg, testLogger(), reg)
+	r, err := New(cfg.Config, cfg.Wiring, testLogger(), reg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,15 +23,15 @@ func TestRelayReconnectsSoonAfterTheHubAnswersAgain(t *testing.T) {
 		name string
 		// failures is how many streams end with the hub away before it comes back.
 		failures float64
-		config   func(*Config)
+		config   func(*setup)
 	}{{
 		name: "its own backoff", failures: 1,
-		config: func(c *Config) { c.BackoffMin, c.BackoffMax = time.Minute, time.Minute },
+		config: func(c *setup) { c.BackoffMin, c.BackoffMax = time.Minute, time.Minute },
 	}, {
 		// The relay's backoff grows toward a minute while the connection's
 		// is at one from its first failed attempt (grpc's own grows to 120 s).
 		name: "its connection's backoff", failures: 8,
-		config: func(c *Config) {
+		config: func(c *setup) {
 			c.BackoffMin, c.BackoffMax = 10*time.Millisecond, time.Minute
 			c.DialOptions = append(c.DialOptions, grpc.WithConnectParams(grpc.ConnectParams{
 				Backoff: backoff.Config{BaseDelay: time.Minute, Multiplier: 1, MaxDelay: time.Minute}, MinConnectTimeout: 20 * time.Second,

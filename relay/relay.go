@@ -11,7 +11,7 @@
 // from one go-control-plane LinearCache per type.
 //
 // Locality: the hub computes endpoints for the relay's own node (its
-// Config.Node: locality, NETWORK and CLUSTER_ID metadata), and every local
+// Wiring.Node: locality, NETWORK and CLUSTER_ID metadata), and every local
 // client but a gateway is served exactly that, whatever locality its own
 // bootstrap names.
 // A node's clients share its zone, so this is what they would be served
@@ -91,18 +91,8 @@ import (
 	"k8s.io/utils/clock"
 )
 
-// Config configures a relay.
+// Config is what an operator tunes of a relay: its timings and bounds.
 type Config struct {
-	// Upstream is the hub's xDS address (a gRPC target).
-	Upstream string
-	// DialOptions are used to dial Upstream; the caller supplies the
-	// transport credentials (TLS), since only it knows them.
-	DialOptions []grpc.DialOption
-	// Node is the relay's own node, sent to the hub on the first request of
-	// each stream: its ID, cluster, locality and metadata (NETWORK,
-	// CLUSTER_ID) decide which network and locality the hub computes
-	// endpoints for, for every local client but a gateway.
-	Node *core.Node
 	// BackoffMin and BackoffMax bound the delay between upstream
 	// reconnection attempts; it doubles on each failure, with jitter. The
 	// hub's port is probed meanwhile: a delay ends once it answers again.
@@ -128,24 +118,46 @@ type Config struct {
 	// its last stream); a further gateway's stream is ended with
 	// ResourceExhausted. 0 serves no gateway (FailedPrecondition).
 	MaxGateways int
-	// Clock drives retention, holds and the times the relay records; nil
-	// is the system's (tests step a fake one).
-	Clock clock.WithTickerAndDelayedExecution
 }
 
 // DefaultConfig has the backoff bounds (100 ms to 10 s), keeps unwanted
 // resources (and a gateway's view) a minute, holds a watch for unknown
 // resources up to 2 s, allows 50,000 resource names (the hub's bound) and
-// 16 gateways; Upstream, Node and DialOptions are left for the caller.
+// 16 gateways. Timings and MaxResourceNames left zero take these values.
 func DefaultConfig() Config {
 	return Config{BackoffMin: 100 * time.Millisecond, BackoffMax: 10 * time.Second, RetainUnwanted: time.Minute, HoldUnknown: 2 * time.Second,
 		MaxResourceNames: 50_000, MaxGateways: 16}
 }
 
-// ErrNoUpstream is returned by New when Config.Upstream is empty.
+// Wiring is what the process hands a relay at start, beside its Config:
+// the hub it relays, how to reach it, and the node it speaks for.
+type Wiring struct {
+	// Upstream is the hub's xDS address (a gRPC target).
+	Upstream string
+	// DialOptions are used to dial Upstream; the caller supplies the
+	// transport credentials (TLS), since only it knows them.
+	DialOptions []grpc.DialOption
+	// Node is the relay's own node, sent to the hub on the first request of
+	// each stream: its ID, cluster, locality and metadata (NETWORK,
+	// CLUSTER_ID) decide which network and locality the hub computes
+	// endpoints for, for every local client but a gateway.
+	Node *core.Node
+	// Clock drives retention, holds and the times the relay records; nil
+	// is the system's (tests step a fake one).
+	Clock clock.WithTickerAndDelayedExecution
+}
+
+// setup is a relay's Config and Wiring together; each view has its own
+// copy, whose Node is the view's.
+type setup struct {
+	Config
+	Wiring
+}
+
+// ErrNoUpstream is returned by New when Wiring.Upstream is empty.
 var ErrNoUpstream = errors.New("relay: no upstream address")
 
-// ErrNoNode is returned by New when Config.Node has no ID.
+// ErrNoNode is returned by New when Wiring.Node has no ID.
 var ErrNoNode = errors.New("relay: no node ID")
 
 // ErrRunTwice is returned by Run when it was called before: a relay runs once.
@@ -157,7 +169,7 @@ var relayedTypes = []string{resource.ListenerType, resource.RouteType, resource.
 
 // Relay relays the hub's xDS resources to the clients of one node.
 type Relay struct {
-	cfg     Config
+	cfg     setup
 	log     *slog.Logger
 	metrics *metrics
 	// prefix starts every cache version of this relay process.
@@ -174,12 +186,12 @@ type Relay struct {
 	stopped chan struct{}
 }
 
-// New returns a relay for cfg. Its metrics are registered on reg (nil: not registered).
-func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Relay, error) {
-	if cfg.Upstream == "" {
+// New returns a relay for cfg and w. Its metrics are registered on reg (nil: not registered).
+func New(cfg Config, w Wiring, log *slog.Logger, reg prometheus.Registerer) (*Relay, error) {
+	if w.Upstream == "" {
 		return nil, ErrNoUpstream
 	}
-	if cfg.Node.GetId() == "" {
+	if w.Node.GetId() == "" {
 		return nil, ErrNoNode
 	}
 	def := DefaultConfig()
@@ -198,8 +210,8 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Relay, error
 	if cfg.MaxResourceNames <= 0 {
 		cfg.MaxResourceNames = def.MaxResourceNames
 	}
-	if cfg.Clock == nil {
-		cfg.Clock = clock.RealClock{}
+	if w.Clock == nil {
+		w.Clock = clock.RealClock{}
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -213,8 +225,8 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Relay, error
 	// to a restarted relay never matches its old versions against new counters.
 	token := make([]byte, 4)
 	_, _ = rand.Read(token)
-	r := &Relay{cfg: cfg, log: log, metrics: m, prefix: "relay-" + hex.EncodeToString(token) + "-", stopped: make(chan struct{})}
-	r.node = newView(cfg, cfg.Node, "", r.prefix, nil, m, log)
+	r := &Relay{cfg: setup{cfg, w}, log: log, metrics: m, prefix: "relay-" + hex.EncodeToString(token) + "-", stopped: make(chan struct{})}
+	r.node = newView(r.cfg, w.Node, "", r.prefix, nil, m, log)
 	r.views = newGatewayViews(r)
 	return r, nil
 }

@@ -29,7 +29,7 @@ import (
 
 // dial returns the relay's connection to the hub (it connects on first
 // use), shared by the upstream streams of every view.
-func dial(cfg Config) (*grpc.ClientConn, error) {
+func dial(cfg setup) (*grpc.ClientConn, error) {
 	// The connection's own backoff follows BackoffMin and BackoffMax (grpc's
 	// default starts at 1 s and grows to 120 s), and is reset when the hub's
 	// port answers again (see view.run); the caller's options come after,

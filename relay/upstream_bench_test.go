@@ -15,9 +15,7 @@ import (
 // assignments (10 endpoints each) of which one changed, the usual shape of
 // an EDS push to a relay subscribed to many services.
 func BenchmarkRelayResponse(b *testing.B) {
-	cfg := DefaultConfig()
-	cfg.Upstream, cfg.Node = "127.0.0.1:1", &core.Node{Id: "bench"}
-	r, err := New(cfg, testLogger(), nil)
+	r, err := New(DefaultConfig(), Wiring{Upstream: "127.0.0.1:1", Node: &core.Node{Id: "bench"}}, testLogger(), nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -18,7 +18,7 @@ import (
 // served from them. The relay's node has one view; each gateway behind the
 // relay has one of its own (see Relay).
 type view struct {
-	cfg     Config // Node is the view's node, sent upstream
+	cfg     setup // Node is the view's node, sent upstream
 	log     *slog.Logger
 	metrics *metrics
 	// connected counts the view's upstream stream while it is open.
@@ -54,7 +54,7 @@ type view struct {
 // prefix (a prefix no other view of any relay process has: a local client
 // that comes back to another view never matches its old versions against
 // new counters).
-func newView(cfg Config, node *core.Node, gateway, prefix string, conn *grpc.ClientConn, m *metrics, log *slog.Logger) *view {
+func newView(cfg setup, node *core.Node, gateway, prefix string, conn *grpc.ClientConn, m *metrics, log *slog.Logger) *view {
 	cfg.Node = node
 	connected := m.upstreamConnected
 	if gateway != "" {

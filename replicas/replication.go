@@ -103,14 +103,9 @@ var ErrBaseMismatch = errors.New("replicas: delta base is not what the replica h
 // another digest than the peer, and asks for nothing again on that account.
 var ErrPartlyRefused = errors.New("replicas: applied without what this replica refuses")
 
-// ReplicationConfig configures both sides of hub-to-hub replication.
+// ReplicationConfig is what an operator tunes of both sides of hub-to-hub
+// replication: its intervals and bounds.
 type ReplicationConfig struct {
-	// ReplicaID names this replica to its peers; unique among them.
-	ReplicaID string
-	// PeerToken returns the secret replicas present to each other (see
-	// federation.PeerTokens), read at every RPC so that a reloaded token
-	// file takes effect at once; nil sends none (development).
-	PeerToken func() string
 	// DigestInterval is how often a replica sends subscribers the digests of
 	// the clusters whose changes originate at it (anti-entropy), and how long
 	// a subscriber tolerates holding older data than such a digest says.
@@ -118,33 +113,48 @@ type ReplicationConfig struct {
 	// MinBackoff and MaxBackoff bound the exponential, jittered delay before
 	// a subscription to a peer is opened again.
 	MinBackoff, MaxBackoff time.Duration
-	// MaxMessageBytes bounds every message a replica sends a subscriber
-	// (updates are chunked to fit). Use the same value on every replica: a
-	// subscriber receives messages of up to twice its own.
-	MaxMessageBytes int
 	// MaxBufferedBytes bounds the chunks of one update a subscriber buffers
 	// until the last one; a larger update is dropped.
 	MaxBufferedBytes int
+}
+
+// DefaultReplicationConfig returns the intervals and bounds replicas use in
+// production. Fields left zero take these values.
+func DefaultReplicationConfig() ReplicationConfig {
+	return ReplicationConfig{
+		DigestInterval:   15 * time.Second,
+		MinBackoff:       200 * time.Millisecond,
+		MaxBackoff:       10 * time.Second,
+		MaxBufferedBytes: 256 << 20,
+	}
+}
+
+// ReplicationWiring is what the hub process hands both sides of
+// replication at start, beside their ReplicationConfig: who the replica is,
+// the bounds it shares with its spokes' sessions, and what observes it.
+type ReplicationWiring struct {
+	// ReplicaID names this replica to its peers; unique among them.
+	ReplicaID string
+	// PeerToken returns the secret replicas present to each other (see
+	// federation.PeerTokens), read at every RPC so that a reloaded token
+	// file takes effect at once; nil sends none (development).
+	PeerToken func() string
+	// MaxMessageBytes bounds every message a replica sends a subscriber
+	// (updates are chunked to fit): the federation's
+	// (federation.HubConfig), the same on every replica, since a
+	// subscriber receives messages of up to twice its own.
+	MaxMessageBytes int
 	// Limits bound each shard, and the services of each full state, received
-	// from a peer: the same validation as a spoke's updates.
+	// from a peer: the federation's, the same validation as a spoke's updates.
 	Limits registry.Limits
 	// Hooks observe replication, for metrics.
 	Hooks ReplicationHooks
 }
 
-// DefaultReplicationConfig returns the intervals and bounds replicas use in
-// production; ReplicaID and PeerToken are left to the caller. Fields left
-// zero take these values.
-func DefaultReplicationConfig() ReplicationConfig {
-	return ReplicationConfig{
-		ReplicaID:        "hub",
-		DigestInterval:   15 * time.Second,
-		MinBackoff:       200 * time.Millisecond,
-		MaxBackoff:       10 * time.Second,
-		MaxMessageBytes:  4 << 20,
-		MaxBufferedBytes: 256 << 20,
-		Limits:           registry.DefaultLimits(),
-	}
+// replicationSetup is a ReplicationConfig and ReplicationWiring together.
+type replicationSetup struct {
+	ReplicationConfig
+	ReplicationWiring
 }
 
 // ReplicationHooks are optional observation hooks; nil fields are skipped.
@@ -179,14 +189,8 @@ func (cfg ReplicationConfig) withDefaults() ReplicationConfig {
 	if cfg.MaxBackoff < cfg.MinBackoff {
 		cfg.MaxBackoff = max(def.MaxBackoff, cfg.MinBackoff)
 	}
-	if cfg.MaxMessageBytes <= 0 {
-		cfg.MaxMessageBytes = def.MaxMessageBytes
-	}
 	if cfg.MaxBufferedBytes <= 0 {
 		cfg.MaxBufferedBytes = def.MaxBufferedBytes
-	}
-	if cfg.Limits == (registry.Limits{}) {
-		cfg.Limits = def.Limits
 	}
 	return cfg
 }
@@ -221,7 +225,7 @@ var errSubscriptionSuperseded = errors.New("replicas: superseded by a newer subs
 type ReplicationServer struct {
 	fedv1.UnimplementedReplicationServer
 	store Store
-	cfg   ReplicationConfig
+	cfg   replicationSetup
 	log   *slog.Logger
 
 	subscribersMu sync.Mutex
@@ -233,9 +237,9 @@ type subscriberEntry struct {
 }
 
 // NewReplicationServer returns a server that replicates store to subscribers.
-func NewReplicationServer(store Store, cfg ReplicationConfig, log *slog.Logger) *ReplicationServer {
+func NewReplicationServer(store Store, cfg ReplicationConfig, w ReplicationWiring, log *slog.Logger) *ReplicationServer {
 	return &ReplicationServer{
-		store: store, cfg: cfg.withDefaults(),
+		store: store, cfg: replicationSetup{cfg.withDefaults(), w},
 		log:         log.With("component", "replication"),
 		subscribers: map[string]*subscriberEntry{},
 	}
@@ -662,7 +666,7 @@ type PeerStatus struct {
 // they send to its store.
 type Replicator struct {
 	store    Store
-	cfg      ReplicationConfig
+	cfg      replicationSetup
 	log      *slog.Logger
 	dialOpts []grpc.DialOption
 
@@ -676,15 +680,15 @@ type Replicator struct {
 
 // NewReplicator returns a replicator that reaches peers over transport
 // (TLS, or insecure.NewCredentials() on a trusted network) and presents
-// cfg.PeerToken to them; without transport security the token travels in
+// w.PeerToken to them; without transport security the token travels in
 // clear, the operator's choice. Nothing happens before Run.
-func NewReplicator(store Store, cfg ReplicationConfig, transport credentials.TransportCredentials, log *slog.Logger) *Replicator {
+func NewReplicator(store Store, cfg ReplicationConfig, w ReplicationWiring, transport credentials.TransportCredentials, log *slog.Logger) *Replicator {
 	cfg = cfg.withDefaults()
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(transport),
 		// A chunk may exceed the budget by what surrounds it, and a shard
 		// can be as large as a peer's budget.
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(2 * cfg.MaxMessageBytes)),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(2 * w.MaxMessageBytes)),
 		// Detects a peer that stopped answering (e.g. SIGSTOPped) while its
 		// kernel keeps the connection open; the hub allows pings every 10s.
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
@@ -694,13 +698,13 @@ func NewReplicator(store Store, cfg ReplicationConfig, transport credentials.Tra
 			MinConnectTimeout: 5 * time.Second,
 		}),
 	}
-	if cfg.PeerToken != nil {
+	if w.PeerToken != nil {
 		opts = append(opts, grpc.WithPerRPCCredentials(federation.TokenFunc{
-			Get: cfg.PeerToken, AllowInsecure: transport.Info().SecurityProtocol == "insecure",
+			Get: w.PeerToken, AllowInsecure: transport.Info().SecurityProtocol == "insecure",
 		}))
 	}
 	return &Replicator{
-		store: store, cfg: cfg, dialOpts: opts,
+		store: store, cfg: replicationSetup{cfg, w}, dialOpts: opts,
 		log:          log.With("component", "replication"),
 		peersChanged: make(chan struct{}, 1),
 		status:       map[string]*PeerStatus{},

@@ -32,11 +32,11 @@ func (s *subscribeStream) Recv() (*fedv1.ReplicaMessage, error) { return nil, io
 func fuzzPeerSession() (*peerSession, *replStore, *subscribeStream) {
 	store := newReplStore()
 	cfg := DefaultReplicationConfig()
-	cfg.ReplicaID = "hub-a"
-	cfg.Limits = registry.Limits{MaxPorts: 2, MaxEndpoints: 3, MaxAddressesPerEndpoint: 2, MaxServicesPerCluster: 2, MaxEndpointsPerCluster: 4}
 	cfg.MaxBufferedBytes = 4 << 10
+	w := ReplicationWiring{ReplicaID: "hub-a", MaxMessageBytes: federation.DefaultHubConfig().MaxMessageBytes,
+		Limits: registry.Limits{MaxPorts: 2, MaxEndpoints: 3, MaxAddressesPerEndpoint: 2, MaxServicesPerCluster: 2, MaxEndpointsPerCluster: 4}}
 	log := slog.New(slog.DiscardHandler)
-	r := NewReplicator(store, cfg, insecure.NewCredentials(), log)
+	r := NewReplicator(store, cfg, w, insecure.NewCredentials(), log)
 	stream := &subscribeStream{}
 	s := &peerSession{r: r, peer: "hub-b", log: log, stream: stream,
 		asked: map[registry.ClusterID]time.Time{}, behind: map[registry.ClusterID]time.Time{}, refused: map[registry.ClusterID]Stamp{}}

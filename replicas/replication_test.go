@@ -228,6 +228,7 @@ func (h *replHooks) hooks() ReplicationHooks {
 type replNode struct {
 	id         string
 	cfg        ReplicationConfig
+	w          ReplicationWiring
 	store      *replStore
 	hooks      *replHooks
 	srv        *ReplicationServer
@@ -236,25 +237,25 @@ type replNode struct {
 	rep        *Replicator
 }
 
-func fastReplication(id string) ReplicationConfig {
+func fastReplication(id string) (ReplicationConfig, ReplicationWiring) {
 	cfg := DefaultReplicationConfig()
-	cfg.ReplicaID, cfg.PeerToken = id, func() string { return replPeerToken }
 	cfg.MinBackoff, cfg.MaxBackoff = 10*time.Millisecond, 50*time.Millisecond
-	return cfg
+	fed := federation.DefaultHubConfig()
+	return cfg, ReplicationWiring{ReplicaID: id, PeerToken: func() string { return replPeerToken }, MaxMessageBytes: fed.MaxMessageBytes, Limits: fed.Limits}
 }
 
-// startReplNode starts a replica; tune, if not nil, adjusts its configuration.
-func startReplNode(t *testing.T, id string, tune func(*ReplicationConfig)) *replNode {
+// startReplNode starts a replica; tune, if not nil, adjusts its configuration and wiring.
+func startReplNode(t *testing.T, id string, tune func(*ReplicationConfig, *ReplicationWiring)) *replNode {
 	t.Helper()
-	cfg := fastReplication(id)
+	cfg, w := fastReplication(id)
 	if tune != nil {
-		tune(&cfg)
+		tune(&cfg, &w)
 	}
 	n := &replNode{id: id, store: newReplStore(), hooks: &replHooks{counts: map[string]int{}}}
-	cfg.Hooks = n.hooks.hooks()
-	n.cfg = cfg
+	w.Hooks = n.hooks.hooks()
+	n.cfg, n.w = cfg, w
 	n.serve(t, "127.0.0.1:0")
-	n.rep = NewReplicator(n.store, cfg, insecure.NewCredentials(), slog.New(slog.DiscardHandler))
+	n.rep = NewReplicator(n.store, cfg, w, insecure.NewCredentials(), slog.New(slog.DiscardHandler))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); n.rep.Run(ctx) }()
@@ -277,11 +278,11 @@ func (n *replNode) serve(t *testing.T, addr string) {
 	}
 	n.addr = lis.Addr().String()
 	var opts []federation.AuthOption
-	if n.cfg.PeerToken != nil {
-		opts = append(opts, federation.WithPeerToken(n.cfg.PeerToken()))
+	if n.w.PeerToken != nil {
+		opts = append(opts, federation.WithPeerToken(n.w.PeerToken()))
 	}
-	g := grpc.NewServer(grpc.MaxRecvMsgSize(2*n.cfg.MaxMessageBytes), grpc.StreamInterceptor(federation.AuthInterceptor(testTokens, opts...)))
-	n.srv = NewReplicationServer(n.store, n.cfg, slog.New(slog.DiscardHandler))
+	g := grpc.NewServer(grpc.MaxRecvMsgSize(2*n.w.MaxMessageBytes), grpc.StreamInterceptor(federation.AuthInterceptor(testTokens, opts...)))
+	n.srv = NewReplicationServer(n.store, n.cfg, n.w, slog.New(slog.DiscardHandler))
 	fedv1.RegisterReplicationServer(g, n.srv)
 	fedv1.RegisterFederationServer(g, noFederation{})
 	go func() { _ = g.Serve(lis) }()
@@ -447,7 +448,7 @@ func TestReplicationDeltaOnAnotherBaseResyncs(t *testing.T) {
 }
 
 func TestReplicationAntiEntropy(t *testing.T) {
-	fast := func(cfg *ReplicationConfig) { cfg.DigestInterval = 20 * time.Millisecond }
+	fast := func(cfg *ReplicationConfig, _ *ReplicationWiring) { cfg.DigestInterval = 20 * time.Millisecond }
 	a, b := startReplNode(t, "a", fast), startReplNode(t, "b", fast)
 	a.store.local("east", Stamp{1, 1}, testShard("east", "svc", "10.0.0.1"))
 	b.rep.SetPeers(peersOf(a))
@@ -469,7 +470,7 @@ func TestReplicationAntiEntropy(t *testing.T) {
 }
 
 func TestReplicationChunkedFullStateArrivesWholeAndAtomically(t *testing.T) {
-	a := startReplNode(t, "a", func(cfg *ReplicationConfig) { cfg.MaxMessageBytes = 4096 })
+	a := startReplNode(t, "a", func(_ *ReplicationConfig, w *ReplicationWiring) { w.MaxMessageBytes = 4096 })
 	var shards []*registry.Shard
 	for i := range 300 {
 		shards = append(shards, testShard("east", fmt.Sprintf("svc-%d", i), fmt.Sprintf("10.0.%d.%d", i/250, i%250+1)))
@@ -486,7 +487,7 @@ func TestReplicationChunkedFullStateArrivesWholeAndAtomically(t *testing.T) {
 	}
 
 	// A replica that buffers less refuses it whole, and stays subscribed.
-	c := startReplNode(t, "c", func(cfg *ReplicationConfig) { cfg.MaxBufferedBytes = 8192 })
+	c := startReplNode(t, "c", func(cfg *ReplicationConfig, _ *ReplicationWiring) { cfg.MaxBufferedBytes = 8192 })
 	c.rep.SetPeers(peersOf(a))
 	waitFor(t, func() bool { return c.synced("a") })
 	if _, ok := c.store.get("east"); ok {
@@ -618,7 +619,9 @@ func TestReplicationPeerToken(t *testing.T) {
 		}
 	})
 	t.Run("replicator with a wrong token", func(t *testing.T) {
-		b := startReplNode(t, "b", func(cfg *ReplicationConfig) { cfg.PeerToken = func() string { return "wrong-token-0123456789" } })
+		b := startReplNode(t, "b", func(_ *ReplicationConfig, w *ReplicationWiring) {
+			w.PeerToken = func() string { return "wrong-token-0123456789" }
+		})
 		b.rep.SetPeers(peersOf(a))
 		waitFor(t, func() bool { s, _ := b.peerStatus("a"); return s.LastError != "" })
 		if s, _ := b.peerStatus("a"); s.Connected || !strings.Contains(s.LastError, "Unauthenticated") || slices.Contains(a.srv.Subscribers(), "b") {
@@ -626,7 +629,7 @@ func TestReplicationPeerToken(t *testing.T) {
 		}
 	})
 	t.Run("open without a peer token", func(t *testing.T) {
-		dev := startReplNode(t, "dev", func(cfg *ReplicationConfig) { cfg.PeerToken = nil })
+		dev := startReplNode(t, "dev", func(_ *ReplicationConfig, w *ReplicationWiring) { w.PeerToken = nil })
 		c, err := grpc.NewClient(dev.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			t.Fatal(err)
@@ -711,7 +714,7 @@ func TestReplicationDropsInvalidUpdatesWhole(t *testing.T) {
 		return nil
 	}}
 	addr := serveScriptedPeer(t, peer)
-	b := startReplNode(t, "b", func(cfg *ReplicationConfig) { cfg.PeerToken = nil })
+	b := startReplNode(t, "b", func(_ *ReplicationConfig, w *ReplicationWiring) { w.PeerToken = nil })
 	b.rep.SetPeers(map[string]string{"p": addr})
 	waitFor(t, func() bool { return b.synced("p") })
 	if got := <-resynced; got != "east" {
@@ -757,7 +760,7 @@ func TestReplicationDoesNotResyncWhatItRefused(t *testing.T) {
 		return nil
 	}}
 	addr := serveScriptedPeer(t, peer)
-	b := startReplNode(t, "b", func(cfg *ReplicationConfig) { cfg.PeerToken = nil })
+	b := startReplNode(t, "b", func(_ *ReplicationConfig, w *ReplicationWiring) { w.PeerToken = nil })
 	b.store.refuse = map[registry.ServiceKey]bool{hostile.Service: true}
 	b.rep.SetPeers(map[string]string{"p": addr})
 	waitFor(t, func() bool { return len(b.store.appliedOf("west")) == 1 })

@@ -49,7 +49,7 @@ func hubDialOptions(ctx context.Context, cfg Config, log *slog.Logger) ([]grpc.D
 		// The connection's own backoff follows the publisher's bounds, not
 		// grpc's default (1 s growing to 120 s): while it backs off, every
 		// session attempt fails at once. The publisher resets it when the
-		// hub's port answers again (see federation.SpokeConfig.HubAddr).
+		// hub's port answers again (see federation.SpokeWiring.HubAddr).
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: max(f.MinBackoff, time.Millisecond), Multiplier: 2, Jitter: 0.2, MaxDelay: max(f.MaxBackoff, f.MinBackoff, time.Millisecond)},
 			MinConnectTimeout: minConnectTimeout,

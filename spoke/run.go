@@ -175,21 +175,19 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 
 	// The source hands its changes over; whichever publisher streams takes them.
 	changes := federation.NewChanges()
-	fc := cfg.Federation
-	fc.Cluster, fc.Network = cfg.Cluster, cfg.Network
-	// The publisher probes the hub's port while it waits to reconnect.
-	fc.HubAddr = cfg.HubAddr
+	// The publisher speaks for the cluster, and probes the hub's port while it waits to reconnect.
+	wiring := federation.SpokeWiring{Cluster: cfg.Cluster, Network: cfg.Network, HubAddr: cfg.HubAddr}
 	// Where each change began, from the source to the update that carries it (the hub traces it).
-	fc.Origins = federation.NewOrigins()
+	wiring.Origins = federation.NewOrigins()
 	switch s := src.(type) {
 	case *KubeSource:
-		s.Origins = fc.Origins
+		s.Origins = wiring.Origins
 	case *DirSource:
-		s.Origins = fc.Origins
+		s.Origins = wiring.Origins
 	}
 	kube, _ := src.(*KubeSource)
 	if kube != nil {
-		fc.OnReport = kube.SetReports
+		wiring.OnReport = kube.SetReports
 	}
 	// A leader that cannot reach the hub gives up the Lease after GiveUpAfter sessions in a row failed.
 	giveUpAfter := 0
@@ -209,35 +207,35 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		// The term's goroutines end with its context, also when it panics.
 		defer func() { giveUp(nil); wg.Wait() }()
 		var pub *federation.Publisher
-		tc := fc
+		tw := wiring
 		if kube != nil && cfg.Imports {
 			// The hub's imports go to the writer, which says how far it has written them.
 			writer := importwriter.New(clients.importer, importwriter.Config{
 				Cluster: cfg.Cluster, Written: func(epoch, version uint64) { pub.ImportsWritten(epoch, version) },
 				Problems: func(ps []federation.ImportProblem) { pub.ImportProblems(ps) },
 			}, log)
-			tc.OnImports = writer.Set
+			tw.OnImports = writer.Set
 			wg.Go(func() {
 				if err := writer.Run(ctx); err != nil && ctx.Err() == nil {
 					log.Error("import writer failed; imports are not written this term", "err", err)
 				}
 			})
 		}
-		status := mon.observe
+		tw.Status = mon.observe
 		if giveUpAfter > 0 {
 			failures := &hubFailures{limit: giveUpAfter}
-			status = func(s federation.SessionStatus) {
+			tw.Status = func(s federation.SessionStatus) {
 				mon.observe(s)
 				if err := failures.observe(s); err != nil {
 					giveUp(err)
 				}
 			}
 		}
-		pub = federation.NewPublisher(tc, conn, log, status)
+		pub = federation.NewPublisher(cfg.Federation, tw, conn, log)
 		if kube != nil {
 			wg.Go(func() { kube.WriteStatus(ctx) })
 		}
-		if tc.OnImports != nil {
+		if tw.OnImports != nil {
 			kube.OnNamespaces(pub.SetNamespaces)
 			defer kube.OnNamespaces(nil)
 		}
@@ -274,7 +272,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		// the Lease from a warm standby, nor hold it while it cannot publish.
 		select {
 		case <-kube.Synced():
-			leadErr = leadOrGiveUp(ctx, clients.source, cfg.LeaderElection, fc.SpokeID, log, term)
+			leadErr = leadOrGiveUp(ctx, clients.source, cfg.LeaderElection, cfg.Federation.SpokeID, log, term)
 		case <-ctx.Done():
 		}
 		cancel()

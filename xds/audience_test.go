@@ -40,9 +40,7 @@ func (a *routesAudience) Build(_ string, r *registry.Registry, _ registry.Networ
 // validate is not published at all, and the group keeps its last good one.
 func TestAudienceGroupsKeepTheirLastGoodSet(t *testing.T) {
 	aud := &routesAudience{}
-	cfg := DefaultConfig()
-	cfg.Audience = aud
-	srv := NewServer(cfg, nil, nil)
+	srv := NewServer(DefaultConfig(), Wiring{Audience: aud}, nil, nil)
 	r, _ := apply(t, registry.New(), shard("east", echo, []registry.ServicePort{tcp("grpc", 8080)},
 		ep("10.0.0.1", loc("r1", "z1"), ready, eport("grpc", 9090))))
 	srv.Update(r, registry.Diff{})

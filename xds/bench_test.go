@@ -12,7 +12,7 @@ import (
 // registry of 1,000 services (3 clusters, 10 endpoints each), with 4 locality
 // groups of clients.
 func BenchmarkUpdateOneEndpoint(b *testing.B) {
-	s := NewServer(DefaultConfig(), nil, nil)
+	s := NewServer(DefaultConfig(), Wiring{}, nil, nil)
 	r := registry.New()
 	shardOf := func(cluster registry.ClusterID, i, c int, cond registry.Conditions) *registry.Shard {
 		var eps []registry.Endpoint
@@ -94,7 +94,7 @@ func BenchmarkSplitHorizon(b *testing.B) {
 			for n := range networks {
 				nets.Gateways[networkOf(n)] = []registry.Gateway{{Address: fmt.Sprintf("192.0.2.%d", n+1), Port: 15444}}
 			}
-			s := NewServer(DefaultConfig(), nil, nil)
+			s := NewServer(DefaultConfig(), Wiring{}, nil, nil)
 			s.SetNetworks(nets)
 			s.Update(r, registry.Diff{})
 			for region := range 5 {

@@ -44,7 +44,7 @@ func BenchmarkLocalityFlood(b *testing.B) {
 }
 
 func localityFlood(b *testing.B, streams, size int) (heldMiB float64, refused int, ownZone float64) {
-	s := NewServer(DefaultConfig(), nil, prometheus.NewRegistry())
+	s := NewServer(DefaultConfig(), Wiring{}, nil, prometheus.NewRegistry())
 	g := grpc.NewServer(grpc.MaxRecvMsgSize(8 << 20))
 	s.Register(g)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")

@@ -32,10 +32,10 @@ func newFakeClock() *fakeClock {
 func (c *fakeClock) now() time.Time          { return time.Unix(0, c.ns.Load()) }
 func (c *fakeClock) advance(d time.Duration) { c.ns.Add(int64(d)) }
 
-// startGroupsXDS serves twoServices with cfg and the group table on clock.
-func startGroupsXDS(t *testing.T, cfg Config, clock *fakeClock) (*Server, string) {
+// startGroupsXDS serves twoServices with cfg and w, and the group table on clock.
+func startGroupsXDS(t *testing.T, cfg Config, w Wiring, clock *fakeClock) (*Server, string) {
 	t.Helper()
-	s, _, addr := startXDSWith(t, cfg)
+	s, _, addr := startXDSWith(t, cfg, w)
 	s.table.now = clock.now
 	r, _ := twoServices(t, ready)
 	s.Update(r, registry.Diff{})
@@ -136,7 +136,7 @@ func TestLocalityGroupsAreHeldByStreamsAndExpire(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.MaxLocalityGroups = bound
 	clock := newFakeClock()
-	s, addr := startGroupsXDS(t, cfg, clock)
+	s, addr := startGroupsXDS(t, cfg, Wiring{}, clock)
 	ads := dialADS(ctx, t, addr)
 
 	for i := range 3 * bound {
@@ -205,7 +205,7 @@ func TestLongLocalitiesLeaveNothing(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	clock := newFakeClock()
-	s, addr := startGroupsXDS(t, DefaultConfig(), clock)
+	s, addr := startGroupsXDS(t, DefaultConfig(), Wiring{}, clock)
 	ads := dialADS(ctx, t, addr)
 	var stops []context.CancelFunc
 	for i := range 20 {
@@ -300,9 +300,8 @@ func cdsStream(ctx context.Context, t *testing.T, ads discovery.AggregatedDiscov
 func TestGatewayGroupsAreAdmittedByThePolicy(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cfg := DefaultConfig()
-	cfg.Audience = gatewayAudience{}
-	cfg.Restrict = func(ctx context.Context) (Restriction, string, error) {
+	w := Wiring{Audience: gatewayAudience{}}
+	w.Restrict = func(ctx context.Context) (Restriction, string, error) {
 		md, _ := metadata.FromIncomingContext(ctx)
 		if who := md.Get("test-identity"); len(who) == 1 && who[0] == "gateway" {
 			return nil, "gateway", nil // the policy grants it "*"
@@ -310,7 +309,7 @@ func TestGatewayGroupsAreAdmittedByThePolicy(t *testing.T) {
 		return func(ns string) bool { return ns == "shop" }, "shop-workload", nil
 	}
 	clock := newFakeClock()
-	s, addr := startGroupsXDS(t, cfg, clock)
+	s, addr := startGroupsXDS(t, DefaultConfig(), w, clock)
 	const bound = 4
 	s.table.maxGateways = bound
 	ads := dialADS(ctx, t, addr)
@@ -356,18 +355,16 @@ func TestGatewayGroupsAreAdmittedByThePolicy(t *testing.T) {
 // groups at once, whatever the table's bound.
 // oneWorkload is a server under a policy granting every stream's identity,
 // one workload's, its namespace alone.
-func oneWorkload() Config {
-	cfg := DefaultConfig()
-	cfg.Restrict = func(context.Context) (Restriction, string, error) {
+func oneWorkload() Wiring {
+	return Wiring{Restrict: func(context.Context) (Restriction, string, error) {
 		return func(ns string) bool { return ns == "default" }, "one-workload", nil
-	}
-	return cfg
+	}}
 }
 
 func TestOneIdentityHoldsItsShareOfLocalityGroups(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	s, addr := startGroupsXDS(t, oneWorkload(), newFakeClock())
+	s, addr := startGroupsXDS(t, DefaultConfig(), oneWorkload(), newFakeClock())
 	ads := dialADS(ctx, t, addr)
 	var stops []context.CancelFunc
 	for i := range MaxGroupsPerIdentity {
@@ -395,7 +392,7 @@ func TestOneIdentityHoldsItsShareOfLocalityGroups(t *testing.T) {
 func TestAStreamsGroupFollowsItsClustersNetwork(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s, addr := startGroupsXDS(t, DefaultConfig(), newFakeClock())
+	s, addr := startGroupsXDS(t, DefaultConfig(), Wiring{}, newFakeClock())
 	ads := dialADS(ctx, t, addr)
 	stream, err := ads.StreamAggregatedResources(ctx)
 	if err != nil {
@@ -436,7 +433,7 @@ func TestAStreamsGroupFollowsItsClustersNetwork(t *testing.T) {
 func TestAStreamMovesAtItsIdentitysBound(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	s, addr := startGroupsXDS(t, oneWorkload(), newFakeClock())
+	s, addr := startGroupsXDS(t, DefaultConfig(), oneWorkload(), newFakeClock())
 	ads := dialADS(ctx, t, addr)
 	for i := range MaxGroupsPerIdentity - 1 {
 		_, stop, err := edsStream(ctx, t, ads, nodeAt(loc(fmt.Sprint("r-", i), "z"), ""))

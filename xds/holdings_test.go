@@ -34,9 +34,7 @@ func streamOf(t *testing.T, s *Server, node string) syncstatus.Client {
 func TestClientSyncStatus(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cfg := DefaultConfig()
-	cfg.Replica = "replica-a"
-	srv, _, addr := startXDSWith(t, cfg)
+	srv, _, addr := startXDSWith(t, DefaultConfig(), Wiring{Replica: "replica-a"})
 	r, _ := twoServices(t, ready)
 	srv.Update(r, registry.Diff{})
 	echoCLA := ClusterName(echo, 8080)

@@ -32,7 +32,7 @@ const fuzzMetadataLimit = 512
 // fuzzServer is a server with echo in three clusters on three networks.
 func fuzzServer(t *testing.T) *Server {
 	t.Helper()
-	s := NewServer(Config{VersionPrefix: "fuzz-", MaxLocalityGroups: 8, MaxResourceNames: 10, MaxNodeMetadataBytes: fuzzMetadataLimit}, nil, nil)
+	s := NewServer(Config{MaxLocalityGroups: 8, MaxResourceNames: 10, MaxNodeMetadataBytes: fuzzMetadataLimit}, Wiring{VersionPrefix: "fuzz-"}, nil, nil)
 	s.SetNetworks(fuzzNets)
 	port := []registry.ServicePort{tcp("grpc", 8080)}
 	r, d := apply(t, registry.New(),

@@ -99,7 +99,7 @@ func TestSplitHorizonFollowsTheNearestHealthyEndpoints(t *testing.T) {
 
 func TestSetNetworksRepublishesOnlyWhatItChanges(t *testing.T) {
 	r := goldenRegistry(t)
-	srv := NewServer(DefaultConfig(), nil, nil)
+	srv := NewServer(DefaultConfig(), Wiring{}, nil, nil)
 	srv.Update(r, registry.Diff{})
 	plain, netA := srv.edsCache(nodeAt(loc("r1", "z1"), "")), srv.edsCache(nodeAt(loc("r1", "z1"), "net-a"))
 	versions := func() (uint64, uint64) {
@@ -193,7 +193,7 @@ func TestSplitHorizonWithOverlappingPodAddresses(t *testing.T) {
 // MaxLocalityGroups, networks no cluster is on share one group, so no
 // client can grow the EDS caches past the bound by naming new networks.
 func TestNetworkNamesDoNotEscapeTheGroupBound(t *testing.T) {
-	s := NewServer(Config{MaxLocalityGroups: 4}, nil, nil)
+	s := NewServer(Config{MaxLocalityGroups: 4}, Wiring{}, nil, nil)
 	s.SetNetworks(registry.Networks{Clusters: map[registry.ClusterID]registry.Network{"east": "n1"}})
 	for i := range 100 {
 		md, _ := structpb.NewStruct(map[string]any{"NETWORK": fmt.Sprintf("made-up-%d", i)})

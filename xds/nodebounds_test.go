@@ -25,7 +25,7 @@ import (
 // startXDSLogging is startXDS logging to out.
 func startXDSLogging(t *testing.T, out io.Writer) (*Server, string) {
 	t.Helper()
-	s := NewServer(DefaultConfig(), slog.New(slog.NewTextHandler(out, nil)), prometheus.NewRegistry())
+	s := NewServer(DefaultConfig(), Wiring{}, slog.New(slog.NewTextHandler(out, nil)), prometheus.NewRegistry())
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

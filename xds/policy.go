@@ -13,7 +13,7 @@ import (
 // namespace; nil allows everything.
 type Restriction func(namespace string) bool
 
-// restrictions remember, when Config.Restrict is set, what every open
+// restrictions remember, when Wiring.Restrict is set, what every open
 // stream may receive, by stream and by the node its requests carry (a
 // watch knows only its request, whose node is the stream's).
 type restrictions struct {
@@ -53,7 +53,7 @@ func NamespaceOf(name string) (string, bool) {
 	return ns, ok && ns != "" && !strings.Contains(ns, ".")
 }
 
-// openStream computes a new stream's Restriction (Config.Restrict).
+// openStream computes a new stream's Restriction (Wiring.Restrict).
 func (s *Server) openStream(ctx context.Context, key streamKey) error {
 	if s.cfg.Restrict == nil {
 		return nil

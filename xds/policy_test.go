@@ -23,11 +23,9 @@ import (
 // "shop", to clients that may receive namespace "default" only.
 func startRestrictedXDS(t *testing.T) (*Server, *prometheus.Registry, string, *registry.Registry) {
 	t.Helper()
-	cfg := DefaultConfig()
-	cfg.Restrict = func(context.Context) (Restriction, string, error) {
+	s, reg, addr := startXDSWith(t, DefaultConfig(), Wiring{Restrict: func(context.Context) (Restriction, string, error) {
 		return func(ns string) bool { return ns == "default" }, "test-identity", nil
-	}
-	s, reg, addr := startXDSWith(t, cfg)
+	}})
 	r, _ := apply(t, registry.New(),
 		shard("east", echo, []registry.ServicePort{tcp("grpc", 8080)}, ep("10.0.0.1", loc("r1", "z1"), ready, eport("grpc", 9090))),
 		shard("west", shopKey, []registry.ServicePort{tcp("grpc", 8080)}, ep("10.1.0.1", loc("r2", "z3"), ready, eport("grpc", 9090))))
@@ -205,11 +203,9 @@ func TestPolicyWildcardGetsWhatItMaySee(t *testing.T) {
 func TestPolicyDeltaWildcardSeeingNothingIsAnswered(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cfg := DefaultConfig()
-	cfg.Restrict = func(context.Context) (Restriction, string, error) {
+	s, _, addr := startXDSWith(t, DefaultConfig(), Wiring{Restrict: func(context.Context) (Restriction, string, error) {
 		return func(ns string) bool { return ns == "empty" }, "gateway", nil
-	}
-	s, _, addr := startXDSWith(t, cfg)
+	}})
 	r, _ := apply(t, registry.New(), shard("east", echo, []registry.ServicePort{tcp("grpc", 8080)}, ep("10.0.0.1", loc("r1", "z1"), ready, eport("grpc", 9090))))
 	s.Update(r, registry.Diff{})
 	stream, err := dialADS(ctx, t, addr).DeltaAggregatedResources(ctx)

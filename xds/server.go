@@ -31,21 +31,13 @@ import (
 	"github.com/navemesh/nave/syncstatus"
 )
 
-// Config configures the xDS server.
+// Config is what an operator tunes of the xDS server: its bounds.
 type Config struct {
-	// Replica names this server in the sync status of its clients (see Clients).
-	Replica string
-	// VersionPrefix starts every version the server sends. Give each hub replica
-	// its own, so a client that reconnects to another replica never mistakes
-	// that replica's counters for the ones it acknowledged.
-	VersionPrefix string
 	// MaxLocalityGroups bounds how many locality groups get their own EDS cache
 	// (clients choose their locality, so this bounds memory). At the bound a new
 	// group replaces the least recently used idle one; when every group is
 	// held by an open stream, the new stream is refused (ResourceExhausted).
 	MaxLocalityGroups int
-	// Audience, if not nil, serves gateways resources of their own (see Audience).
-	Audience Audience
 	// MaxResourceNames bounds the resource names one request may name (a
 	// subscription beyond it is refused and the stream ended), and
 	// MaxNodeMetadataBytes the size of a node's metadata.
@@ -56,6 +48,29 @@ type Config struct {
 	// client beyond them waits, and its pushes coalesce meanwhile.
 	RequestsPerSecond float64
 	RequestBurst      int
+}
+
+// DefaultConfig allows up to 1024 locality groups (a large multi-region
+// fleet has tens). A bound of groups, names or metadata left zero takes its
+// value here.
+func DefaultConfig() Config {
+	return Config{MaxLocalityGroups: 1024, MaxResourceNames: 50_000, MaxNodeMetadataBytes: 64 << 10,
+		RequestsPerSecond: 200, RequestBurst: 400}
+}
+
+// Wiring is what the process hands the server at start, beside its Config:
+// who the server is and what it works with. The zero value is a server of
+// its own that serves every client alike and reports to no one.
+type Wiring struct {
+	// Replica names this server in the sync status of its clients (see Clients).
+	Replica string
+	// VersionPrefix starts every version the server sends. Give each hub
+	// replica, and each start of it, its own, so a client that reconnects
+	// to another replica never mistakes that replica's counters for the
+	// ones it acknowledged.
+	VersionPrefix string
+	// Audience, if not nil, serves gateways resources of their own (see Audience).
+	Audience Audience
 	// Tracer, if not nil, is told what becomes of traced changes (see Tracer).
 	Tracer Tracer
 	// Restrict, when set, says for each new stream (from its context: the
@@ -65,11 +80,10 @@ type Config struct {
 	Restrict func(ctx context.Context) (allow Restriction, who string, err error)
 }
 
-// DefaultConfig is a single replica's configuration: version prefix "nave-"
-// and up to 1024 locality groups (a large multi-region fleet has tens).
-func DefaultConfig() Config {
-	return Config{VersionPrefix: "nave-", MaxLocalityGroups: 1024, MaxResourceNames: 50_000, MaxNodeMetadataBytes: 64 << 10,
-		RequestsPerSecond: 200, RequestBurst: 400}
+// setup is a server's Config and Wiring together.
+type setup struct {
+	Config
+	Wiring
 }
 
 // Server serves the registry over xDS (ADS and the separate LDS, RDS, CDS and
@@ -79,7 +93,7 @@ func DefaultConfig() Config {
 // versions each resource separately, so a change resends only the resources it
 // changed.
 type Server struct {
-	cfg     Config
+	cfg     setup
 	log     *slog.Logger
 	metrics *metrics
 	xds     serverv3.Server
@@ -134,7 +148,7 @@ type streamKey struct {
 
 // NewServer returns a server with empty caches; call Update to fill them and
 // Register to serve them. Metrics are registered on reg (nil: not registered).
-func NewServer(cfg Config, log *slog.Logger, reg prometheus.Registerer) *Server {
+func NewServer(cfg Config, w Wiring, log *slog.Logger, reg prometheus.Registerer) *Server {
 	def := DefaultConfig()
 	if cfg.MaxLocalityGroups <= 0 {
 		cfg.MaxLocalityGroups = def.MaxLocalityGroups
@@ -150,21 +164,21 @@ func NewServer(cfg Config, log *slog.Logger, reg prometheus.Registerer) *Server 
 	}
 	log = log.With("component", "xds")
 	s := &Server{
-		cfg:       cfg,
+		cfg:       setup{cfg, w},
 		log:       log,
 		refusals:  limits.NewRefusalLog(log, 0, 0),
 		metrics:   newMetrics(reg),
 		ports:     map[registry.ServiceKey][]registry.ServicePort{},
 		endpoints: map[string]*portEndpoints{},
 		pushes:    map[string]pushStamp{},
-		status:    syncstatus.New(cfg.Replica),
+		status:    syncstatus.New(w.Replica),
 		restrict:  restrictions{byStream: map[streamKey]*streamRestriction{}, byNode: map[*core.Node]*streamRestriction{}},
 		throttle:  newThrottle(cfg.RequestsPerSecond, cfg.RequestBurst),
 		names:     newNameTable(maxInterned),
 	}
-	s.lds = newResourceCache(resource.ListenerType, cfg.VersionPrefix+"lds-", log, nil, nil)
-	s.rds = newResourceCache(resource.RouteType, cfg.VersionPrefix+"rds-", log, nil, nil)
-	s.cds = newResourceCache(resource.ClusterType, cfg.VersionPrefix+"cds-", log, nil, nil)
+	s.lds = newResourceCache(resource.ListenerType, w.VersionPrefix+"lds-", log, nil, nil)
+	s.rds = newResourceCache(resource.RouteType, w.VersionPrefix+"rds-", log, nil, nil)
+	s.cds = newResourceCache(resource.ClusterType, w.VersionPrefix+"cds-", log, nil, nil)
 	s.groups.Store(&map[Client]*resourceCache{})
 	s.topo.Store(newTopology(registry.Networks{}))
 	s.views.Store(&map[string]*view{})

@@ -19,18 +19,18 @@ import (
 
 func startXDS(t *testing.T) (*Server, *prometheus.Registry, string) {
 	t.Helper()
-	return startXDSWith(t, DefaultConfig())
+	return startXDSWith(t, DefaultConfig(), Wiring{})
 }
 
-// startXDSWith is startXDS with cfg.
-func startXDSWith(t *testing.T, cfg Config) (*Server, *prometheus.Registry, string) {
+// startXDSWith is startXDS with cfg and w.
+func startXDSWith(t *testing.T, cfg Config, w Wiring) (*Server, *prometheus.Registry, string) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	level := slog.LevelWarn
 	if testing.Verbose() {
 		level = slog.LevelDebug
 	}
-	s := NewServer(cfg, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})), reg)
+	s := NewServer(cfg, w, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})), reg)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -145,7 +145,7 @@ func served(t *testing.T, r *registry.Registry, client registry.Locality) served
 // what the caches hold for node.
 func servedWith(t *testing.T, r *registry.Registry, nets registry.Networks, node *core.Node) servedSet {
 	t.Helper()
-	srv := NewServer(DefaultConfig(), nil, nil)
+	srv := NewServer(DefaultConfig(), Wiring{}, nil, nil)
 	srv.SetNetworks(nets)
 	srv.Update(r, registry.Diff{})
 	eds := srv.edsCache(node)
