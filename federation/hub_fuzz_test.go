@@ -287,7 +287,7 @@ func fuzzImportAnswer(t *testing.T, s *hubSession, stream *sessionStream, m *fed
 	// The hub holds back only services it sent, for the reasons the spoke gave.
 	for k, why := range st.Refused {
 		key, perr := registry.ParseServiceKey(k)
-		if perr != nil || s.imports.set.Imports[key] == nil || !slices.ContainsFunc(m.GetImportNack().GetRejections(), func(r *fedv1.Rejection) bool {
+		if perr != nil || !heldIn(s.imports.set, key) || !slices.ContainsFunc(m.GetImportNack().GetRejections(), func(r *fedv1.Rejection) bool {
 			return KeyFromProto(r.GetService()) == key && r.GetReason() == why
 		}) {
 			t.Fatalf("refused %q (%q), which the hub did not send or the spoke did not refuse", k, why)

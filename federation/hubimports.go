@@ -54,26 +54,49 @@ func (h *HubServer) dropImportStatus(cluster registry.ClusterID, epoch uint64) {
 // session's goroutine. One update (the chunks of one full state) is in
 // flight at a time; the next delta is computed against what the spoke acked,
 // so changes that arrive meanwhile are merged into it.
+//
+// A delta looks only at the dirty services: those whose import changed in
+// the hub's set since the session last looked (the set's chain says which),
+// and those of an update the spoke refused. A full state, a change of
+// namespaces, or a set the chain does not reach back to makes the next
+// delta compare whole, as every delta did before. What report publishes is
+// kept as those change, so that it costs what changed too.
 type hubImports struct {
 	s          *hubSession
 	namespaces map[string]bool
+	names      []string // the namespaces, sorted
 	set        *ImportSet
 	changed    <-chan struct{}
 	version    uint64
 	// acked is what the spoke acknowledged; sending what acked becomes once
-	// the update in flight is acknowledged.
-	acked, sending         map[registry.ServiceKey]*imports.Import
+	// the update in flight is acknowledged. Persistent, so that a delta
+	// makes sending in what it changes.
+	acked, sending         ImportMap
 	ackedAuth, sendingAuth bool
 	inflight               []string // nonces of the chunks in flight, oldest first
 	inflightFull           bool
-	spoiled                uint64 // a version the spoke refused: answers to its other chunks are ignored
-	ackedVersion, written  uint64
-	refused                map[registry.ServiceKey]*imports.Import // forms the spoke refused
-	refusedWhy             map[registry.ServiceKey]string
+	// inflightKeys are the services the delta in flight upserts or removes:
+	// the only ones whose acked form its ack changes, dirty again if refused.
+	inflightKeys          []registry.ServiceKey
+	spoiled               uint64 // a version the spoke refused: answers to its other chunks are ignored
+	ackedVersion, written uint64
+	refused               map[registry.ServiceKey]*imports.Import // forms the spoke refused
+	refusedWhy            map[registry.ServiceKey]string
 	// retained names imports the spoke keeps in its own form (sent in a full
 	// state's retain list): a remove is sent for them once the hub has them no more.
 	retained map[registry.ServiceKey]bool
 	sentOnce bool
+	// dirty names the services whose import the spoke should hold may differ
+	// from what it acked (or whose refusal or retention may have to go); with
+	// whole, every service may, and the next delta compares whole.
+	dirty map[registry.ServiceKey]struct{}
+	whole bool
+	// What report publishes, kept as the set, the namespaces and acks
+	// change: how many imports the spoke should hold, how many of those it
+	// acked as they are, and the services that differ from what it acked
+	// (sorted by name).
+	wanted, ackedCount int
+	pending            []string
 	// problems is the spoke's last problem set (ImportProblems), of imports
 	// the cluster should hold or holds when it came; problemsOmitted counts
 	// those the spoke left out of it.
@@ -82,9 +105,8 @@ type hubImports struct {
 }
 
 func newHubImports(s *hubSession, namespaces []string) *hubImports {
-	im := &hubImports{s: s, acked: map[registry.ServiceKey]*imports.Import{},
-		refused: map[registry.ServiceKey]*imports.Import{}, refusedWhy: map[registry.ServiceKey]string{},
-		retained: map[registry.ServiceKey]bool{}}
+	im := &hubImports{s: s, refused: map[registry.ServiceKey]*imports.Import{}, refusedWhy: map[registry.ServiceKey]string{},
+		retained: map[registry.ServiceKey]bool{}, dirty: map[registry.ServiceKey]struct{}{}}
 	im.setNamespaces(namespaces)
 	return im
 }
@@ -94,12 +116,26 @@ func (im *hubImports) setNamespaces(names []string) {
 	for _, n := range names {
 		im.namespaces[n] = true
 	}
+	im.names = slices.Sorted(maps.Keys(im.namespaces))
+	im.whole = true // any import may come or go
+	if im.set != nil {
+		im.recount()
+	}
+}
+
+// wants returns the import of k the spoke's cluster should hold of the current set, or nil.
+func (im *hubImports) wants(k registry.ServiceKey) *imports.Import {
+	if !imports.Wanted(k, func(ns string) bool { return im.namespaces[ns] }) {
+		return nil
+	}
+	imp, _ := im.set.Imports.Get(k)
+	return imp
 }
 
 // want is what the spoke's cluster should hold of the current set.
 func (im *hubImports) want() map[registry.ServiceKey]*imports.Import {
 	out := make(map[registry.ServiceKey]*imports.Import)
-	for k, imp := range im.set.Imports {
+	for k, imp := range im.set.Imports.All() {
 		if imports.Wanted(k, func(ns string) bool { return im.namespaces[ns] }) {
 			out[k] = imp
 		}
@@ -107,43 +143,143 @@ func (im *hubImports) want() map[registry.ServiceKey]*imports.Import {
 	return out
 }
 
+// same says whether a and b are the same form of an import (either may be nil).
+func same(a, b *imports.Import) bool { return a == b || a.Equal(b) }
+
+// follow makes set the one the session looks at: the services that changed
+// since the last one are dirty, and the counts follow them.
+func (im *hubImports) follow(set *ImportSet) {
+	if set == im.set {
+		return
+	}
+	keys, ok := set.ChangedSince(im.set)
+	if !ok {
+		im.set, im.whole = set, true
+		im.recount()
+		return
+	}
+	for _, k := range keys {
+		im.count(k, -1)
+	}
+	im.set = set
+	for _, k := range keys {
+		im.count(k, 1)
+		im.dirty[k] = struct{}{}
+	}
+}
+
+// count adds (sign 1) or takes back (-1) what k adds to the counts report
+// publishes, as the set and acked hold it now.
+func (im *hubImports) count(k registry.ServiceKey, sign int) {
+	imp := im.wants(k)
+	old, held := im.acked.Get(k)
+	switch {
+	case imp != nil && same(old, imp):
+		im.wanted += sign
+		im.ackedCount += sign
+	case imp != nil:
+		im.wanted += sign
+		im.countPending(k, sign)
+	case held:
+		im.countPending(k, sign)
+	}
+}
+
+func (im *hubImports) countPending(k registry.ServiceKey, sign int) {
+	name := k.String()
+	i, found := slices.BinarySearch(im.pending, name)
+	switch {
+	case sign > 0 && !found:
+		im.pending = slices.Insert(im.pending, i, name)
+	case sign < 0 && found:
+		im.pending = slices.Delete(im.pending, i, i+1)
+	}
+}
+
+// recount makes the counts report publishes again from the whole set and
+// acked: after what changed every service (a full state acknowledged, the
+// namespaces) or a set the chain does not reach.
+func (im *hubImports) recount() {
+	im.wanted, im.ackedCount, im.pending = 0, 0, nil
+	for k, imp := range im.set.Imports.All() {
+		if !imports.Wanted(k, func(ns string) bool { return im.namespaces[ns] }) {
+			continue
+		}
+		im.wanted++
+		if old, _ := im.acked.Get(k); same(old, imp) {
+			im.ackedCount++
+		} else {
+			im.pending = append(im.pending, k.String())
+		}
+	}
+	for k := range im.acked.Keys() {
+		if im.wants(k) == nil {
+			im.pending = append(im.pending, k.String())
+		}
+	}
+	slices.Sort(im.pending)
+}
+
+// lookAt returns the services the next delta looks at, sorted: the dirty
+// ones, or every one the spoke should hold, acked or retained.
+func (im *hubImports) lookAt() []registry.ServiceKey {
+	var keys []registry.ServiceKey
+	if im.whole {
+		for k := range im.set.Imports.Keys() {
+			if imports.Wanted(k, func(ns string) bool { return im.namespaces[ns] }) {
+				keys = append(keys, k)
+			}
+		}
+		keys = slices.AppendSeq(keys, im.acked.Keys())
+		keys = slices.AppendSeq(keys, maps.Keys(im.retained))
+	} else {
+		keys = slices.AppendSeq(make([]registry.ServiceKey, 0, len(im.dirty)), maps.Keys(im.dirty))
+	}
+	slices.SortFunc(keys, registry.ServiceKey.Compare)
+	return slices.Compact(keys)
+}
+
 // next sends what the spoke should hold next, unless an update is in flight:
 // a full state first (and again when the hub's set turns authoritative), then deltas.
 func (im *hubImports) next() error {
-	im.set, im.changed = im.s.h.imports.Imports()
+	var set *ImportSet
+	set, im.changed = im.s.h.imports.Imports()
+	im.follow(set)
 	if len(im.inflight) > 0 {
 		return nil // the answer sends what changed meanwhile
 	}
-	want := im.want()
+	// Refusals are few (and report lists them all): looked at whole.
 	for k := range im.refused {
-		if want[k] == nil { // gone from the hub: its refusal means nothing any more
+		if im.wants(k) == nil { // gone from the hub: its refusal means nothing any more
 			delete(im.refused, k)
 			delete(im.refusedWhy, k)
 		}
 	}
 	if !im.sentOnce || im.set.Authoritative && !im.ackedAuth {
-		return im.send(true, want, nil, want)
+		return im.sendFull()
 	}
+	keys := im.lookAt()
+	im.dirty, im.whole = map[registry.ServiceKey]struct{}{}, false // not clear: its cost is the most it ever held
 	var upserts []*imports.Import
 	var removes []registry.ServiceKey
-	for _, k := range slices.SortedFunc(maps.Keys(want), registry.ServiceKey.Compare) {
-		imp := want[k]
-		if old := im.acked[k]; old == imp || old != nil && old.Equal(imp) {
-			continue
-		}
-		if r := im.refused[k]; r != nil && (r == imp || r.Equal(imp)) {
-			continue // refused in this form: not again until it changes
-		}
-		upserts = append(upserts, imp)
-	}
-	for _, k := range slices.SortedFunc(maps.Keys(im.acked), registry.ServiceKey.Compare) {
-		if want[k] == nil {
-			removes = append(removes, k)
+	for _, k := range keys {
+		imp := im.wants(k)
+		old, held := im.acked.Get(k)
+		switch {
+		case imp == nil:
+			if held {
+				removes = append(removes, k)
+			}
+		case same(old, imp):
+		case im.refused[k] != nil && same(im.refused[k], imp):
+			// refused in this form: not again until it changes
+		default:
+			upserts = append(upserts, imp)
 		}
 	}
 	// What the spoke keeps in its own form goes too once the hub has it no more.
-	for _, k := range slices.SortedFunc(maps.Keys(im.retained), registry.ServiceKey.Compare) {
-		if want[k] == nil {
+	for _, k := range keys {
+		if im.retained[k] && im.wants(k) == nil {
 			removes = append(removes, k)
 			delete(im.retained, k)
 		}
@@ -155,37 +291,42 @@ func (im *hubImports) next() error {
 		im.report()
 		return nil
 	}
-	next := maps.Clone(im.acked)
+	next := im.acked.Builder()
 	for _, imp := range upserts {
-		next[imp.Service] = imp
+		next.Set(imp.Service, imp)
 	}
 	for _, k := range removes {
-		delete(next, k)
+		next.Delete(k)
 	}
-	return im.send(false, next, removes, upserts)
+	return im.send(false, next.Map(), removes, upserts, nil)
 }
 
-// send sends a full state (upserts is every import, given as a map) or a
-// delta, in chunks, and records what acked becomes once they are acknowledged.
-func (im *hubImports) send(full bool, next map[registry.ServiceKey]*imports.Import, removes []registry.ServiceKey, upserts any) error {
+// sendFull sends everything the spoke should hold, but for the services
+// whose form it refused: it keeps its own form of those (retain), even
+// under an authoritative full state.
+func (im *hubImports) sendFull() error {
+	want := im.want()
+	clear(im.retained)
 	var list []*imports.Import
 	var retain []*fedv1.ServiceKey
-	switch u := upserts.(type) {
-	case map[registry.ServiceKey]*imports.Import:
-		clear(im.retained)
-		for _, k := range slices.SortedFunc(maps.Keys(u), registry.ServiceKey.Compare) {
-			if r := im.refused[k]; r != nil && (r == u[k] || r.Equal(u[k])) {
-				// The spoke keeps its own form of a refused import, even under an authoritative full state.
-				delete(next, k)
-				retain = append(retain, KeyToProto(k))
-				im.retained[k] = true
-				continue
-			}
-			list = append(list, u[k])
+	next := ImportMap{}.Builder()
+	for _, k := range slices.SortedFunc(maps.Keys(want), registry.ServiceKey.Compare) {
+		if r := im.refused[k]; r != nil && same(r, want[k]) {
+			retain = append(retain, KeyToProto(k))
+			im.retained[k] = true
+			continue
 		}
-	case []*imports.Import:
-		list = u
+		list = append(list, want[k])
+		next.Set(k, want[k])
 	}
+	// The full state is the whole comparison: what changes after it is dirty.
+	im.dirty, im.whole = map[registry.ServiceKey]struct{}{}, false
+	return im.send(true, next.Map(), nil, list, retain)
+}
+
+// send sends a full state or a delta, in chunks, and records what acked
+// becomes once they are acknowledged.
+func (im *hubImports) send(full bool, next ImportMap, removes []registry.ServiceKey, list []*imports.Import, retain []*fedv1.ServiceKey) error {
 	im.version++
 	encoded := make([]*fedv1.Import, len(list))
 	for i, imp := range list {
@@ -198,6 +339,13 @@ func (im *hubImports) send(full bool, next map[registry.ServiceKey]*imports.Impo
 	chunks := chunkImports(head, removes, encoded, im.s.h.cfg.MaxMessageBytes-retainBytes(retain))
 	chunks[len(chunks)-1].Retain = retain
 	im.inflight, im.inflightFull = im.inflight[:0], full
+	im.inflightKeys = im.inflightKeys[:0]
+	if !full {
+		for _, imp := range list {
+			im.inflightKeys = append(im.inflightKeys, imp.Service)
+		}
+		im.inflightKeys = append(im.inflightKeys, removes...)
+	}
 	for i, c := range chunks {
 		c.Nonce = fmt.Sprintf("import-%d.%d", im.version, i)
 		im.inflight = append(im.inflight, c.Nonce)
@@ -240,11 +388,24 @@ func (im *hubImports) ack(a *fedv1.Ack) error {
 	if err != nil || !last || stale {
 		return err
 	}
-	im.acked, im.ackedAuth, im.ackedVersion = im.sending, im.sendingAuth, a.GetVersion()
+	if im.inflightFull {
+		im.acked = im.sending
+		im.recount()
+	} else {
+		for _, k := range im.inflightKeys {
+			im.count(k, -1)
+		}
+		im.acked = im.sending
+		for _, k := range im.inflightKeys {
+			im.count(k, 1)
+		}
+	}
+	im.ackedAuth, im.ackedVersion = im.sendingAuth, a.GetVersion()
 	for k, r := range im.refused {
-		if cur := im.acked[k]; cur != nil && cur != r && !cur.Equal(r) {
+		if cur, _ := im.acked.Get(k); cur != nil && !same(cur, r) {
 			delete(im.refused, k)
 			delete(im.refusedWhy, k)
+			im.dirty[k] = struct{}{} // its current form may be sent again
 		}
 	}
 	return im.next()
@@ -262,14 +423,18 @@ func (im *hubImports) nack(n *fedv1.Nack) error {
 	if im.inflightFull {
 		im.sentOnce = false // send a full state again, without what was refused
 	}
+	for _, k := range im.inflightKeys { // not applied: looked at again
+		im.dirty[k] = struct{}{}
+	}
 	named := false
 	for _, r := range n.GetRejections() {
 		if r.GetService() == nil {
 			continue
 		}
 		k := KeyFromProto(r.GetService())
-		if imp := im.sending[k]; imp != nil {
+		if imp, _ := im.sending.Get(k); imp != nil {
 			im.refused[k], im.refusedWhy[k], named = imp, r.GetReason(), true
+			im.dirty[k] = struct{}{}
 		}
 	}
 	im.s.log.Warn("spoke refused imports", "version", n.GetVersion(), "services", len(n.GetRejections()))
@@ -281,26 +446,12 @@ func (im *hubImports) nack(n *fedv1.Nack) error {
 }
 
 func (im *hubImports) report() {
-	want := im.want()
-	st := ImportStatus{Cluster: im.s.cluster, Epoch: im.s.epoch, Namespaces: len(im.namespaces), Imports: len(want),
-		SentVersion: im.version, AckedVersion: im.ackedVersion, WrittenVersion: im.written,
-		Authoritative: im.ackedAuth, UpdatedAt: time.Now()}
-	var pending []string
-	for k, imp := range want {
-		if old := im.acked[k]; old == imp || old != nil && old.Equal(imp) {
-			st.Acked++
-		} else {
-			pending = append(pending, k.String())
-		}
+	st := ImportStatus{Cluster: im.s.cluster, Epoch: im.s.epoch, Namespaces: len(im.namespaces), Imports: im.wanted,
+		Acked: im.ackedCount, Pending: len(im.pending), SentVersion: im.version, AckedVersion: im.ackedVersion,
+		WrittenVersion: im.written, Authoritative: im.ackedAuth, NamespaceNames: im.names, UpdatedAt: time.Now()}
+	if len(im.pending) > 0 { // a copy: the status outlives this list's changes
+		st.PendingServices = slices.Clone(im.pending[:min(len(im.pending), maxListed)])
 	}
-	for k := range im.acked {
-		if want[k] == nil {
-			pending = append(pending, k.String())
-		}
-	}
-	slices.Sort(pending)
-	st.Pending, st.PendingServices = len(pending), pending[:min(len(pending), maxListed)]
-	st.NamespaceNames = slices.Sorted(maps.Keys(im.namespaces))
 	if len(im.refusedWhy) > 0 {
 		st.Refused = map[string]string{}
 		for k, why := range im.refusedWhy {
@@ -308,7 +459,7 @@ func (im *hubImports) report() {
 		}
 	}
 	for _, p := range im.problems {
-		if want[p.Service] != nil {
+		if im.wants(p.Service) != nil {
 			if st.BlockedCount++; len(st.Blocked) < maxListed {
 				st.Blocked = append(st.Blocked, p)
 			}
@@ -325,15 +476,14 @@ func (im *hubImports) setProblems(m *fedv1.ImportProblems) error {
 	if err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
-	want := im.want()
 	kept := ps[:0]
 	for _, p := range ps {
-		if want[p.Service] != nil || im.acked[p.Service] != nil {
+		if _, held := im.acked.Get(p.Service); held || im.wants(p.Service) != nil {
 			kept = append(kept, p)
 		}
 	}
 	im.problems = slices.Clip(kept)
-	im.problemsOmitted = min(int(m.GetOmitted()), max(len(want), len(im.acked)))
+	im.problemsOmitted = min(int(m.GetOmitted()), max(im.wanted, im.acked.Len()))
 	im.s.log.Debug("spoke reports imports it cannot write", "blocked", len(kept)+im.problemsOmitted)
 	im.report()
 	return nil

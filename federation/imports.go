@@ -3,6 +3,7 @@ package federation
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
@@ -10,6 +11,7 @@ import (
 	"github.com/navemesh/nave/adminapi"
 	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/imports"
+	"github.com/navemesh/nave/internal/pmap"
 	"github.com/navemesh/nave/limits"
 	"github.com/navemesh/nave/registry"
 )
@@ -94,20 +96,152 @@ func truncateBytes(s string, n int) string {
 }
 
 // ImportSet is every import of the clusterset, as the hub holds it. It is
-// immutable: a new set replaces it.
+// immutable: a new set replaces it. A set made by Then knows which services
+// changed since the sets before it (ChangedSince), so that a session sends
+// its spoke what changed without comparing every import.
 type ImportSet struct {
-	Imports map[registry.ServiceKey]*imports.Import
+	// Imports holds each service's import (never nil). Persistent: the next
+	// set shares all but what changed with this one.
+	Imports ImportMap
 	// Authoritative: the hub holds every cluster it knows of, so a spoke may
 	// delete the imports the set does not name (see ImportUpdate.authoritative).
 	Authoritative bool
 	// CIDRs are the clusterset IP ranges (a spoke makes them routable in its cluster).
 	CIDRs []string
+	// lineage is shared by a first set (NewImportSet) and the sets that
+	// follow it, which seq numbers from 0; change is the link of the chain
+	// that made this set from the one before. A set made as a literal has
+	// none of them: no set reaches back to it.
+	lineage *importLineage
+	seq     uint64
+	change  *importChange
+}
+
+// ImportMap holds imports by service.
+type ImportMap = pmap.Map[registry.ServiceKey, *imports.Import]
+
+// importLineage identifies the sets that follow one first set. It has a
+// size so that every lineage is a distinct address.
+type importLineage struct{ _ byte }
+
+// importChange names the services whose import changed from set to-1 to
+// set to of a lineage, and links to the change before. It holds keys only:
+// a session that keeps a set keeps no older set's imports alive through it.
+type importChange struct {
+	to    uint64
+	keys  []registry.ServiceKey
+	prev  *importChange
+	links int // in the chain, this one included
+	named int // keys named in the chain
+}
+
+// maxImportLinks bounds a chain's length.
+const maxImportLinks = 64
+
+// NewImportSet returns a first set, which the sets that follow it (Then)
+// reach back to.
+func NewImportSet(imps ImportMap, authoritative bool, cidrs []string) *ImportSet {
+	return &ImportSet{Imports: imps, Authoritative: authoritative, CIDRs: cidrs, lineage: new(importLineage)}
+}
+
+// Then returns the set that follows s, with s's CIDRs. changed names every
+// service whose import differs between s and imps (added, replaced by one
+// that is not Equal, removed); it may name others, and none when only the
+// authority changed, in any order and any number of times each: the set
+// keeps changed when it is sorted with each service once (as the hub's
+// importer makes it), else a sorted copy without the repeats.
+func (s *ImportSet) Then(imps ImportMap, changed []registry.ServiceKey, authoritative bool) *ImportSet {
+	for i := 1; i < len(changed); i++ {
+		if changed[i-1].Compare(changed[i]) >= 0 {
+			changed = slices.Clone(changed)
+			slices.SortFunc(changed, registry.ServiceKey.Compare)
+			changed = slices.Compact(changed)
+			break
+		}
+	}
+	next := &ImportSet{Imports: imps, Authoritative: authoritative, CIDRs: s.CIDRs, lineage: s.lineage, seq: s.seq + 1}
+	if s.lineage == nil { // after a literal: a lineage of its own
+		next.lineage, next.seq = new(importLineage), 1
+	}
+	next.change = s.change.then(next.seq, changed, 2*imps.Len()+64)
+	return next
+}
+
+// then returns the link to set to, naming keys, after the chain c (nil:
+// none). A chain holds at most maxImportLinks links and bound keys (about
+// twice what the set holds): when c is full, the new link follows a copy of
+// c's newer half that fits (the keys are shared), so that a session a few
+// sets behind still reaches back at any time; one further behind than that
+// compares whole, which then costs no more.
+func (c *importChange) then(to uint64, keys []registry.ServiceKey, bound int) *importChange {
+	next := &importChange{to: to, keys: keys, links: 1, named: len(keys)}
+	if c == nil {
+		return next
+	}
+	if c.links < maxImportLinks && c.named+len(keys) <= bound {
+		next.prev, next.links, next.named = c, c.links+1, c.named+len(keys)
+		return next
+	}
+	var kept []*importChange
+	for n := c; n != nil && len(kept) < maxImportLinks/2 && next.named+len(n.keys) <= bound; n = n.prev {
+		kept = append(kept, n)
+		next.named += len(n.keys)
+	}
+	var prev *importChange
+	for _, n := range slices.Backward(kept) {
+		copied := &importChange{to: n.to, keys: n.keys, prev: prev, links: 1, named: len(n.keys)}
+		if prev != nil {
+			copied.links, copied.named = prev.links+1, prev.named+len(n.keys)
+		}
+		prev = copied
+	}
+	next.prev, next.links = prev, len(kept)+1
+	return next
+}
+
+// ChangedSince returns the services whose import may differ between older
+// and s, each once (it may name some whose import did not change); not to
+// be modified. False when s does not reach back to older (older is not a
+// set s follows, or the chain was cut since): the caller compares whole.
+func (s *ImportSet) ChangedSince(older *ImportSet) ([]registry.ServiceKey, bool) {
+	if s == older {
+		return nil, true
+	}
+	if older == nil || s.lineage == nil || older.lineage != s.lineage || older.seq >= s.seq {
+		return nil, false
+	}
+	var links []*importChange
+	for n := s.change; ; n = n.prev {
+		if n == nil {
+			return nil, false // cut since older
+		}
+		if links = append(links, n); n.to == older.seq+1 {
+			break
+		}
+	}
+	if len(links) == 1 {
+		return links[0].keys, true
+	}
+	var out []registry.ServiceKey
+	seen := map[registry.ServiceKey]bool{}
+	for _, n := range links {
+		for _, k := range n.keys {
+			if !seen[k] {
+				seen[k] = true
+				out = append(out, k)
+			}
+		}
+	}
+	return out, true
 }
 
 // ImportSource is where the hub's sessions get the imports from.
 type ImportSource interface {
-	// Imports returns the current set and a channel closed once it is replaced.
-	// It must not block.
+	// Imports returns the current set and a channel closed once it is
+	// replaced. It must not block. Each set should follow the one before
+	// (Then, from a NewImportSet): a session then looks at the services that
+	// changed since the set it last saw, and compares whole only when the
+	// chain does not reach back that far.
 	Imports() (*ImportSet, <-chan struct{})
 }
 

@@ -3,7 +3,6 @@ package federation
 import (
 	"context"
 	"fmt"
-	"maps"
 	"net/netip"
 	"slices"
 	"sync"
@@ -17,20 +16,30 @@ import (
 	"github.com/navemesh/nave/registry"
 )
 
-// importSource is a settable ImportSource.
+// importSource is a settable ImportSource whose sets follow one another (Then).
 type importSource struct {
 	mu      sync.Mutex
 	set     *ImportSet
 	changed chan struct{}
 }
 
-func newImportSource(auth bool, imps ...*imports.Import) *importSource {
-	s := &importSource{changed: make(chan struct{})}
-	s.set = &ImportSet{Imports: map[registry.ServiceKey]*imports.Import{}, Authoritative: auth, CIDRs: []string{"243.0.0.0/16"}}
+// importMap holds imps.
+func importMap(imps ...*imports.Import) ImportMap {
+	b := ImportMap{}.Builder()
 	for _, imp := range imps {
-		s.set.Imports[imp.Service] = imp
+		b.Set(imp.Service, imp)
 	}
-	return s
+	return b.Map()
+}
+
+// heldIn says whether set holds an import of k.
+func heldIn(set *ImportSet, k registry.ServiceKey) bool {
+	imp, _ := set.Imports.Get(k)
+	return imp != nil
+}
+
+func newImportSource(auth bool, imps ...*imports.Import) *importSource {
+	return &importSource{changed: make(chan struct{}), set: NewImportSet(importMap(imps...), auth, []string{"243.0.0.0/16"})}
 }
 
 func (s *importSource) Imports() (*ImportSet, <-chan struct{}) {
@@ -39,24 +48,40 @@ func (s *importSource) Imports() (*ImportSet, <-chan struct{}) {
 	return s.set, s.changed
 }
 
-// update replaces the set with a changed copy.
-func (s *importSource) update(change func(*ImportSet)) {
+// update replaces the set with the next one: imps put, keys removed, and
+// the authority changed when auth is not nil.
+func (s *importSource) update(put []*imports.Import, remove []registry.ServiceKey, auth *bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	next := &ImportSet{Imports: maps.Clone(s.set.Imports), Authoritative: s.set.Authoritative, CIDRs: s.set.CIDRs}
-	change(next)
-	s.set = next
+	b := s.set.Imports.Builder()
+	var changed []registry.ServiceKey
+	for _, imp := range put {
+		b.Set(imp.Service, imp)
+		changed = append(changed, imp.Service)
+	}
+	for _, k := range remove {
+		b.Delete(k)
+		changed = append(changed, k)
+	}
+	authoritative := s.set.Authoritative
+	if auth != nil {
+		authoritative = *auth
+	}
+	s.replace(s.set.Then(b.Map(), changed, authoritative))
+}
+
+// replace makes set the current one; s.mu is held.
+func (s *importSource) replace(set *ImportSet) {
+	s.set = set
 	close(s.changed)
 	s.changed = make(chan struct{})
 }
 
-func (s *importSource) put(imps ...*imports.Import) {
-	s.update(func(set *ImportSet) {
-		for _, imp := range imps {
-			set.Imports[imp.Service] = imp
-		}
-	})
-}
+func (s *importSource) put(imps ...*imports.Import) { s.update(imps, nil, nil) }
+
+func (s *importSource) remove(keys ...registry.ServiceKey) { s.update(nil, keys, nil) }
+
+func (s *importSource) setAuthoritative(auth bool) { s.update(nil, nil, &auth) }
 
 // testImport is a ClusterSetIP import of ns/name from east with the given endpoint addresses.
 func testImport(ns, name string, addrs ...string) *imports.Import {
@@ -157,7 +182,7 @@ func TestImportStream(t *testing.T) {
 	pub.SetNamespaces([]string{"default", "other"})
 	s = awaitImports(t, states, "the new namespace's import", func(s ImportState) bool { return len(s.Imports) == 3 })
 	// An import goes: it is removed, and deletable.
-	src.update(func(set *ImportSet) { delete(set.Imports, registry.ServiceKey{Namespace: "default", Name: "api"}) })
+	src.remove(registry.ServiceKey{Namespace: "default", Name: "api"})
 	s = awaitImports(t, states, "the removal", func(s ImportState) bool { return len(s.Imports) == 2 })
 	if !s.Deletable(registry.ServiceKey{Namespace: "default", Name: "api"}) || s.Deletable(registry.ServiceKey{Namespace: "default", Name: "web"}) {
 		t.Errorf("deletable after the removal: api %v, web %v", s.Deletable(registry.ServiceKey{Namespace: "default", Name: "api"}),
@@ -213,7 +238,7 @@ func TestNonAuthoritativeFullStateDeletesNothing(t *testing.T) {
 		t.Fatalf("after a non-authoritative full state: %v authoritative=%v deletable(old)=%v", keysOf(s), s.Authoritative, s.Deletable(old))
 	}
 	// The hub hears from every cluster: an authoritative full state follows.
-	cold.update(func(set *ImportSet) { set.Authoritative = true })
+	cold.setAuthoritative(true)
 	s = awaitImports(t, states, "the authoritative state", func(s ImportState) bool { return s.Authoritative })
 	if got := keysOf(s); !slices.Equal(got, []string{"default/new"}) || !s.Deletable(old) {
 		t.Errorf("after the authoritative full state: %v deletable(old)=%v", got, s.Deletable(old))
@@ -423,7 +448,7 @@ func TestRetainedImportIsKeptThenRemoved(t *testing.T) {
 	if s.Deletable(k) || !s.Retained[k] {
 		t.Fatalf("a refused import the cluster may hold is deletable (retained=%v)", s.Retained[k])
 	}
-	src.update(func(set *ImportSet) { delete(set.Imports, k) })
+	src.remove(k)
 	s = awaitImports(t, states, "k removed", func(s ImportState) bool { return s.Removed[k] })
 	if !s.Deletable(k) || s.Retained[k] {
 		t.Errorf("removed at the hub, k is still kept: deletable=%v retained=%v", s.Deletable(k), s.Retained[k])

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net/http"
 	"net/http/pprof"
 	"slices"
@@ -21,16 +20,17 @@ import (
 	"github.com/navemesh/nave/dashboard"
 	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/imports"
+	"github.com/navemesh/nave/internal/pmap"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/xds"
 )
 
 // Imports describes an import set, the addresses it leaves out, and the sessions taking it.
-func Imports(set *federation.ImportSet, skipped map[registry.ServiceKey][]imports.Skipped, sessions []federation.ImportStatus) adminapi.ImportsInfo {
+func Imports(set *federation.ImportSet, skipped pmap.Map[registry.ServiceKey, []imports.Skipped], sessions []federation.ImportStatus) adminapi.ImportsInfo {
 	info := adminapi.ImportsInfo{Authoritative: set.Authoritative, CIDRs: set.CIDRs, Imports: []adminapi.ImportInfo{},
 		Sessions: sessions}
-	for _, k := range slices.SortedFunc(maps.Keys(set.Imports), registry.ServiceKey.Compare) {
-		imp := set.Imports[k]
+	for _, k := range slices.SortedFunc(set.Imports.Keys(), registry.ServiceKey.Compare) {
+		imp, _ := set.Imports.Get(k)
 		ii := adminapi.ImportInfo{Service: k, Type: "ClusterSetIP", Ports: imp.Ports, Revision: imp.Hash().String()[:12]}
 		if imp.Headless {
 			ii.Type = "Headless"
@@ -47,7 +47,8 @@ func Imports(set *federation.ImportSet, skipped map[registry.ServiceKey][]import
 			}
 			ii.Sources = append(ii.Sources, si)
 		}
-		for _, s := range skipped[k] {
+		held, _ := skipped.Get(k)
+		for _, s := range held {
 			ii.Skipped = append(ii.Skipped, fmt.Sprintf("%s %s: %s", s.Cluster, s.Address, s.Reason))
 		}
 		info.Imports = append(info.Imports, ii)

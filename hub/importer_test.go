@@ -44,8 +44,8 @@ func TestImporterAuthority(t *testing.T) {
 	known := clusterStatus(adminapi.ClusterStatus{Cluster: "west"}) // in the catalog, no data yet
 	im := newImporter(nil, nil, time.Hour, slog.New(slog.DiscardHandler))
 	importerRound(t, im, map[registry.ClusterID]ClusterStatus{"east": held}, webShard("east", true))
-	if set, _ := im.Imports(); set.Authoritative || len(set.Imports) != 1 {
-		t.Fatalf("without a catalog, within the grace: authoritative=%v, %d imports; want not authoritative", set.Authoritative, len(set.Imports))
+	if set, _ := im.Imports(); set.Authoritative || set.Imports.Len() != 1 {
+		t.Fatalf("without a catalog, within the grace: authoritative=%v, %d imports; want not authoritative", set.Authoritative, set.Imports.Len())
 	}
 	im.catalogRead.Store(true)
 	importerRound(t, im, map[registry.ClusterID]ClusterStatus{"east": held, "west": known}, webShard("east", true))
@@ -83,8 +83,8 @@ func TestImporterWaitingForAnIPIsNotAuthoritative(t *testing.T) {
 	importerRound(t, im, map[registry.ClusterID]ClusterStatus{"east": clusterStatus(adminapi.ClusterStatus{Cluster: "east", LastUpdate: time.Now()})},
 		webShard("east", false))
 	set, _ := im.Imports()
-	if set.Authoritative || len(set.Imports) != 0 || !im.waiting[registry.ServiceKey{Namespace: "default", Name: "web"}] {
+	if set.Authoritative || set.Imports.Len() != 0 || !im.waiting[registry.ServiceKey{Namespace: "default", Name: "web"}] {
 		t.Fatalf("authoritative=%v imports=%d waiting=%v; want the import waiting for its IP and the set not authoritative",
-			set.Authoritative, len(set.Imports), im.waiting)
+			set.Authoritative, set.Imports.Len(), im.waiting)
 	}
 }

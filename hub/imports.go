@@ -13,6 +13,7 @@ import (
 
 	"github.com/navemesh/nave/federation"
 	"github.com/navemesh/nave/imports"
+	"github.com/navemesh/nave/internal/pmap"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/replicas"
 )
@@ -43,8 +44,9 @@ type importer struct {
 	current *federation.ImportSet
 	changed chan struct{} // closed when current is replaced
 	// skipped are the endpoint addresses each import leaves out (loopback,
-	// link-local, ...), replaced with current.
-	skipped map[registry.ServiceKey][]imports.Skipped
+	// link-local, ...), replaced with current. Persistent, as the imports
+	// are: a round changes what it rebuilt, not a copy of the whole.
+	skipped pmap.Map[registry.ServiceKey, []imports.Skipped]
 
 	// pending are the services changed since the last round, and pendingReg
 	// the registry they changed in (Update); guarded by pendingMu.
@@ -71,7 +73,7 @@ func newImporter(ips *replicas.ClusterSetIPs, cidrs []string, grace time.Duratio
 		ips: ips, log: log.With("component", "imports"), claimTimeout: 5 * time.Second, retry: time.Second,
 		started: time.Now(), grace: grace, releasing: map[registry.ServiceKey]bool{},
 		latest: make(chan View, 1), kick: make(chan struct{}, 1), pending: map[registry.ServiceKey]bool{},
-		current: &federation.ImportSet{Imports: map[registry.ServiceKey]*imports.Import{}, CIDRs: cidrs},
+		current: federation.NewImportSet(federation.ImportMap{}, false, cidrs),
 		changed: make(chan struct{}),
 		reg:     registry.New(), stale: map[registry.ClusterID]bool{},
 		built: map[registry.ServiceKey]*imports.Import{}, waiting: map[registry.ServiceKey]bool{},
@@ -203,21 +205,24 @@ func (im *importer) round(ctx context.Context, v View) {
 	if len(touched) == 0 && im.authoritative() == im.current.Authoritative {
 		return
 	}
-	next := maps.Clone(im.current.Imports)
+	// The next set is the current one with what this round rebuilt: a
+	// round costs what it touched, and the set names what changed, so that
+	// each spoke's session looks at that alone.
+	next := im.current.Imports.Builder()
+	var changed []registry.ServiceKey
 	im.mu.Lock()
-	skippedNext := maps.Clone(im.skipped)
+	skippedNext := im.skipped.Builder()
 	im.mu.Unlock()
-	if skippedNext == nil {
-		skippedNext = map[registry.ServiceKey][]imports.Skipped{}
-	}
 	claimCtx, cancel := context.WithTimeout(ctx, im.claimTimeout)
 	defer cancel()
 	isStale := func(id registry.ClusterID) bool { return im.stale[id] }
 	for _, k := range slices.SortedFunc(maps.Keys(touched), registry.ServiceKey.Compare) {
 		svc := im.reg.Service(k)
 		if svc == nil {
-			delete(next, k)
-			delete(skippedNext, k)
+			if _, had := next.Delete(k); had {
+				changed = append(changed, k)
+			}
+			skippedNext.Delete(k)
 			delete(im.built, k)
 			delete(im.waiting, k)
 			im.release(claimCtx, k)
@@ -251,24 +256,27 @@ func (im *importer) round(ctx context.Context, v View) {
 		}
 		delete(im.waiting, k)
 		imp, skipped := imports.Build(svc, isStale, ips)
-		if len(skipped) != len(skippedNext[k]) {
+		if held, _ := skippedNext.Get(k); len(skipped) != len(held) {
 			im.log.Info("endpoint addresses not imported (an API server refuses them)", "service", k, "addresses", len(skipped))
 		}
 		if len(skipped) > 0 {
-			skippedNext[k] = skipped
+			skippedNext.Set(k, skipped)
 		} else {
-			delete(skippedNext, k)
+			skippedNext.Delete(k)
 		}
-		if old := next[k]; old == nil || !old.Equal(imp) {
-			next[k] = imp
+		held, _ := next.Get(k)
+		if held == nil || !held.Equal(imp) {
+			next.Set(k, imp)
+			changed = append(changed, k)
+			held = imp
 		}
-		im.built[k] = next[k]
+		im.built[k] = held
 	}
-	im.publish(&federation.ImportSet{Imports: next, Authoritative: im.authoritative(), CIDRs: im.current.CIDRs}, skippedNext)
+	im.publish(im.current.Then(next.Map(), changed, im.authoritative()), skippedNext.Map())
 }
 
 // Skipped returns the addresses each import leaves out (not to be modified).
-func (im *importer) Skipped() map[registry.ServiceKey][]imports.Skipped {
+func (im *importer) Skipped() pmap.Map[registry.ServiceKey, []imports.Skipped] {
 	im.mu.Lock()
 	defer im.mu.Unlock()
 	return im.skipped
@@ -292,7 +300,7 @@ func (im *importer) release(ctx context.Context, k registry.ServiceKey) {
 	im.released[k] = true
 }
 
-func (im *importer) publish(set *federation.ImportSet, skipped map[registry.ServiceKey][]imports.Skipped) {
+func (im *importer) publish(set *federation.ImportSet, skipped pmap.Map[registry.ServiceKey, []imports.Skipped]) {
 	im.mu.Lock()
 	defer im.mu.Unlock()
 	im.current, im.skipped = set, skipped

@@ -5,6 +5,8 @@ import (
 	"iter"
 	"maps"
 	"slices"
+
+	"github.com/navemesh/nave/internal/pmap"
 )
 
 // Registry is the merged view of every cluster's shards. It is immutable:
@@ -14,13 +16,13 @@ import (
 // old, so an Apply costs what it changes, not what the registry holds.
 type Registry struct {
 	version  uint64
-	services pmap[ServiceKey, *Service]
-	clusters pmap[ClusterID, *clusterShards]
+	services pmap.Map[ServiceKey, *Service]
+	clusters pmap.Map[ClusterID, *clusterShards]
 }
 
 // clusterShards is everything one cluster published. Treated as immutable.
 type clusterShards struct {
-	shards    pmap[ServiceKey, heldShard]
+	shards    pmap.Map[ServiceKey, heldShard]
 	digest    Hash
 	endpoints int
 }
@@ -163,9 +165,9 @@ func (r *Registry) Apply(c Change) (*Registry, Diff) {
 	if c.Replace {
 		// Start from nothing: every held shard counts as dropped unless re-upserted
 		// unchanged below, or retained.
-		next.shards = pmap[ServiceKey, heldShard]{}
+		next.shards = pmap.Map[ServiceKey, heldShard]{}
 	}
-	shards := next.shards.builder()
+	shards := next.shards.Builder()
 	touched := map[ServiceKey]bool{}
 	drop := func(k ServiceKey, h heldShard) {
 		next.digest = next.digest.Xor(h.hash)
@@ -201,7 +203,7 @@ func (r *Registry) Apply(c Change) (*Registry, Diff) {
 	}
 
 	out := &Registry{version: r.version + 1, clusters: r.clusters}
-	services := r.services.builder()
+	services := r.services.Builder()
 	var diff Diff
 	for k := range touched {
 		before, _ := old.Get(k)

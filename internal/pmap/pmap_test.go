@@ -1,4 +1,4 @@
-package registry
+package pmap
 
 import (
 	"fmt"
@@ -9,8 +9,8 @@ import (
 	"testing"
 )
 
-// checkPmap fails unless m holds exactly want, and its trie is well formed.
-func checkPmap[K comparable, V comparable](t *testing.T, m pmap[K, V], want map[K]V) {
+// checkMap fails unless m holds exactly want, and its trie is well formed.
+func checkMap[K comparable, V comparable](t *testing.T, m Map[K, V], want map[K]V) {
 	t.Helper()
 	if m.Len() != len(want) {
 		t.Fatalf("Len = %d, want %d", m.Len(), len(want))
@@ -57,7 +57,7 @@ func checkPmap[K comparable, V comparable](t *testing.T, m pmap[K, V], want map[
 // checkNode checks that n's bitmaps match its slices, that every entry sits
 // in the slot its hash names, and that a node below the root holds at least
 // two entries; it returns how many n holds.
-func checkNode[K comparable, V any](t *testing.T, n *pnode[K, V], shift uint, prefix uint64, depth int) int {
+func checkNode[K comparable, V any](t *testing.T, n *node[K, V], shift uint, prefix uint64, depth int) int {
 	t.Helper()
 	if shift >= 64 {
 		for _, e := range n.entries {
@@ -82,7 +82,7 @@ func checkNode[K comparable, V any](t *testing.T, n *pnode[K, V], shift uint, pr
 	count := len(n.entries)
 	for i, c := range n.children {
 		chunk := uint64(bits.TrailingZeros32(nth(n.childMap, i)))
-		count += checkNode(t, c, shift+pbits, prefix|chunk<<shift, depth+1)
+		count += checkNode(t, c, shift+levelBits, prefix|chunk<<shift, depth+1)
 	}
 	if depth > 0 && count < 2 {
 		t.Fatalf("node at shift %d holds %d entries", shift, count)
@@ -98,15 +98,15 @@ func nth(bitmap uint32, i int) uint32 {
 	return bitmap & -bitmap
 }
 
-// TestPmapAgainstMap changes a pmap and a Go map alike, and checks that
-// every version of the pmap still holds what it held when made.
-func TestPmapAgainstMap(t *testing.T) {
+// TestMapAgainstGoMap changes a Map and a Go map alike, and checks that
+// every version of the Map still holds what it held when made.
+func TestMapAgainstGoMap(t *testing.T) {
 	for seed := range uint64(5) {
 		rng := rand.New(rand.NewPCG(seed, 7))
-		m := pmap[string, int]{}
+		m := Map[string, int]{}
 		model := map[string]int{}
 		type version struct {
-			m    pmap[string, int]
+			m    Map[string, int]
 			want map[string]int
 		}
 		var history []version
@@ -120,7 +120,7 @@ func TestPmapAgainstMap(t *testing.T) {
 				m = m.Delete(k)
 				delete(model, k)
 			default: // a batch through a builder
-				b := m.builder()
+				b := m.Builder()
 				for range rng.IntN(50) {
 					k := fmt.Sprint("k", rng.IntN(500))
 					want, held := model[k]
@@ -144,19 +144,19 @@ func TestPmapAgainstMap(t *testing.T) {
 				b.Set("after", 1) // must not show in the map already made
 			}
 			if step%100 == 0 {
-				checkPmap(t, m, model)
+				checkMap(t, m, model)
 				history = append(history, version{m, maps.Clone(model)})
 			}
 		}
 		for _, v := range history {
-			checkPmap(t, v.m, v.want)
+			checkMap(t, v.m, v.want)
 		}
 	}
 }
 
-// TestPmapCollisions gives keys chosen hashes: equal in all 64 bits
+// TestMapCollisions gives keys chosen hashes: equal in all 64 bits
 // (collision nodes) or in a long prefix (deep paths), then removes them.
-func TestPmapCollisions(t *testing.T) {
+func TestMapCollisions(t *testing.T) {
 	hashes := map[string]uint64{
 		"a": 0x1234, "b": 0x1234, "c": 0x1234, // collide fully
 		"d": 0x1234 | 1<<63, // agrees with a, b, c up to the last level
@@ -166,19 +166,19 @@ func TestPmapCollisions(t *testing.T) {
 		rng := rand.New(rand.NewPCG(seed, 3))
 		keys := []string{"a", "b", "c", "d", "e", "f"}
 		rng.Shuffle(len(keys), func(i, j int) { keys[i], keys[j] = keys[j], keys[i] })
-		b := pmap[string, int]{}.builder()
+		b := Map[string, int]{}.Builder()
 		want := map[string]int{}
 		for _, k := range keys {
 			v := int(k[0] - 'a')
-			if _, had := b.set(&pentry[string, int]{hashes[k], k, v + 10}); had {
+			if _, had := b.set(&entry[string, int]{hashes[k], k, v + 10}); had {
 				t.Fatalf("%s held something before it was set", k)
 			}
-			if prev, had := b.set(&pentry[string, int]{hashes[k], k, v}); prev != v+10 || !had {
+			if prev, had := b.set(&entry[string, int]{hashes[k], k, v}); prev != v+10 || !had {
 				t.Fatalf("%s held %d, %t; want %d", k, prev, had, v+10)
 			}
 			want[k] = v
 		}
-		check := func(m pmap[string, int], want map[string]int) {
+		check := func(m Map[string, int], want map[string]int) {
 			t.Helper()
 			if m.Len() != len(want) || !maps.Equal(maps.Collect(m.All()), want) {
 				t.Fatalf("holds %v, want %v", maps.Collect(m.All()), want)
@@ -213,19 +213,19 @@ func TestPmapCollisions(t *testing.T) {
 	}
 }
 
-// TestPmapCopiesOnlyThePath checks that a change copies only the nodes on
+// TestMapCopiesOnlyThePath checks that a change copies only the nodes on
 // the changed key's path and shares every other node.
-func TestPmapCopiesOnlyThePath(t *testing.T) {
-	m := pmap[int, int]{}.builder()
+func TestMapCopiesOnlyThePath(t *testing.T) {
+	m := Map[int, int]{}.Builder()
 	for i := range 10_000 {
 		m.Set(i, i)
 	}
 	before := m.Map()
 	after := before.Set(42, -1)
 	path := 0 // nodes from the root to 42's entry
-	for n, shift := before.root, uint(0); n != nil; shift += pbits {
+	for n, shift := before.root, uint(0); n != nil; shift += levelBits {
 		path++
-		bit := slot(phash(42), shift)
+		bit := slot(hashOf(42), shift)
 		if n.childMap&bit == 0 {
 			break
 		}
@@ -240,7 +240,7 @@ func TestPmapCopiesOnlyThePath(t *testing.T) {
 }
 
 // sharedNodes counts the nodes of b that a holds too, at the same place, and all of b's nodes.
-func sharedNodes[K comparable, V any](a, b *pnode[K, V]) (shared, total int) {
+func sharedNodes[K comparable, V any](a, b *node[K, V]) (shared, total int) {
 	if a == b {
 		return countNodes(b), countNodes(b)
 	}
@@ -257,7 +257,7 @@ func sharedNodes[K comparable, V any](a, b *pnode[K, V]) (shared, total int) {
 	return shared, total
 }
 
-func countNodes[K comparable, V any](n *pnode[K, V]) int {
+func countNodes[K comparable, V any](n *node[K, V]) int {
 	total := 1
 	for _, c := range n.children {
 		total += countNodes(c)
