@@ -85,6 +85,9 @@ type hubImports struct {
 	// retained names imports the spoke keeps in its own form (sent in a full
 	// state's retain list): a remove is sent for them once the hub has them no more.
 	retained map[registry.ServiceKey]bool
+	// unretain are the retained services the delta in flight upserts or
+	// removes: kept no more once it is acknowledged.
+	unretain []registry.ServiceKey
 	sentOnce bool
 	// dirty names the services whose import the spoke should hold may differ
 	// from what it acked (or whose refusal or retention may have to go); with
@@ -277,15 +280,20 @@ func (im *hubImports) next() error {
 			upserts = append(upserts, imp)
 		}
 	}
-	// What the spoke keeps in its own form goes too once the hub has it no more.
+	// What the spoke keeps in its own form goes too once the hub has it no
+	// more; it is kept no more once the spoke acknowledges that, or takes
+	// the hub's form again (a refused update leaves it kept).
+	im.unretain = im.unretain[:0]
 	for _, k := range keys {
 		if im.retained[k] && im.wants(k) == nil {
 			removes = append(removes, k)
-			delete(im.retained, k)
+			im.unretain = append(im.unretain, k)
 		}
 	}
 	for _, imp := range upserts {
-		delete(im.retained, imp.Service) // the spoke takes the hub's form again
+		if im.retained[imp.Service] {
+			im.unretain = append(im.unretain, imp.Service)
+		}
 	}
 	if len(upserts) == 0 && len(removes) == 0 {
 		im.report()
@@ -320,7 +328,7 @@ func (im *hubImports) sendFull() error {
 		next.Set(k, want[k])
 	}
 	// The full state is the whole comparison: what changes after it is dirty.
-	im.dirty, im.whole = map[registry.ServiceKey]struct{}{}, false
+	im.dirty, im.whole, im.unretain = map[registry.ServiceKey]struct{}{}, false, im.unretain[:0]
 	return im.send(true, next.Map(), nil, list, retain)
 }
 
@@ -401,8 +409,15 @@ func (im *hubImports) ack(a *fedv1.Ack) error {
 		}
 	}
 	im.ackedAuth, im.ackedVersion = im.sendingAuth, a.GetVersion()
+	for _, k := range im.unretain {
+		delete(im.retained, k)
+	}
+	im.unretain = im.unretain[:0]
+	// A refusal ends once the spoke holds the hub's current form: not while
+	// it holds an older one (that form would be sent, and refused, again
+	// after every acknowledgement).
 	for k, r := range im.refused {
-		if cur, _ := im.acked.Get(k); cur != nil && !same(cur, r) {
+		if cur, _ := im.acked.Get(k); cur != nil && !same(cur, r) && same(cur, im.wants(k)) {
 			delete(im.refused, k)
 			delete(im.refusedWhy, k)
 			im.dirty[k] = struct{}{} // its current form may be sent again
@@ -426,6 +441,7 @@ func (im *hubImports) nack(n *fedv1.Nack) error {
 	for _, k := range im.inflightKeys { // not applied: looked at again
 		im.dirty[k] = struct{}{}
 	}
+	im.unretain = im.unretain[:0] // still kept by the spoke
 	named := false
 	for _, r := range n.GetRejections() {
 		if r.GetService() == nil {

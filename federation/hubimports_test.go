@@ -418,3 +418,101 @@ func runImportModel(t *testing.T, seed uint64, steps int, counts *importModelCou
 		}
 	}
 }
+
+// A new form of an import the spoke refused, while it holds an older one,
+// stays refused through acknowledgements of other services' changes: it
+// was sent again, and refused again, after every one.
+func TestHubImportsKeepARefusalOverAnOlderForm(t *testing.T) {
+	web, db := testImport("default", "web", "10.0.0.1"), testImport("default", "db", "10.0.0.2")
+	src := newImportSource(true, web, db)
+	s, stream := importSession(src, 4<<20)
+	im := newHubImports(s, []string{"default"})
+	s.imports = im
+	if err := im.next(); err != nil {
+		t.Fatal(err)
+	}
+	ackAll(t, im, stream)
+	src.put(testImport("default", "web", "10.0.0.9"))
+	if err := im.next(); err != nil {
+		t.Fatal(err)
+	}
+	if err := im.handle(nackMessage(delta(t, stream, "web's new form"), web.Service)); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		src.put(testImport("default", "db", fmt.Sprintf("10.0.1.%d", i)))
+		if err := im.next(); err != nil {
+			t.Fatal(err)
+		}
+		u := delta(t, stream, "db's change")
+		if !slices.Equal(upsertKeys(u), []registry.ServiceKey{db.Service}) {
+			t.Fatalf("db's change %d sent %v", i, u)
+		}
+		if err := im.handle(ackMessage(u)); err != nil {
+			t.Fatal(err)
+		}
+		if us := sentUpdates(t, stream); len(us) != 0 {
+			t.Fatalf("after db's change %d was acknowledged, sent %v: web's refused form again", i, us)
+		}
+	}
+	if st := s.h.ImportStatuses()[0]; len(st.Refused) != 1 || st.Pending != 1 {
+		t.Errorf("status %+v, want web refused and pending", st)
+	}
+	// A form the spoke takes ends the refusal.
+	src.put(testImport("default", "web", "10.0.0.10"))
+	if err := im.next(); err != nil {
+		t.Fatal(err)
+	}
+	if err := im.handle(ackMessage(delta(t, stream, "web's next form"))); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.h.ImportStatuses()[0]; len(st.Refused) != 0 || st.Pending != 0 || st.Acked != 2 {
+		t.Errorf("status %+v, want everything acknowledged, nothing refused", st)
+	}
+}
+
+// An import the spoke keeps in its own form stays kept when the delta that
+// gave it the hub's form again is refused: once the hub has it no more, a
+// remove goes to the spoke (none went, and the spoke kept it until its
+// next full state).
+func TestHubImportsRemoveWhatTheSpokeKeepsAfterARefusal(t *testing.T) {
+	web := testImport("default", "web", "10.0.0.1")
+	src := newImportSource(true, web)
+	s, stream := importSession(src, 4<<20)
+	im := newHubImports(s, []string{"default"})
+	s.imports = im
+	if err := im.next(); err != nil {
+		t.Fatal(err)
+	}
+	us := sentUpdates(t, stream)
+	if len(us) != 1 || !us[0].GetFullState() {
+		t.Fatalf("sent %v, want a full state", us)
+	}
+	if err := im.handle(nackMessage(us[0], web.Service)); err != nil {
+		t.Fatal(err)
+	}
+	us = sentUpdates(t, stream)
+	if len(us) != 1 || !us[0].GetFullState() || len(us[0].GetRetain()) != 1 {
+		t.Fatalf("after the refusal sent %v, want a full state retaining web", us)
+	}
+	if err := im.handle(ackMessage(us[0])); err != nil {
+		t.Fatal(err)
+	}
+	src.put(testImport("default", "web", "10.0.0.2"))
+	if err := im.next(); err != nil {
+		t.Fatal(err)
+	}
+	if err := im.handle(nackMessage(delta(t, stream, "web's new form"), web.Service)); err != nil {
+		t.Fatal(err)
+	}
+	if us := sentUpdates(t, stream); len(us) != 0 {
+		t.Fatalf("after the refusal sent %v, want nothing", us)
+	}
+	src.remove(web.Service)
+	if err := im.next(); err != nil {
+		t.Fatal(err)
+	}
+	if u := delta(t, stream, "web gone from the hub"); !slices.Equal(removeKeys(u), []registry.ServiceKey{web.Service}) {
+		t.Fatalf("web gone from the hub sent %v, want its remove", u)
+	}
+}

@@ -38,6 +38,7 @@ type wholeImports struct {
 	// retained names imports the spoke keeps in its own form (sent in a full
 	// state's retain list): a remove is sent for them once the hub has them no more.
 	retained map[registry.ServiceKey]bool
+	unretain []registry.ServiceKey // retained services the delta in flight upserts or removes
 	sentOnce bool
 	// problems is the spoke's last problem set (ImportProblems), of imports
 	// the cluster should hold or holds when it came; problemsOmitted counts
@@ -107,14 +108,17 @@ func (im *wholeImports) next() error {
 		}
 	}
 	// What the spoke keeps in its own form goes too once the hub has it no more.
+	im.unretain = nil
 	for _, k := range slices.SortedFunc(maps.Keys(im.retained), registry.ServiceKey.Compare) {
 		if want[k] == nil {
 			removes = append(removes, k)
-			delete(im.retained, k)
+			im.unretain = append(im.unretain, k)
 		}
 	}
 	for _, imp := range upserts {
-		delete(im.retained, imp.Service) // the spoke takes the hub's form again
+		if im.retained[imp.Service] {
+			im.unretain = append(im.unretain, imp.Service) // the spoke takes the hub's form again, once it acks
+		}
 	}
 	if len(upserts) == 0 && len(removes) == 0 {
 		im.report()
@@ -138,6 +142,7 @@ func (im *wholeImports) send(full bool, next map[registry.ServiceKey]*imports.Im
 	switch u := upserts.(type) {
 	case map[registry.ServiceKey]*imports.Import:
 		clear(im.retained)
+		im.unretain = nil
 		for _, k := range slices.SortedFunc(maps.Keys(u), registry.ServiceKey.Compare) {
 			if r := im.refused[k]; r != nil && (r == u[k] || r.Equal(u[k])) {
 				// The spoke keeps its own form of a refused import, even under an authoritative full state.
@@ -197,8 +202,13 @@ func (im *wholeImports) ack(a *fedv1.Ack) error {
 		return err
 	}
 	im.acked, im.ackedAuth, im.ackedVersion = im.sending, im.sendingAuth, a.GetVersion()
+	for _, k := range im.unretain {
+		delete(im.retained, k)
+	}
+	im.unretain = nil
+	want := im.want()
 	for k, r := range im.refused {
-		if cur := im.acked[k]; cur != nil && cur != r && !cur.Equal(r) {
+		if cur := im.acked[k]; cur != nil && cur != r && !cur.Equal(r) && want[k] != nil && (cur == want[k] || cur.Equal(want[k])) {
 			delete(im.refused, k)
 			delete(im.refusedWhy, k)
 		}
@@ -214,7 +224,7 @@ func (im *wholeImports) nack(n *fedv1.Nack) error {
 		return err
 	}
 	// The update is dropped whole: its later chunks go unanswered.
-	im.inflight, im.spoiled = nil, n.GetVersion()
+	im.inflight, im.spoiled, im.unretain = nil, n.GetVersion(), nil
 	if im.inflightFull {
 		im.sentOnce = false // send a full state again, without what was refused
 	}
