@@ -95,7 +95,7 @@ type Config struct {
 	// TLSCertFile must then carry) and replicates only. Without tokens, a
 	// certificate is required.
 	ClientCAFile string
-	// TrustDomain is the trust domain of every identity (default cluster.local).
+	// TrustDomain is the trust domain of every identity (required; DefaultConfig sets cluster.local).
 	TrustDomain string
 	// CRLFile is a revocation list signed by ClientCAFile's (or
 	// XDSClientCAFile's) CA: a revoked certificate is refused, and its

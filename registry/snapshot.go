@@ -319,11 +319,14 @@ func checkSnapshot(s *Snapshot, lim Limits, validateShards bool) error {
 					return fmt.Errorf("cluster %s: %w", c.Cluster, err)
 				}
 			}
-			if sorted && i > 0 && c.Shards[i-1].Service == sh.Service || services[sh.Service] {
-				return fmt.Errorf("%w: cluster %s: service %s appears twice", ErrInvalid, c.Cluster, sh.Service)
-			}
-			if !sorted {
+			twice := services[sh.Service]
+			if sorted {
+				twice = i > 0 && c.Shards[i-1].Service == sh.Service
+			} else {
 				services[sh.Service] = true
+			}
+			if twice {
+				return fmt.Errorf("%w: cluster %s: service %s appears twice", ErrInvalid, c.Cluster, sh.Service)
 			}
 			endpoints += len(sh.Endpoints)
 		}

@@ -88,7 +88,7 @@ func Append(dst []byte, parts ...Part) []byte {
 	var size int64
 	for _, p := range parts {
 		dst = append(dst, p.deflated...)
-		crc = mulmod(p.shift, crc) ^ p.crc // the CRC of what came before and the part (see combine)
+		crc = combine(crc, p.crc, p.shift)
 		size += p.raw
 	}
 	dst = append(dst, final...)
@@ -96,18 +96,14 @@ func Append(dst []byte, parts ...Part) []byte {
 	return binary.LittleEndian.AppendUint32(dst, uint32(size)) // ISIZE is the length modulo 2^32
 }
 
-// combine returns the CRC-32 of a || b from a's CRC, b's and b's length.
+// combine returns the CRC-32 of a || b from a's CRC, b's and shift, which
+// is x^(8n) modulo the polynomial for b's length n (xpow8n).
 //
 // A CRC is linear over GF(2): the CRC of a followed by n bytes is a's CRC
 // times x^(8n) modulo the polynomial, plus b's CRC (the pre- and
 // post-conditioning cancel out). Polynomials are held reflected, as in
 // hash/crc32: the x^0 coefficient in the top bit.
-func combine(a, b uint32, n int64) uint32 {
-	if n == 0 {
-		return a
-	}
-	return mulmod(xpow8n(n), a) ^ b
-}
+func combine(a, b, shift uint32) uint32 { return mulmod(shift, a) ^ b }
 
 // mulmod returns a·b modulo the CRC-32 polynomial.
 func mulmod(a, b uint32) uint32 {

@@ -65,7 +65,7 @@ func TestCombine(t *testing.T) {
 			b[i] = byte(rng.Uint32())
 		}
 		want := crc32.ChecksumIEEE(append(bytes.Clone(a), b...))
-		if got := combine(crc32.ChecksumIEEE(a), crc32.ChecksumIEEE(b), int64(len(b))); got != want {
+		if got := combine(crc32.ChecksumIEEE(a), crc32.ChecksumIEEE(b), xpow8n(int64(len(b)))); got != want {
 			t.Fatalf("combine(%d bytes, %d bytes) = %08x, want %08x", len(a), len(b), got, want)
 		}
 	}
