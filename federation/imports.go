@@ -11,6 +11,7 @@ import (
 	"github.com/navemesh/nave/adminapi"
 	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/imports"
+	"github.com/navemesh/nave/internal/changelog"
 	"github.com/navemesh/nave/internal/pmap"
 	"github.com/navemesh/nave/limits"
 	"github.com/navemesh/nave/registry"
@@ -108,40 +109,19 @@ type ImportSet struct {
 	Authoritative bool
 	// CIDRs are the clusterset IP ranges (a spoke makes them routable in its cluster).
 	CIDRs []string
-	// lineage is shared by a first set (NewImportSet) and the sets that
-	// follow it, which seq numbers from 0; change is the link of the chain
-	// that made this set from the one before. A set made as a literal has
-	// none of them: no set reaches back to it.
-	lineage *importLineage
-	seq     uint64
-	change  *importChange
+	// changes names the services each set since a first one (NewImportSet:
+	// changelog.New) changed, this one's last. A set made as a literal has
+	// none: no set reaches back to it.
+	changes *changelog.Log[registry.ServiceKey]
 }
 
 // ImportMap holds imports by service.
 type ImportMap = pmap.Map[registry.ServiceKey, *imports.Import]
 
-// importLineage identifies the sets that follow one first set. It has a
-// size so that every lineage is a distinct address.
-type importLineage struct{ _ byte }
-
-// importChange names the services whose import changed from set to-1 to
-// set to of a lineage, and links to the change before. It holds keys only:
-// a session that keeps a set keeps no older set's imports alive through it.
-type importChange struct {
-	to    uint64
-	keys  []registry.ServiceKey
-	prev  *importChange
-	links int // in the chain, this one included
-	named int // keys named in the chain
-}
-
-// maxImportLinks bounds a chain's length.
-const maxImportLinks = 64
-
 // NewImportSet returns a first set, which the sets that follow it (Then)
 // reach back to.
 func NewImportSet(imps ImportMap, authoritative bool, cidrs []string) *ImportSet {
-	return &ImportSet{Imports: imps, Authoritative: authoritative, CIDRs: cidrs, lineage: new(importLineage)}
+	return &ImportSet{Imports: imps, Authoritative: authoritative, CIDRs: cidrs, changes: changelog.New[registry.ServiceKey]()}
 }
 
 // Then returns the set that follows s, with s's CIDRs. changed names every
@@ -159,44 +139,7 @@ func (s *ImportSet) Then(imps ImportMap, changed []registry.ServiceKey, authorit
 			break
 		}
 	}
-	next := &ImportSet{Imports: imps, Authoritative: authoritative, CIDRs: s.CIDRs, lineage: s.lineage, seq: s.seq + 1}
-	if s.lineage == nil { // after a literal: a lineage of its own
-		next.lineage, next.seq = new(importLineage), 1
-	}
-	next.change = s.change.then(next.seq, changed, 2*imps.Len()+64)
-	return next
-}
-
-// then returns the link to set to, naming keys, after the chain c (nil:
-// none). A chain holds at most maxImportLinks links and bound keys (about
-// twice what the set holds): when c is full, the new link follows a copy of
-// c's newer half that fits (the keys are shared), so that a session a few
-// sets behind still reaches back at any time; one further behind than that
-// compares whole, which then costs no more.
-func (c *importChange) then(to uint64, keys []registry.ServiceKey, bound int) *importChange {
-	next := &importChange{to: to, keys: keys, links: 1, named: len(keys)}
-	if c == nil {
-		return next
-	}
-	if c.links < maxImportLinks && c.named+len(keys) <= bound {
-		next.prev, next.links, next.named = c, c.links+1, c.named+len(keys)
-		return next
-	}
-	var kept []*importChange
-	for n := c; n != nil && len(kept) < maxImportLinks/2 && next.named+len(n.keys) <= bound; n = n.prev {
-		kept = append(kept, n)
-		next.named += len(n.keys)
-	}
-	var prev *importChange
-	for _, n := range slices.Backward(kept) {
-		copied := &importChange{to: n.to, keys: n.keys, prev: prev, links: 1, named: len(n.keys)}
-		if prev != nil {
-			copied.links, copied.named = prev.links+1, prev.named+len(n.keys)
-		}
-		prev = copied
-	}
-	next.prev, next.links = prev, len(kept)+1
-	return next
+	return &ImportSet{Imports: imps, Authoritative: authoritative, CIDRs: s.CIDRs, changes: s.changes.Then(changed, imps.Len())}
 }
 
 // ChangedSince returns the services whose import may differ between older
@@ -207,32 +150,10 @@ func (s *ImportSet) ChangedSince(older *ImportSet) ([]registry.ServiceKey, bool)
 	if s == older {
 		return nil, true
 	}
-	if older == nil || s.lineage == nil || older.lineage != s.lineage || older.seq >= s.seq {
+	if older == nil {
 		return nil, false
 	}
-	var links []*importChange
-	for n := s.change; ; n = n.prev {
-		if n == nil {
-			return nil, false // cut since older
-		}
-		if links = append(links, n); n.to == older.seq+1 {
-			break
-		}
-	}
-	if len(links) == 1 {
-		return links[0].keys, true
-	}
-	var out []registry.ServiceKey
-	seen := map[registry.ServiceKey]bool{}
-	for _, n := range links {
-		for _, k := range n.keys {
-			if !seen[k] {
-				seen[k] = true
-				out = append(out, k)
-			}
-		}
-	}
-	return out, true
+	return s.changes.Since(older.changes.Position())
 }
 
 // ImportSource is where the hub's sessions get the imports from.

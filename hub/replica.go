@@ -87,8 +87,9 @@ func (s *state) Replicas() (map[registry.ClusterID]replicas.Cluster, <-chan stru
 }
 
 // replicaChanged republishes the replica view of cluster id, whose shards
-// changed (the registry's diff) only for the services named. Called by
-// run's goroutine; it costs the same however many services the cluster has.
+// changed (the registry's diff) only for the services named, each once.
+// Called by run's goroutine; it costs the same however many services the
+// cluster has.
 func (s *state) replicaChanged(id registry.ClusterID, changed ...registry.ServiceKey) {
 	old := s.replicas.Load()
 	next := &replicaView{clusters: maps.Clone(old.clusters), changed: make(chan struct{})}
@@ -97,7 +98,7 @@ func (s *state) replicaChanged(id registry.ClusterID, changed ...registry.Servic
 		next.clusters[id] = replicas.Cluster{
 			Stamp: stamp, Digest: replicaDigest(shards.Digest(), c.Network, c.Gateways),
 			Network: c.Network, Gateways: c.Gateways, Shards: shards, Local: c.Origin == s.self, Origin: c.Origin,
-			Changed: prev.Changed.Then(prev.Stamp, stamp, changed, shards.Len()),
+			Changed: prev.Changed.Then(changed, shards.Len()),
 		}
 	} else {
 		delete(next.clusters, id)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iter"
 	"log/slog"
 	"maps"
 	"runtime/debug"
@@ -23,6 +24,7 @@ import (
 	"github.com/navemesh/nave/federation"
 	fedv1 "github.com/navemesh/nave/federation/v1"
 	"github.com/navemesh/nave/internal/backoff"
+	"github.com/navemesh/nave/internal/changelog"
 	"github.com/navemesh/nave/registry"
 )
 
@@ -57,9 +59,12 @@ type Cluster struct {
 	// Gateways are the gateways the cluster announces for its network (immutable).
 	Gateways []registry.Gateway
 	Shards   Shards // nil: none
-	// Changed, when not nil, says what changed up to Stamp (Changed.To is
-	// Stamp): a delta to a subscriber is made of it.
-	Changed *Changed
+	// Changed, when not nil, names the services each change of the
+	// cluster's data touched, up to this one (each change adds to it, one
+	// that keeps the stamp too: the export policy's enforcement, a peer's
+	// full state at the held stamp). A subscriber sent the cluster at an
+	// earlier position of it is sent a delta of just those.
+	Changed *changelog.Log[registry.ServiceKey]
 	// Local: the cluster's latest change originated at this replica (a spoke
 	// session here, or a decision of this replica as leader, e.g. dropping a
 	// dead cluster): this replica sends its changes to subscribers. Changes a
@@ -71,6 +76,26 @@ type Cluster struct {
 	// operators; it may be empty.
 	Origin string
 }
+
+// Shards is one cluster's shards as a replica holds them: immutable.
+// registry.ClusterView is one, ShardMap another.
+type Shards interface {
+	Len() int
+	Get(registry.ServiceKey) (*registry.Shard, bool)
+	All() iter.Seq2[registry.ServiceKey, *registry.Shard] // in no order
+}
+
+// ShardMap is Shards held in a map (which must not change once held).
+type ShardMap map[registry.ServiceKey]*registry.Shard
+
+func (m ShardMap) Len() int { return len(m) }
+
+func (m ShardMap) Get(k registry.ServiceKey) (*registry.Shard, bool) {
+	s, ok := m[k]
+	return s, ok
+}
+
+func (m ShardMap) All() iter.Seq2[registry.ServiceKey, *registry.Shard] { return maps.All(m) }
 
 // Update is a cluster's data received from a peer.
 type Update struct {
@@ -142,13 +167,27 @@ type ReplicationWiring struct {
 	// MaxMessageBytes bounds every message a replica sends a subscriber
 	// (updates are chunked to fit): the federation's
 	// (federation.HubConfig), the same on every replica, since a
-	// subscriber receives messages of up to twice its own.
+	// subscriber receives messages of up to twice its own. Zero: the
+	// federation's default.
 	MaxMessageBytes int
 	// Limits bound each shard, and the services of each full state, received
 	// from a peer: the federation's, the same validation as a spoke's updates.
+	// Zero: registry.DefaultLimits.
 	Limits registry.Limits
 	// Hooks observe replication, for metrics.
 	Hooks ReplicationHooks
+}
+
+// bounded returns w with the federation's default bounds where it sets
+// none: a zero bound would refuse every message and every shard.
+func (w ReplicationWiring) bounded() ReplicationWiring {
+	if w.MaxMessageBytes <= 0 {
+		w.MaxMessageBytes = federation.DefaultHubConfig().MaxMessageBytes
+	}
+	if w.Limits == (registry.Limits{}) {
+		w.Limits = registry.DefaultLimits()
+	}
+	return w
 }
 
 // replicationSetup is a ReplicationConfig and ReplicationWiring together.
@@ -239,7 +278,7 @@ type subscriberEntry struct {
 // NewReplicationServer returns a server that replicates store to subscribers.
 func NewReplicationServer(store Store, cfg ReplicationConfig, w ReplicationWiring, log *slog.Logger) *ReplicationServer {
 	return &ReplicationServer{
-		store: store, cfg: replicationSetup{cfg.withDefaults(), w},
+		store: store, cfg: replicationSetup{cfg.withDefaults(), w.bounded()},
 		log:         log.With("component", "replication"),
 		subscribers: map[string]*subscriberEntry{},
 	}
@@ -350,11 +389,12 @@ type sentCluster struct {
 	stamp    Stamp
 	network  registry.Network
 	gateways []registry.Gateway
-	shards   Shards // what was sent, for a delta the Changed chain does not reach
+	shards   Shards             // what was sent, for a delta the Changed log does not reach
+	changed  changelog.Position // where what was sent is in the Changed log (a change may keep the stamp)
 }
 
 func sentOf(c Cluster) sentCluster {
-	return sentCluster{stamp: c.Stamp, network: c.Network, gateways: c.Gateways, shards: c.Shards}
+	return sentCluster{stamp: c.Stamp, network: c.Network, gateways: c.Gateways, shards: c.Shards, changed: c.Changed.Position()}
 }
 
 func (s *subscription) run(ctx context.Context, held map[registry.ClusterID]clusterDigest, msgs <-chan *fedv1.ReplicaRequest, errc <-chan error) error {
@@ -521,18 +561,13 @@ func (s *subscription) sendDelta(id registry.ClusterID, prev sentCluster, c Clus
 }
 
 // changesSince returns what takes a subscriber from prev to c: the services
-// c.Changed names since prev's stamp, else those that differ.
+// c.Changed names since what prev was sent, else those that differ.
 func changesSince(prev sentCluster, c Cluster) (upserts []*registry.Shard, removes []registry.ServiceKey) {
-	keys, ok := c.Changed.Since(prev.stamp)
+	keys, ok := c.Changed.Since(prev.changed)
 	if !ok {
 		return compareShards(prev.shards, c.Shards)
 	}
-	seen := make(map[registry.ServiceKey]bool, len(keys))
 	for _, k := range keys {
-		if seen[k] {
-			continue
-		}
-		seen[k] = true
 		if sh, ok := get(c.Shards, k); ok {
 			upserts = append(upserts, sh)
 		} else if _, had := get(prev.shards, k); had {
@@ -683,7 +718,7 @@ type Replicator struct {
 // w.PeerToken to them; without transport security the token travels in
 // clear, the operator's choice. Nothing happens before Run.
 func NewReplicator(store Store, cfg ReplicationConfig, w ReplicationWiring, transport credentials.TransportCredentials, log *slog.Logger) *Replicator {
-	cfg = cfg.withDefaults()
+	cfg, w = cfg.withDefaults(), w.bounded()
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(transport),
 		// A chunk may exceed the budget by what surrounds it, and a shard

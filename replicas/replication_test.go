@@ -22,6 +22,7 @@ import (
 
 	"github.com/navemesh/nave/federation"
 	fedv1 "github.com/navemesh/nave/federation/v1"
+	"github.com/navemesh/nave/internal/changelog"
 	"github.com/navemesh/nave/registry"
 )
 
@@ -769,5 +770,88 @@ func TestReplicationDoesNotResyncWhatItRefused(t *testing.T) {
 	}
 	if got := b.hooks.count("resync", "east", "digest"); got != 0 {
 		t.Errorf("b asked %d times for east again after 5 digests, want never (each answer would be refused the same way)", got)
+	}
+}
+
+// A delta from the Changed log is what comparing every shard finds, but
+// for services that changed and changed back (sent again, equal).
+func TestChangesSince(t *testing.T) {
+	s := func(v uint64) Stamp { return Stamp{Epoch: 1, Version: v} }
+	a1, a2 := testShard("east", "a", "10.0.0.1"), testShard("east", "a", "10.0.0.2")
+	b1, c1, d1 := testShard("east", "b", "10.0.0.3"), testShard("east", "c", "10.0.0.4"), testShard("east", "d", "10.0.0.5")
+	keys := func(ks ...*registry.Shard) []registry.ServiceKey {
+		var out []registry.ServiceKey
+		for _, k := range ks {
+			out = append(out, k.Service)
+		}
+		return out
+	}
+	sent := (*changelog.Log[registry.ServiceKey])(nil).Then(keys(a1, b1, d1), 3)
+	prev := sentCluster{stamp: s(1), shards: ShardMap{a1.Service: a1, b1.Service: b1, d1.Service: d1}, changed: sent.Position()}
+	cur := ShardMap{a2.Service: a2, c1.Service: c1, d1.Service: d1}
+	log := sent.Then(keys(a1, d1), 3) // d changed and changed back
+	log = log.Then(append(keys(b1, c1), registry.ServiceKey{Namespace: "default", Name: "never"}), 3)
+	names := func(up []*registry.Shard, rm []registry.ServiceKey) string {
+		var u, r []string
+		for _, sh := range up {
+			u = append(u, sh.Service.Name)
+		}
+		for _, k := range rm {
+			r = append(r, k.Name)
+		}
+		slices.Sort(u)
+		slices.Sort(r)
+		return fmt.Sprintf("upserts %v removes %v", u, r)
+	}
+	if got, want := names(changesSince(prev, Cluster{Stamp: s(3), Shards: cur, Changed: log})), "upserts [a c d] removes [b]"; got != want {
+		t.Errorf("from the log: %s, want %s", got, want)
+	}
+	if got, want := names(changesSince(prev, Cluster{Stamp: s(3), Shards: cur})), "upserts [a c] removes [b]"; got != want {
+		t.Errorf("by comparing: %s, want %s", got, want)
+	}
+	// The cluster held anew (it left the view and came back): its new log
+	// does not reach what was sent.
+	anew := (*changelog.Log[registry.ServiceKey])(nil).Then(keys(a1), 3)
+	if got, want := names(changesSince(prev, Cluster{Stamp: s(3), Shards: cur, Changed: anew})), "upserts [a c] removes [b]"; got != want {
+		t.Errorf("across a new log: %s, want %s", got, want)
+	}
+	// A subscriber a few changes behind a full log (64 links), which is cut
+	// since, still gets just what they named: d, which changed back.
+	for range 60 {
+		log = log.Then(nil, 3)
+	}
+	prev = sentCluster{stamp: s(63), shards: cur, changed: log.Position()}
+	log = log.Then(keys(d1), 3).Then(nil, 3)
+	if got, want := names(changesSince(prev, Cluster{Stamp: s(65), Shards: cur, Changed: log})), "upserts [d] removes []"; got != want {
+		t.Errorf("behind a full log: %s, want %s", got, want)
+	}
+}
+
+// A change at the same stamp (the export policy's enforcement) is in the
+// delta to a subscriber that holds the content from before it.
+func TestChangesSinceASameStampChange(t *testing.T) {
+	s := func(v uint64) Stamp { return Stamp{Epoch: 1, Version: v} }
+	a1, a2, b1 := testShard("east", "a", "10.0.0.1"), testShard("east", "a", "10.0.0.2"), testShard("east", "b", "10.0.0.3")
+	sent := (*changelog.Log[registry.ServiceKey])(nil).Then([]registry.ServiceKey{a1.Service, b1.Service}, 2)
+	prev := sentCluster{stamp: s(1), shards: ShardMap{a1.Service: a1, b1.Service: b1}, changed: sent.Position()}
+	atOne := sent.Then([]registry.ServiceKey{b1.Service}, 1) // at s(1) still
+	cur := Cluster{Stamp: s(2), Shards: ShardMap{a2.Service: a2}, Changed: atOne.Then([]registry.ServiceKey{a1.Service}, 1)}
+	up, rm := changesSince(prev, cur)
+	if len(up) != 1 || up[0] != a2 || len(rm) != 1 || rm[0] != b1.Service {
+		t.Errorf("delta from the log: upserts %v, removes %v; want a2, and b removed", up, rm)
+	}
+}
+
+// A wiring that sets no bounds gets the federation's: zero would refuse every
+// message and every shard a peer sends.
+func TestReplicationWiringWithoutBoundsGetsTheFederations(t *testing.T) {
+	log := slog.New(slog.DiscardHandler)
+	for name, cfg := range map[string]replicationSetup{
+		"server":     NewReplicationServer(nil, DefaultReplicationConfig(), ReplicationWiring{}, log).cfg,
+		"replicator": NewReplicator(nil, DefaultReplicationConfig(), ReplicationWiring{}, insecure.NewCredentials(), log).cfg,
+	} {
+		if cfg.MaxMessageBytes != federation.DefaultHubConfig().MaxMessageBytes || cfg.Limits != registry.DefaultLimits() {
+			t.Errorf("%s: bounds %d bytes, %+v; want the federation's defaults", name, cfg.MaxMessageBytes, cfg.Limits)
+		}
 	}
 }
