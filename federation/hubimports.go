@@ -169,6 +169,12 @@ func (im *hubImports) follow(set *ImportSet) {
 		im.count(k, 1)
 		im.dirty[k] = struct{}{}
 	}
+	// While an update is in flight (a spoke may never answer), sets keep
+	// coming and name new services: past what the set and acked hold, the
+	// next delta compares whole, which costs no more than the dirty set would.
+	if len(im.dirty) > im.set.Imports.Len()+im.acked.Len()+64 {
+		im.dirty, im.whole = map[registry.ServiceKey]struct{}{}, true
+	}
 }
 
 // count adds (sign 1) or takes back (-1) what k adds to the counts report

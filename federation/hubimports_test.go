@@ -516,3 +516,41 @@ func TestHubImportsRemoveWhatTheSpokeKeepsAfterARefusal(t *testing.T) {
 		t.Fatalf("web gone from the hub sent %v, want its remove", u)
 	}
 }
+
+// While a spoke leaves an update unanswered, services that come and go do
+// not pile up in the session: past what the set and the acked state hold,
+// the next delta compares whole, and sends what it should.
+func TestHubImportsDirtyIsBoundedWhileInFlight(t *testing.T) {
+	src := newImportSource(true, manyImports(10, "svc")...)
+	s, stream := importSession(src, 4<<20)
+	im := newHubImports(s, []string{"default"})
+	s.imports = im
+	if err := im.next(); err != nil {
+		t.Fatal(err)
+	}
+	full := sentUpdates(t, stream) // left unanswered for now
+	var last *imports.Import
+	for i := range 2000 {
+		next := testImport("default", fmt.Sprintf("churn-%d", i), "10.0.0.1")
+		src.put(next)
+		if last != nil {
+			src.remove(last.Service)
+		}
+		last = next
+		if err := im.next(); err != nil {
+			t.Fatal(err)
+		}
+		if bound := im.set.Imports.Len() + im.acked.Len() + 64; len(im.dirty) > bound {
+			t.Fatalf("after %d changes in flight the session holds %d dirty services, more than %d", i+1, len(im.dirty), bound)
+		}
+	}
+	for _, u := range full {
+		if err := im.handle(ackMessage(u)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	u := delta(t, stream, "after the answer")
+	if !slices.Equal(upsertKeys(u), []registry.ServiceKey{last.Service}) || len(u.GetRemoves()) != 0 {
+		t.Fatalf("after the answer sent %v, want the one churned service that is left", u)
+	}
+}
