@@ -167,7 +167,9 @@ func (im *hubImports) follow(set *ImportSet) {
 	im.set = set
 	for _, k := range keys {
 		im.count(k, 1)
-		im.dirty[k] = struct{}{}
+		if !im.whole { // a whole comparison is due: it looks at every key
+			im.dirty[k] = struct{}{}
+		}
 	}
 	// While an update is in flight (a spoke may never answer), sets keep
 	// coming and name new services: past what the set and acked hold, the

@@ -129,7 +129,9 @@ func NewImportSet(imps ImportMap, authoritative bool, cidrs []string) *ImportSet
 // that is not Equal, removed); it may name others, and none when only the
 // authority changed, in any order and any number of times each: the set
 // keeps changed when it is sorted with each service once (as the hub's
-// importer makes it), else a sorted copy without the repeats.
+// importer makes it), else a sorted copy without the repeats. Then is
+// called once on each set (its owner makes the sets in turn): two sets
+// made from one would look alike to ChangedSince.
 func (s *ImportSet) Then(imps ImportMap, changed []registry.ServiceKey, authoritative bool) *ImportSet {
 	for i := 1; i < len(changed); i++ {
 		if changed[i-1].Compare(changed[i]) >= 0 {

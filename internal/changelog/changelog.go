@@ -53,11 +53,12 @@ func (l *Log[K]) Position() Position {
 // touched keys (each named once; kept, not to be modified). After nil it
 // starts a lineage of its own, which reaches back to no earlier version.
 // held is how many keys the new version holds: a chain names at most
-// 2*held+64 keys, and holds at most maxLinks links. When l's is full, the
-// new link follows a copy of its newer half that fits (the keys are
-// shared), so that a consumer a few versions behind still reaches back at
-// any time; one further behind than that compares whole, which then costs
-// no more.
+// 2*held+64 keys (or what one change names, if more), and holds at most
+// maxLinks links. When l's is full, the new link follows a copy of its
+// newer links, up to half of either bound (the keys are shared), so that a
+// consumer a few versions behind still reaches back at any time, and the
+// next cut is as many changes away; one further behind than that compares
+// whole, which then costs no more.
 func (l *Log[K]) Then(keys []K, held int) *Log[K] {
 	if l == nil {
 		l = New[K]()
@@ -70,7 +71,7 @@ func (l *Log[K]) Then(keys []K, held int) *Log[K] {
 		next.prev, next.links, next.named = l, l.links+1, l.named+len(keys)
 	default:
 		var kept []*Log[K]
-		for n := l; n != nil && len(kept) < maxLinks/2 && next.named+len(n.keys) <= bound; n = n.prev {
+		for n := l; n != nil && len(kept) < maxLinks/2 && next.named+len(n.keys) <= bound/2; n = n.prev {
 			kept = append(kept, n)
 			next.named += len(n.keys)
 		}

@@ -153,17 +153,24 @@ func TestLogKeyBound(t *testing.T) {
 	if wider.reaches(wide) {
 		t.Error("a chain naming 200 keys of 10 held reaches back")
 	}
-	// Of none held, links of 10 keys: 6 fit; when a 7th comes, the newer 5
-	// of them are kept, which with it name 60.
-	start := New[string]()
-	l, first := start, start
-	for i := range 7 {
-		if l = l.Then(many(fmt.Sprint(i, "-"), 10), 0); i == 0 {
-			first = l // the 5 kept and the 7th reach back to it
-		}
+	// Of none held (64 keys), links of 10 keys: 6 fit; when a 7th comes, the
+	// newer links that fit in half the bound with it are kept (2: 30 keys),
+	// so that the next cut is 3 changes away, not the next change.
+	logs := []*Log[string]{New[string]()}
+	for i := range 11 {
+		logs = append(logs, logs[len(logs)-1].Then(many(fmt.Sprint(i, "-"), 10), 0))
 	}
-	if !l.reaches(first) || l.reaches(start) {
-		t.Error("not cut to the newer links that fit")
+	if !logs[6].reaches(logs[0]) {
+		t.Error("6 links of 10 keys do not reach back, within 64")
+	}
+	if l := logs[7]; !l.reaches(logs[4]) || l.reaches(logs[3]) {
+		t.Error("the 7th link is not cut to the two newer links that fit in half the bound")
+	}
+	if l := logs[10]; !l.reaches(logs[4]) || l.reaches(logs[3]) {
+		t.Error("the links after a cut cut again before the bound")
+	}
+	if l := logs[11]; !l.reaches(logs[8]) || l.reaches(logs[7]) {
+		t.Error("the cut after the bound is reached again does not keep half")
 	}
 }
 
