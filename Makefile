@@ -65,17 +65,20 @@ fuzz:
 demo: build
 	$(BIN)/nave demo
 
-## generate: regenerate the federation protobuf code and the MCS CRDs in deploy/crds (committed).
+## generate: regenerate the federation protobuf code, the MCS CRDs in deploy/crds and the Gateway API
+## CRDs in deploy/crds/gateway-api (committed; the CRDs copied from the modules go.mod names).
 generate: protoc
 	$(PROTOC) --plugin=protoc-gen-go="$$($(GO) tool -n protoc-gen-go)" \
 		--plugin=protoc-gen-go-grpc="$$($(GO) tool -n protoc-gen-go-grpc)" \
 		--go_out=paths=source_relative:. --go-grpc_out=paths=source_relative:. \
 		federation/v1/federation.proto
 	$(GO) run ./internal/mcscrds deploy/crds
+	$(GO) run ./internal/gatewaycrds deploy/crds/gateway-api
 
 ## generate-check: fail when the committed generated code is not what `make generate` produces.
 generate-check: generate
 	@git diff --exit-code -- federation/v1 deploy/crds || { echo "generated code is stale: run 'make generate' and commit"; exit 1; }
+	@test -z "$$(git status --porcelain --untracked-files=all -- federation/v1 deploy/crds)" || { git status --short -- federation/v1 deploy/crds; echo "generated files are not committed: run 'make generate' and commit"; exit 1; }
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); [ -z "$$out" ] || { echo "gofmt needed:"; echo "$$out"; exit 1; }
