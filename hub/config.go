@@ -79,6 +79,18 @@ func (c Config) Validate() error {
 	if c.IngressExposure.Selector != nil && len(c.IngressExposure.Namespaces) == 0 {
 		bad("--ingress-selector needs --ingress-namespaces")
 	}
+	// Nested bounds a caller may set: zero would refuse every message or
+	// hello, and a negative rate means nothing.
+	f := c.Federation
+	if f.MaxMessageBytes <= 0 || f.MaxFullStateBytes <= 0 || f.HelloTimeout <= 0 {
+		bad("Federation.MaxMessageBytes, MaxFullStateBytes and HelloTimeout must be positive (%d, %d, %v)", f.MaxMessageBytes, f.MaxFullStateBytes, f.HelloTimeout)
+	}
+	if f.UpdatesPerSecond < 0 || f.UpdateBurst < 0 {
+		bad("--updates-per-second %v (burst %d): want 0 (no bound) or more", f.UpdatesPerSecond, f.UpdateBurst)
+	}
+	if c.XDS.RequestsPerSecond < 0 {
+		bad("--xds-requests-per-second %v: want 0 (no bound) or more", c.XDS.RequestsPerSecond)
+	}
 	l := c.Connections
 	for _, b := range []struct {
 		flag string

@@ -38,6 +38,9 @@ func TestParseReportsEveryProblemAtOnce(t *testing.T) {
 		"--cluster-policies", "east=never,west",
 		"--clusterset-cidr", "10.0.0.0/8,10.1.0.0/16,not-a-cidr",
 		"--max-connections", "-1",
+		"--updates-per-second", "-5",
+		"--xds-requests-per-second", "-1",
+		"--snapshot-interval", "0s",
 	})
 	if err == nil {
 		t.Fatal("parsed")
@@ -46,7 +49,7 @@ func TestParseReportsEveryProblemAtOnce(t *testing.T) {
 		"need a shared etcd", "--xds-policy needs --xds-client-ca", "need --xds-tls-cert and --xds-tls-key",
 		"--tls-cert and --tls-key go together", `--cluster-policy "sometimes"`, `cluster east's policy "never"`,
 		`--cluster-policies "west"`, `--clusterset-cidr "not-a-cidr"`, "at most one IPv4 and one IPv6 range",
-		"--max-connections -1",
+		"--max-connections -1", "--updates-per-second -5", "--xds-requests-per-second -1", "--snapshot-interval must be positive",
 	} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("the error does not say %q:\n%v", want, err)
