@@ -107,6 +107,22 @@ func (s *state) replicaChanged(id registry.ClusterID, changed ...registry.Servic
 	close(old.changed)
 }
 
+// forgetReplicaChanges starts every cluster's log of changed services
+// afresh, after an operation that panicked: it may have changed the
+// registry without naming what it changed, so subscribers compare what they
+// were sent with what is held instead of trusting the log. Called by run's
+// goroutine.
+func (s *state) forgetReplicaChanges() {
+	old := s.replicas.Load()
+	next := &replicaView{clusters: maps.Clone(old.clusters), changed: make(chan struct{})}
+	for id, c := range next.clusters {
+		c.Changed = nil // reaches back to nothing; the next change starts a new lineage
+		next.clusters[id] = c
+	}
+	s.replicas.Store(next)
+	close(old.changed)
+}
+
 // ApplyReplica implements replicas.Store: a cluster's data from a
 // peer replica, applied only over older data.
 func (s *state) ApplyReplica(ctx context.Context, from string, u replicas.Update) error {

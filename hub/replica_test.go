@@ -489,3 +489,31 @@ func TestReplicaViewNamesAChangeAtTheSameStamp(t *testing.T) {
 		}
 	}
 }
+
+// After a state operation panics, the replica view's logs of changed
+// services start afresh: the operation may have changed the registry without
+// naming what it changed, so the next delta to a peer is found by comparing
+// what it was sent, not from the log.
+func TestAPanicStartsTheReplicaLogsAfresh(t *testing.T) {
+	ctx := context.Background()
+	s := startState(t)
+	if err := s.ApplyReplica(ctx, "a", replicas.Update{Cluster: "east", Stamp: stamp(1, 1), Origin: "a",
+		Change: registry.Change{Cluster: "east", Replace: true, Upserts: []*registry.Shard{apiShard("east", time.Unix(1, 0), "http")}}}); err != nil {
+		t.Fatal(err)
+	}
+	m, _ := s.Replicas()
+	sent := m["east"].Changed.Position() // what a subscription sent
+	if _, ok := m["east"].Changed.Since(sent); !ok {
+		t.Fatal("the log does not reach its own position")
+	}
+	if err := s.do(ctx, func() { panic("in the middle of a change") }); !errors.Is(err, errPanicked) {
+		t.Fatalf("a panicking operation: %v", err)
+	}
+	m, _ = s.Replicas()
+	if _, ok := m["east"].Changed.Since(sent); ok {
+		t.Error("after a panic, the log still reaches back to what was sent before it")
+	}
+	if m["east"].Stamp != stamp(1, 1) || m["east"].Shards.Len() != 1 {
+		t.Errorf("the view after a panic: %+v", m["east"])
+	}
+}

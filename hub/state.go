@@ -146,6 +146,7 @@ func (s *state) safely(op func()) {
 	defer func() {
 		if r := recover(); r != nil {
 			s.log.Error("panic in state operation", "panic", r, "stack", string(debug.Stack()))
+			s.forgetReplicaChanges()
 		}
 	}()
 	op()

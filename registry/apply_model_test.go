@@ -26,6 +26,9 @@ func applyModel(held map[ServiceKey]*Shard, ch Change) map[ServiceKey]*Shard {
 		delete(next, k)
 	}
 	for _, s := range ch.Upserts {
+		if h, ok := held[s.Service]; ok && h.Equal(s) {
+			s = h // an equal shard keeps the one held
+		}
 		next[s.Service] = s
 	}
 	return next

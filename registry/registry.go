@@ -194,6 +194,12 @@ func (r *Registry) Apply(c Change) (*Registry, Diff) {
 	}
 	for _, s := range c.Upserts {
 		h := heldShard{shard: s, hash: s.Hash()}
+		if same, ok := held.Get(s.Service); ok && same.hash == h.hash && same.shard.Equal(s) {
+			// The held shard stays, not an equal copy: what others keep by
+			// its pointer (the snapshot's compressed blocks) survives a full
+			// state that changes nothing.
+			h = same
+		}
 		if prev, ok := shards.Set(s.Service, h); ok {
 			drop(s.Service, prev)
 		}

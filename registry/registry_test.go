@@ -613,3 +613,25 @@ func TestAllYieldsEveryService(t *testing.T) {
 		t.Errorf("All = %v, want the services %v", all, r.Services())
 	}
 }
+
+// A full state that re-sends a shard equal to the held one keeps the held
+// shard itself: what others keep by its pointer (the snapshot's compressed
+// blocks) stays theirs through a spoke's resync.
+func TestApplyKeepsTheHeldShardThroughAnEqualFullState(t *testing.T) {
+	web, db := ServiceKey{Namespace: "shop", Name: "web"}, ServiceKey{Namespace: "shop", Name: "db"}
+	r, _ := New().Apply(Change{Cluster: "east", Replace: true, Upserts: []*Shard{
+		shard("east", web, []ServicePort{tcp("grpc", 8080)}, endpoint("10.0.0.1")),
+		shard("east", db, []ServicePort{tcp("sql", 5432)}, endpoint("10.0.0.2")),
+	}})
+	heldWeb, _ := r.ClusterView("east").Get(web)
+	r, d := r.Apply(Change{Cluster: "east", Replace: true, Upserts: []*Shard{
+		shard("east", web, []ServicePort{tcp("grpc", 8080)}, endpoint("10.0.0.1")), // equal, another pointer
+		shard("east", db, []ServicePort{tcp("sql", 5432)}, endpoint("10.0.0.3")),   // changed
+	}})
+	if got, _ := r.ClusterView("east").Get(web); got != heldWeb {
+		t.Error("an equal shard in a full state replaced the held one")
+	}
+	if len(d.Services) != 1 || d.Services[0].Key != db {
+		t.Errorf("diff %+v, want db only", d.Services)
+	}
+}
