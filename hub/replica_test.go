@@ -501,13 +501,20 @@ func TestAPanicStartsTheReplicaLogsAfresh(t *testing.T) {
 		Change: registry.Change{Cluster: "east", Replace: true, Upserts: []*registry.Shard{apiShard("east", time.Unix(1, 0), "http")}}}); err != nil {
 		t.Fatal(err)
 	}
-	m, _ := s.Replicas()
+	m, replaced := s.Replicas()
 	sent := m["east"].Changed.Position() // what a subscription sent
 	if _, ok := m["east"].Changed.Since(sent); !ok {
 		t.Fatal("the log does not reach its own position")
 	}
 	if err := s.do(ctx, func() { panic("in the middle of a change") }); !errors.Is(err, errPanicked) {
 		t.Fatalf("a panicking operation: %v", err)
+	}
+	// The operation's caller hears of the panic as it unwinds; the view is
+	// replaced once it is recovered, as a subscription would see it.
+	select {
+	case <-replaced:
+	case <-time.After(time.Minute):
+		t.Fatal("the replica view was not replaced after the panic")
 	}
 	m, _ = s.Replicas()
 	if _, ok := m["east"].Changed.Since(sent); ok {
