@@ -78,7 +78,8 @@ func TestImporterPublishesWhatChanged(t *testing.T) {
 	if got := changedKeys(t, set2, set1); len(got) != 0 || set2 == set1 {
 		t.Fatalf("a change the import does not show: changed %v (a new set: %v)", got, set2 != set1)
 	}
-	if held, _ := set2.Imports.Get(api); held != im.built[api] {
+	held1, _ := set1.Imports.Get(api)
+	if held2, _ := set2.Imports.Get(api); held2 != held1 {
 		t.Error("an equal rebuild replaced the held import")
 	}
 

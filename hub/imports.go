@@ -60,7 +60,6 @@ type importer struct {
 	rebuild   bool // a round panicked: the next one looks at every service again
 	clusters  map[registry.ClusterID]ClusterStatus
 	stale     map[registry.ClusterID]bool
-	built     map[registry.ServiceKey]*imports.Import
 	waiting   map[registry.ServiceKey]bool // ClusterSetIP services still without their IPs
 	released  map[registry.ServiceKey]bool // services whose IPs are released (or never held)
 	releasing map[registry.ServiceKey]bool // services whose IPs could not be released yet
@@ -76,7 +75,7 @@ func newImporter(ips *replicas.ClusterSetIPs, cidrs []string, grace time.Duratio
 		current: federation.NewImportSet(federation.ImportMap{}, false, cidrs),
 		changed: make(chan struct{}),
 		reg:     registry.New(), stale: map[registry.ClusterID]bool{},
-		built: map[registry.ServiceKey]*imports.Import{}, waiting: map[registry.ServiceKey]bool{},
+		waiting:  map[registry.ServiceKey]bool{},
 		released: map[registry.ServiceKey]bool{},
 	}
 	return im
@@ -180,7 +179,7 @@ func (im *importer) round(ctx context.Context, v View) {
 		for svc := range reg.All() {
 			touched[svc.Key] = true
 		}
-		for k := range im.built {
+		for k := range im.current.Imports.Keys() {
 			touched[k] = true
 		}
 		im.rebuild = false
@@ -223,13 +222,13 @@ func (im *importer) round(ctx context.Context, v View) {
 				changed = append(changed, k)
 			}
 			skippedNext.Delete(k)
-			delete(im.built, k)
 			delete(im.waiting, k)
 			im.release(claimCtx, k)
 			continue
 		}
 		var ips []netip.Addr
-		if old := im.built[k]; !svc.Headless && im.ips != nil && old != nil && !old.Headless &&
+		old, _ := next.Get(k) // what the set holds: the import last built
+		if !svc.Headless && im.ips != nil && old != nil && !old.Headless &&
 			sameFamilies(old.IPs, im.ips.Ranged(families(svc))) {
 			ips = old.IPs // claimed when the service was first built
 		} else if !svc.Headless && im.ips != nil {
@@ -245,7 +244,7 @@ func (im *importer) round(ctx context.Context, v View) {
 			}
 			ips = got
 			delete(im.released, k)
-			if old := im.built[k]; old != nil && len(old.IPs) > 0 {
+			if old != nil && len(old.IPs) > 0 {
 				// The service's families changed: the IPs of the families it left are released.
 				if err := im.ips.Release(claimCtx, k, time.Now(), im.ips.Ranged(families(svc))...); err != nil {
 					im.log.Warn("cannot release the clusterset IP of a family the service left", "service", k, "err", err)
@@ -264,13 +263,10 @@ func (im *importer) round(ctx context.Context, v View) {
 		} else {
 			skippedNext.Delete(k)
 		}
-		held, _ := next.Get(k)
-		if held == nil || !held.Equal(imp) {
+		if old == nil || !old.Equal(imp) {
 			next.Set(k, imp)
 			changed = append(changed, k)
-			held = imp
 		}
-		im.built[k] = held
 	}
 	im.publish(im.current.Then(next.Map(), changed, im.authoritative()), skippedNext.Map())
 }
