@@ -26,6 +26,7 @@ func ShardToProto(s *registry.Shard) *fedv1.Shard {
 		out.ExportedAtUnix = 0
 	}
 	out.Properties = propertiesToProto(&s.Properties)
+	out.Traffic = trafficToProto(&s.Traffic)
 	for i, p := range s.Ports {
 		out.Ports[i] = &fedv1.ServicePort{Name: p.Name, Port: p.Port, Protocol: string(p.Protocol), AppProtocol: p.AppProtocol}
 	}
@@ -96,6 +97,10 @@ func ShardFromProtoUnvalidated(cluster registry.ClusterID, in *fedv1.Shard, lim 
 		return nil, bad("%d exported labels and annotations, more than the limit of %d", n, maxExportedMetadata)
 	}
 	s.Properties = propertiesFromProto(in.GetProperties())
+	var problem string
+	if s.Traffic, problem = trafficFromProto(in.GetTraffic()); problem != "" {
+		return nil, bad("%s", problem)
+	}
 	for i, p := range in.GetPorts() {
 		s.Ports[i] = registry.ServicePort{Name: p.GetName(), Port: p.GetPort(), Protocol: registry.Protocol(p.GetProtocol()), AppProtocol: p.GetAppProtocol()}
 	}

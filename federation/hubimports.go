@@ -538,7 +538,7 @@ func (im *hubImports) handle(m *fedv1.SpokeMessage) error {
 // welcomeCapabilities are what the hub's welcome announces: import problems
 // only when it serves imports.
 func (h *HubServer) welcomeCapabilities() []string {
-	caps := []string{CapabilityGateways}
+	caps := []string{CapabilityGateways, CapabilityTraffic}
 	if h.imports != nil {
 		caps = append(caps, CapabilityImportProblems)
 	}

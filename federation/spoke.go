@@ -22,6 +22,7 @@ import (
 	"github.com/navemesh/nave/imports"
 	"github.com/navemesh/nave/internal/backoff"
 	"github.com/navemesh/nave/registry"
+	"github.com/navemesh/nave/traffic"
 )
 
 // State is a cluster's complete state: one shard per exported service. A nil
@@ -188,7 +189,13 @@ type Publisher struct {
 	// retained names services a full state asked the hub to retain and that
 	// have not been sent since: the hub may hold a shard the spoke never saw.
 	retained map[registry.ServiceKey]bool
-	nonce    uint64
+	// trafficTaken: the current hub takes routes and policies
+	// (CapabilityTraffic). For a hub that does not, bare holds each desired
+	// shard with traffic beside its form without (one form per shard, so
+	// that what the hub acknowledged compares as the same pointer).
+	trafficTaken bool
+	bare         map[registry.ServiceKey][2]*registry.Shard
+	nonce        uint64
 	// imports is what the hub last said the cluster must hold (never nil).
 	imports *ImportState
 
@@ -216,13 +223,15 @@ func NewPublisher(cfg SpokeConfig, w SpokeWiring, conn grpc.ClientConnInterface,
 	redial, _ := conn.(backoff.Conn)
 	return &Publisher{
 		cfg: spokeSetup{cfg, w}, client: fedv1.NewFederationClient(conn), conn: redial,
-		log:         log.With("component", "publisher"),
-		ackedHashes: map[registry.ServiceKey]registry.Hash{},
-		dirty:       map[registry.ServiceKey]struct{}{},
-		rejected:    map[registry.ServiceKey]registry.Hash{},
-		unpermitted: map[registry.ServiceKey]bool{},
-		tooBig:      map[registry.ServiceKey]registry.Hash{},
-		refusals:    map[registry.ServiceKey]string{},
+		log:          log.With("component", "publisher"),
+		ackedHashes:  map[registry.ServiceKey]registry.Hash{},
+		dirty:        map[registry.ServiceKey]struct{}{},
+		rejected:     map[registry.ServiceKey]registry.Hash{},
+		unpermitted:  map[registry.ServiceKey]bool{},
+		tooBig:       map[registry.ServiceKey]registry.Hash{},
+		refusals:     map[registry.ServiceKey]string{},
+		bare:         map[registry.ServiceKey][2]*registry.Shard{},
+		trafficTaken: true, // until a hub says otherwise
 		imports: &ImportState{Imports: map[registry.ServiceKey]*imports.Import{}, Removed: map[registry.ServiceKey]bool{},
 			Retained: map[registry.ServiceKey]bool{}},
 		nsChanged:       make(chan struct{}, 1),
@@ -401,6 +410,12 @@ func (p *Publisher) session(ctx context.Context, src *Changes) error {
 	markAll(p.dirty, p.unpermitted)
 	clear(p.tooBig)
 	clear(p.unpermitted)
+	if taken := slices.Contains(welcome.GetCapabilities(), CapabilityTraffic); taken != p.trafficTaken {
+		// Every service's form may differ at this hub.
+		p.trafficTaken = taken
+		clear(p.bare)
+		markAll(p.dirty, p.desired)
+	}
 	s := &spokeSession{p: p, stream: stream, epoch: welcome.GetEpoch(), resumed: welcome.GetResume(), gwLast: gws, gwSent: gwKnown,
 		gwTaken: slices.Contains(welcome.GetCapabilities(), CapabilityGateways)}
 	var nsChanged <-chan struct{}
@@ -718,6 +733,7 @@ func (p *Publisher) conflictsFrom(m *fedv1.ServiceConflicts) {
 func (p *Publisher) updateReports() {
 	for k := range p.refusals {
 		s, ok := p.desired[k]
+		s = p.wireForm(k, s)
 		if old := p.acked[k]; !ok || s == nil || (!p.unpermitted[k] && old != nil && (old == s || old.Equal(s))) {
 			// Gone, withheld by the spoke itself, or the hub holds the desired form.
 			delete(p.refusals, k)
@@ -811,8 +827,10 @@ func (p *Publisher) publishableOf(k registry.ServiceKey) (*registry.Shard, int) 
 	if !ok {
 		delete(p.rejected, k) // refused while it left: the next form is new
 		delete(p.unpermitted, k)
+		delete(p.bare, k)
 		return nil, formNone
 	}
+	s = p.wireForm(k, s)
 	if p.unpermitted[k] {
 		return nil, formNone // neither sent nor retained: the hub must hold no form of it
 	}
@@ -835,6 +853,21 @@ func (p *Publisher) publishableOf(k registry.ServiceKey) (*registry.Shard, int) 
 		return old, formSent
 	}
 	return nil, formWithheld
+}
+
+// wireForm is the form of desired shard s the current hub takes: s, or s
+// without its routes and policy for a hub that does not take them.
+func (p *Publisher) wireForm(k registry.ServiceKey, s *registry.Shard) *registry.Shard {
+	if p.trafficTaken || s == nil || s.Traffic.IsZero() {
+		return s
+	}
+	if b, ok := p.bare[k]; ok && b[0] == s {
+		return b[1]
+	}
+	c := *s
+	c.Traffic = traffic.Set{}
+	p.bare[k] = [2]*registry.Shard{s, &c}
+	return &c
 }
 
 // tooLarge records (and logs) a shard of n bytes, more than the hub's

@@ -20,7 +20,7 @@ const (
 // What a peer sends is bounded by this, not by its wire size: decoded, a
 // shard holds 10 to 16 times the bytes it took on the wire.
 func (s *Shard) HeldBytes() int {
-	n := shardSize + len(s.Cluster) + len(s.Service.Namespace) + len(s.Service.Name) +
+	n := shardSize + s.Traffic.HeldBytes() + len(s.Cluster) + len(s.Service.Namespace) + len(s.Service.Name) +
 		len(s.SessionAffinity) + len(s.InternalTrafficPolicy) + len(s.TrafficDistribution) + 8*len(s.IPFamilies)
 	for k, v := range s.Labels {
 		n += mapEntryOverhead + len(k) + len(v)

@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"slices"
 	"time"
+
+	"github.com/navemesh/nave/traffic"
 )
 
 // Service is the merged view of one service exported by one or more clusters.
@@ -18,6 +20,8 @@ type Service struct {
 	Headless bool
 	// Properties are the oldest export's (IP families: the oldest that states any).
 	Properties
+	// Traffic is every cluster's routes and policy merged (see mergeTraffic).
+	Traffic traffic.Set
 	// Conflicts lists every property on which clusters disagree, and who won.
 	Conflicts []Conflict
 	// Revision is the registry version at which anything about the service last changed.
@@ -96,6 +100,7 @@ func merge(k ServiceKey, shards []*Shard) *Service {
 	})
 	mergePortSets(svc, byAge)
 	mergeProperties(svc, byAge)
+	mergeTraffic(svc, byAge)
 	return svc
 }
 
@@ -111,7 +116,7 @@ func compareTime(a, b time.Time) int { return a.Compare(b) }
 
 func (s *Service) sameShape(o *Service) bool {
 	return s.Headless == o.Headless && slices.Equal(s.Ports, o.Ports) && slices.Equal(s.Conflicts, o.Conflicts) &&
-		s.Properties.Equal(&o.Properties)
+		s.Properties.Equal(&o.Properties) && s.Traffic.Equal(&o.Traffic)
 }
 
 // Clusters lists the clusters that export the service, sorted.

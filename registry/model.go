@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/navemesh/nave/traffic"
 )
 
 // ClusterID names a member cluster (a DNS label, e.g. "east").
@@ -156,6 +158,9 @@ type Shard struct {
 	Endpoints  []Endpoint    `json:"endpoints,omitempty"`
 	// Properties are the rest of what an import mirrors of the Service and its export.
 	Properties
+	// Traffic is the routes attached to the service and the policy
+	// targeting it, as the cluster exports them.
+	Traffic traffic.Set `json:"traffic,omitzero"`
 }
 
 // Normalize sorts a shard's ports, endpoints and addresses so that equal
@@ -180,6 +185,7 @@ func (s *Shard) Normalize() {
 		}
 	}
 	slices.SortFunc(s.Endpoints, compareEndpoints)
+	s.Traffic.Normalize()
 }
 
 func compareEndpointPorts(a, b EndpointPort) int {
@@ -200,14 +206,15 @@ func (s *Shard) Equal(o *Shard) bool {
 	}
 	return s.Cluster == o.Cluster && s.Service == o.Service && s.ExportedAt.Equal(o.ExportedAt) &&
 		s.Headless == o.Headless && slices.Equal(s.Ports, o.Ports) &&
-		slices.EqualFunc(s.Endpoints, o.Endpoints, endpointEqual) && s.Properties.Equal(&o.Properties)
+		slices.EqualFunc(s.Endpoints, o.Endpoints, endpointEqual) && s.Properties.Equal(&o.Properties) &&
+		s.Traffic.Equal(&o.Traffic)
 }
 
 // SamePorts reports whether two shards declare the same service shape
-// (ports, headless, export time, properties): everything but endpoints.
+// (ports, headless, export time, properties, traffic): everything but endpoints.
 func (s *Shard) SamePorts(o *Shard) bool {
 	return s.Headless == o.Headless && s.ExportedAt.Equal(o.ExportedAt) && slices.Equal(s.Ports, o.Ports) &&
-		s.Properties.Equal(&o.Properties)
+		s.Properties.Equal(&o.Properties) && s.Traffic.Equal(&o.Traffic)
 }
 
 func endpointEqual(a, b Endpoint) bool {

@@ -140,6 +140,9 @@ const (
 	InternalTrafficPolicyConflict ConflictKind = "InternalTrafficPolicyConflict"
 	TrafficDistributionConflict   ConflictKind = "TrafficDistributionConflict"
 	IPFamilyConflict              ConflictKind = "IPFamilyConflict"
+	// Nave's own: a route, or the policy, that two clusters export differently.
+	RouteConflict  ConflictKind = "RouteConflict"
+	PolicyConflict ConflictKind = "PolicyConflict"
 )
 
 // property is one of Properties, as merge resolves it.

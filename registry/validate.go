@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/navemesh/nave/traffic"
 )
 
 // ErrInvalid marks every validation failure.
@@ -169,6 +171,9 @@ func (s *Shard) Validate(lim Limits) error {
 	}
 	if problem := s.Properties.validate(); problem != "" {
 		return bad("%s", problem)
+	}
+	if err := s.Traffic.Validate(); err != nil {
+		return bad("%s", strings.TrimPrefix(err.Error(), traffic.ErrInvalid.Error()+": "))
 	}
 	names := map[string]bool{}
 	numbers := map[string]bool{}

@@ -218,7 +218,7 @@ func TestValidateRejectsWhatGRPCRejects(t *testing.T) {
 	zeroWeight.Endpoints[1].LoadBalancingWeight.Value = 0
 	noName := ClusterLoadAssignment(Assign(r.Service(echo), tcp("grpc", 8080), loc("r1", "z1")))
 	noName.ClusterName = ""
-	noClusterName := Cluster(echo, tcp("grpc", 8080))
+	noClusterName := Cluster(echo, tcp("grpc", 8080), nil)
 	noClusterName.Name = ""
 	for _, tc := range []struct {
 		name string

@@ -26,8 +26,8 @@ func (a *routesAudience) Build(_ string, r *registry.Registry, _ registry.Networ
 	var res Resources
 	for _, svc := range r.Services() {
 		for _, p := range ServicePorts(svc) {
-			res.Routes = append(res.Routes, RouteConfiguration(svc.Key, p))
-			res.Clusters = append(res.Clusters, Cluster(svc.Key, p))
+			res.Routes = append(res.Routes, RouteConfiguration(svc, p, nil))
+			res.Clusters = append(res.Clusters, Cluster(svc.Key, p, nil))
 		}
 	}
 	if a.broken.Load() {

@@ -9,6 +9,8 @@ import (
 	route "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	tcpproxy "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/wellknown"
+
+	"github.com/navemesh/nave/registry"
 )
 
 func TestCheckConsistentFindsWhatEnvoyRefuses(t *testing.T) {
@@ -29,8 +31,8 @@ func TestCheckConsistentFindsWhatEnvoyRefuses(t *testing.T) {
 			FilterChains: []*listener.FilterChain{chain(ClusterName(echo, 8080), "a"), chain(ClusterName(echo, 8080), "b")}}
 		return Resources{
 			Listeners: []*listener.Listener{l, tls},
-			Routes:    []*route.RouteConfiguration{RouteConfiguration(echo, tcp("grpc", 8080))},
-			Clusters:  []*cluster.Cluster{Cluster(echo, tcp("grpc", 8080))},
+			Routes:    []*route.RouteConfiguration{RouteConfiguration(&registry.Service{Key: echo}, tcp("grpc", 8080), nil)},
+			Clusters:  []*cluster.Cluster{Cluster(echo, tcp("grpc", 8080), nil)},
 		}
 	}
 	has := func(string) bool { return true }

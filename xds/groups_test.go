@@ -260,7 +260,7 @@ func (gatewayAudience) Build(_ string, r *registry.Registry, _ registry.Networks
 	var res Resources
 	for _, svc := range r.Services() {
 		for _, p := range ServicePorts(svc) {
-			res.Clusters = append(res.Clusters, Cluster(svc.Key, p))
+			res.Clusters = append(res.Clusters, Cluster(svc.Key, p, nil))
 		}
 	}
 	return res

@@ -124,6 +124,8 @@ type Server struct {
 	// endpoints holds, by cluster name, the last valid xDS form of each service
 	// port's endpoints, from which every locality group's assignment is derived.
 	endpoints map[string]*portEndpoints
+	// backends records what each route configuration sends requests to.
+	backends *backendIndex
 
 	// pushMu guards the push-latency bookkeeping.
 	pushMu sync.Mutex
@@ -170,6 +172,7 @@ func NewServer(cfg Config, w Wiring, log *slog.Logger, reg prometheus.Registerer
 		metrics:   newMetrics(reg),
 		ports:     map[registry.ServiceKey][]registry.ServicePort{},
 		endpoints: map[string]*portEndpoints{},
+		backends:  newBackendIndex(),
 		pushes:    map[string]pushStamp{},
 		status:    syncstatus.New(w.Replica),
 		restrict:  restrictions{byStream: map[streamKey]*streamRestriction{}, byNode: map[*core.Node]*streamRestriction{}},
@@ -226,6 +229,7 @@ func (s *Server) Update(r *registry.Registry, d registry.Diff) {
 	}
 	groups := *s.groups.Load()
 	var traced []registry.ServiceKey
+	var routing routingChanges
 	for _, c := range changes {
 		if s.cfg.Tracer != nil && s.cfg.Tracer.Tracing(c.Key) {
 			traced = append(traced, c.Key)
@@ -235,15 +239,12 @@ func (s *Server) Update(r *registry.Registry, d registry.Diff) {
 		ports := ServicePorts(svc)
 		for _, old := range s.ports[c.Key] {
 			if !hasPort(ports, old.Port) {
-				s.deletePort(c.Key, old.Port, groups)
+				s.deletePort(c.Key, old.Port, groups, &routing)
 			}
 		}
 		if c.ShapeChanged {
 			for _, p := range ports {
-				name := ListenerName(c.Key, p.Port)
-				s.stage(s.lds, name, Listener(c.Key, p))
-				s.stage(s.rds, name, RouteConfiguration(c.Key, p))
-				s.stage(s.cds, ClusterName(c.Key, p.Port), Cluster(c.Key, p))
+				s.stageShape(svc, p, r, &routing)
 			}
 		}
 		if c.ShapeChanged || c.EndpointsChanged {
@@ -257,6 +258,7 @@ func (s *Server) Update(r *registry.Registry, d registry.Diff) {
 			s.ports[c.Key] = ports
 		}
 	}
+	s.stageRouting(&routing, r, groups)
 	// Traced changes are told what carries them before the caches publish
 	// them, so that no push of them goes unseen.
 	for _, k := range traced {
@@ -306,6 +308,9 @@ func (s *Server) SetNetworks(n registry.Networks) {
 				s.stageEndpoints(svc, p, groups)
 			}
 		}
+		for _, b := range s.backends.placeholders {
+			s.stagePlaceholderEndpoints(b, groups)
+		}
 	} else {
 		for name, pe := range s.endpoints {
 			for client, eds := range groups {
@@ -349,7 +354,7 @@ func hasPort(ports []registry.ServicePort, number int32) bool {
 	return false
 }
 
-func (s *Server) deletePort(k registry.ServiceKey, port int32, groups map[Client]*resourceCache) {
+func (s *Server) deletePort(k registry.ServiceKey, port int32, groups map[Client]*resourceCache, routing *routingChanges) {
 	name, cluster := ListenerName(k, port), ClusterName(k, port)
 	s.lds.stageDelete(name)
 	s.rds.stageDelete(name)
@@ -358,6 +363,10 @@ func (s *Server) deletePort(k registry.ServiceKey, port int32, groups map[Client
 	for _, eds := range groups {
 		eds.stageDelete(cluster)
 	}
+	routing.init()
+	s.backends.drop(name, routing.touched)
+	routing.touched[cluster] = BackendRef{Key: k, Port: port}
+	routing.rerouteUsersOf(s.backends, cluster)
 }
 
 // stage validates res and stages it; an invalid resource is logged, counted

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/navemesh/nave/registry"
+	"github.com/navemesh/nave/traffic"
 )
 
 // ErrInvalidResource marks a generated resource that failed validation; it is never published.
@@ -81,28 +82,30 @@ func Listener(k registry.ServiceKey, port registry.ServicePort) *listener.Listen
 
 // RouteConfiguration builds the routes of the service port: one virtual host
 // for host:port (what grpc-go matches, the channel authority) and host,
-// sending everything to the port's Cluster.
-func RouteConfiguration(k registry.ServiceKey, port registry.ServicePort) *route.RouteConfiguration {
-	name := ListenerName(k, port.Port)
+// holding the routes attached to the port (see trafficRoutes), or, without
+// any, one route sending everything to the port's Cluster. lookup (nil:
+// none) finds the services the routes send requests to, whose policies
+// may ask for a hash policy.
+func RouteConfiguration(svc *registry.Service, port registry.ServicePort, lookup Lookup) *route.RouteConfiguration {
+	name := ListenerName(svc.Key, port.Port)
+	if lookup == nil {
+		lookup = func(registry.ServiceKey) *registry.Service { return nil }
+	}
 	return &route.RouteConfiguration{
 		Name: name,
 		VirtualHosts: []*route.VirtualHost{{
 			Name:    name,
-			Domains: []string{name, k.Hostname()},
-			Routes: []*route.Route{{
-				Match: &route.RouteMatch{PathSpecifier: &route.RouteMatch_Prefix{Prefix: "/"}},
-				Action: &route.Route_Route{Route: &route.RouteAction{
-					ClusterSpecifier: &route.RouteAction_Cluster{Cluster: ClusterName(k, port.Port)},
-				}},
-			}},
+			Domains: []string{name, svc.Key.Hostname()},
+			Routes:  trafficRoutes(svc, port.Port, lookup),
 		}},
 	}
 }
 
-// Cluster builds the EDS Cluster of the service port; its endpoints come over ADS.
-func Cluster(k registry.ServiceKey, port registry.ServicePort) *cluster.Cluster {
+// Cluster builds the EDS Cluster of the service port, shaped by the
+// service's policy p (nil: none); its endpoints come over ADS.
+func Cluster(k registry.ServiceKey, port registry.ServicePort, p *traffic.Policy) *cluster.Cluster {
 	name := ClusterName(k, port.Port)
-	return &cluster.Cluster{
+	c := &cluster.Cluster{
 		Name:                 name,
 		ClusterDiscoveryType: &cluster.Cluster_Type{Type: cluster.Cluster_EDS},
 		EdsClusterConfig: &cluster.Cluster_EdsClusterConfig{
@@ -112,6 +115,8 @@ func Cluster(k registry.ServiceKey, port registry.ServicePort) *cluster.Cluster 
 		ConnectTimeout: durationpb.New(connectTimeout),
 		LbPolicy:       cluster.Cluster_ROUND_ROBIN,
 	}
+	applyClusterPolicy(c, p)
+	return c
 }
 
 // ClusterLoadAssignment turns an Assignment into its xDS form.

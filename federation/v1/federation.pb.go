@@ -1754,7 +1754,8 @@ type Welcome struct {
 	MaxMessageBytes uint32 `protobuf:"varint,4,opt,name=max_message_bytes,json=maxMessageBytes,proto3" json:"max_message_bytes,omitempty"`
 	// capabilities the hub has that a spoke must not assume: "gateways" (it
 	// takes NetworkGateways messages after the hello), "import-problems" (it
-	// takes ImportProblems messages on the import stream).
+	// takes ImportProblems messages on the import stream), "traffic" (it
+	// takes and digests Shard.traffic).
 	Capabilities  []string `protobuf:"bytes,5,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2502,7 +2503,11 @@ type Shard struct {
 	Endpoints      []*Endpoint    `protobuf:"bytes,5,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
 	// properties: what an import mirrors of the Service besides its ports
 	// and type (absent: Kubernetes' defaults, nothing exported).
-	Properties    *ServiceProperties `protobuf:"bytes,6,opt,name=properties,proto3" json:"properties,omitempty"`
+	Properties *ServiceProperties `protobuf:"bytes,6,opt,name=properties,proto3" json:"properties,omitempty"`
+	// traffic: the routes attached to the service and the policy targeting
+	// it, sent only to a hub that announces the capability "traffic" (an
+	// older hub would hold, and digest, the shard without them).
+	Traffic       *Traffic `protobuf:"bytes,7,opt,name=traffic,proto3" json:"traffic,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2579,6 +2584,1234 @@ func (x *Shard) GetProperties() *ServiceProperties {
 	return nil
 }
 
+func (x *Shard) GetTraffic() *Traffic {
+	if x != nil {
+		return x.Traffic
+	}
+	return nil
+}
+
+// Traffic is what the cluster says about traffic to a service (see package
+// traffic): the Gateway API routes whose parent is the Service and the
+// TrafficPolicy that targets it. Durations are in nanoseconds.
+type Traffic struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Routes        []*TrafficRoute        `protobuf:"bytes,1,rep,name=routes,proto3" json:"routes,omitempty"`
+	Policy        *TrafficPolicy         `protobuf:"bytes,2,opt,name=policy,proto3" json:"policy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Traffic) Reset() {
+	*x = Traffic{}
+	mi := &file_federation_v1_federation_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Traffic) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Traffic) ProtoMessage() {}
+
+func (x *Traffic) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Traffic.ProtoReflect.Descriptor instead.
+func (*Traffic) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *Traffic) GetRoutes() []*TrafficRoute {
+	if x != nil {
+		return x.Routes
+	}
+	return nil
+}
+
+func (x *Traffic) GetPolicy() *TrafficPolicy {
+	if x != nil {
+		return x.Policy
+	}
+	return nil
+}
+
+// TrafficRoute is a GRPCRoute or HTTPRoute (kind) attached to the service.
+type TrafficRoute struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Kind          string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	CreatedAtUnix int64                  `protobuf:"varint,3,opt,name=created_at_unix,json=createdAtUnix,proto3" json:"created_at_unix,omitempty"`
+	// port: the service port it attaches to; 0: every port.
+	Port          int32          `protobuf:"varint,4,opt,name=port,proto3" json:"port,omitempty"`
+	Rules         []*TrafficRule `protobuf:"bytes,5,rep,name=rules,proto3" json:"rules,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrafficRoute) Reset() {
+	*x = TrafficRoute{}
+	mi := &file_federation_v1_federation_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrafficRoute) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrafficRoute) ProtoMessage() {}
+
+func (x *TrafficRoute) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrafficRoute.ProtoReflect.Descriptor instead.
+func (*TrafficRoute) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *TrafficRoute) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *TrafficRoute) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *TrafficRoute) GetCreatedAtUnix() int64 {
+	if x != nil {
+		return x.CreatedAtUnix
+	}
+	return 0
+}
+
+func (x *TrafficRoute) GetPort() int32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *TrafficRoute) GetRules() []*TrafficRule {
+	if x != nil {
+		return x.Rules
+	}
+	return nil
+}
+
+type TrafficRule struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Matches       []*TrafficMatch        `protobuf:"bytes,1,rep,name=matches,proto3" json:"matches,omitempty"`
+	Backends      []*TrafficBackend      `protobuf:"bytes,2,rep,name=backends,proto3" json:"backends,omitempty"`
+	TimeoutNanos  int64                  `protobuf:"varint,3,opt,name=timeout_nanos,json=timeoutNanos,proto3" json:"timeout_nanos,omitempty"`
+	Retry         *TrafficRetry          `protobuf:"bytes,4,opt,name=retry,proto3" json:"retry,omitempty"`
+	SetHeaders    []*TrafficHeader       `protobuf:"bytes,5,rep,name=set_headers,json=setHeaders,proto3" json:"set_headers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrafficRule) Reset() {
+	*x = TrafficRule{}
+	mi := &file_federation_v1_federation_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrafficRule) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrafficRule) ProtoMessage() {}
+
+func (x *TrafficRule) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrafficRule.ProtoReflect.Descriptor instead.
+func (*TrafficRule) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *TrafficRule) GetMatches() []*TrafficMatch {
+	if x != nil {
+		return x.Matches
+	}
+	return nil
+}
+
+func (x *TrafficRule) GetBackends() []*TrafficBackend {
+	if x != nil {
+		return x.Backends
+	}
+	return nil
+}
+
+func (x *TrafficRule) GetTimeoutNanos() int64 {
+	if x != nil {
+		return x.TimeoutNanos
+	}
+	return 0
+}
+
+func (x *TrafficRule) GetRetry() *TrafficRetry {
+	if x != nil {
+		return x.Retry
+	}
+	return nil
+}
+
+func (x *TrafficRule) GetSetHeaders() []*TrafficHeader {
+	if x != nil {
+		return x.SetHeaders
+	}
+	return nil
+}
+
+// TrafficMatch: method for a GRPCRoute, path for an HTTPRoute; types are
+// the Gateway API's names (Exact, PathPrefix, RegularExpression).
+type TrafficMatch struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Method        *TrafficMethodMatch    `protobuf:"bytes,1,opt,name=method,proto3" json:"method,omitempty"`
+	Path          *TrafficStringMatch    `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	Headers       []*TrafficHeaderMatch  `protobuf:"bytes,3,rep,name=headers,proto3" json:"headers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrafficMatch) Reset() {
+	*x = TrafficMatch{}
+	mi := &file_federation_v1_federation_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrafficMatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrafficMatch) ProtoMessage() {}
+
+func (x *TrafficMatch) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrafficMatch.ProtoReflect.Descriptor instead.
+func (*TrafficMatch) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *TrafficMatch) GetMethod() *TrafficMethodMatch {
+	if x != nil {
+		return x.Method
+	}
+	return nil
+}
+
+func (x *TrafficMatch) GetPath() *TrafficStringMatch {
+	if x != nil {
+		return x.Path
+	}
+	return nil
+}
+
+func (x *TrafficMatch) GetHeaders() []*TrafficHeaderMatch {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
+type TrafficMethodMatch struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Type          string                 `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
+	Service       string                 `protobuf:"bytes,2,opt,name=service,proto3" json:"service,omitempty"`
+	Method        string                 `protobuf:"bytes,3,opt,name=method,proto3" json:"method,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrafficMethodMatch) Reset() {
+	*x = TrafficMethodMatch{}
+	mi := &file_federation_v1_federation_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrafficMethodMatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrafficMethodMatch) ProtoMessage() {}
+
+func (x *TrafficMethodMatch) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrafficMethodMatch.ProtoReflect.Descriptor instead.
+func (*TrafficMethodMatch) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *TrafficMethodMatch) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *TrafficMethodMatch) GetService() string {
+	if x != nil {
+		return x.Service
+	}
+	return ""
+}
+
+func (x *TrafficMethodMatch) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+type TrafficStringMatch struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Type          string                 `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
+	Value         string                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrafficStringMatch) Reset() {
+	*x = TrafficStringMatch{}
+	mi := &file_federation_v1_federation_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrafficStringMatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrafficStringMatch) ProtoMessage() {}
+
+func (x *TrafficStringMatch) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrafficStringMatch.ProtoReflect.Descriptor instead.
+func (*TrafficStringMatch) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *TrafficStringMatch) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *TrafficStringMatch) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+type TrafficHeaderMatch struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Type          string                 `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Value         string                 `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrafficHeaderMatch) Reset() {
+	*x = TrafficHeaderMatch{}
+	mi := &file_federation_v1_federation_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrafficHeaderMatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrafficHeaderMatch) ProtoMessage() {}
+
+func (x *TrafficHeaderMatch) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrafficHeaderMatch.ProtoReflect.Descriptor instead.
+func (*TrafficHeaderMatch) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *TrafficHeaderMatch) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *TrafficHeaderMatch) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *TrafficHeaderMatch) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+type TrafficHeader struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Value         string                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrafficHeader) Reset() {
+	*x = TrafficHeader{}
+	mi := &file_federation_v1_federation_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrafficHeader) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrafficHeader) ProtoMessage() {}
+
+func (x *TrafficHeader) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrafficHeader.ProtoReflect.Descriptor instead.
+func (*TrafficHeader) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *TrafficHeader) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *TrafficHeader) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+// TrafficBackend: kind Service (the caller's own cluster) or ServiceImport
+// (every cluster), a service of the route's namespace.
+type TrafficBackend struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Kind          string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Port          int32                  `protobuf:"varint,3,opt,name=port,proto3" json:"port,omitempty"`
+	Weight        int32                  `protobuf:"varint,4,opt,name=weight,proto3" json:"weight,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrafficBackend) Reset() {
+	*x = TrafficBackend{}
+	mi := &file_federation_v1_federation_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrafficBackend) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrafficBackend) ProtoMessage() {}
+
+func (x *TrafficBackend) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrafficBackend.ProtoReflect.Descriptor instead.
+func (*TrafficBackend) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *TrafficBackend) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *TrafficBackend) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *TrafficBackend) GetPort() int32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *TrafficBackend) GetWeight() int32 {
+	if x != nil {
+		return x.Weight
+	}
+	return 0
+}
+
+type TrafficRetry struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Attempts      int32                  `protobuf:"varint,1,opt,name=attempts,proto3" json:"attempts,omitempty"`
+	BackoffNanos  int64                  `protobuf:"varint,2,opt,name=backoff_nanos,json=backoffNanos,proto3" json:"backoff_nanos,omitempty"`
+	HttpCodes     []int32                `protobuf:"varint,3,rep,packed,name=http_codes,json=httpCodes,proto3" json:"http_codes,omitempty"`
+	GrpcCodes     []string               `protobuf:"bytes,4,rep,name=grpc_codes,json=grpcCodes,proto3" json:"grpc_codes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrafficRetry) Reset() {
+	*x = TrafficRetry{}
+	mi := &file_federation_v1_federation_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrafficRetry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrafficRetry) ProtoMessage() {}
+
+func (x *TrafficRetry) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrafficRetry.ProtoReflect.Descriptor instead.
+func (*TrafficRetry) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *TrafficRetry) GetAttempts() int32 {
+	if x != nil {
+		return x.Attempts
+	}
+	return 0
+}
+
+func (x *TrafficRetry) GetBackoffNanos() int64 {
+	if x != nil {
+		return x.BackoffNanos
+	}
+	return 0
+}
+
+func (x *TrafficRetry) GetHttpCodes() []int32 {
+	if x != nil {
+		return x.HttpCodes
+	}
+	return nil
+}
+
+func (x *TrafficRetry) GetGrpcCodes() []string {
+	if x != nil {
+		return x.GrpcCodes
+	}
+	return nil
+}
+
+type TrafficPolicy struct {
+	state            protoimpl.MessageState   `protogen:"open.v1"`
+	Name             string                   `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	LoadBalancer     *TrafficLoadBalancer     `protobuf:"bytes,2,opt,name=load_balancer,json=loadBalancer,proto3" json:"load_balancer,omitempty"`
+	Locality         *TrafficLocality         `protobuf:"bytes,3,opt,name=locality,proto3" json:"locality,omitempty"`
+	OutlierDetection *TrafficOutlierDetection `protobuf:"bytes,4,opt,name=outlier_detection,json=outlierDetection,proto3" json:"outlier_detection,omitempty"`
+	MaxRequests      uint32                   `protobuf:"varint,5,opt,name=max_requests,json=maxRequests,proto3" json:"max_requests,omitempty"`
+	TimeoutNanos     int64                    `protobuf:"varint,6,opt,name=timeout_nanos,json=timeoutNanos,proto3" json:"timeout_nanos,omitempty"`
+	Retry            *TrafficRetry            `protobuf:"bytes,7,opt,name=retry,proto3" json:"retry,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *TrafficPolicy) Reset() {
+	*x = TrafficPolicy{}
+	mi := &file_federation_v1_federation_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrafficPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrafficPolicy) ProtoMessage() {}
+
+func (x *TrafficPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrafficPolicy.ProtoReflect.Descriptor instead.
+func (*TrafficPolicy) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *TrafficPolicy) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *TrafficPolicy) GetLoadBalancer() *TrafficLoadBalancer {
+	if x != nil {
+		return x.LoadBalancer
+	}
+	return nil
+}
+
+func (x *TrafficPolicy) GetLocality() *TrafficLocality {
+	if x != nil {
+		return x.Locality
+	}
+	return nil
+}
+
+func (x *TrafficPolicy) GetOutlierDetection() *TrafficOutlierDetection {
+	if x != nil {
+		return x.OutlierDetection
+	}
+	return nil
+}
+
+func (x *TrafficPolicy) GetMaxRequests() uint32 {
+	if x != nil {
+		return x.MaxRequests
+	}
+	return 0
+}
+
+func (x *TrafficPolicy) GetTimeoutNanos() int64 {
+	if x != nil {
+		return x.TimeoutNanos
+	}
+	return 0
+}
+
+func (x *TrafficPolicy) GetRetry() *TrafficRetry {
+	if x != nil {
+		return x.Retry
+	}
+	return nil
+}
+
+type TrafficLoadBalancer struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Algorithm     string                 `protobuf:"bytes,1,opt,name=algorithm,proto3" json:"algorithm,omitempty"`
+	ChoiceCount   uint32                 `protobuf:"varint,2,opt,name=choice_count,json=choiceCount,proto3" json:"choice_count,omitempty"`
+	HashHeader    string                 `protobuf:"bytes,3,opt,name=hash_header,json=hashHeader,proto3" json:"hash_header,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrafficLoadBalancer) Reset() {
+	*x = TrafficLoadBalancer{}
+	mi := &file_federation_v1_federation_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrafficLoadBalancer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrafficLoadBalancer) ProtoMessage() {}
+
+func (x *TrafficLoadBalancer) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrafficLoadBalancer.ProtoReflect.Descriptor instead.
+func (*TrafficLoadBalancer) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *TrafficLoadBalancer) GetAlgorithm() string {
+	if x != nil {
+		return x.Algorithm
+	}
+	return ""
+}
+
+func (x *TrafficLoadBalancer) GetChoiceCount() uint32 {
+	if x != nil {
+		return x.ChoiceCount
+	}
+	return 0
+}
+
+func (x *TrafficLoadBalancer) GetHashHeader() string {
+	if x != nil {
+		return x.HashHeader
+	}
+	return ""
+}
+
+type TrafficLocality struct {
+	state            protoimpl.MessageState   `protogen:"open.v1"`
+	Off              bool                     `protobuf:"varint,1,opt,name=off,proto3" json:"off,omitempty"`
+	FailoverPriority []string                 `protobuf:"bytes,2,rep,name=failover_priority,json=failoverPriority,proto3" json:"failover_priority,omitempty"`
+	Failover         []*TrafficRegionFailover `protobuf:"bytes,3,rep,name=failover,proto3" json:"failover,omitempty"`
+	Distribute       []*TrafficDistribution   `protobuf:"bytes,4,rep,name=distribute,proto3" json:"distribute,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *TrafficLocality) Reset() {
+	*x = TrafficLocality{}
+	mi := &file_federation_v1_federation_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrafficLocality) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrafficLocality) ProtoMessage() {}
+
+func (x *TrafficLocality) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrafficLocality.ProtoReflect.Descriptor instead.
+func (*TrafficLocality) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *TrafficLocality) GetOff() bool {
+	if x != nil {
+		return x.Off
+	}
+	return false
+}
+
+func (x *TrafficLocality) GetFailoverPriority() []string {
+	if x != nil {
+		return x.FailoverPriority
+	}
+	return nil
+}
+
+func (x *TrafficLocality) GetFailover() []*TrafficRegionFailover {
+	if x != nil {
+		return x.Failover
+	}
+	return nil
+}
+
+func (x *TrafficLocality) GetDistribute() []*TrafficDistribution {
+	if x != nil {
+		return x.Distribute
+	}
+	return nil
+}
+
+type TrafficRegionFailover struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	From          string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	To            string                 `protobuf:"bytes,2,opt,name=to,proto3" json:"to,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrafficRegionFailover) Reset() {
+	*x = TrafficRegionFailover{}
+	mi := &file_federation_v1_federation_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrafficRegionFailover) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrafficRegionFailover) ProtoMessage() {}
+
+func (x *TrafficRegionFailover) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrafficRegionFailover.ProtoReflect.Descriptor instead.
+func (*TrafficRegionFailover) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *TrafficRegionFailover) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *TrafficRegionFailover) GetTo() string {
+	if x != nil {
+		return x.To
+	}
+	return ""
+}
+
+type TrafficDistribution struct {
+	state         protoimpl.MessageState   `protogen:"open.v1"`
+	From          string                   `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	To            []*TrafficLocalityWeight `protobuf:"bytes,2,rep,name=to,proto3" json:"to,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrafficDistribution) Reset() {
+	*x = TrafficDistribution{}
+	mi := &file_federation_v1_federation_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrafficDistribution) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrafficDistribution) ProtoMessage() {}
+
+func (x *TrafficDistribution) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrafficDistribution.ProtoReflect.Descriptor instead.
+func (*TrafficDistribution) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *TrafficDistribution) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *TrafficDistribution) GetTo() []*TrafficLocalityWeight {
+	if x != nil {
+		return x.To
+	}
+	return nil
+}
+
+type TrafficLocalityWeight struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Locality      string                 `protobuf:"bytes,1,opt,name=locality,proto3" json:"locality,omitempty"`
+	Weight        uint32                 `protobuf:"varint,2,opt,name=weight,proto3" json:"weight,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrafficLocalityWeight) Reset() {
+	*x = TrafficLocalityWeight{}
+	mi := &file_federation_v1_federation_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrafficLocalityWeight) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrafficLocalityWeight) ProtoMessage() {}
+
+func (x *TrafficLocalityWeight) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrafficLocalityWeight.ProtoReflect.Descriptor instead.
+func (*TrafficLocalityWeight) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *TrafficLocalityWeight) GetLocality() string {
+	if x != nil {
+		return x.Locality
+	}
+	return ""
+}
+
+func (x *TrafficLocalityWeight) GetWeight() uint32 {
+	if x != nil {
+		return x.Weight
+	}
+	return 0
+}
+
+type TrafficOutlierDetection struct {
+	state                 protoimpl.MessageState    `protogen:"open.v1"`
+	IntervalNanos         int64                     `protobuf:"varint,1,opt,name=interval_nanos,json=intervalNanos,proto3" json:"interval_nanos,omitempty"`
+	BaseEjectionTimeNanos int64                     `protobuf:"varint,2,opt,name=base_ejection_time_nanos,json=baseEjectionTimeNanos,proto3" json:"base_ejection_time_nanos,omitempty"`
+	MaxEjectionTimeNanos  int64                     `protobuf:"varint,3,opt,name=max_ejection_time_nanos,json=maxEjectionTimeNanos,proto3" json:"max_ejection_time_nanos,omitempty"`
+	MaxEjectionPercent    uint32                    `protobuf:"varint,4,opt,name=max_ejection_percent,json=maxEjectionPercent,proto3" json:"max_ejection_percent,omitempty"`
+	ConsecutiveErrors     uint32                    `protobuf:"varint,5,opt,name=consecutive_errors,json=consecutiveErrors,proto3" json:"consecutive_errors,omitempty"`
+	FailurePercentage     *TrafficFailurePercentage `protobuf:"bytes,6,opt,name=failure_percentage,json=failurePercentage,proto3" json:"failure_percentage,omitempty"`
+	SuccessRate           *TrafficSuccessRate       `protobuf:"bytes,7,opt,name=success_rate,json=successRate,proto3" json:"success_rate,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
+}
+
+func (x *TrafficOutlierDetection) Reset() {
+	*x = TrafficOutlierDetection{}
+	mi := &file_federation_v1_federation_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrafficOutlierDetection) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrafficOutlierDetection) ProtoMessage() {}
+
+func (x *TrafficOutlierDetection) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrafficOutlierDetection.ProtoReflect.Descriptor instead.
+func (*TrafficOutlierDetection) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *TrafficOutlierDetection) GetIntervalNanos() int64 {
+	if x != nil {
+		return x.IntervalNanos
+	}
+	return 0
+}
+
+func (x *TrafficOutlierDetection) GetBaseEjectionTimeNanos() int64 {
+	if x != nil {
+		return x.BaseEjectionTimeNanos
+	}
+	return 0
+}
+
+func (x *TrafficOutlierDetection) GetMaxEjectionTimeNanos() int64 {
+	if x != nil {
+		return x.MaxEjectionTimeNanos
+	}
+	return 0
+}
+
+func (x *TrafficOutlierDetection) GetMaxEjectionPercent() uint32 {
+	if x != nil {
+		return x.MaxEjectionPercent
+	}
+	return 0
+}
+
+func (x *TrafficOutlierDetection) GetConsecutiveErrors() uint32 {
+	if x != nil {
+		return x.ConsecutiveErrors
+	}
+	return 0
+}
+
+func (x *TrafficOutlierDetection) GetFailurePercentage() *TrafficFailurePercentage {
+	if x != nil {
+		return x.FailurePercentage
+	}
+	return nil
+}
+
+func (x *TrafficOutlierDetection) GetSuccessRate() *TrafficSuccessRate {
+	if x != nil {
+		return x.SuccessRate
+	}
+	return nil
+}
+
+type TrafficFailurePercentage struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Threshold     uint32                 `protobuf:"varint,1,opt,name=threshold,proto3" json:"threshold,omitempty"`
+	MinimumHosts  uint32                 `protobuf:"varint,2,opt,name=minimum_hosts,json=minimumHosts,proto3" json:"minimum_hosts,omitempty"`
+	RequestVolume uint32                 `protobuf:"varint,3,opt,name=request_volume,json=requestVolume,proto3" json:"request_volume,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrafficFailurePercentage) Reset() {
+	*x = TrafficFailurePercentage{}
+	mi := &file_federation_v1_federation_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrafficFailurePercentage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrafficFailurePercentage) ProtoMessage() {}
+
+func (x *TrafficFailurePercentage) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrafficFailurePercentage.ProtoReflect.Descriptor instead.
+func (*TrafficFailurePercentage) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *TrafficFailurePercentage) GetThreshold() uint32 {
+	if x != nil {
+		return x.Threshold
+	}
+	return 0
+}
+
+func (x *TrafficFailurePercentage) GetMinimumHosts() uint32 {
+	if x != nil {
+		return x.MinimumHosts
+	}
+	return 0
+}
+
+func (x *TrafficFailurePercentage) GetRequestVolume() uint32 {
+	if x != nil {
+		return x.RequestVolume
+	}
+	return 0
+}
+
+type TrafficSuccessRate struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	StdevFactor   uint32                 `protobuf:"varint,1,opt,name=stdev_factor,json=stdevFactor,proto3" json:"stdev_factor,omitempty"`
+	MinimumHosts  uint32                 `protobuf:"varint,2,opt,name=minimum_hosts,json=minimumHosts,proto3" json:"minimum_hosts,omitempty"`
+	RequestVolume uint32                 `protobuf:"varint,3,opt,name=request_volume,json=requestVolume,proto3" json:"request_volume,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrafficSuccessRate) Reset() {
+	*x = TrafficSuccessRate{}
+	mi := &file_federation_v1_federation_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrafficSuccessRate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrafficSuccessRate) ProtoMessage() {}
+
+func (x *TrafficSuccessRate) ProtoReflect() protoreflect.Message {
+	mi := &file_federation_v1_federation_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrafficSuccessRate.ProtoReflect.Descriptor instead.
+func (*TrafficSuccessRate) Descriptor() ([]byte, []int) {
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *TrafficSuccessRate) GetStdevFactor() uint32 {
+	if x != nil {
+		return x.StdevFactor
+	}
+	return 0
+}
+
+func (x *TrafficSuccessRate) GetMinimumHosts() uint32 {
+	if x != nil {
+		return x.MinimumHosts
+	}
+	return 0
+}
+
+func (x *TrafficSuccessRate) GetRequestVolume() uint32 {
+	if x != nil {
+		return x.RequestVolume
+	}
+	return 0
+}
+
 // ServiceProperties are what an import mirrors of an exported Service
 // besides its ports and type (Kubernetes MCS). Kubernetes' defaults are
 // empty: session_affinity "" is None, internal_traffic_policy "" is Cluster.
@@ -2599,7 +3832,7 @@ type ServiceProperties struct {
 
 func (x *ServiceProperties) Reset() {
 	*x = ServiceProperties{}
-	mi := &file_federation_v1_federation_proto_msgTypes[33]
+	mi := &file_federation_v1_federation_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2611,7 +3844,7 @@ func (x *ServiceProperties) String() string {
 func (*ServiceProperties) ProtoMessage() {}
 
 func (x *ServiceProperties) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[33]
+	mi := &file_federation_v1_federation_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2624,7 +3857,7 @@ func (x *ServiceProperties) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceProperties.ProtoReflect.Descriptor instead.
 func (*ServiceProperties) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{33}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ServiceProperties) GetSessionAffinity() string {
@@ -2688,7 +3921,7 @@ type ServicePort struct {
 
 func (x *ServicePort) Reset() {
 	*x = ServicePort{}
-	mi := &file_federation_v1_federation_proto_msgTypes[34]
+	mi := &file_federation_v1_federation_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2700,7 +3933,7 @@ func (x *ServicePort) String() string {
 func (*ServicePort) ProtoMessage() {}
 
 func (x *ServicePort) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[34]
+	mi := &file_federation_v1_federation_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2713,7 +3946,7 @@ func (x *ServicePort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServicePort.ProtoReflect.Descriptor instead.
 func (*ServicePort) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{34}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ServicePort) GetName() string {
@@ -2760,7 +3993,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_federation_v1_federation_proto_msgTypes[35]
+	mi := &file_federation_v1_federation_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2772,7 +4005,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[35]
+	mi := &file_federation_v1_federation_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2785,7 +4018,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{35}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *Endpoint) GetAddresses() []string {
@@ -2854,7 +4087,7 @@ type EndpointPort struct {
 
 func (x *EndpointPort) Reset() {
 	*x = EndpointPort{}
-	mi := &file_federation_v1_federation_proto_msgTypes[36]
+	mi := &file_federation_v1_federation_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2866,7 +4099,7 @@ func (x *EndpointPort) String() string {
 func (*EndpointPort) ProtoMessage() {}
 
 func (x *EndpointPort) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[36]
+	mi := &file_federation_v1_federation_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2879,7 +4112,7 @@ func (x *EndpointPort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointPort.ProtoReflect.Descriptor instead.
 func (*EndpointPort) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{36}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *EndpointPort) GetName() string {
@@ -2907,7 +4140,7 @@ type Locality struct {
 
 func (x *Locality) Reset() {
 	*x = Locality{}
-	mi := &file_federation_v1_federation_proto_msgTypes[37]
+	mi := &file_federation_v1_federation_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2919,7 +4152,7 @@ func (x *Locality) String() string {
 func (*Locality) ProtoMessage() {}
 
 func (x *Locality) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[37]
+	mi := &file_federation_v1_federation_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2932,7 +4165,7 @@ func (x *Locality) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Locality.ProtoReflect.Descriptor instead.
 func (*Locality) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{37}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *Locality) GetRegion() string {
@@ -2973,7 +4206,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_federation_v1_federation_proto_msgTypes[38]
+	mi := &file_federation_v1_federation_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2985,7 +4218,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[38]
+	mi := &file_federation_v1_federation_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2998,7 +4231,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{38}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *Snapshot) GetRevision() uint64 {
@@ -3039,7 +4272,7 @@ type SnapshotCluster struct {
 
 func (x *SnapshotCluster) Reset() {
 	*x = SnapshotCluster{}
-	mi := &file_federation_v1_federation_proto_msgTypes[39]
+	mi := &file_federation_v1_federation_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3051,7 +4284,7 @@ func (x *SnapshotCluster) String() string {
 func (*SnapshotCluster) ProtoMessage() {}
 
 func (x *SnapshotCluster) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[39]
+	mi := &file_federation_v1_federation_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3064,7 +4297,7 @@ func (x *SnapshotCluster) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotCluster.ProtoReflect.Descriptor instead.
 func (*SnapshotCluster) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{39}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *SnapshotCluster) GetCluster() string {
@@ -3120,7 +4353,7 @@ type ResolvedName struct {
 
 func (x *ResolvedName) Reset() {
 	*x = ResolvedName{}
-	mi := &file_federation_v1_federation_proto_msgTypes[40]
+	mi := &file_federation_v1_federation_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3132,7 +4365,7 @@ func (x *ResolvedName) String() string {
 func (*ResolvedName) ProtoMessage() {}
 
 func (x *ResolvedName) ProtoReflect() protoreflect.Message {
-	mi := &file_federation_v1_federation_proto_msgTypes[40]
+	mi := &file_federation_v1_federation_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3145,7 +4378,7 @@ func (x *ResolvedName) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolvedName.ProtoReflect.Descriptor instead.
 func (*ResolvedName) Descriptor() ([]byte, []int) {
-	return file_federation_v1_federation_proto_rawDescGZIP(), []int{40}
+	return file_federation_v1_federation_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ResolvedName) GetName() string {
@@ -3352,7 +4585,7 @@ const file_federation_v1_federation_proto_rawDesc = "" +
 	"\n" +
 	"ServiceKey\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name\"\xc1\x02\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"\xf8\x02\n" +
 	"\x05Shard\x128\n" +
 	"\aservice\x18\x01 \x01(\v2\x1e.nave.federation.v1.ServiceKeyR\aservice\x12(\n" +
 	"\x10exported_at_unix\x18\x02 \x01(\x03R\x0eexportedAtUnix\x12\x1a\n" +
@@ -3361,7 +4594,99 @@ const file_federation_v1_federation_proto_rawDesc = "" +
 	"\tendpoints\x18\x05 \x03(\v2\x1c.nave.federation.v1.EndpointR\tendpoints\x12E\n" +
 	"\n" +
 	"properties\x18\x06 \x01(\v2%.nave.federation.v1.ServicePropertiesR\n" +
-	"properties\"\xb3\x04\n" +
+	"properties\x125\n" +
+	"\atraffic\x18\a \x01(\v2\x1b.nave.federation.v1.TrafficR\atraffic\"~\n" +
+	"\aTraffic\x128\n" +
+	"\x06routes\x18\x01 \x03(\v2 .nave.federation.v1.TrafficRouteR\x06routes\x129\n" +
+	"\x06policy\x18\x02 \x01(\v2!.nave.federation.v1.TrafficPolicyR\x06policy\"\xa9\x01\n" +
+	"\fTrafficRoute\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12&\n" +
+	"\x0fcreated_at_unix\x18\x03 \x01(\x03R\rcreatedAtUnix\x12\x12\n" +
+	"\x04port\x18\x04 \x01(\x05R\x04port\x125\n" +
+	"\x05rules\x18\x05 \x03(\v2\x1f.nave.federation.v1.TrafficRuleR\x05rules\"\xaa\x02\n" +
+	"\vTrafficRule\x12:\n" +
+	"\amatches\x18\x01 \x03(\v2 .nave.federation.v1.TrafficMatchR\amatches\x12>\n" +
+	"\bbackends\x18\x02 \x03(\v2\".nave.federation.v1.TrafficBackendR\bbackends\x12#\n" +
+	"\rtimeout_nanos\x18\x03 \x01(\x03R\ftimeoutNanos\x126\n" +
+	"\x05retry\x18\x04 \x01(\v2 .nave.federation.v1.TrafficRetryR\x05retry\x12B\n" +
+	"\vset_headers\x18\x05 \x03(\v2!.nave.federation.v1.TrafficHeaderR\n" +
+	"setHeaders\"\xcc\x01\n" +
+	"\fTrafficMatch\x12>\n" +
+	"\x06method\x18\x01 \x01(\v2&.nave.federation.v1.TrafficMethodMatchR\x06method\x12:\n" +
+	"\x04path\x18\x02 \x01(\v2&.nave.federation.v1.TrafficStringMatchR\x04path\x12@\n" +
+	"\aheaders\x18\x03 \x03(\v2&.nave.federation.v1.TrafficHeaderMatchR\aheaders\"Z\n" +
+	"\x12TrafficMethodMatch\x12\x12\n" +
+	"\x04type\x18\x01 \x01(\tR\x04type\x12\x18\n" +
+	"\aservice\x18\x02 \x01(\tR\aservice\x12\x16\n" +
+	"\x06method\x18\x03 \x01(\tR\x06method\">\n" +
+	"\x12TrafficStringMatch\x12\x12\n" +
+	"\x04type\x18\x01 \x01(\tR\x04type\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\"R\n" +
+	"\x12TrafficHeaderMatch\x12\x12\n" +
+	"\x04type\x18\x01 \x01(\tR\x04type\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
+	"\x05value\x18\x03 \x01(\tR\x05value\"9\n" +
+	"\rTrafficHeader\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\"d\n" +
+	"\x0eTrafficBackend\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
+	"\x04port\x18\x03 \x01(\x05R\x04port\x12\x16\n" +
+	"\x06weight\x18\x04 \x01(\x05R\x06weight\"\x8d\x01\n" +
+	"\fTrafficRetry\x12\x1a\n" +
+	"\battempts\x18\x01 \x01(\x05R\battempts\x12#\n" +
+	"\rbackoff_nanos\x18\x02 \x01(\x03R\fbackoffNanos\x12\x1d\n" +
+	"\n" +
+	"http_codes\x18\x03 \x03(\x05R\thttpCodes\x12\x1d\n" +
+	"\n" +
+	"grpc_codes\x18\x04 \x03(\tR\tgrpcCodes\"\x8c\x03\n" +
+	"\rTrafficPolicy\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12L\n" +
+	"\rload_balancer\x18\x02 \x01(\v2'.nave.federation.v1.TrafficLoadBalancerR\floadBalancer\x12?\n" +
+	"\blocality\x18\x03 \x01(\v2#.nave.federation.v1.TrafficLocalityR\blocality\x12X\n" +
+	"\x11outlier_detection\x18\x04 \x01(\v2+.nave.federation.v1.TrafficOutlierDetectionR\x10outlierDetection\x12!\n" +
+	"\fmax_requests\x18\x05 \x01(\rR\vmaxRequests\x12#\n" +
+	"\rtimeout_nanos\x18\x06 \x01(\x03R\ftimeoutNanos\x126\n" +
+	"\x05retry\x18\a \x01(\v2 .nave.federation.v1.TrafficRetryR\x05retry\"w\n" +
+	"\x13TrafficLoadBalancer\x12\x1c\n" +
+	"\talgorithm\x18\x01 \x01(\tR\talgorithm\x12!\n" +
+	"\fchoice_count\x18\x02 \x01(\rR\vchoiceCount\x12\x1f\n" +
+	"\vhash_header\x18\x03 \x01(\tR\n" +
+	"hashHeader\"\xe0\x01\n" +
+	"\x0fTrafficLocality\x12\x10\n" +
+	"\x03off\x18\x01 \x01(\bR\x03off\x12+\n" +
+	"\x11failover_priority\x18\x02 \x03(\tR\x10failoverPriority\x12E\n" +
+	"\bfailover\x18\x03 \x03(\v2).nave.federation.v1.TrafficRegionFailoverR\bfailover\x12G\n" +
+	"\n" +
+	"distribute\x18\x04 \x03(\v2'.nave.federation.v1.TrafficDistributionR\n" +
+	"distribute\";\n" +
+	"\x15TrafficRegionFailover\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x12\x0e\n" +
+	"\x02to\x18\x02 \x01(\tR\x02to\"d\n" +
+	"\x13TrafficDistribution\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x129\n" +
+	"\x02to\x18\x02 \x03(\v2).nave.federation.v1.TrafficLocalityWeightR\x02to\"K\n" +
+	"\x15TrafficLocalityWeight\x12\x1a\n" +
+	"\blocality\x18\x01 \x01(\tR\blocality\x12\x16\n" +
+	"\x06weight\x18\x02 \x01(\rR\x06weight\"\xb9\x03\n" +
+	"\x17TrafficOutlierDetection\x12%\n" +
+	"\x0einterval_nanos\x18\x01 \x01(\x03R\rintervalNanos\x127\n" +
+	"\x18base_ejection_time_nanos\x18\x02 \x01(\x03R\x15baseEjectionTimeNanos\x125\n" +
+	"\x17max_ejection_time_nanos\x18\x03 \x01(\x03R\x14maxEjectionTimeNanos\x120\n" +
+	"\x14max_ejection_percent\x18\x04 \x01(\rR\x12maxEjectionPercent\x12-\n" +
+	"\x12consecutive_errors\x18\x05 \x01(\rR\x11consecutiveErrors\x12[\n" +
+	"\x12failure_percentage\x18\x06 \x01(\v2,.nave.federation.v1.TrafficFailurePercentageR\x11failurePercentage\x12I\n" +
+	"\fsuccess_rate\x18\a \x01(\v2&.nave.federation.v1.TrafficSuccessRateR\vsuccessRate\"\x84\x01\n" +
+	"\x18TrafficFailurePercentage\x12\x1c\n" +
+	"\tthreshold\x18\x01 \x01(\rR\tthreshold\x12#\n" +
+	"\rminimum_hosts\x18\x02 \x01(\rR\fminimumHosts\x12%\n" +
+	"\x0erequest_volume\x18\x03 \x01(\rR\rrequestVolume\"\x83\x01\n" +
+	"\x12TrafficSuccessRate\x12!\n" +
+	"\fstdev_factor\x18\x01 \x01(\rR\vstdevFactor\x12#\n" +
+	"\rminimum_hosts\x18\x02 \x01(\rR\fminimumHosts\x12%\n" +
+	"\x0erequest_volume\x18\x03 \x01(\rR\rrequestVolume\"\xb3\x04\n" +
 	"\x11ServiceProperties\x12)\n" +
 	"\x10session_affinity\x18\x01 \x01(\tR\x0fsessionAffinity\x12G\n" +
 	" session_affinity_timeout_seconds\x18\x02 \x01(\x05R\x1dsessionAffinityTimeoutSeconds\x126\n" +
@@ -3430,51 +4755,70 @@ func file_federation_v1_federation_proto_rawDescGZIP() []byte {
 	return file_federation_v1_federation_proto_rawDescData
 }
 
-var file_federation_v1_federation_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
+var file_federation_v1_federation_proto_msgTypes = make([]protoimpl.MessageInfo, 62)
 var file_federation_v1_federation_proto_goTypes = []any{
-	(*ReplicaRequest)(nil),    // 0: nave.federation.v1.ReplicaRequest
-	(*ReplicaMessage)(nil),    // 1: nave.federation.v1.ReplicaMessage
-	(*ReplicaHello)(nil),      // 2: nave.federation.v1.ReplicaHello
-	(*ReplicaWelcome)(nil),    // 3: nave.federation.v1.ReplicaWelcome
-	(*Stamp)(nil),             // 4: nave.federation.v1.Stamp
-	(*ReplicaUpdate)(nil),     // 5: nave.federation.v1.ReplicaUpdate
-	(*ReplicaDigests)(nil),    // 6: nave.federation.v1.ReplicaDigests
-	(*ClusterDigest)(nil),     // 7: nave.federation.v1.ClusterDigest
-	(*ReplicaResync)(nil),     // 8: nave.federation.v1.ReplicaResync
-	(*SpokeMessage)(nil),      // 9: nave.federation.v1.SpokeMessage
-	(*HubMessage)(nil),        // 10: nave.federation.v1.HubMessage
-	(*Hello)(nil),             // 11: nave.federation.v1.Hello
-	(*NetworkGateways)(nil),   // 12: nave.federation.v1.NetworkGateways
-	(*NetworkGateway)(nil),    // 13: nave.federation.v1.NetworkGateway
-	(*Namespaces)(nil),        // 14: nave.federation.v1.Namespaces
-	(*ImportUpdate)(nil),      // 15: nave.federation.v1.ImportUpdate
-	(*Import)(nil),            // 16: nave.federation.v1.Import
-	(*ImportSource)(nil),      // 17: nave.federation.v1.ImportSource
-	(*ImportsWritten)(nil),    // 18: nave.federation.v1.ImportsWritten
-	(*ImportProblems)(nil),    // 19: nave.federation.v1.ImportProblems
-	(*ImportProblem)(nil),     // 20: nave.federation.v1.ImportProblem
-	(*Welcome)(nil),           // 21: nave.federation.v1.Welcome
-	(*Update)(nil),            // 22: nave.federation.v1.Update
-	(*ChangeOrigin)(nil),      // 23: nave.federation.v1.ChangeOrigin
-	(*Ack)(nil),               // 24: nave.federation.v1.Ack
-	(*Nack)(nil),              // 25: nave.federation.v1.Nack
-	(*Rejection)(nil),         // 26: nave.federation.v1.Rejection
-	(*Digest)(nil),            // 27: nave.federation.v1.Digest
-	(*ResyncRequest)(nil),     // 28: nave.federation.v1.ResyncRequest
-	(*ServiceConflicts)(nil),  // 29: nave.federation.v1.ServiceConflicts
-	(*ServiceConflict)(nil),   // 30: nave.federation.v1.ServiceConflict
-	(*ServiceKey)(nil),        // 31: nave.federation.v1.ServiceKey
-	(*Shard)(nil),             // 32: nave.federation.v1.Shard
-	(*ServiceProperties)(nil), // 33: nave.federation.v1.ServiceProperties
-	(*ServicePort)(nil),       // 34: nave.federation.v1.ServicePort
-	(*Endpoint)(nil),          // 35: nave.federation.v1.Endpoint
-	(*EndpointPort)(nil),      // 36: nave.federation.v1.EndpointPort
-	(*Locality)(nil),          // 37: nave.federation.v1.Locality
-	(*Snapshot)(nil),          // 38: nave.federation.v1.Snapshot
-	(*SnapshotCluster)(nil),   // 39: nave.federation.v1.SnapshotCluster
-	(*ResolvedName)(nil),      // 40: nave.federation.v1.ResolvedName
-	nil,                       // 41: nave.federation.v1.ServiceProperties.LabelsEntry
-	nil,                       // 42: nave.federation.v1.ServiceProperties.AnnotationsEntry
+	(*ReplicaRequest)(nil),           // 0: nave.federation.v1.ReplicaRequest
+	(*ReplicaMessage)(nil),           // 1: nave.federation.v1.ReplicaMessage
+	(*ReplicaHello)(nil),             // 2: nave.federation.v1.ReplicaHello
+	(*ReplicaWelcome)(nil),           // 3: nave.federation.v1.ReplicaWelcome
+	(*Stamp)(nil),                    // 4: nave.federation.v1.Stamp
+	(*ReplicaUpdate)(nil),            // 5: nave.federation.v1.ReplicaUpdate
+	(*ReplicaDigests)(nil),           // 6: nave.federation.v1.ReplicaDigests
+	(*ClusterDigest)(nil),            // 7: nave.federation.v1.ClusterDigest
+	(*ReplicaResync)(nil),            // 8: nave.federation.v1.ReplicaResync
+	(*SpokeMessage)(nil),             // 9: nave.federation.v1.SpokeMessage
+	(*HubMessage)(nil),               // 10: nave.federation.v1.HubMessage
+	(*Hello)(nil),                    // 11: nave.federation.v1.Hello
+	(*NetworkGateways)(nil),          // 12: nave.federation.v1.NetworkGateways
+	(*NetworkGateway)(nil),           // 13: nave.federation.v1.NetworkGateway
+	(*Namespaces)(nil),               // 14: nave.federation.v1.Namespaces
+	(*ImportUpdate)(nil),             // 15: nave.federation.v1.ImportUpdate
+	(*Import)(nil),                   // 16: nave.federation.v1.Import
+	(*ImportSource)(nil),             // 17: nave.federation.v1.ImportSource
+	(*ImportsWritten)(nil),           // 18: nave.federation.v1.ImportsWritten
+	(*ImportProblems)(nil),           // 19: nave.federation.v1.ImportProblems
+	(*ImportProblem)(nil),            // 20: nave.federation.v1.ImportProblem
+	(*Welcome)(nil),                  // 21: nave.federation.v1.Welcome
+	(*Update)(nil),                   // 22: nave.federation.v1.Update
+	(*ChangeOrigin)(nil),             // 23: nave.federation.v1.ChangeOrigin
+	(*Ack)(nil),                      // 24: nave.federation.v1.Ack
+	(*Nack)(nil),                     // 25: nave.federation.v1.Nack
+	(*Rejection)(nil),                // 26: nave.federation.v1.Rejection
+	(*Digest)(nil),                   // 27: nave.federation.v1.Digest
+	(*ResyncRequest)(nil),            // 28: nave.federation.v1.ResyncRequest
+	(*ServiceConflicts)(nil),         // 29: nave.federation.v1.ServiceConflicts
+	(*ServiceConflict)(nil),          // 30: nave.federation.v1.ServiceConflict
+	(*ServiceKey)(nil),               // 31: nave.federation.v1.ServiceKey
+	(*Shard)(nil),                    // 32: nave.federation.v1.Shard
+	(*Traffic)(nil),                  // 33: nave.federation.v1.Traffic
+	(*TrafficRoute)(nil),             // 34: nave.federation.v1.TrafficRoute
+	(*TrafficRule)(nil),              // 35: nave.federation.v1.TrafficRule
+	(*TrafficMatch)(nil),             // 36: nave.federation.v1.TrafficMatch
+	(*TrafficMethodMatch)(nil),       // 37: nave.federation.v1.TrafficMethodMatch
+	(*TrafficStringMatch)(nil),       // 38: nave.federation.v1.TrafficStringMatch
+	(*TrafficHeaderMatch)(nil),       // 39: nave.federation.v1.TrafficHeaderMatch
+	(*TrafficHeader)(nil),            // 40: nave.federation.v1.TrafficHeader
+	(*TrafficBackend)(nil),           // 41: nave.federation.v1.TrafficBackend
+	(*TrafficRetry)(nil),             // 42: nave.federation.v1.TrafficRetry
+	(*TrafficPolicy)(nil),            // 43: nave.federation.v1.TrafficPolicy
+	(*TrafficLoadBalancer)(nil),      // 44: nave.federation.v1.TrafficLoadBalancer
+	(*TrafficLocality)(nil),          // 45: nave.federation.v1.TrafficLocality
+	(*TrafficRegionFailover)(nil),    // 46: nave.federation.v1.TrafficRegionFailover
+	(*TrafficDistribution)(nil),      // 47: nave.federation.v1.TrafficDistribution
+	(*TrafficLocalityWeight)(nil),    // 48: nave.federation.v1.TrafficLocalityWeight
+	(*TrafficOutlierDetection)(nil),  // 49: nave.federation.v1.TrafficOutlierDetection
+	(*TrafficFailurePercentage)(nil), // 50: nave.federation.v1.TrafficFailurePercentage
+	(*TrafficSuccessRate)(nil),       // 51: nave.federation.v1.TrafficSuccessRate
+	(*ServiceProperties)(nil),        // 52: nave.federation.v1.ServiceProperties
+	(*ServicePort)(nil),              // 53: nave.federation.v1.ServicePort
+	(*Endpoint)(nil),                 // 54: nave.federation.v1.Endpoint
+	(*EndpointPort)(nil),             // 55: nave.federation.v1.EndpointPort
+	(*Locality)(nil),                 // 56: nave.federation.v1.Locality
+	(*Snapshot)(nil),                 // 57: nave.federation.v1.Snapshot
+	(*SnapshotCluster)(nil),          // 58: nave.federation.v1.SnapshotCluster
+	(*ResolvedName)(nil),             // 59: nave.federation.v1.ResolvedName
+	nil,                              // 60: nave.federation.v1.ServiceProperties.LabelsEntry
+	nil,                              // 61: nave.federation.v1.ServiceProperties.AnnotationsEntry
 }
 var file_federation_v1_federation_proto_depIdxs = []int32{
 	2,  // 0: nave.federation.v1.ReplicaRequest.hello:type_name -> nave.federation.v1.ReplicaHello
@@ -3511,11 +4855,11 @@ var file_federation_v1_federation_proto_depIdxs = []int32{
 	31, // 31: nave.federation.v1.ImportUpdate.removes:type_name -> nave.federation.v1.ServiceKey
 	31, // 32: nave.federation.v1.ImportUpdate.retain:type_name -> nave.federation.v1.ServiceKey
 	31, // 33: nave.federation.v1.Import.service:type_name -> nave.federation.v1.ServiceKey
-	34, // 34: nave.federation.v1.Import.ports:type_name -> nave.federation.v1.ServicePort
-	33, // 35: nave.federation.v1.Import.properties:type_name -> nave.federation.v1.ServiceProperties
+	53, // 34: nave.federation.v1.Import.ports:type_name -> nave.federation.v1.ServicePort
+	52, // 35: nave.federation.v1.Import.properties:type_name -> nave.federation.v1.ServiceProperties
 	17, // 36: nave.federation.v1.Import.sources:type_name -> nave.federation.v1.ImportSource
-	34, // 37: nave.federation.v1.ImportSource.ports:type_name -> nave.federation.v1.ServicePort
-	35, // 38: nave.federation.v1.ImportSource.endpoints:type_name -> nave.federation.v1.Endpoint
+	53, // 37: nave.federation.v1.ImportSource.ports:type_name -> nave.federation.v1.ServicePort
+	54, // 38: nave.federation.v1.ImportSource.endpoints:type_name -> nave.federation.v1.Endpoint
 	20, // 39: nave.federation.v1.ImportProblems.problems:type_name -> nave.federation.v1.ImportProblem
 	31, // 40: nave.federation.v1.ImportProblem.service:type_name -> nave.federation.v1.ServiceKey
 	32, // 41: nave.federation.v1.Update.upserts:type_name -> nave.federation.v1.Shard
@@ -3528,27 +4872,47 @@ var file_federation_v1_federation_proto_depIdxs = []int32{
 	30, // 48: nave.federation.v1.ServiceConflicts.services:type_name -> nave.federation.v1.ServiceConflict
 	31, // 49: nave.federation.v1.ServiceConflict.service:type_name -> nave.federation.v1.ServiceKey
 	31, // 50: nave.federation.v1.Shard.service:type_name -> nave.federation.v1.ServiceKey
-	34, // 51: nave.federation.v1.Shard.ports:type_name -> nave.federation.v1.ServicePort
-	35, // 52: nave.federation.v1.Shard.endpoints:type_name -> nave.federation.v1.Endpoint
-	33, // 53: nave.federation.v1.Shard.properties:type_name -> nave.federation.v1.ServiceProperties
-	41, // 54: nave.federation.v1.ServiceProperties.labels:type_name -> nave.federation.v1.ServiceProperties.LabelsEntry
-	42, // 55: nave.federation.v1.ServiceProperties.annotations:type_name -> nave.federation.v1.ServiceProperties.AnnotationsEntry
-	36, // 56: nave.federation.v1.Endpoint.ports:type_name -> nave.federation.v1.EndpointPort
-	37, // 57: nave.federation.v1.Endpoint.locality:type_name -> nave.federation.v1.Locality
-	39, // 58: nave.federation.v1.Snapshot.clusters:type_name -> nave.federation.v1.SnapshotCluster
-	4,  // 59: nave.federation.v1.SnapshotCluster.stamp:type_name -> nave.federation.v1.Stamp
-	32, // 60: nave.federation.v1.SnapshotCluster.shards:type_name -> nave.federation.v1.Shard
-	13, // 61: nave.federation.v1.SnapshotCluster.gateways:type_name -> nave.federation.v1.NetworkGateway
-	40, // 62: nave.federation.v1.SnapshotCluster.resolved:type_name -> nave.federation.v1.ResolvedName
-	9,  // 63: nave.federation.v1.Federation.Publish:input_type -> nave.federation.v1.SpokeMessage
-	0,  // 64: nave.federation.v1.Replication.Subscribe:input_type -> nave.federation.v1.ReplicaRequest
-	10, // 65: nave.federation.v1.Federation.Publish:output_type -> nave.federation.v1.HubMessage
-	1,  // 66: nave.federation.v1.Replication.Subscribe:output_type -> nave.federation.v1.ReplicaMessage
-	65, // [65:67] is the sub-list for method output_type
-	63, // [63:65] is the sub-list for method input_type
-	63, // [63:63] is the sub-list for extension type_name
-	63, // [63:63] is the sub-list for extension extendee
-	0,  // [0:63] is the sub-list for field type_name
+	53, // 51: nave.federation.v1.Shard.ports:type_name -> nave.federation.v1.ServicePort
+	54, // 52: nave.federation.v1.Shard.endpoints:type_name -> nave.federation.v1.Endpoint
+	52, // 53: nave.federation.v1.Shard.properties:type_name -> nave.federation.v1.ServiceProperties
+	33, // 54: nave.federation.v1.Shard.traffic:type_name -> nave.federation.v1.Traffic
+	34, // 55: nave.federation.v1.Traffic.routes:type_name -> nave.federation.v1.TrafficRoute
+	43, // 56: nave.federation.v1.Traffic.policy:type_name -> nave.federation.v1.TrafficPolicy
+	35, // 57: nave.federation.v1.TrafficRoute.rules:type_name -> nave.federation.v1.TrafficRule
+	36, // 58: nave.federation.v1.TrafficRule.matches:type_name -> nave.federation.v1.TrafficMatch
+	41, // 59: nave.federation.v1.TrafficRule.backends:type_name -> nave.federation.v1.TrafficBackend
+	42, // 60: nave.federation.v1.TrafficRule.retry:type_name -> nave.federation.v1.TrafficRetry
+	40, // 61: nave.federation.v1.TrafficRule.set_headers:type_name -> nave.federation.v1.TrafficHeader
+	37, // 62: nave.federation.v1.TrafficMatch.method:type_name -> nave.federation.v1.TrafficMethodMatch
+	38, // 63: nave.federation.v1.TrafficMatch.path:type_name -> nave.federation.v1.TrafficStringMatch
+	39, // 64: nave.federation.v1.TrafficMatch.headers:type_name -> nave.federation.v1.TrafficHeaderMatch
+	44, // 65: nave.federation.v1.TrafficPolicy.load_balancer:type_name -> nave.federation.v1.TrafficLoadBalancer
+	45, // 66: nave.federation.v1.TrafficPolicy.locality:type_name -> nave.federation.v1.TrafficLocality
+	49, // 67: nave.federation.v1.TrafficPolicy.outlier_detection:type_name -> nave.federation.v1.TrafficOutlierDetection
+	42, // 68: nave.federation.v1.TrafficPolicy.retry:type_name -> nave.federation.v1.TrafficRetry
+	46, // 69: nave.federation.v1.TrafficLocality.failover:type_name -> nave.federation.v1.TrafficRegionFailover
+	47, // 70: nave.federation.v1.TrafficLocality.distribute:type_name -> nave.federation.v1.TrafficDistribution
+	48, // 71: nave.federation.v1.TrafficDistribution.to:type_name -> nave.federation.v1.TrafficLocalityWeight
+	50, // 72: nave.federation.v1.TrafficOutlierDetection.failure_percentage:type_name -> nave.federation.v1.TrafficFailurePercentage
+	51, // 73: nave.federation.v1.TrafficOutlierDetection.success_rate:type_name -> nave.federation.v1.TrafficSuccessRate
+	60, // 74: nave.federation.v1.ServiceProperties.labels:type_name -> nave.federation.v1.ServiceProperties.LabelsEntry
+	61, // 75: nave.federation.v1.ServiceProperties.annotations:type_name -> nave.federation.v1.ServiceProperties.AnnotationsEntry
+	55, // 76: nave.federation.v1.Endpoint.ports:type_name -> nave.federation.v1.EndpointPort
+	56, // 77: nave.federation.v1.Endpoint.locality:type_name -> nave.federation.v1.Locality
+	58, // 78: nave.federation.v1.Snapshot.clusters:type_name -> nave.federation.v1.SnapshotCluster
+	4,  // 79: nave.federation.v1.SnapshotCluster.stamp:type_name -> nave.federation.v1.Stamp
+	32, // 80: nave.federation.v1.SnapshotCluster.shards:type_name -> nave.federation.v1.Shard
+	13, // 81: nave.federation.v1.SnapshotCluster.gateways:type_name -> nave.federation.v1.NetworkGateway
+	59, // 82: nave.federation.v1.SnapshotCluster.resolved:type_name -> nave.federation.v1.ResolvedName
+	9,  // 83: nave.federation.v1.Federation.Publish:input_type -> nave.federation.v1.SpokeMessage
+	0,  // 84: nave.federation.v1.Replication.Subscribe:input_type -> nave.federation.v1.ReplicaRequest
+	10, // 85: nave.federation.v1.Federation.Publish:output_type -> nave.federation.v1.HubMessage
+	1,  // 86: nave.federation.v1.Replication.Subscribe:output_type -> nave.federation.v1.ReplicaMessage
+	85, // [85:87] is the sub-list for method output_type
+	83, // [83:85] is the sub-list for method input_type
+	83, // [83:83] is the sub-list for extension type_name
+	83, // [83:83] is the sub-list for extension extendee
+	0,  // [0:83] is the sub-list for field type_name
 }
 
 func init() { file_federation_v1_federation_proto_init() }
@@ -3590,7 +4954,7 @@ func file_federation_v1_federation_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_federation_v1_federation_proto_rawDesc), len(file_federation_v1_federation_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   43,
+			NumMessages:   62,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -46,11 +46,49 @@ func StartBackend(t testing.TB, name, ip string) Backend {
 // ServeBackend serves a backend on lis until the test ends.
 func ServeBackend(t testing.TB, name string, lis net.Listener) Backend {
 	t.Helper()
-	g := grpc.NewServer(grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-		if err := grpc.SetHeader(ctx, metadata.Pairs(BackendHeader, name)); err != nil {
+	return ServeBackendWith(t, name, lis, nil)
+}
+
+// Behaviour is what a backend does with an RPC before answering it (the
+// full method name): a non-nil error fails the RPC with it. It is called
+// from many goroutines.
+type Behaviour func(ctx context.Context, method string) error
+
+// StartBackendWith is StartBackend for a backend that behaves as b says.
+func StartBackendWith(t testing.TB, name, ip string, b Behaviour) Backend {
+	t.Helper()
+	lis, err := net.Listen("tcp", ip+":0")
+	if err != nil {
+		t.Fatalf("backend %s: %v", name, err)
+	}
+	return ServeBackendWith(t, name, lis, b)
+}
+
+// ServeBackendWith is ServeBackend for a backend that behaves as b says
+// (nil: it answers every RPC). Unary and streaming RPCs alike carry the
+// backend's name in their response header.
+func ServeBackendWith(t testing.TB, name string, lis net.Listener, b Behaviour) Backend {
+	t.Helper()
+	behave := func(ctx context.Context, method string) error {
+		if b != nil {
+			if err := b(ctx, method); err != nil {
+				// A failure sends no header first: its status travels
+				// alone (Trailers-Only), so a client may retry it.
+				return err
+			}
+		}
+		return grpc.SetHeader(ctx, metadata.Pairs(BackendHeader, name))
+	}
+	g := grpc.NewServer(grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		if err := behave(ctx, info.FullMethod); err != nil {
 			return nil, err
 		}
 		return h(ctx, req)
+	}), grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		if err := behave(ss.Context(), info.FullMethod); err != nil {
+			return err
+		}
+		return h(srv, ss)
 	}))
 	healthpb.RegisterHealthServer(g, health.NewServer())
 	go func() { _ = g.Serve(lis) }()
