@@ -903,6 +903,11 @@ func (p *Publisher) fullState() []pending {
 		shards = append(shards, w)
 	}
 	p.dirty = map[registry.ServiceKey]struct{}{} // all of it is in the full state (see session's cleanup, should it be lost)
+	for k := range p.bare {
+		if _, ok := p.desired[k]; !ok {
+			delete(p.bare, k) // left while not dirty: no delta looks at it again
+		}
+	}
 	slices.SortFunc(shards, func(a, b wireShard) int { return a.shard.Service.Compare(b.shard.Service) })
 	p.cfg.Origins.clear() // a full state is a resync: what the spoke saw before is in it, and traced by no one
 	p.version++

@@ -19,6 +19,38 @@ const CapabilityTraffic = "traffic"
 // it is decoded; decoded, traffic.Set.Validate bounds what it holds.
 const maxTrafficWireBytes = traffic.MaxSetBytes
 
+// maxTrafficItems bounds the items (routes, rules, matches, headers,
+// backends, codes, locality entries) of a shard's traffic, counted before
+// any is decoded. Every valid set holds fewer: each item holds at least 24
+// bytes decoded, and a set at most traffic.MaxSetBytes.
+const maxTrafficItems = traffic.MaxSetBytes / 16
+
+// trafficItems counts in's items, without allocating; it stops counting
+// past maxTrafficItems.
+func trafficItems(in *fedv1.Traffic) int {
+	n := len(in.GetRoutes())
+	for _, r := range in.GetRoutes() {
+		n += len(r.GetRules())
+		for _, rule := range r.GetRules() {
+			n += len(rule.GetMatches()) + len(rule.GetBackends()) + len(rule.GetSetHeaders()) +
+				len(rule.GetRetry().GetHttpCodes()) + len(rule.GetRetry().GetGrpcCodes())
+			for _, m := range rule.GetMatches() {
+				n += len(m.GetHeaders())
+			}
+			if n > maxTrafficItems {
+				return n
+			}
+		}
+	}
+	p := in.GetPolicy()
+	n += len(p.GetRetry().GetGrpcCodes()) + len(p.GetRetry().GetHttpCodes()) + len(p.GetLocality().GetFailoverPriority()) +
+		len(p.GetLocality().GetFailover()) + len(p.GetLocality().GetDistribute())
+	for _, d := range p.GetLocality().GetDistribute() {
+		n += len(d.GetTo())
+	}
+	return n
+}
+
 // trafficToProto encodes a set; the zero set encodes as nothing.
 func trafficToProto(s *traffic.Set) *fedv1.Traffic {
 	if s.IsZero() {
@@ -125,6 +157,9 @@ func trafficFromProto(in *fedv1.Traffic) (traffic.Set, string) {
 	}
 	if n := proto.Size(in); n > maxTrafficWireBytes {
 		return traffic.Set{}, fmt.Sprintf("its routes and policy take %d bytes, more than the limit of %d", n, maxTrafficWireBytes)
+	}
+	if n := trafficItems(in); n > maxTrafficItems {
+		return traffic.Set{}, fmt.Sprintf("its routes and policy hold more than %d items", maxTrafficItems)
 	}
 	var s traffic.Set
 	for _, pr := range in.GetRoutes() {

@@ -211,10 +211,11 @@ func (s *Shard) Equal(o *Shard) bool {
 }
 
 // SamePorts reports whether two shards declare the same service shape
-// (ports, headless, export time, properties, traffic): everything but endpoints.
+// (ports, headless, export time, properties): everything but endpoints and
+// traffic, which decide no endpoint assignment.
 func (s *Shard) SamePorts(o *Shard) bool {
 	return s.Headless == o.Headless && s.ExportedAt.Equal(o.ExportedAt) && slices.Equal(s.Ports, o.Ports) &&
-		s.Properties.Equal(&o.Properties) && s.Traffic.Equal(&o.Traffic)
+		s.Properties.Equal(&o.Properties)
 }
 
 func endpointEqual(a, b Endpoint) bool {

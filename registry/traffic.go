@@ -13,7 +13,7 @@ import (
 //
 //   - Routes are merged by kind and name: each comes from the oldest export
 //     that has it, and a cluster that exports the same name differently
-//     loses, with a RouteConflict.
+//     (creation times aside) loses, with a RouteConflict.
 //   - The policy is the oldest export's that has one; a cluster whose policy
 //     differs (in name or content) loses, with a PolicyConflict.
 func mergeTraffic(svc *Service, byAge []*Shard) {
@@ -33,11 +33,13 @@ func mergeTraffic(svc *Service, byAge []*Shard) {
 				routes = append(routes, owned{r, s.Cluster})
 				continue
 			}
-			if w := routes[i]; !w.route.Equal(&r) {
+			if w := &routes[i]; !w.route.SameContent(&r) {
 				svc.Conflicts = append(svc.Conflicts, Conflict{
 					Kind: RouteConflict, Property: fmt.Sprintf("%s %q", r.Kind, r.Name), Winner: w.owner, Loser: s.Cluster,
 					Reason: fmt.Sprintf("%s %q differs between %s and %s", r.Kind, r.Name, w.owner, s.Cluster),
 				})
+			} else if r.CreatedAt.Before(w.route.CreatedAt) {
+				w.route.CreatedAt = r.CreatedAt // the same route: the oldest creation orders it
 			}
 		}
 	}

@@ -175,6 +175,17 @@ func (s *Shard) Validate(lim Limits) error {
 	if err := s.Traffic.Validate(); err != nil {
 		return bad("%s", strings.TrimPrefix(err.Error(), traffic.ErrInvalid.Error()+": "))
 	}
+	if len(s.Traffic.Routes) > 0 {
+		var tcp []int32
+		for _, p := range s.Ports {
+			if p.Protocol == ProtocolTCP {
+				tcp = append(tcp, p.Port)
+			}
+		}
+		if n := s.Traffic.BackendRefs(tcp); n > traffic.MaxBackendRefs {
+			return bad("the routes send requests to more than %d service ports (a route of every port counts once per port)", traffic.MaxBackendRefs)
+		}
+	}
 	names := map[string]bool{}
 	numbers := map[string]bool{}
 	for _, p := range s.Ports {

@@ -117,3 +117,79 @@ func (s *Set) regexes() int {
 	}
 	return n
 }
+
+// routeBytes estimates the size of the xDS routes the set's routes become
+// on one port (each match is a route of its own, a path prefix two, and
+// each carries its rule's backends and headers).
+func (s *Set) routeBytes() int {
+	const perRoute, perBackend, perHeader = 160, 120, 24
+	n := 0
+	for i := range s.Routes {
+		r := &s.Routes[i]
+		for j := range r.Rules {
+			rule := &r.Rules[j]
+			action := perRoute + len(r.Name)
+			for _, b := range rule.Backends {
+				action += perBackend + 2*len(b.Name)
+			}
+			for _, h := range rule.SetHeaders {
+				action += perHeader + len(h.Name) + len(h.Value)
+			}
+			if len(rule.Matches) == 0 {
+				n += action
+			}
+			for _, m := range rule.Matches {
+				match, routes := 0, 1
+				if m.Method != nil {
+					match += len(m.Method.Service) + len(m.Method.Method) + 16
+				}
+				if m.Path != nil {
+					match += len(m.Path.Value)
+					if m.Path.Type == PathPrefix && m.Path.Value != "/" {
+						routes, match = 2, 2*match
+					}
+				}
+				for _, h := range m.Headers {
+					match += perHeader + len(h.Name) + len(h.Value)
+				}
+				n += routes*action + match
+			}
+		}
+	}
+	return n
+}
+
+// BackendRefs counts the distinct service ports the set's routes send
+// requests to on a service with the given ports: a route of every port
+// (Port 0) counts once per port, and so does a backend of the request's
+// port (Port 0). It stops counting past MaxBackendRefs.
+func (s *Set) BackendRefs(ports []int32) int {
+	type ref struct {
+		kind BackendKind
+		name string
+		port int32
+	}
+	seen := map[ref]bool{}
+	for i := range s.Routes {
+		r := &s.Routes[i]
+		on := []int32{r.Port}
+		if r.Port == 0 {
+			on = ports
+		}
+		for _, port := range on {
+			for j := range r.Rules {
+				for _, b := range r.Rules[j].Backends {
+					p := b.Port
+					if p == 0 {
+						p = port
+					}
+					seen[ref{b.Kind, b.Name, p}] = true
+					if len(seen) > MaxBackendRefs {
+						return len(seen) // enough to refuse it
+					}
+				}
+			}
+		}
+	}
+	return len(seen)
+}

@@ -31,8 +31,17 @@ func (s *Set) IsZero() bool { return len(s.Routes) == 0 && s.Policy == nil }
 // Equal reports whether two normalized sets say the same thing.
 func (s *Set) Equal(o *Set) bool { return reflect.DeepEqual(s, o) }
 
-// Equal reports whether two normalized routes say the same thing.
+// Equal reports whether two normalized routes are the same, creation time included.
 func (r *Route) Equal(o *Route) bool { return reflect.DeepEqual(r, o) }
+
+// SameContent reports whether two normalized routes say the same thing,
+// whenever each was created: one manifest applied in two clusters gets
+// two creation times.
+func (r *Route) SameContent(o *Route) bool {
+	a, b := *r, *o
+	a.CreatedAt, b.CreatedAt = time.Time{}, time.Time{}
+	return reflect.DeepEqual(&a, &b)
+}
 
 // Equal reports whether two normalized policies say the same thing (nil: none).
 func (p *Policy) Equal(o *Policy) bool { return reflect.DeepEqual(p, o) }

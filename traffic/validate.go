@@ -38,7 +38,18 @@ const (
 	MaxSetBytes = 64 << 10
 	// MaxRegexes bounds the regular expressions one service's routes
 	// compile, each at most MaxPatternBytes: validating them must stay cheap.
-	MaxRegexes           = 64
+	MaxRegexes = 64
+	// MaxRegexProgram bounds each regular expression's compiled size (its
+	// instructions, repetitions expanded).
+	MaxRegexProgram = 1000
+	// MaxRouteBytes bounds what a service's routes become in xDS (see
+	// routeBytes): a client receives every route configuration it watches
+	// in one response, which grpc-go limits to 4 MiB.
+	MaxRouteBytes = 128 << 10
+	// MaxBackendRefs bounds the distinct service ports a shard's routes
+	// send requests to, a route of every port counted once per port: the
+	// hub publishes a Cluster for each.
+	MaxBackendRefs       = 128
 	maxChoiceCount       = 10 // gRPC caps least request's choice count at 10
 	minChoiceCount       = 2
 	maxFailoverPriority  = 4
@@ -62,6 +73,9 @@ func (s *Set) Validate() error {
 	}
 	if n := s.regexes(); n > MaxRegexes {
 		return invalid("the routes hold %d regular expressions (at most %d)", n, MaxRegexes)
+	}
+	if n := s.routeBytes(); n > MaxRouteBytes {
+		return invalid("the routes make about %d bytes of xDS routes (at most %d): fewer matches, or fewer headers set on rules with many", n, MaxRouteBytes)
 	}
 	seen := make(map[string]bool, len(s.Routes))
 	for i := range s.Routes {
@@ -227,6 +241,9 @@ func (m *MethodMatch) problem() string {
 			return "names neither a service nor a method"
 		}
 		for _, re := range []string{m.Service, m.Method} {
+			if re == "" {
+				continue // any service, or any method
+			}
 			if p := regexProblem(re); p != "" {
 				return p
 			}
@@ -527,8 +544,20 @@ func headerProblem(name, value string) string {
 }
 
 func regexProblem(re string) string {
+	if re == "" {
+		return "regular expression is empty"
+	}
 	if len(re) > MaxPatternBytes {
 		return fmt.Sprintf("regular expression longer than %d bytes", MaxPatternBytes)
+	}
+	// Size the program before compiling it: a short expression can repeat
+	// its way to a million instructions, which the hub and every client
+	// would compile.
+	parsed, err := syntax.Parse(re, syntax.Perl)
+	if err == nil {
+		if n := programSize(parsed.Simplify()); n > MaxRegexProgram {
+			return fmt.Sprintf("regular expression %s is too complex (about %d instructions or more, at most %d)", quoted(re), n, MaxRegexProgram)
+		}
 	}
 	if _, err := regexp.Compile(re); err != nil {
 		// The error repeats the expression: say only what is wrong.
@@ -616,4 +645,37 @@ func quoted(s string) string {
 		s = s[:64] + "..."
 	}
 	return strconv.Quote(s)
+}
+
+// programSize estimates the instructions re compiles to, repetitions
+// expanded, stopping once past MaxRegexProgram.
+func programSize(re *syntax.Regexp) int {
+	const past = MaxRegexProgram + 1
+	sum := func(subs []*syntax.Regexp, n int) int {
+		for _, sub := range subs {
+			if n += programSize(sub); n > past {
+				return past
+			}
+		}
+		return n
+	}
+	switch re.Op {
+	case syntax.OpLiteral:
+		return max(len(re.Rune), 1)
+	case syntax.OpConcat, syntax.OpAlternate:
+		return sum(re.Sub, 1)
+	case syntax.OpCapture, syntax.OpStar, syntax.OpPlus, syntax.OpQuest:
+		return sum(re.Sub, 2)
+	case syntax.OpRepeat:
+		times := re.Max
+		if times < 0 {
+			times = re.Min + 1
+		}
+		one := sum(re.Sub, 1)
+		if times > 0 && one > past/times {
+			return past
+		}
+		return one * max(times, 1)
+	}
+	return 1
 }

@@ -1,7 +1,10 @@
 package xds
 
 import (
+	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+
 	"github.com/navemesh/nave/registry"
+	"github.com/navemesh/nave/traffic"
 )
 
 // backendIndex records which Clusters each RouteConfiguration sends
@@ -18,6 +21,9 @@ import (
 type backendIndex struct {
 	routes map[string]routeUse            // by route configuration (listener) name
 	users  map[string]map[string]struct{} // by cluster name: the route configurations naming it
+	// byService: by backend service, the route configurations naming any
+	// of its ports (whose hash policies follow its policy).
+	byService map[registry.ServiceKey]map[string]struct{}
 	// placeholders are the Clusters published with no service port behind them.
 	placeholders map[string]BackendRef
 }
@@ -30,7 +36,8 @@ type routeUse struct {
 }
 
 func newBackendIndex() *backendIndex {
-	return &backendIndex{routes: map[string]routeUse{}, users: map[string]map[string]struct{}{}, placeholders: map[string]BackendRef{}}
+	return &backendIndex{routes: map[string]routeUse{}, users: map[string]map[string]struct{}{},
+		byService: map[registry.ServiceKey]map[string]struct{}{}, placeholders: map[string]BackendRef{}}
 }
 
 // set records the backends route configuration name names, and adds to
@@ -44,6 +51,10 @@ func (x *backendIndex) set(name string, use routeUse, touched map[string]Backend
 			x.users[c] = map[string]struct{}{}
 		}
 		x.users[c][name] = struct{}{}
+		if x.byService[b.Key] == nil {
+			x.byService[b.Key] = map[string]struct{}{}
+		}
+		x.byService[b.Key][name] = struct{}{}
 		touched[c] = b
 	}
 }
@@ -55,6 +66,10 @@ func (x *backendIndex) drop(name string, touched map[string]BackendRef) {
 		delete(x.users[c], name)
 		if len(x.users[c]) == 0 {
 			delete(x.users, c)
+		}
+		delete(x.byService[b.Key], name)
+		if len(x.byService[b.Key]) == 0 {
+			delete(x.byService, b.Key)
 		}
 		touched[c] = b
 	}
@@ -79,9 +94,10 @@ func (c *routingChanges) init() {
 	}
 }
 
-// rerouteUsersOf marks the route configurations naming cluster for rebuilding.
-func (c *routingChanges) rerouteUsersOf(x *backendIndex, cluster string) {
-	for name := range x.users[cluster] {
+// rerouteUsersOf marks the route configurations naming a port of service
+// k for rebuilding: its policy may have changed.
+func (c *routingChanges) rerouteUsersOf(x *backendIndex, k registry.ServiceKey) {
+	for name := range x.byService[k] {
 		c.reroute[name] = true
 	}
 }
@@ -92,12 +108,33 @@ func (s *Server) stageShape(svc *registry.Service, p registry.ServicePort, r *re
 	routing.init()
 	name, cluster := ListenerName(svc.Key, p.Port), ClusterName(svc.Key, p.Port)
 	s.stage(s.lds, name, Listener(svc.Key, p))
-	s.stage(s.rds, name, RouteConfiguration(svc, p, r.Service))
+	routed := svc
+	if !s.stage(s.rds, name, RouteConfiguration(svc, p, r.Service)) {
+		// Its routes make an invalid resource (logged and counted): the
+		// port is served as if it had none, rather than not at all.
+		plain := *svc
+		plain.Traffic = traffic.Set{}
+		routed = &plain
+		s.stage(s.rds, name, RouteConfiguration(routed, p, r.Service))
+	}
 	s.stage(s.cds, cluster, Cluster(svc.Key, p, svc.Traffic.Policy))
 	routing.built[name] = true
-	s.backends.set(name, routeUse{key: svc.Key, port: p.Port, backends: RouteBackends(svc, p.Port)}, routing.touched)
+	s.backends.set(name, routeUse{key: svc.Key, port: p.Port, backends: RouteBackends(routed, p.Port)}, routing.touched)
 	routing.touched[cluster] = BackendRef{Key: svc.Key, Port: p.Port}
-	routing.rerouteUsersOf(s.backends, cluster) // its policy may have changed
+}
+
+// touchLocal marks the Service-backend Clusters of service k's ports
+// (ports, and those it had) that a route uses: their endpoints or policy
+// may have changed.
+func (s *Server) touchLocal(k registry.ServiceKey, ports []registry.ServicePort, routing *routingChanges) {
+	routing.init()
+	for _, list := range [][]registry.ServicePort{ports, s.ports[k]} {
+		for _, p := range list {
+			if name := LocalClusterName(k, p.Port); s.backends.used(name) {
+				routing.touched[name] = BackendRef{Key: k, Port: p.Port, Local: true}
+			}
+		}
+	}
 }
 
 // stageRouting rebuilds the route configurations a backend's change
@@ -117,6 +154,10 @@ func (s *Server) stageRouting(routing *routingChanges, r *registry.Registry, gro
 		}
 	}
 	for cluster, b := range routing.touched {
+		if b.Local {
+			s.stageLocal(cluster, b, r, groups)
+			continue
+		}
 		real := hasPort(s.ports[b.Key], b.Port)
 		_, held := s.backends.placeholders[cluster]
 		switch used := s.backends.used(cluster); {
@@ -141,4 +182,100 @@ func (s *Server) stageRouting(routing *routingChanges, r *registry.Registry, gro
 // cluster exports, for every group.
 func (s *Server) stagePlaceholderEndpoints(b BackendRef, groups map[Client]*resourceCache) {
 	s.stageEndpoints(&registry.Service{Key: b.Key}, registry.ServicePort{Port: b.Port, Protocol: registry.ProtocolTCP}, groups)
+}
+
+// localBackend is a Service backend's endpoints: the service port's in
+// each exporting cluster, a client handed its own cluster's (GEP-1748: a
+// Service backendRef means the caller's cluster). A client of a cluster
+// that does not export the service, or that names no cluster, is handed
+// an empty assignment, and fails those requests UNAVAILABLE.
+type localBackend struct {
+	ref       BackendRef
+	byCluster map[registry.ClusterID]*portEndpoints
+	empty     *portEndpoints
+}
+
+func (l *localBackend) forClient(c Client, t *topology) (*endpoint.ClusterLoadAssignment, uint64) {
+	pe := l.byCluster[c.Cluster]
+	if pe == nil {
+		pe = l.empty
+	}
+	return pe.forClient(c, t)
+}
+
+// stageLocal publishes, or withdraws once no route uses it, a Service
+// backend's Cluster and every group's assignment of it.
+func (s *Server) stageLocal(name string, b BackendRef, r *registry.Registry, groups map[Client]*resourceCache) {
+	if !s.backends.used(name) {
+		if _, held := s.localEndpoints[name]; held {
+			s.cds.stageDelete(name)
+			delete(s.localEndpoints, name)
+			for _, eds := range groups {
+				eds.stageDelete(name)
+			}
+		}
+		return
+	}
+	var policy *traffic.Policy
+	if svc := r.Service(b.Key); svc != nil {
+		policy = svc.Traffic.Policy
+	}
+	s.stage(s.cds, name, clusterNamed(name, policy))
+	s.stageLocalEndpoints(b, groups, false)
+}
+
+// stageLocalEndpoints builds a Service backend's endpoints per cluster
+// (from scratch when rebuild: the cluster-to-network map changed) and
+// stages every group's assignment. A cluster whose endpoints are invalid
+// keeps its last valid ones.
+func (s *Server) stageLocalEndpoints(b BackendRef, groups map[Client]*resourceCache, rebuild bool) {
+	name, t := b.ClusterName(), s.topo.Load()
+	port := registry.ServicePort{Port: b.Port, Protocol: registry.ProtocolTCP}
+	old := s.localEndpoints[name]
+	l := &localBackend{ref: b, byCluster: map[registry.ClusterID]*portEndpoints{}}
+	var err error
+	if l.empty, err = newPortEndpoints(&registry.Service{Key: b.Key}, port, nil, t); err != nil {
+		s.invalid(typeEDS, name, err) // cannot happen: it has no endpoints
+		return
+	}
+	l.empty = renamed(l.empty, name)
+	if svc := s.reg.Service(b.Key); svc != nil {
+		for _, p := range ServicePorts(svc) {
+			if p.Port == b.Port {
+				port = p
+			}
+		}
+		for _, sh := range svc.Shards {
+			var prev *portEndpoints
+			if old != nil && !rebuild {
+				prev = old.byCluster[sh.Cluster]
+			}
+			pe, err := newPortEndpoints(&registry.Service{Key: b.Key, Shards: []*registry.Shard{sh}}, port, prev, t)
+			if err != nil {
+				s.invalid(typeEDS, name, err)
+				pe = prev
+			}
+			if pe != nil {
+				l.byCluster[sh.Cluster] = renamed(pe, name)
+			}
+		}
+	}
+	s.localEndpoints[name] = l
+	for client, eds := range groups {
+		cla, sum := l.forClient(client, t)
+		eds.stage(name, cla, sum)
+	}
+}
+
+// renamed is pe under another cluster name (its blocks shared).
+func renamed(pe *portEndpoints, name string) *portEndpoints {
+	if pe.clusterName == name {
+		return pe
+	}
+	c := *pe
+	c.clusterName = name
+	if pe.split != nil {
+		c.split = renamed(pe.split, name)
+	}
+	return &c
 }

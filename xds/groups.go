@@ -46,7 +46,7 @@ const GroupIdleTimeout = time.Minute
 // does not rely on the node's fields having been checked. Real ones are a
 // few tens of bytes; a node naming a longer one is refused before any
 // group is made for it.
-const MaxGroupKeyBytes = 3 * MaxNodeFieldBytes
+const MaxGroupKeyBytes = 4 * MaxNodeFieldBytes
 
 // maxGroupPrefixBytes bounds the version prefix of a group's caches (every
 // version string its caches make starts with it): a longer one is replaced
@@ -99,7 +99,7 @@ func (k groupKey) keyBytes() int {
 	if k.gateway {
 		return len(k.view)
 	}
-	return len(k.client.Locality.Region) + len(k.client.Locality.Zone) + len(k.client.Network)
+	return len(k.client.Locality.Region) + len(k.client.Locality.Zone) + len(k.client.Network) + len(k.client.Cluster)
 }
 
 // groupEntry is one group of the table. Its caches are set when it is made
@@ -291,7 +291,7 @@ func (s *Server) acquire(node *core.Node, allow Restriction, who string, restric
 	eds, viewKey, gateway := s.groupKeys(node)
 	if n := eds.keyBytes(); n > MaxGroupKeyBytes {
 		return nil, s.refuse(eds, boundKeyTooLong, codes.InvalidArgument,
-			"the node's locality group (region, zone and network) is %d bytes; at most %d", n, MaxGroupKeyBytes)
+			"the node's locality group (region, zone, network and cluster) is %d bytes; at most %d", n, MaxGroupKeyBytes)
 	}
 	held := &heldGroups{}
 	if restricted {
@@ -559,6 +559,9 @@ func (s *Server) groupCache(e *groupEntry) *resourceCache {
 	t := s.topo.Load()
 	for name, pe := range s.endpoints {
 		initial[name], sums[name] = pe.forClient(group, t)
+	}
+	for name, local := range s.localEndpoints {
+		initial[name], sums[name] = local.forClient(group, t)
 	}
 	e.eds = newResourceCache(resource.EndpointType, s.cfg.VersionPrefix+groupPrefix(edsPrefix(group)), s.log, initial, sums)
 	next := maps.Clone(*s.groups.Load())

@@ -49,6 +49,10 @@ type Client struct {
 	// even their gateways. An east-west gateway is such a client: traffic
 	// it forwards must end in its network, never loop to another gateway.
 	NetworkOnly bool `json:"networkOnly,omitempty"`
+	// Cluster is the cluster the client runs in (its node's CLUSTER_ID):
+	// a route's Service backend is that cluster's endpoints of the service
+	// (GEP-1748). "" (a client that does not say) is handed none of them.
+	Cluster registry.ClusterID `json:"cluster,omitempty"`
 }
 
 // clientOf is the Client a node belongs to: its locality group, and the
@@ -59,6 +63,7 @@ func clientOf(node *core.Node, nets *topology) Client {
 	c := Client{Locality: groupOf(registry.Locality{Region: l.GetRegion(), Zone: l.GetZone()})}
 	fields := node.GetMetadata().GetFields()
 	c.Network = registry.Network(fields[MetadataNetwork].GetStringValue())
+	c.Cluster = registry.ClusterID(fields[MetadataCluster].GetStringValue())
 	if c.Network == "" && nets != nil {
 		c.Network = nets.clusters[registry.ClusterID(fields[MetadataCluster].GetStringValue())]
 	}

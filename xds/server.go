@@ -126,6 +126,9 @@ type Server struct {
 	endpoints map[string]*portEndpoints
 	// backends records what each route configuration sends requests to.
 	backends *backendIndex
+	// localEndpoints holds, by cluster name, each Service backend's
+	// endpoints per exporting cluster (see localBackend).
+	localEndpoints map[string]*localBackend
 
 	// pushMu guards the push-latency bookkeeping.
 	pushMu sync.Mutex
@@ -166,18 +169,19 @@ func NewServer(cfg Config, w Wiring, log *slog.Logger, reg prometheus.Registerer
 	}
 	log = log.With("component", "xds")
 	s := &Server{
-		cfg:       setup{cfg, w},
-		log:       log,
-		refusals:  limits.NewRefusalLog(log, 0, 0),
-		metrics:   newMetrics(reg),
-		ports:     map[registry.ServiceKey][]registry.ServicePort{},
-		endpoints: map[string]*portEndpoints{},
-		backends:  newBackendIndex(),
-		pushes:    map[string]pushStamp{},
-		status:    syncstatus.New(w.Replica),
-		restrict:  restrictions{byStream: map[streamKey]*streamRestriction{}, byNode: map[*core.Node]*streamRestriction{}},
-		throttle:  newThrottle(cfg.RequestsPerSecond, cfg.RequestBurst),
-		names:     newNameTable(maxInterned),
+		cfg:            setup{cfg, w},
+		log:            log,
+		refusals:       limits.NewRefusalLog(log, 0, 0),
+		metrics:        newMetrics(reg),
+		ports:          map[registry.ServiceKey][]registry.ServicePort{},
+		endpoints:      map[string]*portEndpoints{},
+		backends:       newBackendIndex(),
+		localEndpoints: map[string]*localBackend{},
+		pushes:         map[string]pushStamp{},
+		status:         syncstatus.New(w.Replica),
+		restrict:       restrictions{byStream: map[streamKey]*streamRestriction{}, byNode: map[*core.Node]*streamRestriction{}},
+		throttle:       newThrottle(cfg.RequestsPerSecond, cfg.RequestBurst),
+		names:          newNameTable(maxInterned),
 	}
 	s.lds = newResourceCache(resource.ListenerType, w.VersionPrefix+"lds-", log, nil, nil)
 	s.rds = newResourceCache(resource.RouteType, w.VersionPrefix+"rds-", log, nil, nil)
@@ -246,6 +250,11 @@ func (s *Server) Update(r *registry.Registry, d registry.Diff) {
 			for _, p := range ports {
 				s.stageShape(svc, p, r, &routing)
 			}
+			routing.init()
+			routing.rerouteUsersOf(s.backends, c.Key) // its policy may have changed
+		}
+		if c.ShapeChanged || c.EndpointsChanged {
+			s.touchLocal(c.Key, ports, &routing)
 		}
 		if c.ShapeChanged || c.EndpointsChanged {
 			for _, p := range ports {
@@ -311,11 +320,22 @@ func (s *Server) SetNetworks(n registry.Networks) {
 		for _, b := range s.backends.placeholders {
 			s.stagePlaceholderEndpoints(b, groups)
 		}
+		for _, local := range s.localEndpoints {
+			s.stageLocalEndpoints(local.ref, groups, true)
+		}
 	} else {
 		for name, pe := range s.endpoints {
 			for client, eds := range groups {
 				if client.Network != "" {
 					cla, sum := pe.forClient(client, t)
+					eds.stage(name, cla, sum)
+				}
+			}
+		}
+		for name, local := range s.localEndpoints {
+			for client, eds := range groups {
+				if client.Network != "" {
+					cla, sum := local.forClient(client, t)
 					eds.stage(name, cla, sum)
 				}
 			}
@@ -366,17 +386,19 @@ func (s *Server) deletePort(k registry.ServiceKey, port int32, groups map[Client
 	routing.init()
 	s.backends.drop(name, routing.touched)
 	routing.touched[cluster] = BackendRef{Key: k, Port: port}
-	routing.rerouteUsersOf(s.backends, cluster)
+	routing.rerouteUsersOf(s.backends, k)
 }
 
 // stage validates res and stages it; an invalid resource is logged, counted
-// and not published (the last valid version, if any, stays served).
-func (s *Server) stage(c *resourceCache, name string, res types.Resource) {
+// and not published (the last valid version, if any, stays served), and
+// stage reports false.
+func (s *Server) stage(c *resourceCache, name string, res types.Resource) bool {
 	if err := Validate(res); err != nil {
 		s.invalid(c.label, name, err)
-		return
+		return false
 	}
 	c.stage(name, res, contentSum(res))
+	return true
 }
 
 // stageEndpoints rebuilds the endpoints of svc's port once and stages the
@@ -626,6 +648,9 @@ func edsPrefix(group Client) string {
 			only = "|only"
 		}
 		prefix = "eds-" + esc(string(group.Network)) + only + "/" + esc(group.Locality.Region) + "/" + esc(group.Locality.Zone) + "-"
+	}
+	if group.Cluster != "" {
+		prefix = strings.TrimSuffix(prefix, "-") + "|" + esc(string(group.Cluster)) + "-"
 	}
 	return prefix
 }

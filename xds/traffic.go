@@ -36,14 +36,21 @@ import (
 type Lookup func(registry.ServiceKey) *registry.Service
 
 // BackendRef is a service port a route sends requests to: its Cluster is
-// ClusterName(Key, Port).
+// ClusterName(Key, Port), or for a Service backend (Local: the client's
+// own cluster's endpoints only) LocalClusterName(Key, Port).
 type BackendRef struct {
-	Key  registry.ServiceKey
-	Port int32
+	Key   registry.ServiceKey
+	Port  int32
+	Local bool
 }
 
 // ClusterName is the name of the backend's Cluster.
-func (b BackendRef) ClusterName() string { return ClusterName(b.Key, b.Port) }
+func (b BackendRef) ClusterName() string {
+	if b.Local {
+		return LocalClusterName(b.Key, b.Port)
+	}
+	return ClusterName(b.Key, b.Port)
+}
 
 // routedEntry is one match of one rule of one route, in the order clients
 // try them.
@@ -132,7 +139,7 @@ func (e routedEntry) precedence() []int {
 		case traffic.Exact:
 			pathClass, prefix = 3, len(p.Value)
 		case traffic.PathPrefix:
-			prefix = len(p.Value)
+			prefix = max(len(strings.TrimSuffix(p.Value, "/")), 1)
 		default:
 			pathClass, prefix = 1, 0
 		}
@@ -141,9 +148,9 @@ func (e routedEntry) precedence() []int {
 }
 
 // routeMatches is the xDS form of one entry's match: more than one when a
-// Gateway API path prefix ("/foo" matches "/foo" and "/foo/...", never
-// "/foobar") takes two xDS matches, as proxyless gRPC has no
-// path-separated prefix.
+// Gateway API path prefix ("/foo" and "/foo/" both match "/foo" and
+// "/foo/...", never "/foobar") takes two xDS matches, as proxyless gRPC
+// has no path-separated prefix.
 func routeMatches(m *traffic.Match) []*route.RouteMatch {
 	var headers []*route.HeaderMatcher
 	if m != nil {
@@ -192,10 +199,12 @@ func routeMatches(m *traffic.Match) []*route.RouteMatch {
 		return []*route.RouteMatch{with(exact(p.Value))}
 	case p.Type == traffic.RegularExpression:
 		return []*route.RouteMatch{with(re(p.Value))}
-	case strings.HasSuffix(p.Value, "/"):
-		return []*route.RouteMatch{with(prefix(p.Value))}
+	case p.Value == "/":
+		return []*route.RouteMatch{with(prefix("/"))}
 	default:
-		return []*route.RouteMatch{with(exact(p.Value)), with(prefix(p.Value + "/"))}
+		// A trailing "/" is ignored: "/abc/" matches "/abc" too.
+		v := strings.TrimSuffix(p.Value, "/")
+		return []*route.RouteMatch{with(exact(v)), with(prefix(v + "/"))}
 	}
 }
 
@@ -221,17 +230,15 @@ func backendsOf(k registry.ServiceKey, port int32, rule *traffic.Rule) ([]Backen
 	var refs []BackendRef
 	var weights []uint32
 	for _, b := range rule.Backends {
-		if b.Weight == 0 || b.Kind != traffic.BackendServiceImport {
-			// A Service backend (the caller's own cluster's endpoints,
-			// GEP-1748) is not served yet: the spoke refuses routes that
-			// name one, with a status that says so.
+		if b.Weight == 0 {
 			continue
 		}
 		p := b.Port
 		if p == 0 {
 			p = port
 		}
-		refs = append(refs, BackendRef{Key: registry.ServiceKey{Namespace: k.Namespace, Name: b.Name}, Port: p})
+		refs = append(refs, BackendRef{Key: registry.ServiceKey{Namespace: k.Namespace, Name: b.Name}, Port: p,
+			Local: b.Kind == traffic.BackendService})
 		weights = append(weights, uint32(b.Weight))
 	}
 	return refs, weights
@@ -251,7 +258,9 @@ func RouteBackends(svc *registry.Service, port int32) []BackendRef {
 			out = append(out, refs...)
 		}
 	}
-	slices.SortFunc(out, func(a, b BackendRef) int { return cmp.Or(a.Key.Compare(b.Key), cmp.Compare(a.Port, b.Port)) })
+	slices.SortFunc(out, func(a, b BackendRef) int {
+		return cmp.Or(a.Key.Compare(b.Key), cmp.Compare(a.Port, b.Port), compareBool(a.Local, b.Local))
+	})
 	return slices.Compact(out)
 }
 
@@ -496,4 +505,14 @@ func outlierDetection(o *traffic.OutlierDetection) *cluster.OutlierDetection {
 		od.FailurePercentageMinimumHosts, od.FailurePercentageRequestVolume = u32(f.MinimumHosts), u32(f.RequestVolume)
 	}
 	return od
+}
+
+func compareBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case b:
+		return -1
+	}
+	return 1
 }

@@ -252,11 +252,9 @@ func TestTrafficOutlierDetectionEjectsAFailingEndpoint(t *testing.T) {
 
 func TestTrafficRingHashKeepsAKeyOnOneEndpoint(t *testing.T) {
 	g := newTrafficRig(t)
-	var backends []xdstest.Backend
 	var eps []registry.Endpoint
 	for i := range 3 {
 		b := xdstest.StartBackend(t, fmt.Sprintf("b%d", i), fmt.Sprintf("127.0.0.%d", i+1))
-		backends = append(backends, b)
 		eps = append(eps, ep(b.Addr.IP.String(), loc("r1", "z1"), ready, eport("grpc", int32(b.Addr.Port))))
 	}
 	s := shard("east", echo, []registry.ServicePort{tcp("grpc", 8080)}, eps...)
@@ -310,5 +308,42 @@ func TestTrafficLoadBalancersAreAccepted(t *testing.T) {
 			g.apply(s)
 			g.await("both endpoints to answer", 100, func(m map[string]int) bool { return m["a"] > 0 && m["b"] > 0 && m["error"] == 0 })
 		})
+	}
+}
+
+func TestTrafficServiceBackendIsTheClientsOwnCluster(t *testing.T) {
+	g := newTrafficRig(t)
+	a := xdstest.StartBackend(t, "a", "127.0.0.1")
+	e := xdstest.StartBackend(t, "v1-east", "127.0.0.2")
+	w := xdstest.StartBackend(t, "v1-west", "127.0.0.3")
+	v1 := registry.ServiceKey{Namespace: echo.Namespace, Name: "echo-v1"}
+	// echo's route sends everything to the Service echo-v1: in each
+	// client's own cluster, though both clusters export echo-v1.
+	route := grpcRoute(traffic.Rule{Backends: []traffic.Backend{{Kind: traffic.BackendService, Name: "echo-v1", Port: 8080, Weight: 1}}})
+	g.apply(backendShard("east", echo, a, route), backendShard("east", v1, e, traffic.Set{}), backendShard("west", v1, w, traffic.Set{}))
+	target := ListenerName(echo, 8080)
+	in := func(cluster string) *trafficRig {
+		c := *g
+		c.client = xdstest.NewClientWith(t, g.addr, "client-"+cluster, loc("r1", "z1"), map[string]string{MetadataCluster: cluster}, target)
+		return &c
+	}
+	east, west := in("east"), in("west")
+	east.await("east's client to reach east's echo-v1 only", 50, func(m map[string]int) bool { return m["v1-east"] == 50 })
+	west.await("west's client to reach west's echo-v1 only", 50, func(m map[string]int) bool { return m["v1-west"] == 50 })
+	// A client that names no cluster has no cluster's endpoints: UNAVAILABLE.
+	nowhere := *g
+	nowhere.client = xdstest.NewClient(t, g.addr, "client-nowhere", loc("r1", "z1"), target)
+	ctx, cancel := context.WithTimeout(g.ctx, 10*time.Second)
+	defer cancel()
+	if _, err := nowhere.call(ctx); status.Code(err) != codes.Unavailable || ctx.Err() != nil {
+		t.Fatalf("a client of no cluster: %v, want UNAVAILABLE at once", err)
+	}
+	// West's echo-v1 goes: west's clients have none left, east's are untouched.
+	r, d := g.reg.Apply(registry.Change{Cluster: "west", Removes: []registry.ServiceKey{v1}})
+	g.reg = r
+	g.srv.Update(r, d)
+	west.await("west's client to fail", 5, func(m map[string]int) bool { return m["error"] == 5 })
+	if got := east.shares(g.ctx, 50); got["v1-east"] != 50 {
+		t.Fatalf("east's client after west's echo-v1 left: %v, want all on v1-east", got)
 	}
 }

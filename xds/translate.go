@@ -42,6 +42,13 @@ func ClusterName(k registry.ServiceKey, port int32) string {
 	return "outbound|" + strconv.Itoa(int(port)) + "||" + k.Hostname()
 }
 
+// LocalClusterName is the name of the Cluster a route's Service backend
+// sends requests to: the service port's endpoints in the client's own
+// cluster only (GEP-1748), which each client's assignment holds.
+func LocalClusterName(k registry.ServiceKey, port int32) string {
+	return "outbound|" + strconv.Itoa(int(port)) + "|local|" + k.Hostname()
+}
+
 // ServicePorts returns the ports of svc that become xDS resources: TCP only,
 // in the service's order (by number).
 func ServicePorts(svc *registry.Service) []registry.ServicePort {
@@ -104,7 +111,11 @@ func RouteConfiguration(svc *registry.Service, port registry.ServicePort, lookup
 // Cluster builds the EDS Cluster of the service port, shaped by the
 // service's policy p (nil: none); its endpoints come over ADS.
 func Cluster(k registry.ServiceKey, port registry.ServicePort, p *traffic.Policy) *cluster.Cluster {
-	name := ClusterName(k, port.Port)
+	return clusterNamed(ClusterName(k, port.Port), p)
+}
+
+// clusterNamed is the EDS Cluster name, shaped by policy p.
+func clusterNamed(name string, p *traffic.Policy) *cluster.Cluster {
 	c := &cluster.Cluster{
 		Name:                 name,
 		ClusterDiscoveryType: &cluster.Cluster_Type{Type: cluster.Cluster_EDS},
@@ -174,8 +185,19 @@ func Validate(m proto.Message) error {
 			return fmt.Errorf("%w: ClusterLoadAssignment %q: %v", ErrInvalidResource, cla.GetClusterName(), err)
 		}
 	}
+	if rc, ok := m.(*route.RouteConfiguration); ok {
+		if n := proto.Size(rc); n > maxRouteConfigurationBytes {
+			return fmt.Errorf("%w: RouteConfiguration %q is %d bytes, more than %d (a client takes at most 4 MiB in one response)",
+				ErrInvalidResource, rc.GetName(), n, maxRouteConfigurationBytes)
+		}
+	}
 	return nil
 }
+
+// maxRouteConfigurationBytes bounds a route configuration: a client receives
+// every one it watches in one response, and grpc-go takes at most 4 MiB.
+// Validation keeps a service's routes well below it (traffic.MaxRouteBytes).
+const maxRouteConfigurationBytes = 512 << 10
 
 func validateAssignment(cla *endpoint.ClusterLoadAssignment) error {
 	seen := map[uint32]bool{}

@@ -5,6 +5,7 @@ package xdstest
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"google.golang.org/grpc/connectivity"
 	"net"
@@ -104,15 +105,41 @@ func Bootstrap(xdsAddr, node string, l registry.Locality) string {
 // BootstrapOn is Bootstrap for a node that names its network in its
 // metadata (NETWORK; "" names none).
 func BootstrapOn(xdsAddr, node string, l registry.Locality, network registry.Network) string {
+	var md map[string]string
+	if network != "" {
+		md = map[string]string{"NETWORK": string(network)}
+	}
+	return BootstrapWith(xdsAddr, node, l, md)
+}
+
+// BootstrapWith is Bootstrap for a node with the given metadata (string
+// values, such as NETWORK and CLUSTER_ID).
+func BootstrapWith(xdsAddr, node string, l registry.Locality, metadata map[string]string) string {
 	extra := ""
 	if !l.IsZero() {
 		extra = fmt.Sprintf(`,"locality":{"region":%q,"zone":%q}`, l.Region, l.Zone)
 	}
-	if network != "" {
-		extra += fmt.Sprintf(`,"metadata":{"NETWORK":%q}`, network)
+	if len(metadata) > 0 {
+		b, _ := json.Marshal(metadata)
+		extra += `,"metadata":` + string(b)
 	}
 	return fmt.Sprintf(`{"xds_servers":[{"server_uri":%q,"channel_creds":[{"type":"insecure"}],"server_features":["xds_v3"]}],"node":{"id":%q%s}}`,
 		xdsAddr, node, extra)
+}
+
+// NewClientWith is NewClient for a node with the given metadata (see BootstrapWith).
+func NewClientWith(t testing.TB, xdsAddr, node string, l registry.Locality, metadata map[string]string, target string) healthpb.HealthClient {
+	t.Helper()
+	resolver, err := grpcxds.NewXDSResolverWithConfigForTesting([]byte(BootstrapWith(xdsAddr, node, l, metadata)))
+	if err != nil {
+		t.Fatalf("xDS resolver: %v", err)
+	}
+	conn, err := grpc.NewClient("xds:///"+target, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(resolver))
+	if err != nil {
+		t.Fatalf("dial %s: %v", target, err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return healthpb.NewHealthClient(conn)
 }
 
 // TLSFiles are the PEM files a grpc-go xDS client connects to its xDS
