@@ -4,7 +4,7 @@ GO ?= go
 PROTOC ?= protoc
 BIN := bin
 
-.PHONY: all build test bench fuzz demo generate generate-check lint protoc haproxy chromium kube-apiserver coredns cert-manager-crds helm-render servicemonitor-crd kind-up kind-e2e kind-down clean
+.PHONY: all build test bench fuzz demo generate generate-check lint protoc controller-gen haproxy chromium kube-apiserver coredns cert-manager-crds helm-render servicemonitor-crd kind-up kind-e2e kind-down clean
 
 # The end-to-end tests run real Kubernetes API servers, built once per machine
 # from k8s.io/kubernetes (tools/kube-apiserver pins the version) and cached by version.
@@ -31,6 +31,10 @@ export NAVE_HELM_RENDER := $(HELM_RENDER)
 PROMETHEUS_OPERATOR_VERSION := $(shell awk '$$1 == "github.com/prometheus-operator/prometheus-operator" || $$2 == "github.com/prometheus-operator/prometheus-operator" {print $$NF}' tools/prometheus-operator/go.mod | head -1)
 SERVICEMONITOR_CRD := $(NAVE_CACHE)/prometheus-operator-$(PROMETHEUS_OPERATOR_VERSION)
 export NAVE_SERVICEMONITOR_CRD := $(SERVICEMONITOR_CRD)
+# `make generate` writes kubetraffic/v1alpha1's deepcopy code and the TrafficPolicy CRD with
+# controller-gen, built the same way from sigs.k8s.io/controller-tools (tools/controller-gen pins it).
+CONTROLLER_TOOLS_VERSION := $(shell awk '$$1 == "sigs.k8s.io/controller-tools" {print $$2} $$2 == "sigs.k8s.io/controller-tools" {print $$3}' tools/controller-gen/go.mod | head -1)
+CONTROLLER_GEN := $(NAVE_CACHE)/controller-gen-$(CONTROLLER_TOOLS_VERSION)
 
 all: build
 
@@ -65,20 +69,24 @@ fuzz:
 demo: build
 	$(BIN)/nave demo
 
-## generate: regenerate the federation protobuf code, the MCS CRDs in deploy/crds and the Gateway API
-## CRDs in deploy/crds/gateway-api (committed; the CRDs copied from the modules go.mod names).
-generate: protoc
+## generate: regenerate the federation protobuf code, the MCS CRDs in deploy/crds, the Gateway API
+## CRDs in deploy/crds/gateway-api (committed; the CRDs copied from the modules go.mod names), and with controller-gen
+## kubetraffic/v1alpha1's deepcopy code and its CRD, deploy/crds/trafficpolicies.yaml (no leading ---, like the others).
+generate: protoc controller-gen
 	$(PROTOC) --plugin=protoc-gen-go="$$($(GO) tool -n protoc-gen-go)" \
 		--plugin=protoc-gen-go-grpc="$$($(GO) tool -n protoc-gen-go-grpc)" \
 		--go_out=paths=source_relative:. --go-grpc_out=paths=source_relative:. \
 		federation/v1/federation.proto
 	$(GO) run ./internal/mcscrds deploy/crds
 	$(GO) run ./internal/gatewaycrds deploy/crds/gateway-api
+	$(CONTROLLER_GEN) object paths=./kubetraffic/v1alpha1
+	$(CONTROLLER_GEN) crd paths=./kubetraffic/v1alpha1 output:crd:stdout > deploy/crds/trafficpolicies.yaml.tmp && \
+		sed -i '1{/^---$$/d}' deploy/crds/trafficpolicies.yaml.tmp && mv deploy/crds/trafficpolicies.yaml.tmp deploy/crds/trafficpolicies.yaml
 
 ## generate-check: fail when the committed generated code is not what `make generate` produces.
 generate-check: generate
-	@git diff --exit-code -- federation/v1 deploy/crds || { echo "generated code is stale: run 'make generate' and commit"; exit 1; }
-	@test -z "$$(git status --porcelain --untracked-files=all -- federation/v1 deploy/crds)" || { git status --short -- federation/v1 deploy/crds; echo "generated files are not committed: run 'make generate' and commit"; exit 1; }
+	@git diff --exit-code -- federation/v1 kubetraffic/v1alpha1 deploy/crds || { echo "generated code is stale: run 'make generate' and commit"; exit 1; }
+	@test -z "$$(git status --porcelain --untracked-files=all -- federation/v1 kubetraffic/v1alpha1 deploy/crds)" || { git status --short -- federation/v1 kubetraffic/v1alpha1 deploy/crds; echo "generated files are not committed: run 'make generate' and commit"; exit 1; }
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); [ -z "$$out" ] || { echo "gofmt needed:"; echo "$$out"; exit 1; }
@@ -87,6 +95,12 @@ lint:
 ## protoc: install protoc from Debian's packages when it is missing (a fresh machine).
 protoc:
 	@command -v $(PROTOC) >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq protobuf-compiler; }
+
+## controller-gen: build the controller-gen `make generate` runs (about a minute, once per machine and version).
+controller-gen: $(CONTROLLER_GEN)
+$(CONTROLLER_GEN):
+	@mkdir -p $(dir $@)
+	cd tools/controller-gen && $(GO) build -trimpath -o $@.tmp sigs.k8s.io/controller-tools/cmd/controller-gen && mv $@.tmp $@
 
 ## haproxy: install HAProxy from Debian's packages when it is missing: the multi-network test's
 ## east-west gateway (there is no Envoy binary to be had here).

@@ -67,6 +67,9 @@ func (k *KubeSource) WriteStatus(ctx context.Context) {
 	wake := context.AfterFunc(ctx, func() { k.statusQueue.Add(registry.ServiceKey{}) })
 	defer wake()
 	k.queueAllStatus() // anything may have changed while another spoke led
+	done := make(chan struct{})
+	go func() { defer close(done); k.writeTrafficStatus(ctx) }()
+	defer func() { <-done }()
 	for {
 		key, shutdown := k.statusQueue.Get()
 		if shutdown {

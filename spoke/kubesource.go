@@ -116,6 +116,12 @@ type KubeSource struct {
 	// queueing every ServiceExport.
 	statusQueue workqueue.TypedRateLimitingInterface[registry.ServiceKey]
 	writing     atomic.Bool
+
+	// traffic holds each traffic kind's cache once its CRD is watched (traffic.go).
+	traffic [trafficKinds]atomic.Pointer[trafficWatch]
+	// trafficStatusQueue holds the routes and policies whose status may be
+	// out of date (fed only while WriteStatus runs, as statusQueue).
+	trafficStatusQueue workqueue.TypedRateLimitingInterface[trafficObject]
 }
 
 // exportWatch is the ServiceExport informer's cache, and the version it watches.
@@ -143,6 +149,8 @@ func NewKubeSource(client *kubeclient.Client, opts BuildOptions, filter Namespac
 		problems:    map[registry.ServiceKey]string{},
 		queue:       workqueue.NewTypedRateLimitingQueueWithConfig(rl(), workqueue.TypedRateLimitingQueueConfig[registry.ServiceKey]{Name: "services"}),
 		statusQueue: workqueue.NewTypedRateLimitingQueueWithConfig(rl(), workqueue.TypedRateLimitingQueueConfig[registry.ServiceKey]{Name: "serviceexport-status"}),
+		trafficStatusQueue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[trafficObject](),
+			workqueue.TypedRateLimitingQueueConfig[trafficObject]{Name: "traffic-status"}),
 	}
 }
 
@@ -170,6 +178,7 @@ const byServiceIndex = "service"
 func (k *KubeSource) Run(ctx context.Context, out Sink) error {
 	defer k.queue.ShutDown()
 	defer k.statusQueue.ShutDown()
+	defer k.trafficStatusQueue.ShutDown()
 	// The Services and EndpointSlices the import writer made never federate
 	// (they are other clusters' services, see imported): the API server
 	// leaves them out, so that a cluster, which imports its own exports too,
@@ -299,6 +308,21 @@ func (k *KubeSource) Run(ctx context.Context, out Sink) error {
 		exportsDone.Go(func() { k.awaitServiceExports(exportsCtx, &exportsDone) })
 	}
 
+	// Routes and policies, when their CRDs are installed: now, or later.
+	// As for ServiceExports, not knowing holds the first state back.
+	served, err := k.trafficInstalled()
+	for retry := backoff.New(backoff.Config{Min: time.Second, Max: 30 * time.Second}); err != nil; {
+		wait := retry.Next()
+		k.log.Warn("cannot tell whether the Gateway API and TrafficPolicy CRDs are installed; holding the first state back", "err", err, "retry", wait)
+		if !retry.Sleep(ctx, wait) {
+			return ctx.Err()
+		}
+		served, err = k.trafficInstalled()
+	}
+	if err := k.watchTraffic(exportsCtx, served, &exportsDone); err != nil {
+		return err
+	}
+
 	k.log.Info("waiting for caches to sync")
 	if !informers.WaitForSync(ctx.Done()) {
 		return ctx.Err() // caches sync unless ctx ends
@@ -363,6 +387,7 @@ const maxPublishDelay = 100 * time.Millisecond
 func (k *KubeSource) enqueue(key registry.ServiceKey) {
 	k.queue.Add(key)
 	k.queueStatus(key)
+	k.queueTrafficStatusOf(key.String()) // whether the Service is exported may have changed
 }
 
 // queueStatus queues a ServiceExport's status, while status is written.
@@ -475,6 +500,11 @@ func (k *KubeSource) build(key registry.ServiceKey) (shard *registry.Shard, expo
 		if err := shard.Validate(k.opts.limits()); err != nil {
 			return nil, true, err.Error()
 		}
+	}
+	var left string
+	if shard.Traffic, left = k.trafficOf(key); left != "" {
+		// The Service federates without its routes and policy.
+		k.log.Warn("routes and policy of the service left out", "service", key, "problem", left)
 	}
 	return shard, true, ""
 }
