@@ -11,8 +11,9 @@
 //	/debug/topology   TopologyInfo
 //	/debug/clients    ClientsInfo (?node=ID)
 //	/debug/trace      TraceInfo (?service=NS/NAME&limit=N)
+//	/debug/routes     []RoutesInfo, or RoutesInfo (?service=NS/NAME)
 //
-// It imports nothing of Nave but registry, so a client of the admin API
+// It imports nothing of Nave but registry and traffic, so a client of the admin API
 // links neither the hub nor gRPC. The hub's packages that produce this data
 // (syncstatus, convergence, federation, xds) use these types as their own
 // (type aliases), so the hub serves what they produce without converting it.

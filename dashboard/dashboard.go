@@ -1,7 +1,7 @@
 // Package dashboard is the hub's web dashboard: a page, served at /ui on the
 // admin address, that polls the admin API's JSON (/debug/*) of the replica
-// it comes from and shows replicas, clusters, topology, conflicts, xDS
-// clients and recent convergence. It is plain HTML, CSS and JavaScript
+// it comes from and shows replicas, clusters, topology, conflicts, services
+// with routes, xDS clients and recent convergence. It is plain HTML, CSS and JavaScript
 // embedded in the binary: no build step, nothing fetched from elsewhere.
 package dashboard
 

@@ -17,6 +17,8 @@ func TestDashboardHandler(t *testing.T) {
 		{"/ui", "text/html", `<script src="/ui/app.js"`, http.StatusOK},
 		{"/ui/", "text/html", `<script src="/ui/app.js"`, http.StatusOK},
 		{"/ui/app.js", "text/javascript", "/debug/hub", http.StatusOK},
+		{"/ui/app.js", "text/javascript", "/debug/routes", http.StatusOK},
+		{"/ui/", "text/html", `<tbody id="route-rows">`, http.StatusOK},
 		{"/ui/app.css", "text/css", "#status", http.StatusOK},
 		{"/ui/nothing.js", "", "", http.StatusNotFound},
 	} {

@@ -41,17 +41,18 @@ const (
 	watchNamespaces     = "namespaces"
 	watchExports        = "serviceexports.multicluster.x-k8s.io"
 	watchImports        = "serviceimports.multicluster.x-k8s.io"
+	watchPolicies       = "trafficpolicies.nave.io" // deploy/crds has its CRD; not the Gateway API's, whose routes are not watched here
 )
 
 // candidateWatches is what n spoke candidates watch on the API server: each
 // one's KubeSource informers (Services, EndpointSlices, Nodes, Namespaces,
-// ServiceExports), plus, when one of them leads, its import writer's
+// ServiceExports, TrafficPolicies), plus, when one of them leads, its import writer's
 // informers (importwriter/importwriter.go importRun.run), which watch only the
 // objects labelled nave.io/managed-by=nave-spoke: Services, EndpointSlices
 // and ServiceImports. That writer is the one offset over n: it runs while a
 // spoke leads (--imports, on by default and in deploy/spoke/deployment.yaml).
 func candidateWatches(n int, leading bool) map[string]int {
-	w := map[string]int{watchServices: n, watchEndpointSlices: n, watchNodes: n, watchNamespaces: n, watchExports: n}
+	w := map[string]int{watchServices: n, watchEndpointSlices: n, watchNodes: n, watchNamespaces: n, watchExports: n, watchPolicies: n}
 	if leading {
 		w[watchServices]++
 		w[watchEndpointSlices]++

@@ -160,6 +160,23 @@ func (a *admin) handler() http.Handler {
 			a.json(w, info)
 		}
 	})
+	mux.HandleFunc("GET /debug/routes", func(w http.ResponseWriter, r *http.Request) {
+		reg := a.state.View().Registry
+		service := r.URL.Query().Get("service")
+		if service == "" {
+			a.json(w, Routes(reg))
+			return
+		}
+		info, err := ServiceRoutes(reg, service)
+		switch {
+		case errors.Is(err, registry.ErrInvalid):
+			a.jsonError(w, http.StatusBadRequest, err)
+		case err != nil:
+			a.jsonError(w, http.StatusNotFound, err)
+		default:
+			a.json(w, info)
+		}
+	})
 	var api http.Handler = mux
 	if a.token != nil {
 		api = a.token.require(mux)
@@ -180,6 +197,15 @@ func (a *admin) json(w http.ResponseWriter, v any) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	if err := enc.Encode(v); err != nil {
+		a.log.Warn("write admin response", "err", err)
+	}
+}
+
+// jsonError answers code with the error as JSON (adminapi.ErrorInfo).
+func (a *admin) jsonError(w http.ResponseWriter, code int, err error) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	if err := json.NewEncoder(w).Encode(adminapi.ErrorInfo{Error: err.Error()}); err != nil {
 		a.log.Warn("write admin response", "err", err)
 	}
 }

@@ -36,7 +36,7 @@ func mergeTraffic(svc *Service, byAge []*Shard) {
 			if w := &routes[i]; !w.route.SameContent(&r) {
 				svc.Conflicts = append(svc.Conflicts, Conflict{
 					Kind: RouteConflict, Property: fmt.Sprintf("%s %q", r.Kind, r.Name), Winner: w.owner, Loser: s.Cluster,
-					Reason: fmt.Sprintf("%s %q differs between %s and %s", r.Kind, r.Name, w.owner, s.Cluster),
+					Reason: fmt.Sprintf("differs between %s and %s", w.owner, s.Cluster),
 				})
 			} else if r.CreatedAt.Before(w.route.CreatedAt) {
 				w.route.CreatedAt = r.CreatedAt // the same route: the oldest creation orders it
@@ -51,9 +51,9 @@ func mergeTraffic(svc *Service, byAge []*Shard) {
 			winner = s
 		case !winner.Traffic.Policy.Equal(s.Traffic.Policy):
 			w, l := winner.Traffic.Policy, s.Traffic.Policy
-			reason := fmt.Sprintf("TrafficPolicy %q in %s but %q in %s", w.Name, winner.Cluster, l.Name, s.Cluster)
+			reason := fmt.Sprintf("%q in %s but %q in %s", w.Name, winner.Cluster, l.Name, s.Cluster)
 			if w.Name == l.Name {
-				reason = fmt.Sprintf("TrafficPolicy %q differs between %s and %s", w.Name, winner.Cluster, s.Cluster)
+				reason = fmt.Sprintf("%q differs between %s and %s", w.Name, winner.Cluster, s.Cluster)
 			}
 			svc.Conflicts = append(svc.Conflicts, Conflict{
 				Kind: PolicyConflict, Property: "TrafficPolicy", Winner: winner.Cluster, Loser: s.Cluster, Reason: reason,

@@ -181,6 +181,8 @@ func (k *KubeSource) watchTrafficKind(ctx context.Context, kind trafficKind, wg 
 		}
 		for _, key := range parentsOf(kind, u) {
 			k.queue.Add(key)
+			// The others naming the Service too: which policy wins may have changed.
+			k.queueTrafficStatusOf(key.String())
 		}
 		k.queueTrafficStatus(trafficObject{kind: kind, namespace: u.GetNamespace(), name: u.GetName()})
 	}

@@ -207,9 +207,9 @@ func (l *localBackend) forClient(c Client, t *topology) (*endpoint.ClusterLoadAs
 // backend's Cluster and every group's assignment of it.
 func (s *Server) stageLocal(name string, b BackendRef, r *registry.Registry, groups map[Client]*resourceCache) {
 	if !s.backends.used(name) {
-		if _, held := s.localEndpoints[name]; held {
+		if _, held := s.endpoints[name]; held {
 			s.cds.stageDelete(name)
-			delete(s.localEndpoints, name)
+			delete(s.endpoints, name)
 			for _, eds := range groups {
 				eds.stageDelete(name)
 			}
@@ -231,7 +231,7 @@ func (s *Server) stageLocal(name string, b BackendRef, r *registry.Registry, gro
 func (s *Server) stageLocalEndpoints(b BackendRef, groups map[Client]*resourceCache, rebuild bool) {
 	name, t := b.ClusterName(), s.topo.Load()
 	port := registry.ServicePort{Port: b.Port, Protocol: registry.ProtocolTCP}
-	old := s.localEndpoints[name]
+	old, _ := s.endpoints[name].(*localBackend)
 	l := &localBackend{ref: b, byCluster: map[registry.ClusterID]*portEndpoints{}}
 	var err error
 	if l.empty, err = newPortEndpoints(&registry.Service{Key: b.Key}, port, nil, t); err != nil {
@@ -260,7 +260,7 @@ func (s *Server) stageLocalEndpoints(b BackendRef, groups map[Client]*resourceCa
 			}
 		}
 	}
-	s.localEndpoints[name] = l
+	s.endpoints[name] = l
 	for client, eds := range groups {
 		cla, sum := l.forClient(client, t)
 		eds.stage(name, cla, sum)

@@ -560,9 +560,6 @@ func (s *Server) groupCache(e *groupEntry) *resourceCache {
 	for name, pe := range s.endpoints {
 		initial[name], sums[name] = pe.forClient(group, t)
 	}
-	for name, local := range s.localEndpoints {
-		initial[name], sums[name] = local.forClient(group, t)
-	}
 	e.eds = newResourceCache(resource.EndpointType, s.cfg.VersionPrefix+groupPrefix(edsPrefix(group)), s.log, initial, sums)
 	next := maps.Clone(*s.groups.Load())
 	next[group] = e.eds

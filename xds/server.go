@@ -123,12 +123,9 @@ type Server struct {
 	ports map[registry.ServiceKey][]registry.ServicePort
 	// endpoints holds, by cluster name, the last valid xDS form of each service
 	// port's endpoints, from which every locality group's assignment is derived.
-	endpoints map[string]*portEndpoints
+	endpoints map[string]assigner
 	// backends records what each route configuration sends requests to.
 	backends *backendIndex
-	// localEndpoints holds, by cluster name, each Service backend's
-	// endpoints per exporting cluster (see localBackend).
-	localEndpoints map[string]*localBackend
 
 	// pushMu guards the push-latency bookkeeping.
 	pushMu sync.Mutex
@@ -169,19 +166,18 @@ func NewServer(cfg Config, w Wiring, log *slog.Logger, reg prometheus.Registerer
 	}
 	log = log.With("component", "xds")
 	s := &Server{
-		cfg:            setup{cfg, w},
-		log:            log,
-		refusals:       limits.NewRefusalLog(log, 0, 0),
-		metrics:        newMetrics(reg),
-		ports:          map[registry.ServiceKey][]registry.ServicePort{},
-		endpoints:      map[string]*portEndpoints{},
-		backends:       newBackendIndex(),
-		localEndpoints: map[string]*localBackend{},
-		pushes:         map[string]pushStamp{},
-		status:         syncstatus.New(w.Replica),
-		restrict:       restrictions{byStream: map[streamKey]*streamRestriction{}, byNode: map[*core.Node]*streamRestriction{}},
-		throttle:       newThrottle(cfg.RequestsPerSecond, cfg.RequestBurst),
-		names:          newNameTable(maxInterned),
+		cfg:       setup{cfg, w},
+		log:       log,
+		refusals:  limits.NewRefusalLog(log, 0, 0),
+		metrics:   newMetrics(reg),
+		ports:     map[registry.ServiceKey][]registry.ServicePort{},
+		endpoints: map[string]assigner{},
+		backends:  newBackendIndex(),
+		pushes:    map[string]pushStamp{},
+		status:    syncstatus.New(w.Replica),
+		restrict:  restrictions{byStream: map[streamKey]*streamRestriction{}, byNode: map[*core.Node]*streamRestriction{}},
+		throttle:  newThrottle(cfg.RequestsPerSecond, cfg.RequestBurst),
+		names:     newNameTable(maxInterned),
 	}
 	s.lds = newResourceCache(resource.ListenerType, w.VersionPrefix+"lds-", log, nil, nil)
 	s.rds = newResourceCache(resource.RouteType, w.VersionPrefix+"rds-", log, nil, nil)
@@ -310,6 +306,12 @@ func (s *Server) SetNetworks(n registry.Networks) {
 	groups := *s.groups.Load()
 	if rebuild {
 		// Every block was split by the old cluster-to-network map.
+		var locals []BackendRef
+		for _, a := range s.endpoints {
+			if l, ok := a.(*localBackend); ok {
+				locals = append(locals, l.ref)
+			}
+		}
 		clear(s.endpoints)
 		for k, ports := range s.ports {
 			svc := s.reg.Service(k)
@@ -320,22 +322,14 @@ func (s *Server) SetNetworks(n registry.Networks) {
 		for _, b := range s.backends.placeholders {
 			s.stagePlaceholderEndpoints(b, groups)
 		}
-		for _, local := range s.localEndpoints {
-			s.stageLocalEndpoints(local.ref, groups, true)
+		for _, b := range locals {
+			s.stageLocalEndpoints(b, groups, true)
 		}
 	} else {
 		for name, pe := range s.endpoints {
 			for client, eds := range groups {
 				if client.Network != "" {
 					cla, sum := pe.forClient(client, t)
-					eds.stage(name, cla, sum)
-				}
-			}
-		}
-		for name, local := range s.localEndpoints {
-			for client, eds := range groups {
-				if client.Network != "" {
-					cla, sum := local.forClient(client, t)
 					eds.stage(name, cla, sum)
 				}
 			}
@@ -405,16 +399,23 @@ func (s *Server) stage(c *resourceCache, name string, res types.Resource) bool {
 // assignment of every locality group; if they are invalid, every group keeps
 // the last valid assignment.
 func (s *Server) stageEndpoints(svc *registry.Service, p registry.ServicePort, groups map[Client]*resourceCache) {
-	t := s.topo.Load()
-	pe, err := newPortEndpoints(svc, p, s.endpoints[ClusterName(svc.Key, p.Port)], t)
-	if err != nil {
-		s.invalid(typeEDS, ClusterName(svc.Key, p.Port), err)
-		return
+	t, name := s.topo.Load(), ClusterName(svc.Key, p.Port)
+	var a assigner
+	if lp := localityPolicy(svc); lp != nil {
+		a = newPolicyEndpoints(name, svc, p, lp, t)
+	} else {
+		prev, _ := s.endpoints[name].(*portEndpoints)
+		pe, err := newPortEndpoints(svc, p, prev, t)
+		if err != nil {
+			s.invalid(typeEDS, name, err)
+			return
+		}
+		a = pe
 	}
-	s.endpoints[pe.clusterName] = pe
+	s.endpoints[name] = a
 	for client, eds := range groups {
-		cla, sum := pe.forClient(client, t)
-		eds.stage(pe.clusterName, cla, sum)
+		cla, sum := a.forClient(client, t)
+		eds.stage(name, cla, sum)
 	}
 }
 

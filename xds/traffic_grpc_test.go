@@ -347,3 +347,79 @@ func TestTrafficServiceBackendIsTheClientsOwnCluster(t *testing.T) {
 		t.Fatalf("east's client after west's echo-v1 left: %v, want all on v1-east", got)
 	}
 }
+
+func TestTrafficFailoverPriorityKeepsClientsInTheirCluster(t *testing.T) {
+	g := newTrafficRig(t)
+	e2 := xdstest.StartBackend(t, "east-z2", "127.0.0.1")
+	w1 := xdstest.StartBackend(t, "west-z1", "127.0.0.2")
+	at := func(b xdstest.Backend, zone string, c registry.Conditions) registry.Endpoint {
+		return ep(b.Addr.IP.String(), loc("r1", zone), c, eport("grpc", int32(b.Addr.Port)))
+	}
+	policy := traffic.Set{Policy: &traffic.Policy{Name: "echo", Locality: &traffic.LocalityPolicy{
+		FailoverPriority: []string{traffic.LabelCluster, traffic.LabelZone}}}}
+	east := func(set traffic.Set, c registry.Conditions) *registry.Shard {
+		s := shard("east", echo, []registry.ServicePort{tcp("grpc", 8080)}, at(e2, "z2", c))
+		s.Traffic = set
+		s.Normalize()
+		return s
+	}
+	west := shard("west", echo, []registry.ServicePort{tcp("grpc", 8080)}, at(w1, "z1", ready))
+	g.apply(east(traffic.Set{}, ready), west)
+	g.client = xdstest.NewClientWith(t, g.addr, "client-east", loc("r1", "z1"), map[string]string{MetadataCluster: "east"}, ListenerName(echo, 8080))
+	// By default the client's zone comes first: west's endpoint.
+	g.await("the default: the client's zone first", 20, func(m map[string]int) bool { return m["west-z1"] == 20 })
+	// failoverPriority [cluster, zone]: its own cluster first, even in
+	// another zone, though another cluster has an endpoint in its zone.
+	g.apply(east(policy, ready))
+	g.await("its own cluster first", 20, func(m map[string]int) bool { return m["east-z2"] == 20 })
+	if got := g.shares(g.ctx, 200); got["east-z2"] != 200 {
+		t.Fatalf("with failoverPriority [cluster, zone]: %v, want every call in the client's cluster", got)
+	}
+	// Its cluster has no healthy endpoint left: it fails over to the other.
+	g.apply(east(policy, notReady))
+	g.await("failover to the other cluster", 20, func(m map[string]int) bool { return m["west-z1"] == 20 })
+	g.apply(east(policy, ready))
+	g.await("back to its own cluster", 20, func(m map[string]int) bool { return m["east-z2"] == 20 })
+}
+
+func TestTrafficLocalityOffAndDistribute(t *testing.T) {
+	g := newTrafficRig(t)
+	z1 := xdstest.StartBackend(t, "z1", "127.0.0.1")
+	z2 := xdstest.StartBackend(t, "z2", "127.0.0.2")
+	with := func(lp *traffic.LocalityPolicy) *registry.Shard {
+		s := shard("east", echo, []registry.ServicePort{tcp("grpc", 8080)},
+			ep(z1.Addr.IP.String(), loc("r1", "z1"), ready, eport("grpc", int32(z1.Addr.Port))),
+			ep(z2.Addr.IP.String(), loc("r1", "z2"), ready, eport("grpc", int32(z2.Addr.Port))))
+		if lp != nil {
+			s.Traffic = traffic.Set{Policy: &traffic.Policy{Name: "echo", Locality: lp}}
+		}
+		s.Normalize()
+		return s
+	}
+	g.apply(with(nil))
+	g.await("the client's zone only", 20, func(m map[string]int) bool { return m["z1"] == 20 })
+	g.apply(with(&traffic.LocalityPolicy{Off: true}))
+	g.await("both zones", 100, func(m map[string]int) bool { return m["z1"] > 20 && m["z2"] > 20 })
+	g.apply(with(&traffic.LocalityPolicy{Distribute: []traffic.Distribution{{From: "r1/z1/*",
+		To: []traffic.LocalityWeight{{Locality: "r1/z1/*", Weight: 20}, {Locality: "r1/z2/*", Weight: 80}}}}}))
+	got := g.await("the 20/80 distribution", 1000, func(m map[string]int) bool { return m["z2"] > 700 && m["z2"] < 880 })
+	t.Logf("distribute 20/80: %v", got)
+	g.apply(with(&traffic.LocalityPolicy{Distribute: []traffic.Distribution{{From: "r1/*",
+		To: []traffic.LocalityWeight{{Locality: "r1/z2", Weight: 100}}}}}))
+	g.await("everything to z2", 50, func(m map[string]int) bool { return m["z2"] == 50 })
+}
+
+func TestTrafficRegionFailover(t *testing.T) {
+	g := newTrafficRig(t)
+	r2 := xdstest.StartBackend(t, "r2", "127.0.0.1")
+	r3 := xdstest.StartBackend(t, "r3", "127.0.0.2")
+	s := shard("east", echo, []registry.ServicePort{tcp("grpc", 8080)},
+		ep(r2.Addr.IP.String(), loc("r2", "a"), ready, eport("grpc", int32(r2.Addr.Port))),
+		ep(r3.Addr.IP.String(), loc("r3", "a"), ready, eport("grpc", int32(r3.Addr.Port))))
+	s.Traffic = traffic.Set{Policy: &traffic.Policy{Name: "echo", Locality: &traffic.LocalityPolicy{
+		Failover: []traffic.RegionFailover{{From: "r1", To: "r3"}}}}}
+	s.Normalize()
+	g.apply(s)
+	// A client in r1, which has no endpoint: r3, its failover region, before r2.
+	g.await("the failover region", 30, func(m map[string]int) bool { return m["r3"] == 30 })
+}

@@ -239,3 +239,53 @@ func assignmentOf(res servedSet, name string) *endpoint.ClusterLoadAssignment {
 	}
 	return nil
 }
+
+func TestLocalityPolicyMergesALocalityWithinAPriority(t *testing.T) {
+	// Two clusters' endpoints in one locality, ranked alike for a client of
+	// a third cluster: one locality in the priority (grpc-go refuses a
+	// locality twice in one priority), weighted by both.
+	svcShards := []*registry.Shard{
+		shard("east", echo, []registry.ServicePort{tcp("grpc", 8080)}, ep("10.0.0.1", loc("r1", "z1"), ready, eport("grpc", 9090))),
+		shard("west", echo, []registry.ServicePort{tcp("grpc", 8080)}, ep("10.1.0.1", loc("r1", "z1"), ready, eport("grpc", 9090)),
+			ep("10.1.0.2", loc("r1", "z2"), ready, eport("grpc", 9090))),
+	}
+	policy := traffic.Set{Policy: &traffic.Policy{Name: "echo", Locality: &traffic.LocalityPolicy{
+		FailoverPriority: []string{traffic.LabelCluster, traffic.LabelZone}}}}
+	svcShards[0] = withTraffic(t, svcShards[0], policy)
+	r, _ := apply(t, registry.New(), svcShards...)
+	svc := r.Service(echo)
+	pe := newPolicyEndpoints(ClusterName(echo, 8080), svc, tcp("grpc", 8080), localityPolicy(svc), newTopology(registry.Networks{}))
+	for _, tc := range []struct {
+		cluster registry.ClusterID
+		want    [][]string // per priority, the localities' endpoints
+	}{
+		// north shares no cluster: one priority... ranked by what it does
+		// not share first (the cluster), so every endpoint ranks alike.
+		{"north", [][]string{{"10.0.0.1", "10.1.0.1", "10.1.0.2"}}},
+		// east: its own cluster, then the rest (west's zone z1 before z2
+		// only if the cluster were shared: it is not).
+		{"east", [][]string{{"10.0.0.1"}, {"10.1.0.1", "10.1.0.2"}}},
+		// west: its own zone z1 in its cluster, its cluster's z2, then east.
+		{"west", [][]string{{"10.1.0.1"}, {"10.1.0.2"}, {"10.0.0.1"}}},
+	} {
+		cla, _ := pe.forClient(Client{Cluster: tc.cluster, Locality: loc("r1", "z1")}, newTopology(registry.Networks{}))
+		if err := Validate(cla); err != nil {
+			t.Errorf("client of %s: %v", tc.cluster, err)
+		}
+		var got [][]string
+		for _, le := range cla.GetEndpoints() {
+			for int(le.GetPriority()) >= len(got) {
+				got = append(got, nil)
+			}
+			for _, e := range le.GetLbEndpoints() {
+				got[le.GetPriority()] = append(got[le.GetPriority()], e.GetEndpoint().GetAddress().GetSocketAddress().GetAddress())
+			}
+		}
+		for _, p := range got {
+			slices.Sort(p)
+		}
+		if !slices.EqualFunc(got, tc.want, slices.Equal) {
+			t.Errorf("client of %s: priorities %v, want %v", tc.cluster, got, tc.want)
+		}
+	}
+}

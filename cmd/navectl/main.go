@@ -28,6 +28,7 @@ Usage:
   navectl [--hub URL] [-o table|json] imports [CLUSTER]
   navectl [--hub URL] [-o table|json] proxies [NODE]     (alias: clients)
   navectl [--hub URL] [-o table|json] trace NAMESPACE/NAME [--limit N]
+  navectl [--hub URL] [-o table|json] routes [NAMESPACE/NAME]
 
 endpoints shows what an xDS client in that locality (and on that network)
 receives, priority by priority: another network's endpoints are reached
@@ -47,6 +48,11 @@ when it applied the change, when its xDS resources were published, how many
 clients it was pushed to and how many acknowledged it, and the slowest
 clients (applied -> pushed, pushed -> acknowledged), all on that replica's
 clock.
+routes lists the services with routes (GRPCRoute, HTTPRoute) or a
+TrafficPolicy; with NAMESPACE/NAME, the routes of each of its ports as the
+hub merged them, rule by rule, the backends each sends requests to (and
+which no cluster exports: their requests fail UNAVAILABLE), the policy,
+the cluster each came from, and the conflicts.
 `
 
 func main() {
@@ -103,6 +109,12 @@ func run(args []string, out io.Writer) error {
 			return err
 		}
 		return c.proxies(node)
+	case "routes":
+		service, err := optionalArg(rest, "one service")
+		if err != nil {
+			return err
+		}
+		return c.routes(service)
 	case "trace":
 		tfs := flag.NewFlagSet("navectl trace", flag.ContinueOnError)
 		limit := tfs.Int("limit", 10, "how many changes each replica shows")
@@ -125,7 +137,7 @@ func run(args []string, out io.Writer) error {
 		}
 		return c.endpoints(service, *region, *zone, *network)
 	default:
-		return fmt.Errorf("unknown command %q (clusters, services, endpoints, networks, imports, proxies, trace)", rest[0])
+		return fmt.Errorf("unknown command %q (clusters, services, endpoints, networks, imports, proxies, trace, routes)", rest[0])
 	}
 }
 
@@ -156,7 +168,12 @@ func (c client) get(path string, v any) error {
 		return fmt.Errorf("read the hub's answer: %w", err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("hub answered %s: %s", resp.Status, strings.TrimSpace(string(body)))
+		msg := strings.TrimSpace(string(body))
+		var e adminapi.ErrorInfo
+		if json.Unmarshal(body, &e) == nil && e.Error != "" {
+			msg = e.Error
+		}
+		return fmt.Errorf("hub answered %s: %s", resp.Status, msg)
 	}
 	if c.json {
 		_, err := c.out.Write(body)

@@ -130,6 +130,15 @@ func TestNavectlAgainstARealHub(t *testing.T) {
 	if len(info.Ports) != 1 || len(info.Ports[0].Assignment.Priorities) != 1 {
 		t.Errorf("a client without locality should get one priority: %+v", info)
 	}
+
+	// The demo has no routes: every request goes to the port's own endpoints.
+	if routes := navectl(t, "--hub", url, "routes"); !strings.Contains(routes, "no service has routes or a TrafficPolicy") {
+		t.Errorf("routes output:\n%s", routes)
+	}
+	if routes := navectl(t, "--hub", url, "routes", "demo/echo"); !strings.Contains(routes, "demo/echo: 0 routes; no TrafficPolicy") ||
+		!strings.Contains(routes, "xds:///echo.demo.svc.clusterset.local:8080\n  no route: every request goes to the port's own endpoints") {
+		t.Errorf("routes demo/echo output:\n%s", routes)
+	}
 }
 
 func TestNavectlErrors(t *testing.T) {
@@ -140,6 +149,7 @@ func TestNavectlErrors(t *testing.T) {
 	}{
 		{[]string{"--hub", url, "endpoints", "demo/missing"}, "not federated"},
 		{[]string{"--hub", url, "endpoints", "not-a-key"}, "not namespace/name"},
+		{[]string{"--hub", url, "routes", "demo/missing"}, "hub answered 404 Not Found: service demo/missing is not federated"},
 		{[]string{"--hub", url, "frobnicate"}, "unknown command"},
 		{[]string{"--hub", url, "-o", "yaml", "clusters"}, "want table or json"},
 		{[]string{"--hub", "http://127.0.0.1:1", "clusters"}, "ask the hub"},

@@ -107,6 +107,21 @@ function renderConflicts(services) {
   $("conflict-rows").replaceChildren(...rows);
 }
 
+// Services with routes or a TrafficPolicy (/debug/routes): how many routes,
+// the policy and the cluster it came from, and how many of a cluster's
+// routes or policies lost to another's (each in the cell's title).
+function renderRoutes(services) {
+  $("route-rows").replaceChildren(...services.map((s) => {
+    const conflicts = s.conflicts || [];
+    const td = cell("conflicts", conflicts.length ? "bad" : "", conflicts.length);
+    td.title = conflicts.map((c) => `${c.reason} (kept ${c.winner}'s, ignored ${c.loser}'s)`).join("\n");
+    return row({ "data-testid": "route-row", "data-service": key(s.service), "data-routes": s.routeCount,
+      "data-policy": s.policy ? s.policy.name : "", "data-conflicts": conflicts.length },
+      cell("service", "", key(s.service)), cell("routes", "", s.routeCount),
+      cell("policy", "", s.policy ? `${s.policy.name} (${s.policyCluster})` : "-"), td);
+  }));
+}
+
 // The topology is the hub's count of every cluster's endpoints by locality
 // and health (/debug/topology).
 function renderTopology(localities) {
@@ -202,12 +217,13 @@ function showStatus(state, text) {
 
 async function poll() {
   try {
-    const [hub, clusters, services, topology, clients, traces] = await Promise.all(
-      ["/debug/hub", "/debug/clusters", "/debug/services", "/debug/topology", "/debug/clients", "/debug/trace?limit=10"].map(get));
+    const [hub, clusters, services, topology, clients, traces, routes] = await Promise.all(
+      ["/debug/hub", "/debug/clusters", "/debug/services", "/debug/topology", "/debug/clients", "/debug/trace?limit=10", "/debug/routes"].map(get));
     const now = hub.now;
     renderReplicas(hub.body, now);
     renderClusters(clusters.body, now);
     renderConflicts(services.body);
+    renderRoutes(routes.body);
     renderTopology(topology.body.localities);
     renderClients(clients.body, now);
     renderTraces(traces.body, now);
