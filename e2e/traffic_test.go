@@ -28,6 +28,7 @@ import (
 	tpv1 "github.com/navemesh/nave/kubetraffic/v1alpha1"
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/spoke"
+	"github.com/navemesh/nave/xds"
 )
 
 // Traffic policy end to end: real kube-apiservers (east and west) with the
@@ -649,5 +650,150 @@ func TestTrafficEndToEnd(t *testing.T) {
 				}
 			}
 		})
+	})
+
+	// 6. Outlier detection (as xds.TestTrafficOutlierDetectionEjectsAFailingEndpoint):
+	// of echo's two endpoints one fails every call; the TrafficPolicy's
+	// failurePercentage ejects it, and once it recovers it is called again.
+	t.Run("policy outlier detection", func(t *testing.T) {
+		const ns = "outlier"
+		e.namespace(t, ns)
+		var broken atomic.Bool
+		good := trBackend(t, "good", nil)
+		bad := trBackend(t, "bad", func(context.Context, string) error {
+			if broken.Load() {
+				return status.Error(codes.Internal, "broken")
+			}
+			return nil
+		})
+		exportService(t, e.east, ns, "echo", false)
+		setEndpoints(t, e.east, ns, "echo", kubeEndpoint{good, e.eastNode, true}, kubeEndpoint{bad, e.eastNode, true})
+		c := e.client(t, ns, "echo")
+		ctx := t.Context()
+		c.await(ctx, "both endpoints to answer", 50, func(m map[string]int) bool { return m["good"] > 0 && m["bad"] > 0 && m["error"] == 0 })
+		broken.Store(true)
+		// Without the policy, round robin sends half the calls to the failing endpoint.
+		if got := c.shares(ctx, 200); got["error"] < 50 {
+			t.Fatalf("without outlier detection: %v, want about half failing", got)
+		}
+		created := time.Now()
+		trCreate(t, e.east, trTrafficPolicies, trPolicy(ns, "echo", "echo", func(s *tpv1.TrafficPolicySpec) {
+			s.OutlierDetection = &tpv1.OutlierDetection{
+				Interval:           ptr(gatewayv1.Duration("200ms")),
+				BaseEjectionTime:   ptr(gatewayv1.Duration("1s")),
+				MaxEjectionPercent: ptr(int32(50)),
+				FailurePercentage:  &tpv1.FailurePercentage{Threshold: 50, MinimumHosts: ptr(int32(2)), RequestVolume: ptr(int32(5))},
+			}
+		}))
+		// Ejected: the failing endpoint gets under 5% of the calls.
+		got := c.await(ctx, "the failing endpoint's ejection", 200, func(m map[string]int) bool { return m["error"] < 10 })
+		t.Logf("policy created -> failing endpoint ejected in %v; a batch of 200: %v", time.Since(created).Round(time.Millisecond), got)
+		// Recovered: once its ejection ends it is called again.
+		broken.Store(false)
+		recovered := time.Now()
+		got = c.await(ctx, "the recovered endpoint to be called again", 100, func(m map[string]int) bool { return m["bad"] > 0 })
+		t.Logf("endpoint recovered -> called again in %v; a batch of 100: %v", time.Since(recovered).Round(time.Millisecond), got)
+	})
+
+	// 7. Ring hash by header (as xds.TestTrafficRingHashKeepsAKeyOnOneEndpoint):
+	// each x-user stays on one of echo's three endpoints, and the keys spread.
+	t.Run("policy ring hash", func(t *testing.T) {
+		const ns = "ringhash"
+		e.namespace(t, ns)
+		var eps []kubeEndpoint
+		for i := range 3 {
+			eps = append(eps, kubeEndpoint{startKubeBackend(t, fmt.Sprintf("r%d", i)), e.eastNode, true})
+		}
+		exportService(t, e.east, ns, "echo", false)
+		setEndpoints(t, e.east, ns, "echo", eps...)
+		c := e.client(t, ns, "echo")
+		ctx := t.Context()
+		every := func(m map[string]int) bool { return m["r0"] > 0 && m["r1"] > 0 && m["r2"] > 0 && m["error"] == 0 }
+		c.await(ctx, "every endpoint to answer", 30, every)
+		created := time.Now()
+		trCreate(t, e.east, trTrafficPolicies, trPolicy(ns, "echo", "echo", func(s *tpv1.TrafficPolicySpec) {
+			s.LoadBalancer = &tpv1.LoadBalancer{Algorithm: tpv1.RingHash, HashHeader: "x-user"}
+		}))
+		// Round robin never puts 20 calls in a row on one of three endpoints:
+		// a key that stays on one is the ring hash applying.
+		probe := metadata.AppendToOutgoingContext(ctx, "x-user", "probe")
+		c.await(probe, "the ring hash to apply", 20, func(m map[string]int) bool { return len(m) == 1 && m["error"] == 0 })
+		t.Logf("policy created -> ring hash applies in %v", time.Since(created).Round(time.Millisecond))
+		// Calls without the header hash at random: every endpoint connected.
+		c.await(ctx, "every endpoint to answer calls without x-user", 30, every)
+
+		used := map[string]int{} // keys per backend
+		onOne := 0               // calls on their key's backend
+		for key := range 30 {
+			got := c.shares(metadata.AppendToOutgoingContext(ctx, "x-user", fmt.Sprintf("user-%d", key)), 20)
+			most := ""
+			for who, n := range got {
+				if most == "" || n > got[most] {
+					most = who
+				}
+			}
+			if most == "error" || got[most] != 20 {
+				t.Errorf("key user-%d: %v, want all 20 calls on one backend", key, got)
+			}
+			if most != "error" {
+				onOne += got[most]
+				used[most]++
+			}
+		}
+		t.Logf("30 keys x 20 calls: %d of 600 (%.1f%%) on each key's backend; keys per backend %v", onOne, 100*float64(onOne)/600, used)
+		if 100*onOne < 99*600 {
+			t.Errorf("%d of 600 calls on their key's backend, want at least 99%%", onOne)
+		}
+		if len(used) < 2 {
+			t.Errorf("30 keys all went to %v: the ring should spread them", used)
+		}
+	})
+
+	// 8. failoverPriority [nave.io/cluster, topology.kubernetes.io/zone] (as
+	// xds.TestTrafficFailoverPriorityKeepsClientsInTheirCluster): a client of
+	// east in zone us-east-1a stays on east's endpoint in us-east-1b though
+	// west has one in us-east-1a, and fails over to it when east has none.
+	t.Run("policy failover priority", func(t *testing.T) {
+		const ns = "failover"
+		e.namespace(t, ns)
+		// One region, two zones: east's endpoint in us-east-1b, west's in us-east-1a
+		// (the Nodes' labels say both).
+		eastB, westA := e.east.node(t, "us-east", "us-east-1b"), e.west.node(t, "us-east", "us-east-1a")
+		hostEast, hostWest := startKubeBackend(t, "east-1b"), startKubeBackend(t, "west-1a")
+		exportService(t, e.east, ns, "echo", false)
+		setEndpoints(t, e.east, ns, "echo", kubeEndpoint{hostEast, eastB, true})
+		exportService(t, e.west, ns, "echo", false)
+		setEndpoints(t, e.west, ns, "echo", kubeEndpoint{hostWest, westA, true})
+		await(t, ns+"/echo from both clusters", func() bool { return len(e.service(t, ns+"/echo").Clusters) == 2 })
+
+		target := fmt.Sprintf("echo.%s.svc.clusterset.local:%d", ns, backendPort)
+		c := &trClient{t: t, c: xdstest.NewClientWith(t, e.xds, "c-"+ns, locality("us-east", "us-east-1a"),
+			map[string]string{xds.MetadataCluster: "east"}, target)}
+		ctx := t.Context()
+		// By default the client's zone comes first: west's endpoint.
+		c.await(ctx, "the default: the client's zone first", 20, func(m map[string]int) bool { return m["west-1a"] == 20 })
+		if got := c.shares(ctx, 100); got["west-1a"] != 100 {
+			t.Fatalf("without a policy: %v, want every call in the client's zone (west-1a)", got)
+		}
+
+		created := time.Now()
+		trCreate(t, e.east, trTrafficPolicies, trPolicy(ns, "echo", "echo", func(s *tpv1.TrafficPolicySpec) {
+			s.Locality = &tpv1.Locality{FailoverPriority: []tpv1.LocalityLabel{tpv1.LabelCluster, tpv1.LabelZone}}
+		}))
+		c.await(ctx, "its own cluster first", 20, func(m map[string]int) bool { return m["east-1b"] == 20 })
+		t.Logf("policy created -> client in its own cluster in %v", time.Since(created).Round(time.Millisecond))
+		if got := c.shares(ctx, 200); got["east-1b"] != 200 {
+			t.Fatalf("with failoverPriority [cluster, zone]: %v, want every call in the client's cluster (east-1b)", got)
+		}
+
+		// East has no ready endpoint left: the client fails over to west's.
+		written := time.Now()
+		setEndpoints(t, e.east, ns, "echo", kubeEndpoint{hostEast, eastB, false})
+		c.await(ctx, "failover to the other cluster", 20, func(m map[string]int) bool { return m["west-1a"] == 20 })
+		t.Logf("east's endpoint not ready -> failed over to west in %v", time.Since(written).Round(time.Millisecond))
+		written = time.Now()
+		setEndpoints(t, e.east, ns, "echo", kubeEndpoint{hostEast, eastB, true})
+		c.await(ctx, "back to its own cluster", 20, func(m map[string]int) bool { return m["east-1b"] == 20 })
+		t.Logf("east's endpoint ready -> back in east in %v", time.Since(written).Round(time.Millisecond))
 	})
 }
