@@ -76,12 +76,15 @@ type resourceNames struct {
 	listener []string // by service
 	cluster  []string // by service: the Cluster, its EDS service name and its ClusterLoadAssignment
 	service  map[string]int
+	// byListener: service by listener (and route configuration) name.
+	byListener map[string]int
 }
 
 func newResourceNames(services int) *resourceNames {
-	n := &resourceNames{service: make(map[string]int, services)}
+	n := &resourceNames{service: make(map[string]int, services), byListener: make(map[string]int, services)}
 	for s := range services {
 		n.listener = append(n.listener, xds.ListenerName(serviceKey(s), servicePort))
+		n.byListener[n.listener[s]] = s
 		c := xds.ClusterName(serviceKey(s), servicePort)
 		n.cluster = append(n.cluster, c)
 		n.service[c] = s
@@ -149,6 +152,17 @@ type fleet struct {
 	restarting    atomic.Bool
 	restartPushes atomic.Int64
 
+	// routes is the routes' ledger and plan which services carry one (nil:
+	// no routes; see routes.go). routeObserved counts stale and unknown
+	// route states seen, by phase; routeWatches is how many (gRPC client,
+	// routed service) pairs there are, routeHolders how many of them have
+	// seen the route.
+	routes        *ledger
+	plan          *trafficPlan
+	routeObserved [phases][2]atomic.Int64
+	routeWatches  int64
+	routeHolders  atomic.Int64
+
 	samplesMu sync.Mutex
 	samples   []sample
 
@@ -170,6 +184,10 @@ type fleetConfig struct {
 	TLS func(conn int) *tls.Config
 	// Dial is how the connections dial (timeouts, backoff) and counts them.
 	Dial *peerDialing
+	// Routes and Plan, when set, are the world's routes' ledger and
+	// traffic plan: gRPC clients then follow their services' routes.
+	Routes *ledger
+	Plan   *trafficPlan
 }
 
 // clientBackoff is the clients' reconnect backoff: fast (grpc-go's default
@@ -182,7 +200,10 @@ var clientBackoff = backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier:
 func newFleet(ctx context.Context, cfg fleetConfig, sc scaleConfig, l *ledger, xdsAddr string) (*fleet, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	f := &fleet{ledger: l, layout: newAddrLayout(sc.Clusters), names: newResourceNames(sc.Services), clusters: sc.Clusters,
-		delta: cfg.Delta, ctx: ctx, cancel: cancel}
+		delta: cfg.Delta, ctx: ctx, cancel: cancel, plan: cfg.Plan}
+	if cfg.Routes != nil && cfg.Plan != nil {
+		f.routes = cfg.Routes
+	}
 	for j := range max(cfg.Conns, 1) {
 		var tlsCfg *tls.Config
 		if cfg.TLS != nil {
@@ -224,6 +245,11 @@ func newFleet(ctx context.Context, cfg fleetConfig, sc scaleConfig, l *ledger, x
 	for _, c := range f.clients {
 		for _, s := range c.services {
 			l.subscribers[s]++
+			// The gRPC clients watch their services' routes (RDS); gateways watch none.
+			if f.routes != nil && c.prof == profileGRPC && f.plan.isRouted(s) {
+				f.routes.subscribers[s]++
+				f.routeWatches++
+			}
 		}
 	}
 	return f, nil
@@ -239,6 +265,9 @@ func (f *fleet) newClient(p profile, node *core.Node, services []int) *adsClient
 		c.slot = make(map[int]int, len(services))
 		for i, s := range services {
 			c.slot[s] = i
+		}
+		if f.routes != nil {
+			c.routeHeld, c.routeSeen = make([]int32, len(services)), make([]bool, len(services))
 		}
 	}
 	return c
@@ -334,6 +363,10 @@ type adsClient struct {
 	held []int32
 	fps  []uint64 // scratch: fingerprints by cluster
 	conv []converged
+	// routeHeld is the route generation held, by slot (gRPC clients with
+	// routes only); routeSeen whether the slot's route was ever seen.
+	routeHeld []int32
+	routeSeen []bool
 
 	// What it learned: kept across streams, like a real client's watches.
 	listenerRoute map[string]string   // listener -> route configuration
@@ -499,9 +532,15 @@ func (c *adsClient) handle(tr transport, r response) error {
 					if cl := rt.GetRoute().GetCluster(); cl != "" {
 						clusters = append(clusters, cl)
 					}
+					for _, wc := range rt.GetRoute().GetWeightedClusters().GetClusters() {
+						clusters = append(clusters, wc.GetName())
+					}
 				}
 			}
 			c.routeClusters[rc.GetName()] = clusters
+			if c.f.routes != nil && c.prof == profileGRPC {
+				c.routeConfig(&rc, now)
+			}
 		}
 	case typeCDS:
 		if r.full {
@@ -603,6 +642,39 @@ func (c *adsClient) assignment(cla []byte, now time.Time, phase int) {
 	if c.nMatched == len(c.services) && c.completeAt.Load() == 0 {
 		c.completeAt.Store(int64(max(c.f.ledger.since(now), 1)))
 	}
+}
+
+// routeConfig compares a RouteConfiguration of a routed service the client
+// subscribes to with the routes' ledger.
+func (c *adsClient) routeConfig(rc *route.RouteConfiguration, now time.Time) {
+	s, ok := c.f.names.byListener[rc.GetName()]
+	if !ok || !c.f.plan.isRouted(s) {
+		return
+	}
+	slot, ok := c.slotOf(s)
+	if !ok {
+		return
+	}
+	phase := c.f.phase.Load()
+	fp, ok := routeMarker(rc, c.f.names.cluster[s])
+	if !ok {
+		c.f.routeObserved[phase][1].Add(1) // served without its route
+		return
+	}
+	var obs observation
+	c.conv, obs = c.f.routes.observe(0, s, fp, &c.routeHeld[slot], now, c.conv[:0])
+	switch obs {
+	case obsOlder:
+		c.f.routeObserved[phase][0].Add(1)
+	case obsUnknown:
+		c.f.routeObserved[phase][1].Add(1)
+		return
+	}
+	if !c.routeSeen[slot] {
+		c.routeSeen[slot] = true
+		c.f.routeHolders.Add(1)
+	}
+	c.f.record(c.prof, c.conv)
 }
 
 // response is a DiscoveryResponse or DeltaDiscoveryResponse, reduced to what clients use.

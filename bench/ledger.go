@@ -80,9 +80,10 @@ const (
 	kindScaleDown            // an endpoint was removed
 	kindReplace              // an endpoint's address changed (when no other change made a new state)
 	kindRestart              // a rolling restart replaced one endpoint's address
+	kindRoute                // a route's weights moved (the route ledger's only kind of change; see routes.go)
 )
 
-var kindNames = [...]string{"initial", "flip", "scale-up", "scale-down", "replace", "restart"}
+var kindNames = [...]string{"initial", "flip", "scale-up", "scale-down", "replace", "restart", "route"}
 
 func (k changeKind) String() string { return kindNames[k] }
 

@@ -10,6 +10,8 @@
 //	go run ./bench -storm                 # 100 spokes and 10,000 clients connect at once, then reconnect
 //	go run ./bench -relay                 # 10,000 clients straight to the hub vs behind 200 node-local relays
 //	go run ./bench -floods                # the hub's memory and an honest client's convergence under seven floods (floods.go)
+//	go run ./bench -scale large -routes 200 -policies 200 -route-changes 0.5
+//	                                      # traffic policy at scale (routes.go): half the churn moves routes' weights
 //	go run ./bench -h                     # every knob
 package main
 
@@ -58,6 +60,12 @@ type scaleConfig struct {
 	RestartEndpoints int `json:"restartEndpoints"`
 	// PhaseTimeout bounds every wait (sync, clients, drain, restarts).
 	PhaseTimeout time.Duration `json:"phaseTimeout"`
+	// Routes and Policies are how many services carry a GRPCRoute and a
+	// TrafficPolicy (see routes.go); RouteChanges is the share of the
+	// churn's changes that move a route's weights instead of endpoints.
+	Routes       int     `json:"routes,omitempty"`
+	Policies     int     `json:"policies,omitempty"`
+	RouteChanges float64 `json:"routeChanges,omitempty"`
 }
 
 // MarshalJSON writes durations as text ("20s").
@@ -148,6 +156,7 @@ func parseFlags(args []string) (config, error) {
 		sc = relayScale
 		fmt.Fprintf(fs.Output(), "  -relay: %d clusters x %d services x %d endpoints, %d gRPC clients x %d services, straight to the hub, then behind -relays node-local relays; %.0f changes/s for %s in each\n",
 			sc.Clusters, sc.Services, sc.Endpoints, sc.GRPCClients, sc.ServicesPerClient, sc.Rate, sc.Duration)
+		fmt.Fprintf(fs.Output(), "  traffic policy at scale (issue 26): -scale large -routes 200 -policies 200 -route-changes 0.5 (route changes beside endpoint changes; -route-changes 1: route changes only)\n")
 		fmt.Fprintln(fs.Output())
 		fs.PrintDefaults()
 	}
@@ -187,6 +196,9 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&cfg.settle, "settle", 2*time.Second, "pause before each memory sample, so the hub's heap settles")
 	fs.DurationVar(&cfg.spokeMaxBo, "spoke-max-backoff", 500*time.Millisecond, "the simulated spokes' longest reconnect backoff (production default: 30s)")
 	fs.DurationVar(&cfg.connectTimeout, "connect-timeout", 0, "how long one connection attempt of a spoke or client (TCP, TLS and HTTP/2 handshakes) may take before it gives up and retries (default 5s; -storm: 20s, grpc-go's default, as real clients reconnecting)")
+	routes := fs.Int("routes", 0, "services (of each cluster's -services) that carry a GRPCRoute: a 90/10 weighted split between the service and another service, and a header match sending canary requests to the other; one cluster carries each (at large scale: -routes 200)")
+	policies := fs.Int("policies", 0, "services that carry a TrafficPolicy: least request, outlier detection by failure percentage, a 2s timeout, 2 retries (at large scale: -policies 200)")
+	routeChanges := fs.Float64("route-changes", 0, "share (0 to 1) of the churn's changes that move a routed service's weights instead of its endpoints; each cycle of the churn (a tenth of it, 1 to 5 s) starts with its share of route changes, so that the hub's CPU is split by kind (needs -routes; turns the rolling restart off)")
 	hubArgs := fs.String("hub-args", "", "extra flags for nave hub, space-separated (e.g. \"--snapshot-interval 1s\")")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
@@ -211,6 +223,7 @@ func parseFlags(args []string) (config, error) {
 	if cfg.relay {
 		sc = relayScale
 	}
+	restartAsked := false
 	fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
 		case "conns":
@@ -234,13 +247,19 @@ func parseFlags(args []string) (config, error) {
 		case "duration":
 			sc.Duration = o.Duration
 		case "restart-over":
-			sc.RestartOver = o.RestartOver
+			sc.RestartOver, restartAsked = o.RestartOver, o.RestartOver > 0
 		case "restart-endpoints":
 			sc.RestartEndpoints = o.RestartEndpoints
 		case "phase-timeout":
 			sc.PhaseTimeout = o.PhaseTimeout
 		}
 	})
+	sc.Routes, sc.Policies, sc.RouteChanges = *routes, *policies, *routeChanges
+	if sc.RouteChanges > 0 && !restartAsked {
+		// The rolling restart's endpoint changes would land in route
+		// segments too, and blur the hub's CPU per kind of change.
+		*noRestart = true
+	}
 	if *noRestart {
 		sc.RestartOver, sc.RestartEndpoints = 0, 0
 	}
@@ -281,8 +300,33 @@ func validate(cfg config) error {
 	case sc.Clusters > maxLoopbackPeers || clientConns(cfg) > maxLoopbackPeers:
 		return fmt.Errorf("at most %d spokes and %d client connections (each dials from a loopback address of its own)", maxLoopbackPeers, maxLoopbackPeers)
 	}
+	if err := validateTraffic(cfg); err != nil {
+		return err
+	}
 	if cfg.relay {
 		return validateRelay(cfg)
+	}
+	return nil
+}
+
+// validateTraffic checks -routes, -policies and -route-changes.
+func validateTraffic(cfg config) error {
+	sc := cfg.scale
+	switch {
+	case sc.Routes == 0 && sc.Policies == 0 && sc.RouteChanges == 0:
+		return nil
+	case cfg.storm || cfg.relay || cfg.floods:
+		return errors.New("-routes, -policies and -route-changes go with the churn scenario only (not -storm, -relay or -floods)")
+	case sc.Routes < 0 || sc.Routes > sc.Services || sc.Policies < 0 || sc.Policies > sc.Services:
+		return fmt.Errorf("-routes %d, -policies %d: want 0 to -services (%d)", sc.Routes, sc.Policies, sc.Services)
+	case sc.Routes > 0 && sc.Services < 2:
+		return errors.New("-routes: a route splits between two services, -services must be at least 2")
+	case sc.RouteChanges < 0 || sc.RouteChanges > 1:
+		return fmt.Errorf("-route-changes %v: want a share from 0 to 1", sc.RouteChanges)
+	case sc.RouteChanges > 0 && sc.Routes == 0:
+		return errors.New("-route-changes needs -routes")
+	case sc.RouteChanges > 0 && sc.RestartOver > 0:
+		return errors.New("-route-changes splits the hub's CPU by segments of the churn, which the rolling restart would blur: drop -restart-over")
 	}
 	return nil
 }
@@ -591,7 +635,7 @@ func (b *bench) initialSync(ctx context.Context) error {
 func (b *bench) makeFleet(ctx context.Context) error {
 	sc := b.cfg.scale
 	fc := fleetConfig{GRPC: sc.GRPCClients, ServicesPerClient: sc.ServicesPerClient, Gateways: sc.Gateways,
-		Conns: clientConns(b.cfg), Delta: b.cfg.delta, Seed: b.cfg.seed, Dial: b.clientDial}
+		Conns: clientConns(b.cfg), Delta: b.cfg.delta, Seed: b.cfg.seed, Dial: b.clientDial, Routes: b.world.routes, Plan: b.world.plan}
 	if b.pki != nil {
 		fc.TLS = func(conn int) *tls.Config { return b.pki.clients[clientIdentity(conn, b.cfg.clientIdentities)] }
 	}
@@ -724,6 +768,17 @@ func (b *bench) connectClients(ctx context.Context) error {
 	}
 	b.res.Connect.Rest, b.res.Connect.RestMs = len(rest), ms(d)
 	progress("clients connected: first per group after %s, the rest after %s", time.Duration(b.res.Connect.FirstPerGroupMs*1e6).Round(time.Millisecond), d.Round(time.Millisecond))
+	if f := b.fleet; f.routes != nil {
+		// Every gRPC client holds its services' routes: else route changes could not converge.
+		err := b.await(ctx, "every gRPC client to hold its services' routes", func() (bool, error) {
+			return f.routeHolders.Load() == f.routeWatches, nil
+		})
+		if err != nil {
+			return fmt.Errorf("%w (%d of %d routes held; %d served without their route)", err, f.routeHolders.Load(), f.routeWatches,
+				f.routeObserved[phaseConnect][1].Load())
+		}
+		progress("%d routes held by their %d (client, service) watchers; %d services carry a policy", len(b.world.plan.routed), f.routeWatches, len(b.world.plan.policied))
+	}
 	if err := b.sample(ctx, "clients"); err != nil {
 		return err
 	}
@@ -776,17 +831,38 @@ func (b *bench) churn(ctx context.Context) error {
 		profDone <- nil
 	}
 	progress("churn: %.0f changes/s for %s", sc.Rate, sc.Duration)
+	if sc.RouteChanges > 0 {
+		progress("churn: %.0f%% of each %s cycle moves routes' weights, the rest endpoints", 100*sc.RouteChanges, routeCycle(sc.Duration))
+	}
+	// With route changes, the hub's CPU time at each switch between route
+	// and endpoint changes (see attributeCPU).
+	var marks []cpuMark
+	if b.world.routes != nil && sc.RouteChanges > 0 {
+		b.world.onSegment = func(route bool) {
+			_, cpu, _ := procUsage(b.hub.pid())
+			marks = append(marks, cpuMark{route: route, cpuSeconds: cpu})
+		}
+	}
 	start := b.ledger.since(time.Now())
 	b.world.onRestart = b.fleet.restarting.Store
 	cr, err := b.world.churn(ctx, sc.Rate, sc.Duration, sc.RestartOver)
 	b.fleet.restarting.Store(false)
+	b.world.onSegment = nil
 	if err != nil {
 		return err
 	}
 	end := b.ledger.since(time.Now())
 	pendingAtEnd := b.ledger.pending.Load()
-	progress("churn done: %d changes; %d (client, change) pairs still pending; waiting for every client", cr.Changes, pendingAtEnd)
-	drainErr := b.await(ctx, "every client to hold every change", func() (bool, error) { return b.ledger.pending.Load() == 0, nil })
+	var routesPendingAtEnd int64
+	if b.world.routes != nil {
+		routesPendingAtEnd = b.world.routes.pending.Load()
+	}
+	progress("churn done: %d changes; %d (client, change) pairs still pending (%d of route changes); waiting for every client",
+		cr.Changes, pendingAtEnd+routesPendingAtEnd, routesPendingAtEnd)
+	drainErr := b.await(ctx, "every client to hold every change", func() (bool, error) {
+		return b.ledger.pending.Load() == 0 && (b.world.routes == nil || b.world.routes.pending.Load() == 0), nil
+	})
+	_, endCPU, _ := procUsage(b.hub.pid())
 	afterT, afterSelf := b.fleet.counters.snapshot(), selfCPU()
 	afterM, err := b.hub.metrics(ctx)
 	if err != nil {
@@ -807,6 +883,9 @@ func (b *bench) churn(ctx context.Context) error {
 	}
 	b.res.Churn = b.churnResults(cr, start, end, pendingAtEnd, drainErr == nil, beforeM, afterM, beforeU, afterU,
 		afterT.minus(beforeT), afterSelf-beforeSelf)
+	if b.world.routes != nil {
+		b.res.Churn.Routes = b.routeResults(cr, start, end, routesPendingAtEnd, beforeM, afterM, afterT.minus(beforeT), marks, endCPU)
+	}
 	// Nothing refused a legitimate spoke or client while connecting and churning?
 	b.res.Refusals = b.refusals(afterM, 0, phaseConnect, phaseChurn)
 	if drainErr != nil {
@@ -818,7 +897,8 @@ func (b *bench) churn(ctx context.Context) error {
 // churnResults computes what the churn measured.
 func (b *bench) churnResults(cr churnResult, start, end time.Duration, pendingAtEnd int64, drained bool,
 	beforeM, afterM promText, beforeU, afterU usageSample, traffic trafficSnapshot, selfCPU time.Duration) churnStats {
-	samples := b.fleet.takeSamples()
+	// Endpoint changes' pairs only: route changes' are routeResults'.
+	samples := slices.DeleteFunc(b.fleet.takeSamples(), func(s sample) bool { return s.kind == kindRoute })
 	byProfile := func(p profile) func(sample) bool { return func(s sample) bool { return s.profile == p } }
 	all := latencies(samples, 0, 1<<62, nil)
 	// The drain ends when the last pair converged.
@@ -1030,6 +1110,8 @@ func (b *bench) restart(ctx context.Context, phase int, dataDir string, beforeSt
 	}
 	r.StaleStates = b.fleet.observed[phase][0].Load()
 	r.UnknownStates = b.fleet.observed[phase][1].Load()
+	r.StaleRoutes = b.fleet.routeObserved[phase][0].Load()
+	r.UnknownRoutes = b.fleet.routeObserved[phase][1].Load()
 	if err != nil {
 		_, done := b.fleet.complete(b.all, since)
 		return r, fmt.Errorf("%w (%d of %d clients served)", err, done, len(b.all))

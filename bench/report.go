@@ -88,6 +88,10 @@ type churnStats struct {
 	Drained        bool            `json:"drained"`
 	Clients        []clientTraffic `json:"clients"`
 	Hub            hubChurn        `json:"hub"`
+	// Routes: the route changes (-route-changes) and the routes' and
+	// policies' cost; nil without -routes. The figures above are the
+	// endpoint changes' (pairs, latency), or all changes' (per change).
+	Routes *routeChurn `json:"routes,omitempty"`
 }
 
 // restartChurn is the rolling restart within the churn.
@@ -160,6 +164,9 @@ type restartResult struct {
 	SpokesResumed   int            `json:"spokesResumed"`
 	StaleStates     int64          `json:"staleStates"`   // assignments older than what a client held
 	UnknownStates   int64          `json:"unknownStates"` // assignments matching no published state (partial views)
+	// StaleRoutes and UnknownRoutes: the same for route configurations (with -routes).
+	StaleRoutes   int64 `json:"staleRoutes,omitempty"`
+	UnknownRoutes int64 `json:"unknownRoutes,omitempty"`
 	// Catalog: what the cold restart with the catalog left in etcd.
 	Catalog *catalogAfterDrop `json:"catalog,omitempty"`
 }
@@ -369,6 +376,9 @@ func printReport(w io.Writer, r *results) {
 		if len(stages) > 0 {
 			row("hub's trace, ms p50/p99 (n)", "%s", strings.Join(stages, ", "))
 		}
+		if rt := c.Routes; rt != nil {
+			printRouteChurn(t, row, section, rt)
+		}
 	}
 	if r.Relay != nil {
 		t.Flush()
@@ -410,6 +420,9 @@ func printReport(w io.Writer, r *results) {
 		row("every client served", "%s after start (per client %s)", fmtMs(rr.r.ClientsServedMs), rr.r.ClientsServed)
 		row("every spoke synced", "%s after start (hub view %s); %d resumed", fmtMs(rr.r.SpokesSyncedMs), fmtMs(rr.r.HubConfirmedMs), rr.r.SpokesResumed)
 		row("stale / unknown states seen", "%d / %d", rr.r.StaleStates, rr.r.UnknownStates)
+		if r.Scale.Routes > 0 {
+			row("stale / unknown routes seen", "%d / %d", rr.r.StaleRoutes, rr.r.UnknownRoutes)
+		}
 		if c := rr.r.Catalog; c != nil {
 			row("before the start", "%d snapshot keys deleted; the catalog holds %d clusters", c.SnapshotKeysDeleted, c.CatalogClusters)
 		}
@@ -427,6 +440,9 @@ func printReport(w io.Writer, r *results) {
 	}
 	t.Flush()
 	fmt.Fprint(w, legend)
+	if r.Churn.Routes != nil {
+		fmt.Fprint(w, routeLegend)
+	}
 	for _, n := range r.Notes {
 		fmt.Fprintf(w, "note: %s\n", n)
 	}
@@ -439,6 +455,49 @@ Convergence: a change handed to its spoke's publisher -> a subscribed client rec
 process's start. Memory per endpoint/group/client: deltas between phases; RSS and heap in use are noisy (Go keeps
 freed memory, garbage awaits the next GC); live heap (the GC goal / (1 + GOGC/100)) is steadier.
 `
+
+const routeLegend = `Route convergence (-routes, -route-changes): a route's weights moved at its spoke's publisher -> a gRPC client
+subscribed to the service received a RouteConfiguration with the new split (or a later one). The hub's CPU by kind: its
+CPU time over the churn's route segments and endpoint segments (each until the next begins), per change of that kind.
+`
+
+// printRouteChurn prints the route changes' section.
+func printRouteChurn(t io.Writer, row func(k, format string, args ...any), section func(string), rt *routeChurn) {
+	how := "no route changes"
+	switch {
+	case rt.Fraction >= 1:
+		how = "every change a route change"
+	case rt.Fraction > 0:
+		how = fmt.Sprintf("%.0f%% of each %.1fs cycle route changes, then endpoint changes", 100*rt.Fraction, rt.CycleS)
+	}
+	section(fmt.Sprintf("Traffic policy: %d services with a GRPCRoute (weighted split + header match), %d with a TrafficPolicy; %d route changes (%s)",
+		rt.Routes, rt.Policies, rt.Changes, how))
+	if rt.Changes > 0 {
+		row("route convergence", "%s", rt.Latency)
+		var ws []string
+		for _, win := range rt.Windows {
+			if win.N > 0 {
+				ws = append(ws, fmt.Sprintf("%.1fs: p50 %s p99 %s", win.FromS, fmtMs(win.P50), fmtMs(win.P99)))
+			}
+		}
+		row("  by window", "%s", strings.Join(ws, " | "))
+		row("route pairs", "%d expected, %d converged, %d never; %d pending at the churn's end", rt.Pairs, rt.Converged, rt.Unconverged, rt.PendingAtEnd)
+		row("RDS to gRPC clients", "%.2f pushes per (client, route change), %s per route change; hub: %.2f RDS responses per route change",
+			rt.RDSPushesPerClientChange, kib(rt.RDSBytesPerChange), rt.HubRDSResponsesPerChange)
+	}
+	row("stale / unknown routes seen", "%d / %d", rt.StaleStates, rt.UnknownStates)
+	if c := rt.CPU; c != nil {
+		perChange := func(ms float64, n int) string {
+			if n == 0 {
+				return "n/a"
+			}
+			return fmt.Sprintf("%.2f ms per change", ms)
+		}
+		row("hub CPU by kind", "endpoint changes %s (%.2f s over %d segments, %d changes); route changes %s (%.2f s over %d segments, %d changes)",
+			perChange(c.EndpointCPUMsPerChange, c.EndpointChanges), c.EndpointCPUSeconds, c.EndpointSegments, c.EndpointChanges,
+			perChange(c.RouteCPUMsPerChange, c.RouteChanges), c.RouteCPUSeconds, c.RouteSegments, c.RouteChanges)
+	}
+}
 
 // printRefusals prints a refusal report as rows of t, each key prefixed.
 func printRefusals(t io.Writer, prefix string, r *refusalReport) {

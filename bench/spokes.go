@@ -93,6 +93,19 @@ type world struct {
 	restarted bool
 	// onRestart, when set, hears when the rolling restart starts and ends.
 	onRestart func(running bool)
+
+	// plan says which services carry a route or a policy (nil: none; see
+	// routes.go). routes is the routes' ledger (one "cluster": the route's
+	// states; nil without routes), weights each routed service's own
+	// weight now, by service.
+	plan    *trafficPlan
+	routes  *ledger
+	weights []int32
+	// routeFraction is the share of the churn's changes that move a
+	// route's weights (-route-changes); onSegment, when set, hears when the
+	// churn switches between route and endpoint changes (and at its first change).
+	routeFraction float64
+	onSegment     func(route bool)
 }
 
 // newWorld builds every cluster's initial state (generation 0 of every pair)
@@ -105,7 +118,24 @@ func newWorld(cfg scaleConfig, l *ledger, seed uint64, echo netip.AddrPort) (*wo
 		return nil, fmt.Errorf("%d clusters leave %d addresses per cluster, fewer than the %d the scale needs", cfg.Clusters, layout.capacity(), need)
 	}
 	w := &world{layout: layout, ledger: l, rng: rand.New(rand.NewPCG(seed, seed^0x5eed)), endpoints: cfg.Endpoints, services: cfg.Services,
-		restarted: cfg.RestartOver > 0 && cfg.Services > 1}
+		restarted: cfg.RestartOver > 0 && cfg.Services > 1, routeFraction: cfg.RouteChanges}
+	if cfg.Routes > 0 || cfg.Policies > 0 {
+		var err error
+		if w.plan, err = newTrafficPlan(cfg.Clusters, cfg.Services, cfg.Routes, cfg.Policies, seed); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.Routes > 0 {
+		w.routes, w.weights = newLedger(l.start, 1, cfg.Services), make([]int32, cfg.Services)
+		for _, s := range w.plan.routed {
+			w.weights[s] = initialRouteWeight
+			if _, err := w.routes.record(0, s, initialRouteWeight, kindInitial, time.Now()); err != nil {
+				return nil, err
+			}
+		}
+	} else if cfg.RouteChanges > 0 {
+		return nil, fmt.Errorf("route changes need routes")
+	}
 	for c := range cfg.Clusters {
 		cl := &simCluster{index: c, id: clusterID(c), region: regionOf(c),
 			shards: make([]*registry.Shard, cfg.Services), state: make(federation.State, cfg.Services+1), out: federation.NewChanges(), origins: federation.NewOrigins()}
@@ -149,8 +179,17 @@ func (w *world) endpointCount() int {
 	return n
 }
 
+// shard is the state of service s in cluster cl with endpoints eps, and
+// the cluster's route and policy of it, if it carries them.
 func (w *world) shard(cl *simCluster, s int, eps []registry.Endpoint) *registry.Shard {
 	sh := &registry.Shard{Cluster: cl.id, Service: serviceKey(s), ExportedAt: exportedAt, Ports: servicePorts, Endpoints: eps}
+	if w.plan != nil {
+		var weight int32
+		if w.weights != nil {
+			weight = w.weights[s]
+		}
+		sh.Traffic = w.plan.set(cl.index, s, weight)
+	}
 	sh.Normalize()
 	return sh
 }
@@ -286,13 +325,18 @@ func (w *world) commit(cl *simCluster, s int, eps []registry.Endpoint, fp uint64
 		return fmt.Errorf("cluster %s ran out of addresses", cl.id)
 	}
 	sh := w.shard(cl, s, eps)
-	cl.shards[s], cl.state[sh.Service] = sh, sh
 	if _, err := w.ledger.record(cl.index, s, fp, kind, time.Now()); err != nil {
 		return err
 	}
+	w.hand(cl, s, sh)
+	return nil
+}
+
+// hand makes sh the state of service s in cl and hands it to the publisher.
+func (w *world) hand(cl *simCluster, s int, sh *registry.Shard) {
+	cl.shards[s], cl.state[sh.Service] = sh, sh
 	cl.origins.Saw(sh.Service, "", time.Time{})
 	cl.out.Apply(federation.State{sh.Service: sh}, nil)
-	return nil
 }
 
 // churnResult is what the churn did.
@@ -311,7 +355,9 @@ type churnResult struct {
 // churn makes rate random changes per second, spread uniformly over clusters
 // and services, for d; with restartOver > 0 it also restarts service 0 of
 // cluster 0 (replaces every endpoint's address, one by one, over restartOver,
-// starting a third of the way in).
+// starting a third of the way in). With a route fraction, each cycle of
+// the churn (routeCycle) gives its first share to route changes (a random
+// routed service's weights move), the rest to endpoint changes.
 func (w *world) churn(ctx context.Context, rate float64, d, restartOver time.Duration) (churnResult, error) {
 	res := churnResult{kinds: map[changeKind]int{}, perCluster: make([]int, len(w.clusters)), started: time.Now()}
 	start := res.started
@@ -328,6 +374,10 @@ func (w *world) churn(ctx context.Context, rate float64, d, restartOver time.Dur
 		res.Restart = string(w.clusters[0].id) + "/" + serviceKey(0).String()
 	}
 	end := start.Add(d)
+	cycle, lastRoute, marked := routeCycle(d), false, false
+	if w.routeFraction > 0 && w.routes == nil {
+		return res, fmt.Errorf("route changes need routes")
+	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
@@ -375,7 +425,22 @@ func (w *world) churn(ctx context.Context, rate float64, d, restartOver time.Dur
 			}
 			continue
 		}
+		isRoute := routeTurn(nextRandom.Sub(start), cycle, w.routeFraction)
 		nextRandom = nextRandom.Add(interval)
+		if w.onSegment != nil && (!marked || isRoute != lastRoute) {
+			w.onSegment(isRoute)
+		}
+		lastRoute, marked = isRoute, true
+		if isRoute {
+			c, err := w.routeChange()
+			if err != nil {
+				return res, err
+			}
+			res.kinds[kindRoute]++
+			res.perCluster[c]++
+			res.Changes++
+			continue
+		}
 		c, s := w.rng.IntN(len(w.clusters)), w.rng.IntN(w.services)
 		for w.restarted && s == 0 {
 			s = w.rng.IntN(w.services)
