@@ -4,7 +4,7 @@ GO ?= go
 PROTOC ?= protoc
 BIN := bin
 
-.PHONY: all build test bench fuzz demo generate generate-check lint protoc controller-gen haproxy chromium kube-apiserver coredns cert-manager-crds helm-render servicemonitor-crd kind-up kind-e2e kind-down clean
+.PHONY: all build test bench fuzz demo generate generate-check lint protoc controller-gen haproxy chromium kube-apiserver coredns cert-manager-crds helm-render servicemonitor-crd grpc-js-xds python3-grpcio kind-up kind-e2e kind-down clean
 
 # The end-to-end tests run real Kubernetes API servers, built once per machine
 # from k8s.io/kubernetes (tools/kube-apiserver pins the version) and cached by version.
@@ -31,6 +31,11 @@ export NAVE_HELM_RENDER := $(HELM_RENDER)
 PROMETHEUS_OPERATOR_VERSION := $(shell awk '$$1 == "github.com/prometheus-operator/prometheus-operator" || $$2 == "github.com/prometheus-operator/prometheus-operator" {print $$NF}' tools/prometheus-operator/go.mod | head -1)
 SERVICEMONITOR_CRD := $(NAVE_CACHE)/prometheus-operator-$(PROMETHEUS_OPERATOR_VERSION)
 export NAVE_SERVICEMONITOR_CRD := $(SERVICEMONITOR_CRD)
+# The non-Go xDS client test (xds/traffic_nongo_test.go) runs gRPC Node's xDS client, installed with npm
+# from tools/grpc-js-xds (its package-lock.json pins @grpc/grpc-js and @grpc/grpc-js-xds), cached by version.
+GRPC_JS_XDS_VERSION := $(shell sed -n 's/.*"@grpc\/grpc-js-xds": *"\([^"]*\)".*/\1/p' tools/grpc-js-xds/package.json)-grpc-js-$(shell sed -n 's/.*"@grpc\/grpc-js": *"\([^"]*\)".*/\1/p' tools/grpc-js-xds/package.json)
+GRPC_JS_XDS := $(NAVE_CACHE)/grpc-js-xds-$(GRPC_JS_XDS_VERSION)
+export NAVE_GRPC_JS_XDS := $(GRPC_JS_XDS)
 # `make generate` writes kubetraffic/v1alpha1's deepcopy code and the TrafficPolicy CRD with
 # controller-gen, built the same way from sigs.k8s.io/controller-tools (tools/controller-gen pins it).
 CONTROLLER_TOOLS_VERSION := $(shell awk '$$1 == "sigs.k8s.io/controller-tools" {print $$2} $$2 == "sigs.k8s.io/controller-tools" {print $$3}' tools/controller-gen/go.mod | head -1)
@@ -44,7 +49,7 @@ build:
 
 ## test: everything CI runs: generated code current, vet, gofmt, and every test with -race. client-go's cache
 ## mutation detector is on: a cached object written to (the spoke's caches share label maps) panics the process.
-test: generate-check lint kube-apiserver coredns haproxy chromium cert-manager-crds helm-render servicemonitor-crd
+test: generate-check lint kube-apiserver coredns haproxy chromium cert-manager-crds helm-render servicemonitor-crd grpc-js-xds python3-grpcio
 	NAVE_E2E_REQUIRE=1 KUBE_CACHE_MUTATION_DETECTOR=true $(GO) test -race -count=1 -timeout 30m ./...
 
 ## bench: benchmarks print numbers; nothing is asserted. The scale benchmark drives a real hub
@@ -144,6 +149,19 @@ $(SERVICEMONITOR_CRD):
 	@mkdir -p $@.tmp
 	dir=$$(cd tools/prometheus-operator && $(GO) mod download -json github.com/prometheus-operator/prometheus-operator@$(PROMETHEUS_OPERATOR_VERSION) | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$$/\1/p') && \
 		cp "$$dir"/example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml $@.tmp/ && chmod u+w $@.tmp/* && mv $@.tmp $@
+
+## grpc-js-xds: install gRPC Node's xDS client with the machine's npm, exactly as tools/grpc-js-xds/package-lock.json
+## pins it (a few seconds, once per machine and version); xds/traffic_nongo_test.go runs tools/grpc-js-xds/client.js with it.
+grpc-js-xds: $(GRPC_JS_XDS)
+$(GRPC_JS_XDS):
+	@rm -rf $@.tmp && mkdir -p $@.tmp
+	cp tools/grpc-js-xds/package.json tools/grpc-js-xds/package-lock.json $@.tmp/ && \
+		(cd $@.tmp && npm ci --ignore-scripts --no-audit --no-fund) && rm -rf $@ && mv $@.tmp $@
+
+## python3-grpcio: install Debian's gRPC Python (its C-core has xDS) when it is missing: the C-core client
+## (tools/grpc-js-xds/ccore_client.py) of xds/traffic_nongo_test.go.
+python3-grpcio:
+	@/usr/bin/python3 -c 'import grpc' 2>/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-grpcio; }
 
 ## kind-up, kind-e2e, kind-down: three kind clusters with the hub and spokes deployed, and the e2e suite
 ## run against them (needs Docker, kind and kubectl; see deploy/README.md).

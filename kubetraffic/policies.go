@@ -70,6 +70,13 @@ func TargetNotFound(generation int64, key registry.ServiceKey) metav1.Condition 
 	return policyCondition(generation, false, policyTargetNotFound, fmt.Sprintf("Service %s does not exist", key))
 }
 
+// TargetNotExported is the condition of a policy whose target Service the
+// spoke does not export: nothing carries the policy to any cluster.
+func TargetNotExported(generation int64, key registry.ServiceKey) metav1.Condition {
+	return policyCondition(generation, false, policyTargetNotFound,
+		fmt.Sprintf("Service %s is not exported (no ServiceExport): no cluster gets the policy", key))
+}
+
 func policyCondition(generation int64, ok bool, reason, message string) metav1.Condition {
 	status := metav1.ConditionFalse
 	if ok {

@@ -188,6 +188,7 @@ func attach(kind traffic.RouteKind, meta *metav1.ObjectMeta, parents []gwv1.Pare
 		problem = "hostnames are not supported on a route whose parent is a Service"
 	}
 	var out []Attachment
+	attachedTo := map[registry.ServiceKey]bool{}
 	for _, ref := range parents {
 		if group(ref.Group, groupGateway) != groupCore || deref(ref.Kind) != kindService {
 			continue // not a Service: another controller's
@@ -202,6 +203,11 @@ func attach(kind traffic.RouteKind, meta *metav1.ObjectMeta, parents []gwv1.Pare
 			ResolvedRefs: resolved,
 		}
 		reason, message := attachProblem(meta, ref, services, problem)
+		if reason == "" && attachedTo[a.Service] {
+			// The model carries one port per route and Service.
+			reason, message = gwv1.RouteReasonUnsupportedValue,
+				fmt.Sprintf("the route already attaches to another port of Service %s: Nave carries a route on one port of a Service, or on all (a parentRef without port or sectionName)", a.Service.Name)
+		}
 		if reason != "" {
 			a.Accepted = condition(meta, gwv1.RouteConditionAccepted, false, reason, message)
 			out = append(out, a)
@@ -210,6 +216,7 @@ func attach(kind traffic.RouteKind, meta *metav1.ObjectMeta, parents []gwv1.Pare
 		r := route
 		r.Port, _ = parentPort(ref, mustParent(services, meta.Namespace, string(ref.Name)))
 		a.Route = &r
+		attachedTo[a.Service] = true
 		a.Accepted = condition(meta, gwv1.RouteConditionAccepted, true, gwv1.RouteReasonAccepted, "Nave carries the route with the Service to every cluster")
 		out = append(out, a)
 	}

@@ -673,11 +673,17 @@ func TestFromRouteSharesNothing(t *testing.T) {
 	})
 	before := r.DeepCopy()
 	as := kubetraffic.FromGRPCRoute(r, rtLookup)
-	if len(as) != 2 || as[0].Route == nil || as[1].Route == nil {
+	// The model carries one port per route and Service: the second
+	// parentRef to another port of cart is not accepted, and says why.
+	if len(as) != 2 || as[0].Route == nil || as[1].Route != nil {
 		t.Fatalf("attachments:\n%s", rtJSON(as))
 	}
-	if as[0].Route.Port != 8080 || as[1].Route.Port != 9090 {
-		t.Errorf("ports %d and %d, want 8080 and 9090", as[0].Route.Port, as[1].Route.Port)
+	if as[0].Route.Port != 8080 {
+		t.Errorf("port %d, want 8080", as[0].Route.Port)
+	}
+	if a := as[1].Accepted; a.Status != metav1.ConditionFalse || a.Reason != string(gwv1.RouteReasonUnsupportedValue) ||
+		!strings.Contains(a.Message, "another port") {
+		t.Errorf("second parent's Accepted = %+v, want False UnsupportedValue naming the other port", a)
 	}
 	for i := range as {
 		if !reflect.DeepEqual(as[i].ParentRef, r.Spec.ParentRefs[i]) {

@@ -3,12 +3,14 @@ package spoke
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -108,7 +110,10 @@ func (k *KubeSource) watchTraffic(ctx context.Context, installed [trafficKinds]b
 			missing = true
 			continue
 		}
-		if err := k.watchTrafficKind(ctx, kind, wg); err != nil {
+		switch err := k.watchTrafficKind(ctx, kind, wg); {
+		case errors.Is(err, errForbidden):
+			missing = true // looked for again, as if not installed
+		case err != nil:
 			return err
 		}
 	}
@@ -139,7 +144,11 @@ func (k *KubeSource) awaitTraffic(ctx context.Context, wg *sync.WaitGroup) {
 			case k.traffic[kind].Load() != nil:
 			case installed[kind]:
 				k.log.Info("CRD installed; watching it", "kind", kind.String())
-				if err := k.watchTrafficKind(ctx, kind, wg); err != nil {
+				switch err := k.watchTrafficKind(ctx, kind, wg); {
+				case errors.Is(err, errForbidden):
+					waiting = true
+					continue
+				case err != nil:
 					k.log.Error("cannot watch", "kind", kind.String(), "err", err)
 					return
 				}
@@ -154,11 +163,28 @@ func (k *KubeSource) awaitTraffic(ctx context.Context, wg *sync.WaitGroup) {
 	}
 }
 
-// watchTrafficKind starts one kind's informer and waits for it to sync.
+// errForbidden: the spoke may not list a traffic kind (its RBAC predates
+// traffic policy, or leaves it out on purpose).
+var errForbidden = errors.New("forbidden")
+
+// watchTrafficKind starts one kind's informer and waits for it to sync. A
+// kind the spoke may not list is not waited for (errForbidden): Services
+// federate without its objects, and it is looked for again later.
 func (k *KubeSource) watchTrafficKind(ctx context.Context, kind trafficKind, wg *sync.WaitGroup) error {
 	inf := kubeclient.NewInformer(k.client.Dynamic().Resource(trafficResources[kind]), &unstructured.Unstructured{}, nil)
 	if err := inf.SetTransform(strip); err != nil {
 		return fmt.Errorf("strip %ss: %w", kind, err)
+	}
+	forbidden := make(chan struct{})
+	var once sync.Once
+	if err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+		if apierrors.IsForbidden(err) {
+			once.Do(func() { close(forbidden) })
+			return
+		}
+		cache.DefaultWatchErrorHandler(ctx, r, err)
+	}); err != nil {
+		return fmt.Errorf("watch %ss: %w", kind, err)
 	}
 	if err := inf.AddIndexers(cache.Indexers{byParentIndex: func(obj any) ([]string, error) {
 		u, ok := obj.(*unstructured.Unstructured)
@@ -191,11 +217,29 @@ func (k *KubeSource) watchTrafficKind(ctx context.Context, kind trafficKind, wg 
 	}); err != nil {
 		return fmt.Errorf("watch %ss: %w", kind, err)
 	}
-	wg.Go(func() { inf.RunWithContext(ctx) })
-	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
-		return ctx.Err()
+	infCtx, stop := context.WithCancel(ctx)
+	wg.Go(func() { inf.RunWithContext(infCtx) })
+	synced := make(chan struct{})
+	go func() {
+		defer close(synced)
+		cache.WaitForCacheSync(infCtx.Done(), inf.HasSynced)
+	}()
+	select {
+	case <-synced:
+		if ctx.Err() != nil {
+			stop()
+			return ctx.Err()
+		}
+	case <-forbidden:
+		stop()
+		<-synced
+		k.log.Warn("may not list them (RBAC): Services federate without them; looking again later", "kind", kind.String(),
+			"resource", trafficResources[kind].String())
+		return errForbidden
 	}
+	context.AfterFunc(ctx, stop) // the informer runs until ctx ends
 	k.traffic[kind].Store(&trafficWatch{kind: kind, indexer: inf.GetIndexer()})
+	k.queueAllTrafficStatus() // what the add events queued before the cache was stored found none
 	return nil
 }
 

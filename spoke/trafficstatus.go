@@ -179,8 +179,11 @@ func (k *KubeSource) policyStatus(u *unstructured.Unstructured) ([]statusEntry, 
 				continue
 			}
 			cond := r.Accepted
-			if _, ok := k.parentLookup(key.Namespace, key.Name); !ok {
+			switch parent, ok := k.parentLookup(key.Namespace, key.Name); {
+			case !ok:
 				cond = kubetraffic.TargetNotFound(u.GetGeneration(), key)
+			case !parent.Exported:
+				cond = kubetraffic.TargetNotExported(u.GetGeneration(), key)
 			}
 			ref := map[string]any{"group": "", "kind": "Service", "name": key.Name}
 			out = append(out, statusEntry{ref: ref, refField: "ancestorRef", conditions: []metav1.Condition{cond}})

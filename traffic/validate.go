@@ -468,6 +468,10 @@ func (d *Distribution) problem() string {
 	if !localityPattern(d.From) {
 		return fmt.Sprintf("from %s is not region[/zone[/subzone]] (each a name or *)", quoted(d.From))
 	}
+	if parts := strings.Split(d.From, "/"); len(parts) == 3 && parts[2] != "*" {
+		// Clients are grouped by region and zone: a subzone names none.
+		return fmt.Sprintf("from %s names a subzone: clients are told apart by region and zone only (use *)", quoted(d.From))
+	}
 	if len(d.To) == 0 || len(d.To) > MaxLocalityRules {
 		return fmt.Sprintf("to lists %d localities (1-%d)", len(d.To), MaxLocalityRules)
 	}

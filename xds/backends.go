@@ -24,6 +24,9 @@ type backendIndex struct {
 	// byService: by backend service, the route configurations naming any
 	// of its ports (whose hash policies follow its policy).
 	byService map[registry.ServiceKey]map[string]struct{}
+	// localUses counts, per service, the route configurations' uses of its
+	// Service-backend Clusters (most services have none).
+	localUses map[registry.ServiceKey]int
 	// placeholders are the Clusters published with no service port behind them.
 	placeholders map[string]BackendRef
 }
@@ -37,7 +40,7 @@ type routeUse struct {
 
 func newBackendIndex() *backendIndex {
 	return &backendIndex{routes: map[string]routeUse{}, users: map[string]map[string]struct{}{},
-		byService: map[registry.ServiceKey]map[string]struct{}{}, placeholders: map[string]BackendRef{}}
+		byService: map[registry.ServiceKey]map[string]struct{}{}, localUses: map[registry.ServiceKey]int{}, placeholders: map[string]BackendRef{}}
 }
 
 // set records the backends route configuration name names, and adds to
@@ -55,6 +58,9 @@ func (x *backendIndex) set(name string, use routeUse, touched map[string]Backend
 			x.byService[b.Key] = map[string]struct{}{}
 		}
 		x.byService[b.Key][name] = struct{}{}
+		if b.Local {
+			x.localUses[b.Key]++
+		}
 		touched[c] = b
 	}
 }
@@ -70,6 +76,11 @@ func (x *backendIndex) drop(name string, touched map[string]BackendRef) {
 		delete(x.byService[b.Key], name)
 		if len(x.byService[b.Key]) == 0 {
 			delete(x.byService, b.Key)
+		}
+		if b.Local {
+			if x.localUses[b.Key]--; x.localUses[b.Key] <= 0 {
+				delete(x.localUses, b.Key)
+			}
 		}
 		touched[c] = b
 	}
@@ -127,6 +138,9 @@ func (s *Server) stageShape(svc *registry.Service, p registry.ServicePort, r *re
 // (ports, and those it had) that a route uses: their endpoints or policy
 // may have changed.
 func (s *Server) touchLocal(k registry.ServiceKey, ports []registry.ServicePort, routing *routingChanges) {
+	if s.backends.localUses[k] == 0 {
+		return // no route names it as a Service backend: an ordinary endpoint change costs nothing more here
+	}
 	routing.init()
 	for _, list := range [][]registry.ServicePort{ports, s.ports[k]} {
 		for _, p := range list {
@@ -261,10 +275,7 @@ func (s *Server) stageLocalEndpoints(b BackendRef, groups map[Client]*resourceCa
 		}
 	}
 	s.endpoints[name] = l
-	for client, eds := range groups {
-		cla, sum := l.forClient(client, t)
-		eds.stage(name, cla, sum)
-	}
+	stageAll(name, l, groups, t)
 }
 
 // renamed is pe under another cluster name (its blocks shared).

@@ -18,6 +18,49 @@ type assigner interface {
 	forClient(client Client, t *topology) (*endpoint.ClusterLoadAssignment, uint64)
 }
 
+// stageAll stages a's assignment of every group. Groups that differ only
+// by their clients' cluster share one computation, unless a's assignment
+// depends on the cluster (a Service backend, a failoverPriority naming
+// nave.io/cluster): clients that name their cluster split groups that
+// would otherwise be one, and must not multiply the cost of a change.
+func stageAll(name string, a assigner, groups map[Client]*resourceCache, t *topology) {
+	type computed struct {
+		cla *endpoint.ClusterLoadAssignment
+		sum uint64
+	}
+	var memo map[Client]computed
+	blind := clusterBlind(a)
+	for client, eds := range groups {
+		if client.Cluster == "" || !blind {
+			cla, sum := a.forClient(client, t)
+			eds.stage(name, cla, sum)
+			continue
+		}
+		key := client
+		key.Cluster = ""
+		c, ok := memo[key]
+		if !ok {
+			if memo == nil {
+				memo = map[Client]computed{}
+			}
+			c.cla, c.sum = a.forClient(key, t)
+			memo[key] = c
+		}
+		eds.stage(name, c.cla, c.sum)
+	}
+}
+
+// clusterBlind reports whether a's assignments ignore the client's cluster.
+func clusterBlind(a assigner) bool {
+	switch a := a.(type) {
+	case *localBackend:
+		return false
+	case *policyEndpoints:
+		return !slices.Contains(a.policy.FailoverPriority, traffic.LabelCluster)
+	}
+	return true
+}
+
 // A service's TrafficPolicy may say how its clients prefer endpoints by
 // where they are (traffic.LocalityPolicy), in place of Nave's default
 // (the client's zone, then its region, then the rest):
@@ -43,9 +86,12 @@ type assigner interface {
 // localityPolicy is svc's locality policy, or nil for Nave's default.
 func localityPolicy(svc *registry.Service) *traffic.LocalityPolicy {
 	if p := svc.Traffic.Policy; p != nil && p.Locality != nil {
-		return p.Locality
+		l := p.Locality
+		if l.Off || len(l.FailoverPriority) > 0 || len(l.Failover) > 0 || len(l.Distribute) > 0 {
+			return l
+		}
 	}
-	return nil
+	return nil // none, or one that says nothing: the default
 }
 
 // policyEndpoints is a service port's endpoints under a locality policy.
@@ -109,8 +155,10 @@ func isGatewayEntry(le LocalityEndpoints) bool {
 }
 
 // splitByCluster splits a locality's endpoints by cluster, each part
-// weighted by its healthy endpoints; a part with none is left out (grpc-go
-// ignores a locality of weight 0).
+// weighted by its healthy endpoints. A part with none (draining endpoints
+// only) joins the first part that has some: grpc-go ignores a locality of
+// weight 0, and the draining endpoints are kept, as the default keeps them
+// beside healthy ones, for Envoy to finish their work.
 func splitByCluster(le LocalityEndpoints) []LocalityEndpoints {
 	var out []LocalityEndpoints
 	for _, e := range le.Endpoints {
@@ -126,7 +174,18 @@ func splitByCluster(le LocalityEndpoints) []LocalityEndpoints {
 	}
 	if len(out) == 1 {
 		out[0].Weight = le.Weight // as it was: split horizon may weigh it otherwise
+		return out
 	}
+	healthy := slices.IndexFunc(out, func(p LocalityEndpoints) bool { return p.Weight > 0 })
+	if healthy < 0 {
+		return nil
+	}
+	for i := range out {
+		if out[i].Weight == 0 {
+			out[healthy].Endpoints = append(out[healthy].Endpoints, out[i].Endpoints...)
+		}
+	}
+	slices.SortFunc(out[healthy].Endpoints, compareEndpoints)
 	return slices.DeleteFunc(out, func(p LocalityEndpoints) bool { return p.Weight == 0 })
 }
 
@@ -181,7 +240,11 @@ func labelOf(label string, c Client, le LocalityEndpoints, t *topology) (client,
 	case traffic.LabelRegion:
 		return c.Locality.Region, le.Locality.Region
 	case traffic.LabelZone:
-		// A zone is the same zone only within the same region.
+		// A zone is the same zone only within the same region; a client
+		// that names no zone shares none.
+		if c.Locality.Zone == "" {
+			return "", ""
+		}
 		return c.Locality.Region + "/" + c.Locality.Zone, le.Locality.Region + "/" + le.Locality.Zone
 	}
 	return "", ""

@@ -413,10 +413,7 @@ func (s *Server) stageEndpoints(svc *registry.Service, p registry.ServicePort, g
 		a = pe
 	}
 	s.endpoints[name] = a
-	for client, eds := range groups {
-		cla, sum := a.forClient(client, t)
-		eds.stage(name, cla, sum)
-	}
+	stageAll(name, a, groups, t)
 }
 
 func (s *Server) invalid(label, name string, err error) {
