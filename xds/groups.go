@@ -41,8 +41,8 @@ import (
 const GroupIdleTimeout = time.Minute
 
 // MaxGroupKeyBytes bounds what a group is named by (a locality group:
-// its region, zone and network together; a gateway group: its audience
-// key): what MaxNodeFieldBytes admits of three fields, so that the table
+// its region, zone, network and cluster together; a gateway group: its
+// audience key): what MaxNodeFieldBytes admits of four fields, so that the table
 // does not rely on the node's fields having been checked. Real ones are a
 // few tens of bytes; a node naming a longer one is refused before any
 // group is made for it.
