@@ -2,14 +2,17 @@ package xds
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	route "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
 	"github.com/navemesh/nave/registry"
+	"github.com/navemesh/nave/syncstatus"
 	"github.com/navemesh/nave/traffic"
 )
 
@@ -287,5 +290,41 @@ func TestLocalityPolicyMergesALocalityWithinAPriority(t *testing.T) {
 		if !slices.EqualFunc(got, tc.want, slices.Equal) {
 			t.Errorf("client of %s: priorities %v, want %v", tc.cluster, got, tc.want)
 		}
+	}
+}
+
+// translatedRecorder is a Tracer that records what Translated is told.
+type translatedRecorder struct {
+	traced registry.ServiceKey
+	got    []string // typeURL + " " + resources
+}
+
+func (r *translatedRecorder) Tracing(k registry.ServiceKey) bool { return k == r.traced }
+func (r *translatedRecorder) Translated(_ registry.ServiceKey, _ uint64, typeURL string, resources []string, _ map[string]uint64) {
+	r.got = append(r.got, typeURL+" "+strings.Join(resources, ","))
+}
+func (r *translatedRecorder) Collecting() bool { return false }
+func (r *translatedRecorder) Pushed(syncstatus.Stream, string, string, string, string, []string, syncstatus.Sent) {
+}
+func (r *translatedRecorder) Answered(syncstatus.Stream, string, string, bool) {}
+func (r *translatedRecorder) Closed(syncstatus.Stream)                         {}
+
+// A route change of a traced service is traced as what carries it: its
+// route configuration (RDS), which the convergence trace then follows to
+// every client's ACK like an endpoint change's assignments.
+func TestTrafficRouteChangeIsTracedAsRDS(t *testing.T) {
+	rec := &translatedRecorder{traced: echo}
+	srv := NewServer(DefaultConfig(), Wiring{Tracer: rec}, nil, nil)
+	base := shard("east", echo, []registry.ServicePort{tcp("grpc", 8080)}, ep("10.0.0.1", loc("r1", "z1"), ready, eport("grpc", 9090)))
+	r, _ := apply(t, registry.New(), base, shard("west", canary, []registry.ServicePort{tcp("grpc", 8080)}, ep("10.1.0.1", loc("r2", "z3"), ready, eport("grpc", 9090))))
+	srv.Update(r, registry.Diff{})
+	rec.got = nil
+	routed := shard("east", echo, []registry.ServicePort{tcp("grpc", 8080)}, ep("10.0.0.1", loc("r1", "z1"), ready, eport("grpc", 9090)))
+	r, d := apply(t, r, withTraffic(t, routed, traffic.Set{Routes: []traffic.Route{{Kind: traffic.GRPCRoute, Name: "split", Port: 8080,
+		Rules: []traffic.Rule{{Backends: []traffic.Backend{importOf("echo", 80), importOf("echo-canary", 20)}}}}}}))
+	srv.Update(r, d)
+	want := []string{resource.RouteType + " " + ListenerName(echo, 8080)}
+	if !slices.Equal(rec.got, want) {
+		t.Errorf("a route change traced as %q, want %q", rec.got, want)
 	}
 }
