@@ -38,7 +38,9 @@ func EastWest(r *registry.Registry) xds.Resources {
 	routes := &route.RouteConfiguration{Name: EastWestHTTP2Routes}
 	for _, svc := range r.Services() {
 		for _, p := range xds.ServicePorts(svc) {
-			c := edsCluster(svc.Key, p)
+			// The client chose the route (and this network) already: the
+			// gateway applies the service's policy among its endpoints.
+			c := withPolicy(edsCluster(svc.Key, p), svc.Traffic.Policy)
 			res.Clusters = append(res.Clusters, c)
 			tls.FilterChains = append(tls.FilterChains, &listener.FilterChain{
 				FilterChainMatch: &listener.FilterChainMatch{ServerNames: []string{SNI(svc.Key, p.Port)}, TransportProtocol: "tls"},

@@ -69,8 +69,10 @@ func gatewayNode(role, network string, meta map[string]string) *core.Node {
 	return &core.Node{Id: "gw", Locality: &core.Locality{Region: "r1", Zone: "z1"}, Metadata: &structpb.Struct{Fields: fields}}
 }
 
-// check runs every resource through ValidateDeep and the set through CheckConsistent.
-func check(t testing.TB, r *registry.Registry, res xds.Resources) {
+// check runs every resource through ValidateDeep and the set through
+// CheckConsistent, against the assignments of r's service ports and the
+// others named (placeholders and Service backends the hub publishes).
+func check(t testing.TB, r *registry.Registry, res xds.Resources, others ...string) {
 	t.Helper()
 	var all []proto.Message
 	for _, l := range res.Listeners {
@@ -88,6 +90,9 @@ func check(t testing.TB, r *registry.Registry, res xds.Resources) {
 		}
 	}
 	assignments := map[string]bool{}
+	for _, name := range others {
+		assignments[name] = true
+	}
 	for _, svc := range r.Services() {
 		for _, p := range xds.ServicePorts(svc) {
 			assignments[xds.ClusterName(svc.Key, p.Port)] = true

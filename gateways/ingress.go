@@ -2,6 +2,7 @@ package gateways
 
 import (
 	"fmt"
+	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	"slices"
 	"strings"
 
@@ -11,6 +12,8 @@ import (
 	hcm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/wellknown"
+
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/navemesh/nave/registry"
 	"github.com/navemesh/nave/xds"
@@ -53,10 +56,19 @@ func Ingress(r *registry.Registry, n Node) xds.Resources {
 			picked = append(picked, e.at(l.Port))
 		}
 		for _, e := range picked {
-			c := edsCluster(e.svc.Key, e.port)
+			c := withPolicy(edsCluster(e.svc.Key, e.port), e.svc.Traffic.Policy)
 			if !clusters[c.GetName()] {
 				clusters[c.GetName()] = true
 				res.Clusters = append(res.Clusters, c)
+			}
+			if l.Mode == ModePassthrough {
+				continue // TLS passes through to the service itself: its routes are for HTTP
+			}
+			for _, c := range backendClusters(r, e) {
+				if !clusters[c.GetName()] {
+					clusters[c.GetName()] = true
+					res.Clusters = append(res.Clusters, c)
+				}
 			}
 		}
 		switch l.Mode {
@@ -65,7 +77,7 @@ func Ingress(r *registry.Registry, n Node) xds.Resources {
 				res.Listeners = append(res.Listeners, li)
 			}
 		default:
-			li, routes := httpListener(l, picked)
+			li, routes := httpListener(l, picked, r)
 			res.Listeners = append(res.Listeners, li)
 			res.Routes = append(res.Routes, routes)
 		}
@@ -121,15 +133,16 @@ func aliases(svc *registry.Service) []string {
 }
 
 // httpListener is an HTTP(S) listener and its routes: a virtual host per
-// exposed service, answering to its host names.
-func httpListener(l Listener, services []exposed) (*listener.Listener, *route.RouteConfiguration) {
+// exposed service, answering to its host names, with the service's own
+// routes (traffic policy) as every client of it gets them.
+func httpListener(l Listener, services []exposed, r *registry.Registry) (*listener.Listener, *route.RouteConfiguration) {
 	name := ListenerName(l.Port)
 	routes := &route.RouteConfiguration{Name: name}
 	for _, e := range services {
 		routes.VirtualHosts = append(routes.VirtualHosts, &route.VirtualHost{
 			Name:    e.svc.Key.String(),
 			Domains: e.hosts,
-			Routes:  []*route.Route{grpcRoute(xds.ClusterName(e.svc.Key, e.port.Port), authority(e.svc.Key, e.port.Port))},
+			Routes:  ingressRoutes(e, r),
 		})
 	}
 	li := listenerOn(name, l.Port)
@@ -179,4 +192,55 @@ func sdsSource() *core.ConfigSource {
 			}}},
 		}},
 	}
+}
+
+// ingressRoutes are an exposed service's routes in a gateway's form: the
+// routes every client of the port gets (xds.Routes: the service's traffic
+// policy, or one route to the port's cluster), each rewriting the host to
+// the service's authority, and without Envoy's default 15 s timeout
+// unless the policy sets one (a gRPC stream may last).
+func ingressRoutes(e exposed, r *registry.Registry) []*route.Route {
+	auth := authority(e.svc.Key, e.port.Port)
+	routes := xds.Routes(e.svc, e.port.Port, r.Service)
+	for _, rt := range routes {
+		a := rt.GetRoute()
+		if a == nil {
+			continue // a direct response: nothing to forward
+		}
+		a.HostRewriteSpecifier = &route.RouteAction_HostRewriteLiteral{HostRewriteLiteral: auth}
+		if a.Timeout == nil {
+			a.Timeout = durationpb.New(0)
+		}
+		if a.MaxStreamDuration == nil {
+			a.MaxStreamDuration = &route.RouteAction_MaxStreamDuration{GrpcTimeoutHeaderMax: durationpb.New(0)} // honour the client's grpc-timeout
+		}
+	}
+	return routes
+}
+
+// backendClusters are the clusters an exposed service's routes send
+// requests to besides its own, each shaped by its service's policy: a
+// service no cluster exports gets one whose assignment is empty (the hub
+// publishes it as a placeholder), spoken to as the exposed port is.
+func backendClusters(r *registry.Registry, e exposed) []*cluster.Cluster {
+	var out []*cluster.Cluster
+	for _, b := range xds.RouteBackends(e.svc, e.port.Port) {
+		if !b.Local && b.Key == e.svc.Key && b.Port == e.port.Port {
+			continue // the port's own cluster
+		}
+		port := e.port
+		port.Port = b.Port
+		svc := r.Service(b.Key)
+		for _, p := range xds.ServicePorts(svc) {
+			if p.Port == b.Port {
+				port = p
+			}
+		}
+		c := edsClusterNamed(b.ClusterName(), port)
+		if svc != nil {
+			c = withPolicy(c, svc.Traffic.Policy)
+		}
+		out = append(out, c)
+	}
+	return out
 }

@@ -232,5 +232,5 @@ func (n Node) Key() string {
 // every network's as any client on its network is.
 func (n Node) Client() xds.Client {
 	return xds.Client{Network: n.Network, Locality: registry.Locality{Region: n.Locality.Region, Zone: n.Locality.Zone},
-		NetworkOnly: n.Role == RoleEastWest}
+		NetworkOnly: n.Role == RoleEastWest, Cluster: n.Cluster}
 }

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/navemesh/nave/registry"
+	"github.com/navemesh/nave/traffic"
 	"github.com/navemesh/nave/xds"
 )
 
@@ -62,7 +63,12 @@ func speaksHTTP2(p registry.ServicePort) bool {
 // over ADS as the assignment of the same name, computed for the gateway's
 // locality (and, for an east-west gateway, its network alone).
 func edsCluster(k registry.ServiceKey, p registry.ServicePort) *cluster.Cluster {
-	name := xds.ClusterName(k, p.Port)
+	return edsClusterNamed(xds.ClusterName(k, p.Port), p)
+}
+
+// edsClusterNamed is edsCluster under another name (a route's backend: a
+// Service backend's cluster-local name, say).
+func edsClusterNamed(name string, p registry.ServicePort) *cluster.Cluster {
 	explicit := &upstreamhttp.HttpProtocolOptions_ExplicitHttpConfig{ProtocolConfig: &upstreamhttp.HttpProtocolOptions_ExplicitHttpConfig_HttpProtocolOptions{
 		HttpProtocolOptions: &core.Http1ProtocolOptions{}}}
 	if upstreamOf(p) == http2 {
@@ -166,4 +172,16 @@ func mustAny(m proto.Message) *anypb.Any {
 		panic("gateways: pack " + string(m.ProtoReflect().Descriptor().FullName()) + ": " + err.Error())
 	}
 	return a
+}
+
+// withPolicy shapes a gateway's cluster by its service's policy (nil:
+// none). A policy's load_balancing_policy carries the locality weighting
+// itself (wrr_locality; ring hash has none), so the cluster's own
+// locality-weighted setting, which Envoy does not combine with it, goes.
+func withPolicy(c *cluster.Cluster, p *traffic.Policy) *cluster.Cluster {
+	xds.ApplyClusterPolicy(c, p)
+	if c.LoadBalancingPolicy != nil {
+		c.CommonLbConfig = nil
+	}
+	return c
 }

@@ -264,13 +264,13 @@ func RouteBackends(svc *registry.Service, port int32) []BackendRef {
 	return slices.Compact(out)
 }
 
-// trafficRoutes are the xDS routes of svc's port: one per match of every
+// Routes are the xDS routes of svc's port: one per match of every
 // rule of the routes attached to it, in precedence order, or, without
 // routes, one that sends every request to the port's own Cluster. A
 // request no route matches fails (grpc-go: UNAVAILABLE; Envoy: 404), as
 // the Gateway API says. lookup finds the backends' policies, for their
 // hash policies.
-func trafficRoutes(svc *registry.Service, port int32, lookup Lookup) []*route.Route {
+func Routes(svc *registry.Service, port int32, lookup Lookup) []*route.Route {
 	own := svc.Traffic.Policy
 	routes := attached(&svc.Traffic, port)
 	if len(routes) == 0 {
@@ -401,9 +401,9 @@ const (
 	maxRingSize = 8 << 20
 )
 
-// applyClusterPolicy shapes a Cluster by the service's policy: its load
+// ApplyClusterPolicy shapes a Cluster by the service's policy: its load
 // balancing, outlier detection and circuit breaker.
-func applyClusterPolicy(c *cluster.Cluster, p *traffic.Policy) {
+func ApplyClusterPolicy(c *cluster.Cluster, p *traffic.Policy) {
 	if p == nil {
 		return
 	}

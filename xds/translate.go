@@ -89,7 +89,7 @@ func Listener(k registry.ServiceKey, port registry.ServicePort) *listener.Listen
 
 // RouteConfiguration builds the routes of the service port: one virtual host
 // for host:port (what grpc-go matches, the channel authority) and host,
-// holding the routes attached to the port (see trafficRoutes), or, without
+// holding the routes attached to the port (see Routes), or, without
 // any, one route sending everything to the port's Cluster. lookup (nil:
 // none) finds the services the routes send requests to, whose policies
 // may ask for a hash policy.
@@ -103,7 +103,7 @@ func RouteConfiguration(svc *registry.Service, port registry.ServicePort, lookup
 		VirtualHosts: []*route.VirtualHost{{
 			Name:    name,
 			Domains: []string{name, svc.Key.Hostname()},
-			Routes:  trafficRoutes(svc, port.Port, lookup),
+			Routes:  Routes(svc, port.Port, lookup),
 		}},
 	}
 }
@@ -126,7 +126,7 @@ func clusterNamed(name string, p *traffic.Policy) *cluster.Cluster {
 		ConnectTimeout: durationpb.New(connectTimeout),
 		LbPolicy:       cluster.Cluster_ROUND_ROBIN,
 	}
-	applyClusterPolicy(c, p)
+	ApplyClusterPolicy(c, p)
 	return c
 }
 
