@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/navemesh/nave/registry"
+	"github.com/navemesh/nave/traffic"
 	"github.com/navemesh/nave/xds"
 )
 
@@ -64,7 +65,7 @@ func Ingress(r *registry.Registry, n Node) xds.Resources {
 			if l.Mode == ModePassthrough {
 				continue // TLS passes through to the service itself: its routes are for HTTP
 			}
-			for _, c := range backendClusters(r, e) {
+			for _, c := range backendClusters(r, routed(e, r)) {
 				if !clusters[c.GetName()] {
 					clusters[c.GetName()] = true
 					res.Clusters = append(res.Clusters, c)
@@ -201,6 +202,7 @@ func sdsSource() *core.ConfigSource {
 // unless the policy sets one (a gRPC stream may last).
 func ingressRoutes(e exposed, r *registry.Registry) []*route.Route {
 	auth := authority(e.svc.Key, e.port.Port)
+	e = routed(e, r)
 	routes := xds.Routes(e.svc, e.port.Port, r.Service)
 	for _, rt := range routes {
 		a := rt.GetRoute()
@@ -213,6 +215,9 @@ func ingressRoutes(e exposed, r *registry.Registry) []*route.Route {
 		}
 		if a.MaxStreamDuration == nil {
 			a.MaxStreamDuration = &route.RouteAction_MaxStreamDuration{GrpcTimeoutHeaderMax: durationpb.New(0)} // honour the client's grpc-timeout
+		} else {
+			// The policy's timeout, or the client's grpc-timeout if shorter (gRFC A31).
+			a.MaxStreamDuration.GrpcTimeoutHeaderMax = a.MaxStreamDuration.MaxStreamDuration
 		}
 	}
 	return routes
@@ -243,4 +248,17 @@ func backendClusters(r *registry.Registry, e exposed) []*cluster.Cluster {
 		out = append(out, c)
 	}
 	return out
+}
+
+// routed is e as its routes are served: with its traffic, or, when its
+// routes make a route configuration the hub refuses (and serves its
+// proxyless clients without), without, as they are served.
+func routed(e exposed, r *registry.Registry) exposed {
+	if e.svc.Traffic.IsZero() || xds.Validate(xds.RouteConfiguration(e.svc, e.port, r.Service)) == nil {
+		return e
+	}
+	plain := *e.svc
+	plain.Traffic = traffic.Set{}
+	e.svc = &plain
+	return e
 }

@@ -175,13 +175,15 @@ func mustAny(m proto.Message) *anypb.Any {
 }
 
 // withPolicy shapes a gateway's cluster by its service's policy (nil:
-// none). A policy's load_balancing_policy carries the locality weighting
-// itself (wrr_locality; ring hash has none), so the cluster's own
-// locality-weighted setting, which Envoy does not combine with it, goes.
+// none), in the form Envoy takes: the legacy lb_policy and its config
+// (least request, ring hash; weighted round robin is round robin here)
+// beside the locality-weighted setting, without the load_balancing_policy
+// proxyless clients get. Envoy takes the first policy of that list it
+// knows and fails on its config (it does not fall back), its wrr_locality
+// takes only client-side WRR, and it refuses load_balancing_policy beside
+// locality weighting.
 func withPolicy(c *cluster.Cluster, p *traffic.Policy) *cluster.Cluster {
 	xds.ApplyClusterPolicy(c, p)
-	if c.LoadBalancingPolicy != nil {
-		c.CommonLbConfig = nil
-	}
+	c.LoadBalancingPolicy = nil
 	return c
 }
