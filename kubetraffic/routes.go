@@ -98,14 +98,9 @@ func FromGRPCRoute(r *gwv1.GRPCRoute, services Lookup) []Attachment {
 			in.filters = append(in.filters, filterInput{kind: string(f.Type), header: f.RequestHeaderModifier})
 		}
 		for _, b := range rule.BackendRefs {
-			if len(b.Filters) > 0 {
-				in.problems = append(in.problems, "backendRefs[].filters are not supported")
-			}
-			in.backends = append(in.backends, b.BackendRef)
+			in.addBackend(b.BackendRef, len(b.Filters))
 		}
-		if rule.SessionPersistence != nil {
-			in.problems = append(in.problems, "sessionPersistence is not supported (a TrafficPolicy's RingHash keeps a key on one endpoint)")
-		}
+		in.sessionPersistence(rule.SessionPersistence)
 		rules = append(rules, in)
 	}
 	return attach(traffic.GRPCRoute, &r.ObjectMeta, r.Spec.ParentRefs, len(r.Spec.Hostnames) > 0, rules, services)
@@ -148,17 +143,27 @@ func FromHTTPRoute(r *gwv1.HTTPRoute, services Lookup) []Attachment {
 			in.filters = append(in.filters, filterInput{kind: string(f.Type), header: f.RequestHeaderModifier})
 		}
 		for _, b := range rule.BackendRefs {
-			if len(b.Filters) > 0 {
-				in.problems = append(in.problems, "backendRefs[].filters are not supported")
-			}
-			in.backends = append(in.backends, b.BackendRef)
+			in.addBackend(b.BackendRef, len(b.Filters))
 		}
-		if rule.SessionPersistence != nil {
-			in.problems = append(in.problems, "sessionPersistence is not supported (a TrafficPolicy's RingHash keeps a key on one endpoint)")
-		}
+		in.sessionPersistence(rule.SessionPersistence)
 		rules = append(rules, in)
 	}
 	return attach(traffic.HTTPRoute, &r.ObjectMeta, r.Spec.ParentRefs, len(r.Spec.Hostnames) > 0, rules, services)
+}
+
+// addBackend adds a rule's backendRef; Nave applies no filters of a backendRef.
+func (in *ruleInput) addBackend(b gwv1.BackendRef, filters int) {
+	if filters > 0 {
+		in.problems = append(in.problems, "backendRefs[].filters are not supported")
+	}
+	in.backends = append(in.backends, b)
+}
+
+// sessionPersistence notes a rule's session persistence, which Nave does not apply.
+func (in *ruleInput) sessionPersistence(sp *gwv1.SessionPersistence) {
+	if sp != nil {
+		in.problems = append(in.problems, "sessionPersistence is not supported (a TrafficPolicy's RingHash keeps a key on one endpoint)")
+	}
 }
 
 // addHeaderMatch adds h unless a match of an equivalent name (header names

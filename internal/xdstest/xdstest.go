@@ -127,14 +127,16 @@ func BootstrapWith(xdsAddr, node string, l registry.Locality, metadata map[strin
 		xdsAddr, node, extra)
 }
 
-// NewClientWith is NewClient for a node with the given metadata (see BootstrapWith).
-func NewClientWith(t testing.TB, xdsAddr, node string, l registry.Locality, metadata map[string]string, target string) healthpb.HealthClient {
+// NewClientWith is NewClient for a node with the given metadata (see
+// BootstrapWith), with more dial options.
+func NewClientWith(t testing.TB, xdsAddr, node string, l registry.Locality, metadata map[string]string, target string, opts ...grpc.DialOption) healthpb.HealthClient {
 	t.Helper()
 	resolver, err := grpcxds.NewXDSResolverWithConfigForTesting([]byte(BootstrapWith(xdsAddr, node, l, metadata)))
 	if err != nil {
 		t.Fatalf("xDS resolver: %v", err)
 	}
-	conn, err := grpc.NewClient("xds:///"+target, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(resolver))
+	opts = append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(resolver)}, opts...)
+	conn, err := grpc.NewClient("xds:///"+target, opts...)
 	if err != nil {
 		t.Fatalf("dial %s: %v", target, err)
 	}
@@ -174,17 +176,11 @@ func NewClient(t testing.TB, xdsAddr, node string, l registry.Locality, target s
 // more dial options (a dialer that connects from another namespace, say).
 func NewClientOn(t testing.TB, xdsAddr, node string, l registry.Locality, network registry.Network, target string, opts ...grpc.DialOption) healthpb.HealthClient {
 	t.Helper()
-	resolver, err := grpcxds.NewXDSResolverWithConfigForTesting([]byte(BootstrapOn(xdsAddr, node, l, network)))
-	if err != nil {
-		t.Fatalf("xDS resolver: %v", err)
+	var md map[string]string
+	if network != "" {
+		md = map[string]string{"NETWORK": string(network)}
 	}
-	opts = append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(resolver)}, opts...)
-	conn, err := grpc.NewClient("xds:///"+target, opts...)
-	if err != nil {
-		t.Fatalf("dial %s: %v", target, err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	return healthpb.NewHealthClient(conn)
+	return NewClientWith(t, xdsAddr, node, l, md, target, opts...)
 }
 
 // Streak is how many consecutive answers AwaitOnly wants to see.
