@@ -72,6 +72,7 @@ type versionedHub struct {
 	old            atomic.Bool
 	sessions       atomic.Int32
 	trafficWhenOld atomic.Int32
+	digests        atomic.Int32 // digests received
 }
 
 type versionedStream struct {
@@ -95,6 +96,9 @@ func (s *versionedStream) SendMsg(m any) error {
 
 func (s *versionedStream) RecvMsg(m any) error {
 	err := s.ServerStream.RecvMsg(m)
+	if sm, ok := m.(*fedv1.SpokeMessage); ok && err == nil && sm.GetDigest() != nil {
+		s.h.digests.Add(1)
+	}
 	if sm, ok := m.(*fedv1.SpokeMessage); ok && err == nil && s.old {
 		for _, u := range sm.GetUpdate().GetUpserts() {
 			if u.GetTraffic() != nil {
@@ -180,7 +184,10 @@ func TestSpokeMovesBetweenOlderAndNewerHubs(t *testing.T) {
 	st := stateOf(hubTrafficShard("a", "10.0.0.1", "a-route"), hubTrafficShard("b", "10.0.0.2", ""))
 	p.states <- st
 	awaitHubHolds(t, store, bareOf(st), "older hub")
-	time.Sleep(200 * time.Millisecond) // ten digests
+	// Ten digests checked by the older hub: none may have ended the session.
+	for since := h.digests.Load(); h.digests.Load() < since+10; {
+		time.Sleep(5 * time.Millisecond) // awaiting the count, not a window
+	}
 	if n := h.sessions.Load(); n != 1 {
 		t.Errorf("%d sessions with the older hub, want 1 (a digest it cannot match ends in resyncs)", n)
 	}

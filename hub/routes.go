@@ -42,25 +42,17 @@ func ServiceRoutes(r *registry.Registry, service string) (adminapi.RoutesInfo, e
 }
 
 // routesOf describes svc's merged traffic, each route and the policy with
-// the cluster it came from: the oldest export that has it, as the merge
-// (registry's mergeTraffic) takes it.
+// the cluster it came from (as the merge recorded it).
 func routesOf(r *registry.Registry, svc *registry.Service) adminapi.RoutesInfo {
-	byAge := slices.Clone(svc.Shards)
-	slices.SortStableFunc(byAge, func(a, b *registry.Shard) int {
-		return cmp.Or(a.ExportedAt.Compare(b.ExportedAt), cmp.Compare(a.Cluster, b.Cluster))
-	})
 	info := adminapi.RoutesInfo{Service: svc.Key, RouteCount: len(svc.Traffic.Routes), Ports: []adminapi.PortRoutes{},
-		Policy: svc.Traffic.Policy, Exports: []adminapi.TrafficExport{}}
-	for _, sh := range byAge {
+		Policy: svc.Traffic.Policy, PolicyCluster: svc.PolicyOwner, Exports: []adminapi.TrafficExport{}}
+	for _, sh := range svc.ByAge() {
 		e := adminapi.TrafficExport{Cluster: sh.Cluster, ExportedAt: sh.ExportedAt}
 		for _, rt := range sh.Traffic.Routes {
 			e.Routes = append(e.Routes, adminapi.RouteName{Kind: rt.Kind, Name: rt.Name})
 		}
 		if p := sh.Traffic.Policy; p != nil {
 			e.Policy = p.Name
-			if info.PolicyCluster == "" {
-				info.PolicyCluster = sh.Cluster
-			}
 		}
 		info.Exports = append(info.Exports, e)
 	}
@@ -69,20 +61,12 @@ func routesOf(r *registry.Registry, svc *registry.Service) adminapi.RoutesInfo {
 			info.Conflicts = append(info.Conflicts, c)
 		}
 	}
-	owner := func(rt *traffic.Route) registry.ClusterID {
-		for _, sh := range byAge {
-			if _, ok := sh.Traffic.Route(rt.Kind, rt.Name); ok {
-				return sh.Cluster
-			}
-		}
-		return ""
-	}
 	ports := xds.ServicePorts(svc)
 	for _, p := range ports {
 		pr := adminapi.PortRoutes{Port: p, Target: "xds:///" + xds.ListenerName(svc.Key, p.Port)}
 		for i := range svc.Traffic.Routes {
 			if rt := &svc.Traffic.Routes[i]; rt.Port == 0 || rt.Port == p.Port {
-				pr.Routes = append(pr.Routes, routeInfo(r, svc.Key, p.Port, rt, owner(rt)))
+				pr.Routes = append(pr.Routes, routeInfo(r, svc.Key, p.Port, rt, svc.RouteOwners[i]))
 			}
 		}
 		if len(pr.Routes) > 0 {
@@ -96,7 +80,7 @@ func routesOf(r *registry.Registry, svc *registry.Service) adminapi.RoutesInfo {
 	for i := range svc.Traffic.Routes {
 		rt := &svc.Traffic.Routes[i]
 		if rt.Port != 0 && !slices.ContainsFunc(ports, func(p registry.ServicePort) bool { return p.Port == rt.Port }) {
-			info.Unattached = append(info.Unattached, routeInfo(r, svc.Key, rt.Port, rt, owner(rt)))
+			info.Unattached = append(info.Unattached, routeInfo(r, svc.Key, rt.Port, rt, svc.RouteOwners[i]))
 		}
 	}
 	return info

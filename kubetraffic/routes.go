@@ -207,7 +207,7 @@ func attach(kind traffic.RouteKind, meta *metav1.ObjectMeta, parents []gwv1.Pare
 			ParentRef:    ref,
 			ResolvedRefs: resolved,
 		}
-		reason, message := attachProblem(meta, ref, services, problem)
+		port, reason, message := attachTo(meta, ref, services, problem)
 		if reason == "" && attachedTo[a.Service] {
 			// The model carries one port per route and Service.
 			reason, message = gwv1.RouteReasonUnsupportedValue,
@@ -219,7 +219,7 @@ func attach(kind traffic.RouteKind, meta *metav1.ObjectMeta, parents []gwv1.Pare
 			continue
 		}
 		r := route
-		r.Port, _ = parentPort(ref, mustParent(services, meta.Namespace, string(ref.Name)))
+		r.Port = port
 		a.Route = &r
 		attachedTo[a.Service] = true
 		a.Accepted = condition(meta, gwv1.RouteConditionAccepted, true, gwv1.RouteReasonAccepted, "Nave carries the route with the Service to every cluster")
@@ -228,24 +228,26 @@ func attach(kind traffic.RouteKind, meta *metav1.ObjectMeta, parents []gwv1.Pare
 	return out
 }
 
-// attachProblem says why a route cannot attach to the Service ref names.
-func attachProblem(meta *metav1.ObjectMeta, ref gwv1.ParentReference, services Lookup, problem string) (gwv1.RouteConditionReason, string) {
+// attachTo is the Service port a route attaches to through ref (0: every
+// port), or why it cannot attach.
+func attachTo(meta *metav1.ObjectMeta, ref gwv1.ParentReference, services Lookup, problem string) (int32, gwv1.RouteConditionReason, string) {
 	if ns := string(deref(ref.Namespace)); ns != "" && ns != meta.Namespace {
-		return gwv1.RouteReasonNotAllowedByListeners, "Nave takes producer routes only: a route in its parent Service's namespace"
+		return 0, gwv1.RouteReasonNotAllowedByListeners, "Nave takes producer routes only: a route in its parent Service's namespace"
 	}
 	parent, ok := services(meta.Namespace, string(ref.Name))
 	switch {
 	case !ok || parent.Service == nil:
-		return gwv1.RouteReasonNoMatchingParent, fmt.Sprintf("Service %s/%s does not exist", meta.Namespace, ref.Name)
+		return 0, gwv1.RouteReasonNoMatchingParent, fmt.Sprintf("Service %s/%s does not exist", meta.Namespace, ref.Name)
 	case !parent.Exported:
-		return gwv1.RouteReasonNoMatchingParent, fmt.Sprintf("Service %s/%s is not exported (no ServiceExport)", meta.Namespace, ref.Name)
+		return 0, gwv1.RouteReasonNoMatchingParent, fmt.Sprintf("Service %s/%s is not exported (no ServiceExport)", meta.Namespace, ref.Name)
 	case problem != "":
-		return gwv1.RouteReasonUnsupportedValue, problem
+		return 0, gwv1.RouteReasonUnsupportedValue, problem
 	}
-	if _, p := parentPort(ref, parent.Service); p != "" {
-		return gwv1.RouteReasonNoMatchingParent, p
+	port, p := parentPort(ref, parent.Service)
+	if p != "" {
+		return 0, gwv1.RouteReasonNoMatchingParent, p
 	}
-	return "", ""
+	return port, "", ""
 }
 
 // parentPort is the Service port the parentRef names (its port, or its
@@ -276,11 +278,6 @@ func parentPort(ref gwv1.ParentReference, svc *corev1.Service) (int32, string) {
 		}
 	}
 	return port, ""
-}
-
-func mustParent(services Lookup, namespace, name string) *corev1.Service {
-	p, _ := services(namespace, name)
-	return p.Service
 }
 
 // build converts the rules into the route's model, and the ResolvedRefs

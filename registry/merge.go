@@ -22,6 +22,10 @@ type Service struct {
 	Properties
 	// Traffic is every cluster's routes and policy merged (see mergeTraffic).
 	Traffic traffic.Set
+	// RouteOwners holds, for each of Traffic.Routes (same index), the
+	// cluster whose export it came from; PolicyOwner the policy's.
+	RouteOwners []ClusterID
+	PolicyOwner ClusterID
 	// Conflicts lists every property on which clusters disagree, and who won.
 	Conflicts []Conflict
 	// Revision is the registry version at which anything about the service last changed.
@@ -52,10 +56,7 @@ func (c Conflict) String() string {
 // merge computes the merged service from its shards (sorted by cluster).
 func merge(k ServiceKey, shards []*Shard) *Service {
 	svc := &Service{Key: k, Shards: shards}
-	byAge := slices.Clone(shards)
-	slices.SortStableFunc(byAge, func(a, b *Shard) int {
-		return cmp.Or(compareTime(a.ExportedAt, b.ExportedAt), cmp.Compare(a.Cluster, b.Cluster))
-	})
+	byAge := svc.ByAge()
 	oldest := byAge[0]
 	svc.Headless = oldest.Headless
 	type portKey struct {
@@ -102,6 +103,16 @@ func merge(k ServiceKey, shards []*Shard) *Service {
 	mergeProperties(svc, byAge)
 	mergeTraffic(svc, byAge)
 	return svc
+}
+
+// ByAge lists the service's shards oldest export first (ties to the lower
+// cluster ID): the order every merge rule takes them in.
+func (s *Service) ByAge() []*Shard {
+	byAge := slices.Clone(s.Shards)
+	slices.SortStableFunc(byAge, func(a, b *Shard) int {
+		return cmp.Or(compareTime(a.ExportedAt, b.ExportedAt), cmp.Compare(a.Cluster, b.Cluster))
+	})
+	return byAge
 }
 
 func describePort(p ServicePort) string {

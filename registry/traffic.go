@@ -17,8 +17,15 @@ import (
 //   - The policy is the oldest export's that has one; a cluster whose policy
 //     differs (in name or content) loses, with a PolicyConflict.
 func mergeTraffic(svc *Service, byAge []*Shard) {
-	if len(byAge) == 1 {
-		svc.Traffic = byAge[0].Traffic // the common case: nothing to merge
+	if len(byAge) == 1 { // the common case: nothing to merge
+		only := byAge[0]
+		svc.Traffic = only.Traffic
+		for range only.Traffic.Routes {
+			svc.RouteOwners = append(svc.RouteOwners, only.Cluster)
+		}
+		if only.Traffic.Policy != nil {
+			svc.PolicyOwner = only.Cluster
+		}
 		return
 	}
 	type owned struct {
@@ -60,13 +67,14 @@ func mergeTraffic(svc *Service, byAge []*Shard) {
 			})
 		}
 	}
+	slices.SortFunc(routes, func(a, b owned) int { return traffic.CompareRoutes(a.route, b.route) })
 	var set traffic.Set
 	for _, r := range routes {
 		set.Routes = append(set.Routes, r.route)
+		svc.RouteOwners = append(svc.RouteOwners, r.owner)
 	}
 	if winner != nil {
-		set.Policy = winner.Traffic.Policy
+		set.Policy, svc.PolicyOwner = winner.Traffic.Policy, winner.Cluster
 	}
-	slices.SortFunc(set.Routes, traffic.CompareRoutes)
 	svc.Traffic = set
 }

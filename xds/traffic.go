@@ -159,52 +159,44 @@ func routeMatches(m *traffic.Match) []*route.RouteMatch {
 				HeaderMatchSpecifier: &route.HeaderMatcher_StringMatch{StringMatch: stringMatcher(h.Type, h.Value)}})
 		}
 	}
-	with := func(p any) *route.RouteMatch {
-		rm := &route.RouteMatch{Headers: headers}
-		switch p := p.(type) {
-		case *route.RouteMatch_Path:
-			rm.PathSpecifier = p
-		case *route.RouteMatch_Prefix:
-			rm.PathSpecifier = p
-		case *route.RouteMatch_SafeRegex:
-			rm.PathSpecifier = p
-		}
-		return rm
+	prefix := func(v string) *route.RouteMatch {
+		return &route.RouteMatch{Headers: headers, PathSpecifier: &route.RouteMatch_Prefix{Prefix: v}}
 	}
-	prefix := func(s string) *route.RouteMatch_Prefix { return &route.RouteMatch_Prefix{Prefix: s} }
-	exact := func(s string) *route.RouteMatch_Path { return &route.RouteMatch_Path{Path: s} }
-	re := func(s string) *route.RouteMatch_SafeRegex {
-		return &route.RouteMatch_SafeRegex{SafeRegex: &matcher.RegexMatcher{Regex: s}}
+	exact := func(v string) *route.RouteMatch {
+		return &route.RouteMatch{Headers: headers, PathSpecifier: &route.RouteMatch_Path{Path: v}}
+	}
+	re := func(v string) *route.RouteMatch {
+		return &route.RouteMatch{Headers: headers, PathSpecifier: &route.RouteMatch_SafeRegex{SafeRegex: &matcher.RegexMatcher{Regex: v}}}
 	}
 	switch {
 	case m == nil || (m.Method == nil && m.Path == nil):
-		return []*route.RouteMatch{with(prefix("/"))}
+		return []*route.RouteMatch{prefix("/")}
 	case m.Method != nil:
 		mm := m.Method
 		if mm.Type == traffic.Exact {
 			switch {
 			case mm.Method == "":
-				return []*route.RouteMatch{with(prefix("/" + mm.Service + "/"))}
+				return []*route.RouteMatch{prefix("/" + mm.Service + "/")}
 			case mm.Service == "":
-				return []*route.RouteMatch{with(re("/[^/]+/" + regexp.QuoteMeta(mm.Method)))}
+				return []*route.RouteMatch{re("/[^/]+/" + regexp.QuoteMeta(mm.Method))}
 			default:
-				return []*route.RouteMatch{with(exact("/" + mm.Service + "/" + mm.Method))}
+				return []*route.RouteMatch{exact("/" + mm.Service + "/" + mm.Method)}
 			}
 		}
-		return []*route.RouteMatch{with(re("/" + group(mm.Service) + "/" + group(mm.Method)))}
+		return []*route.RouteMatch{re("/" + group(mm.Service) + "/" + group(mm.Method))}
 	}
 	p := m.Path
 	switch {
 	case p.Type == traffic.Exact:
-		return []*route.RouteMatch{with(exact(p.Value))}
+		return []*route.RouteMatch{exact(p.Value)}
 	case p.Type == traffic.RegularExpression:
-		return []*route.RouteMatch{with(re(p.Value))}
+		return []*route.RouteMatch{re(p.Value)}
 	case p.Value == "/":
-		return []*route.RouteMatch{with(prefix("/"))}
+		return []*route.RouteMatch{prefix("/")}
 	default:
 		// A trailing "/" is ignored: "/abc/" matches "/abc" too.
 		v := strings.TrimSuffix(p.Value, "/")
-		return []*route.RouteMatch{with(exact(v)), with(prefix(v + "/"))}
+		return []*route.RouteMatch{exact(v), prefix(v + "/")}
 	}
 }
 
